@@ -1,0 +1,191 @@
+//! Element-wise reductions on wire bytes: `acc = op(acc, incoming)` for every dtype.
+//!
+//! The ring lands a peer's bytes in a staging buffer and calls [`reduce_into`] to fold them
+//! into the caller's array. [`scalar`] defines the semantics, element by element.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::{bf16, f16};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::element::{Complex64, DType};
+use crate::error::Error;
+
+pub(crate) mod scalar;
+
+/// A reduction: what `all_sum`, `all_max` and `all_min` compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+}
+
+impl ReduceOp {
+    /// Every operation.
+    pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
+
+    /// The collective's name: `"all_sum"`, `"all_max"`, `"all_min"`.
+    pub const fn collective(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "all_sum",
+            ReduceOp::Max => "all_max",
+            ReduceOp::Min => "all_min",
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        })
+    }
+}
+
+impl FromStr for ReduceOp {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "sum" => Ok(ReduceOp::Sum),
+            "max" => Ok(ReduceOp::Max),
+            "min" => Ok(ReduceOp::Min),
+            other => Err(Error::invalid(format!(
+                "unknown reduction {other:?}: expected \"sum\", \"max\" or \"min\""
+            ))),
+        }
+    }
+}
+
+/// Folds `incoming` into `acc` element by element: `acc[i] = op(acc[i], incoming[i])`.
+///
+/// Both slices hold whole elements of `dtype`; a trailing partial element (which callers
+/// never pass) is left alone rather than read out of bounds.
+pub(crate) fn reduce_into(op: ReduceOp, dtype: DType, acc: &mut [u8], incoming: &[u8]) {
+    use ReduceOp::{Max, Min, Sum};
+    match (dtype, op) {
+        (DType::Bool, Sum | Max) => apply::<u8>(acc, incoming, scalar::bool_or),
+        (DType::Bool, Min) => apply::<u8>(acc, incoming, scalar::bool_and),
+        (DType::U8, _) => integer::<u8>(op, acc, incoming),
+        (DType::U16, _) => integer::<u16>(op, acc, incoming),
+        (DType::U32, _) => integer::<u32>(op, acc, incoming),
+        (DType::U64, _) => integer::<u64>(op, acc, incoming),
+        (DType::I8, _) => integer::<i8>(op, acc, incoming),
+        (DType::I16, _) => integer::<i16>(op, acc, incoming),
+        (DType::I32, _) => integer::<i32>(op, acc, incoming),
+        (DType::I64, _) => integer::<i64>(op, acc, incoming),
+        (DType::F16, Sum) => apply::<f16>(acc, incoming, scalar::f16_sum),
+        (DType::F16, Max) => apply::<f16>(acc, incoming, scalar::max),
+        (DType::F16, Min) => apply::<f16>(acc, incoming, scalar::min),
+        (DType::BF16, Sum) => apply::<bf16>(acc, incoming, scalar::bf16_sum),
+        (DType::BF16, Max) => apply::<bf16>(acc, incoming, scalar::max),
+        (DType::BF16, Min) => apply::<bf16>(acc, incoming, scalar::min),
+        (DType::F32, Sum) => apply::<f32>(acc, incoming, |a, b| a + b),
+        (DType::F32, Max) => apply::<f32>(acc, incoming, scalar::max),
+        (DType::F32, Min) => apply::<f32>(acc, incoming, scalar::min),
+        (DType::F64, Sum) => apply::<f64>(acc, incoming, |a, b| a + b),
+        (DType::F64, Max) => apply::<f64>(acc, incoming, scalar::max),
+        (DType::F64, Min) => apply::<f64>(acc, incoming, scalar::min),
+        (DType::Complex64, Sum) => apply::<Complex64>(acc, incoming, scalar::complex_sum),
+        (DType::Complex64, Max) => apply::<Complex64>(acc, incoming, scalar::complex_max),
+        (DType::Complex64, Min) => apply::<Complex64>(acc, incoming, scalar::complex_min),
+    }
+}
+
+/// Integer types: wrapping sum, ordinary max and min.
+trait WrappingInt: Copy + PartialOrd + FromBytes + IntoBytes + KnownLayout + Immutable {
+    fn wrapping_sum(self, other: Self) -> Self;
+}
+
+macro_rules! wrapping_int {
+    ($($t:ty),*) => {$(
+        impl WrappingInt for $t {
+            #[inline]
+            fn wrapping_sum(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+        }
+    )*};
+}
+wrapping_int!(u8, u16, u32, u64, i8, i16, i32, i64);
+
+fn integer<T: WrappingInt>(op: ReduceOp, acc: &mut [u8], incoming: &[u8]) {
+    match op {
+        ReduceOp::Sum => apply::<T>(acc, incoming, T::wrapping_sum),
+        ReduceOp::Max => apply::<T>(acc, incoming, scalar::max),
+        ReduceOp::Min => apply::<T>(acc, incoming, scalar::min),
+    }
+}
+
+/// Applies `f` element by element over typed views of the two byte slices.
+///
+/// Staging buffers are page-aligned and the caller's arrays are aligned for their type, so
+/// the typed view succeeds in practice; a misaligned slice (possible only through the
+/// byte-level [`Communicator`](crate::Communicator) API) takes an unaligned copy per
+/// element instead of failing.
+#[inline]
+fn apply<T>(acc: &mut [u8], incoming: &[u8], f: impl Fn(T, T) -> T)
+where
+    T: Copy + FromBytes + IntoBytes + KnownLayout + Immutable,
+{
+    let size = size_of::<T>();
+    let whole = acc.len().min(incoming.len()) / size * size;
+    let (acc, incoming) = (&mut acc[..whole], &incoming[..whole]);
+    match (<[T]>::mut_from_bytes(acc), <[T]>::ref_from_bytes(incoming)) {
+        (Ok(acc), Ok(incoming)) => {
+            for (a, &b) in acc.iter_mut().zip(incoming) {
+                *a = f(*a, b);
+            }
+        }
+        _ => {
+            for (a, b) in acc.chunks_exact_mut(size).zip(incoming.chunks_exact(size)) {
+                if let (Ok(x), Ok(y)) = (T::read_from_bytes(a), T::read_from_bytes(b)) {
+                    // Both chunks are exactly `size` bytes, so neither read nor write fails.
+                    let _ = f(x, y).write_to(a);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_sums_wrap() {
+        let mut acc = 250u8.to_ne_bytes().to_vec();
+        reduce_into(ReduceOp::Sum, DType::U8, &mut acc, &10u8.to_ne_bytes());
+        assert_eq!(acc, [4]);
+        let mut acc = i16::MAX.to_ne_bytes().to_vec();
+        reduce_into(ReduceOp::Sum, DType::I16, &mut acc, &1i16.to_ne_bytes());
+        assert_eq!(i16::from_ne_bytes([acc[0], acc[1]]), i16::MIN);
+    }
+
+    #[test]
+    fn misaligned_bytes_reduce_like_aligned_ones() {
+        let a: Vec<f32> = (0..9).map(|i| i as f32 * 1.5).collect();
+        let b: Vec<f32> = (0..9).map(|i| 10.0 - i as f32).collect();
+        let mut buf = [0u8; 1 + 36];
+        buf[1..].copy_from_slice(a.as_bytes());
+        let mut inc = [0u8; 1 + 36];
+        inc[1..].copy_from_slice(b.as_bytes());
+        reduce_into(ReduceOp::Max, DType::F32, &mut buf[1..], &inc[1..]);
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect();
+        assert_eq!(&buf[1..], want.as_bytes());
+    }
+
+    #[test]
+    fn a_trailing_partial_element_is_left_alone() {
+        let mut acc = vec![1u8, 0, 0, 0, 9];
+        reduce_into(ReduceOp::Sum, DType::U32, &mut acc, &[2, 0, 0, 0, 9]);
+        assert_eq!(acc, [3, 0, 0, 0, 9]);
+    }
+}
