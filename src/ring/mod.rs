@@ -1,0 +1,408 @@
+//! MLX's TCP ring backend, byte-compatible with `mx.distributed`'s ring.
+//!
+//! - [`schedule`]: which bytes go where, step by step (the wire contract with MLX);
+//! - [`connect`]: forming the ring's connections;
+//! - [`transport`]: the sockets and the event loop that owns them;
+//! - [`engine`]: lanes that stream a schedule through the loop and fold data in;
+//! - [`staging`]: the page-aligned buffers reductions land in.
+//!
+//! [`Ring`] ties them together behind [`Communicator`]. A group's state sits behind one
+//! mutex: collectives are serialised (every rank must issue them in the same order anyway),
+//! and the thread holding the lock drives the event loop for the duration of its
+//! collective.
+
+mod connect;
+mod engine;
+pub(crate) mod schedule;
+mod staging;
+mod transport;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use engine::{Buffers, Lane, Work};
+use schedule::{Direction, Layout, Pass, SMALL_PAD_BYTES};
+use staging::Staging;
+use transport::{Transfer, Transport};
+
+use crate::element::DType;
+use crate::error::{Error, PeerOp, Result};
+use crate::group::Communicator;
+use crate::hostfile::RingAddresses;
+use crate::reduce::ReduceOp;
+use zerocopy::IntoBytes;
+
+/// One rank's end of a formed ring.
+pub(crate) struct Ring {
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    state: Mutex<State>,
+}
+
+struct State {
+    transport: Transport,
+    staging: Staging,
+    /// The lanes of the collective in flight; kept so their storage is reused.
+    lanes: Vec<Lane>,
+    /// The transport error that failed the group, returned (wrapped) by every later call.
+    failed: Option<Arc<Error>>,
+}
+
+impl fmt::Debug for Ring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ring")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ring {
+    /// Forms the ring described by `addrs` (at least two ranks), waiting at most `timeout`
+    /// for the neighbours.
+    pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Ring> {
+        let transport = connect::connect(addrs, timeout)?;
+        let staging = Staging::new(transport.connections())
+            .map_err(|e| Error::local("mapping the ring's staging buffers", e))?;
+        Ok(Ring {
+            rank: addrs.rank,
+            size: addrs.size,
+            timeout,
+            state: Mutex::new(State {
+                transport,
+                staging,
+                lanes: Vec::new(),
+                failed: None,
+            }),
+        })
+    }
+
+    fn left(&self) -> usize {
+        (self.rank + self.size - 1) % self.size
+    }
+
+    fn right(&self) -> usize {
+        (self.rank + 1) % self.size
+    }
+
+    /// The group's state, or the error that failed it.
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        // A panic while holding the lock can only come from a bug in this crate; the state
+        // is still consistent enough to report errors from, so take it over.
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &state.failed {
+            Some(error) => Err(Error::Failed(error.clone())),
+            None => Ok(state),
+        }
+    }
+
+    /// Runs the lanes in `state.lanes` over `bufs`; a transport error fails the group.
+    fn run(&self, state: &mut State, bufs: &mut Buffers<'_>, context: &'static str) -> Result<()> {
+        let State {
+            transport,
+            staging,
+            lanes,
+            failed,
+        } = state;
+        let result = engine::run(
+            transport,
+            lanes,
+            bufs,
+            &mut staging.lanes,
+            self.timeout,
+            context,
+        );
+        if let Err(error) = &result
+            && error.is_fatal()
+        {
+            *failed = Some(Arc::new(error.clone()));
+            // Neighbours blocked on us learn at once that we are gone.
+            transport.shutdown();
+        }
+        result
+    }
+
+    /// Adds the lanes of one MLX all-reduce over `elems` elements from byte `base`.
+    fn plan_all_reduce(&self, state: &mut State, op: ReduceOp, dtype: DType, elems: usize) {
+        let splits = schedule::reduce_splits(
+            elems * dtype.size(),
+            self.size,
+            state.transport.connections(),
+        );
+        state.lanes.clear();
+        for i in 0..splits {
+            let part = schedule::part(elems, splits, i);
+            let (pair, direction) = schedule::route(i);
+            let layout = Layout::split(
+                part.start * dtype.size(),
+                part.len(),
+                dtype.size(),
+                self.size,
+            );
+            let pass = Pass::all_reduce(self.rank, self.size, direction);
+            let (tx, rx) = lane_conns(&state.transport, pair, direction);
+            state
+                .lanes
+                .push(Lane::ring(Work::AllReduce(op, dtype), pass, layout, tx, rx));
+        }
+    }
+}
+
+/// The connections a lane on connection pair `pair` writes to and reads from.
+fn lane_conns(transport: &Transport, pair: usize, direction: Direction) -> (usize, usize) {
+    match direction {
+        Direction::Left => (transport.left(pair), transport.right(pair)),
+        Direction::Right => (transport.right(pair), transport.left(pair)),
+    }
+}
+
+impl Communicator for Ring {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "ring"
+    }
+
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+        let context = op.collective();
+        let esize = dtype.size();
+        if !data.len().is_multiple_of(esize) {
+            return Err(Error::invalid(format!(
+                "{context}: {} bytes is not a whole number of {dtype} elements",
+                data.len()
+            )));
+        }
+        let elems = data.len() / esize;
+        if elems >= self.size {
+            let mut state = self.lock()?;
+            self.plan_all_reduce(&mut state, op, dtype, elems);
+            return self.run(&mut state, &mut Buffers { data, input: &[] }, context);
+        }
+
+        // Fewer elements than ranks: MLX pads them with zeros to exactly one element per rank
+        // and reduces that on connection pair 0 in direction -1.
+        let padded = self.size * esize;
+        if padded > SMALL_PAD_BYTES {
+            return Err(Error::invalid(format!(
+                "{context}: {elems} {dtype} elements cannot be reduced by a ring of {} ranks: \
+                 MLX pads fewer elements than ranks to one per rank, at most {SMALL_PAD_BYTES} \
+                 bytes",
+                self.size
+            )));
+        }
+        // u64s, so the pad is aligned for every element type.
+        let mut words = [0u64; SMALL_PAD_BYTES / 8];
+        let pad = &mut words.as_mut_bytes()[..padded];
+        pad[..data.len()].copy_from_slice(data);
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        let (tx, rx) = lane_conns(&state.transport, 0, Direction::Right);
+        let pass = Pass::all_reduce(self.rank, self.size, Direction::Right);
+        let layout = Layout::split(0, self.size, esize, self.size);
+        state.lanes.clear();
+        state
+            .lanes
+            .push(Lane::ring(Work::AllReduce(op, dtype), pass, layout, tx, rx));
+        self.run(
+            state,
+            &mut Buffers {
+                data: pad,
+                input: &[],
+            },
+            context,
+        )?;
+        data.copy_from_slice(&pad[..data.len()]);
+        Ok(())
+    }
+
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        const CONTEXT: &str = "all_gather";
+        let nbytes = input.len();
+        if output.len() != nbytes * self.size {
+            return Err(Error::invalid(format!(
+                "{CONTEXT}: the output holds {} bytes, {} ranks x {nbytes} need {}",
+                output.len(),
+                self.size,
+                nbytes * self.size
+            )));
+        }
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        // Our own block is copied in locally; the ring fills the others.
+        output[self.rank * nbytes..(self.rank + 1) * nbytes].copy_from_slice(input);
+        let splits = schedule::gather_splits(nbytes, state.transport.connections());
+        state.lanes.clear();
+        for i in 0..splits {
+            let part = schedule::part(nbytes, splits, i);
+            let (pair, direction) = schedule::route(i);
+            let layout = Layout::Strided {
+                offset: part.start,
+                len: part.len(),
+                stride: nbytes,
+            };
+            let pass = Pass::all_gather(self.rank, self.size, direction);
+            let (tx, rx) = lane_conns(&state.transport, pair, direction);
+            state
+                .lanes
+                .push(Lane::ring(Work::AllGather, pass, layout, tx, rx));
+        }
+        self.run(
+            state,
+            &mut Buffers {
+                data: output,
+                input: &[],
+            },
+            CONTEXT,
+        )
+    }
+
+    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+        const CONTEXT: &str = "sum_scatter";
+        let chunk = output.len();
+        let esize = dtype.size();
+        if input.len() != chunk * self.size || !chunk.is_multiple_of(esize) {
+            return Err(Error::invalid(format!(
+                "{CONTEXT}: an input of {} bytes and an output of {chunk} bytes do not make {} \
+                 whole blocks of {dtype}",
+                input.len(),
+                self.size
+            )));
+        }
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        let elems = chunk / esize;
+        let splits = schedule::reduce_splits(input.len(), self.size, state.transport.connections());
+        state.lanes.clear();
+        for i in 0..splits {
+            let part = schedule::part(elems, splits, i);
+            let (pair, direction) = schedule::route(i);
+            let layout = Layout::Strided {
+                offset: part.start * esize,
+                len: part.len() * esize,
+                stride: chunk,
+            };
+            let pass = Pass::reduce_scatter(self.rank, self.size, direction);
+            let (tx, rx) = lane_conns(&state.transport, pair, direction);
+            state.lanes.push(Lane::ring(
+                Work::ReduceScatter(ReduceOp::Sum, dtype),
+                pass,
+                layout,
+                tx,
+                rx,
+            ));
+        }
+        self.run(
+            state,
+            &mut Buffers {
+                data: output,
+                input,
+            },
+            CONTEXT,
+        )
+    }
+
+    fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        // MLX checks the right neighbour first, so with two ranks a send goes out on the
+        // connections this rank opened and arrives on the peer's accepted ones.
+        let first = if dst == self.right() {
+            state.transport.right(0)
+        } else if dst == self.left() {
+            state.transport.left(0)
+        } else {
+            return Err(self.not_a_neighbour("send to", dst));
+        };
+        self.plan_stripes(state, Work::Send, first, data.len());
+        self.run(
+            state,
+            &mut Buffers {
+                data: &mut [],
+                input: data,
+            },
+            "send",
+        )
+    }
+
+    fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        // The mirror of `send`: the left neighbour first.
+        let first = if src == self.left() {
+            state.transport.left(0)
+        } else if src == self.right() {
+            state.transport.right(0)
+        } else {
+            return Err(self.not_a_neighbour("receive from", src));
+        };
+        self.plan_stripes(state, Work::Recv, first, data.len());
+        self.run(state, &mut Buffers { data, input: &[] }, "recv")
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // An all_sum of one f32 zero: what `mx.eval(mx.distributed.all_sum(mx.zeros(1)))`
+        // sends, so a barrier also lines up with MLX ranks doing that.
+        self.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4])
+    }
+
+    fn health(&self) -> Result<()> {
+        let mut state = self.lock()?;
+        let mut found = None;
+        for conn in state.transport.conns() {
+            found = match conn.probe() {
+                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, "health check")),
+                Err(e) => Some(conn.failed(PeerOp::Receive, "health check", e)),
+                Ok(_) => continue,
+            };
+            break;
+        }
+        match found {
+            Some(error) => {
+                state.failed = Some(Arc::new(error.clone()));
+                state.transport.shutdown();
+                Err(error)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Ring {
+    /// MLX's striping of a send or receive over the C connections starting at `first`.
+    fn plan_stripes(&self, state: &mut State, work: Work, first: usize, len: usize) {
+        let connections = state.transport.connections();
+        state.lanes.clear();
+        for i in 0..connections {
+            let range = schedule::stripe(len, connections, i);
+            if range.is_empty() {
+                break;
+            }
+            state
+                .lanes
+                .push(Lane::point(work, first + i, range.start, range.len()));
+        }
+    }
+
+    fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
+        let (left, right) = (self.left(), self.right());
+        let neighbours = if left == right {
+            format!("rank {left}")
+        } else {
+            format!("ranks {left} and {right}")
+        };
+        Error::invalid(format!(
+            "rank {} cannot {what} rank {peer}: the ring backend connects only neighbours \
+             ({neighbours}), as MLX's ring does",
+            self.rank
+        ))
+    }
+}
