@@ -1,0 +1,188 @@
+//! Choosing and initialising a backend from MLX's launch environment, as
+//! `mx.distributed.init(strict, backend)` does, with MLX's per-backend cache.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::group::{Group, set_default_group};
+use crate::hostfile;
+use crate::options::Options;
+use crate::ring::Ring;
+
+/// The variable naming the ring's hostfile, as `mlx.launch` sets it.
+pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
+/// The variable holding this process's rank, as `mlx.launch` sets it.
+pub const RANK_VAR: &str = "MLX_RANK";
+
+/// A distributed backend, named as in `mx.distributed.init(backend=...)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// The first backend whose launch environment is present: the ring, then JACCL.
+    Any,
+    /// MLX's TCP ring ([`HOSTFILE_VAR`], [`RANK_VAR`]).
+    Ring,
+    /// MLX's RDMA backend over Thunderbolt 5 (feature `jaccl`).
+    Jaccl,
+}
+
+impl Backend {
+    /// MLX's name for the backend.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Backend::Any => "any",
+            Backend::Ring => "ring",
+            Backend::Jaccl => "jaccl",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "any" => Ok(Backend::Any),
+            "ring" => Ok(Backend::Ring),
+            "jaccl" => Ok(Backend::Jaccl),
+            other => Err(Error::invalid(format!(
+                "unknown backend {other:?}: expected \"any\", \"ring\" or \"jaccl\""
+            ))),
+        }
+    }
+}
+
+/// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
+/// built with the `jaccl` feature and an RDMA device is present.
+pub fn is_available(backend: Backend) -> bool {
+    match backend {
+        Backend::Any => is_available(Backend::Ring) || is_available(Backend::Jaccl),
+        Backend::Ring => true,
+        Backend::Jaccl => jaccl_unavailable_reason().is_none(),
+    }
+}
+
+fn jaccl_unavailable_reason() -> Option<String> {
+    Some("this build of nuvec-distributed has no `jaccl` feature".to_string())
+}
+
+/// Groups already formed, by backend; `Any` holds the first one formed. MLX keeps the same
+/// cache, so a second `init` returns the same group instead of forming another.
+static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
+
+/// Initialises `backend` from MLX's launch environment and makes its group the default.
+///
+/// A backend initialised before returns the same group. Without the environment a backend
+/// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]) the result is the group of this
+/// process alone, or with `strict` an error naming the missing variables. Once the
+/// environment is present, any failure to form the group is an error, strict or not.
+///
+/// # Errors
+///
+/// Bad environment values, an unusable hostfile (the error names the file and what is
+/// wrong), or a neighbour that cannot be reached within the timeout (the error names it).
+pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
+    let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
+    let formed = formed.get_or_insert_with(HashMap::new);
+    if let Some(group) = formed.get(&backend) {
+        set_default_group(group.clone());
+        return Ok(group.clone());
+    }
+    let mut reasons = Vec::new();
+    let candidates: &[Backend] = match backend {
+        Backend::Any => &[Backend::Ring, Backend::Jaccl],
+        Backend::Ring => &[Backend::Ring],
+        Backend::Jaccl => &[Backend::Jaccl],
+    };
+    for &candidate in candidates {
+        let attempt = match candidate {
+            Backend::Ring => ring_from_env()?,
+            _ => Err(jaccl_unavailable_reason().unwrap_or_default()),
+        };
+        match attempt {
+            Ok(group) => {
+                formed.insert(candidate, group.clone());
+                formed.entry(Backend::Any).or_insert_with(|| group.clone());
+                set_default_group(group.clone());
+                return Ok(group);
+            }
+            Err(reason) => reasons.push(format!("{candidate}: {reason}")),
+        }
+    }
+    if strict {
+        return Err(Error::Unavailable {
+            backend: backend.name(),
+            reason: reasons.join("; "),
+        });
+    }
+    let group = Group::single();
+    set_default_group(group.clone());
+    Ok(group)
+}
+
+/// The ring from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The inner `Err` is why the environment
+/// does not describe a ring (not an error unless `strict`); the outer one is a failure to
+/// form the ring it describes.
+fn ring_from_env() -> Result<std::result::Result<Group, String>> {
+    let hostfile = std::env::var_os(HOSTFILE_VAR);
+    let rank = std::env::var_os(RANK_VAR);
+    let (Some(hostfile), Some(rank)) = (&hostfile, &rank) else {
+        let show = |v: &Option<std::ffi::OsString>| {
+            v.as_ref()
+                .map(|s| format!("{:?}", s.to_string_lossy()))
+                .unwrap_or_else(|| "unset".into())
+        };
+        return Ok(Err(format!(
+            "both {RANK_VAR} and {HOSTFILE_VAR} must be set (as mlx.launch sets them), but \
+             {RANK_VAR} is {} and {HOSTFILE_VAR} is {}",
+            show(&rank),
+            show(&hostfile)
+        )));
+    };
+    let rank_text = rank.to_string_lossy();
+    let rank: usize = rank_text.trim().parse().map_err(|_| Error::Environment {
+        var: RANK_VAR,
+        reason: format!("{rank_text:?} is not a rank (a whole number from 0)"),
+    })?;
+    let options = Options::from_env()?;
+    let path = Path::new(hostfile);
+    let nodes = hostfile::read(path)?;
+    let addrs = hostfile::resolve(&nodes, rank, path)?;
+    if addrs.size == 1 {
+        return Ok(Ok(Group::single()));
+    }
+    Ok(Ok(Group::new(Arc::new(Ring::connect(
+        &addrs,
+        options.timeout,
+    )?))))
+}
+
+/// Forms rank `rank` of the ring over `nodes` (per rank, the addresses it listens on, one
+/// connection per address, as MLX's hostfile lists them) and returns its group. The group
+/// is not made the default. A ring of one rank is the group of this process alone.
+///
+/// # Errors
+///
+/// Malformed or unresolvable addresses, a rank out of range, or a neighbour that does not
+/// connect or accept within `options.timeout` (the error names it).
+pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Result<Group> {
+    options.validate()?;
+    let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;
+    if addrs.size == 1 {
+        return Ok(Group::single());
+    }
+    Ok(Group::new(Arc::new(Ring::connect(
+        &addrs,
+        options.timeout,
+    )?)))
+}

@@ -1,0 +1,440 @@
+//! [`Group`]: the typed collectives every backend offers, over the byte-level
+//! [`Communicator`] each backend implements, and the process's default group that the free
+//! functions use, as `mx.distributed` does.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use crate::element::{DType, Element};
+use crate::error::{Error, Result};
+use crate::reduce::ReduceOp;
+
+/// What a backend implements: collectives on raw element bytes.
+///
+/// Every rank must call the same collectives in the same order with the same lengths, as in
+/// MLX; the wire carries no lengths or types. [`Group`] checks the arguments before calling
+/// these methods, so an implementation may assume:
+///
+/// - `all_reduce`: `data` holds whole elements of `dtype`;
+/// - `all_gather`: `output.len() == input.len() * size()`;
+/// - `sum_scatter`: `input.len() == output.len() * size()`, both whole elements of `dtype`;
+/// - `send`/`recv`: `dst`/`src` is in range and is not this rank.
+///
+/// A transport failure must leave the communicator failed: later calls return
+/// [`Error::Failed`].
+pub trait Communicator: Send + Sync + fmt::Debug {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn size(&self) -> usize;
+
+    /// The backend's name, for messages (`"ring"`, `"jaccl"`).
+    fn backend(&self) -> &'static str;
+
+    /// Reduces `data` in place across every rank.
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()>;
+
+    /// Concatenates every rank's `input` into `output`, in rank order.
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()>;
+
+    /// Sums `input` across ranks and keeps this rank's share, block `rank` of `size`.
+    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()>;
+
+    /// Sends `data` to rank `dst`, which receives it with `recv` of the same length.
+    fn send(&self, data: &[u8], dst: usize) -> Result<()>;
+
+    /// Receives exactly `data.len()` bytes from rank `src`.
+    fn recv(&self, data: &mut [u8], src: usize) -> Result<()>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+
+    /// Checks that every connection is still up, without running a collective.
+    fn health(&self) -> Result<()>;
+}
+
+/// A group of ranks that run collectives together. Cheap to clone; every clone is the same
+/// group. Collectives from several threads are run one at a time.
+#[derive(Clone)]
+pub struct Group {
+    comm: Arc<dyn Communicator>,
+    rank: usize,
+    size: usize,
+}
+
+impl fmt::Debug for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Group")
+            .field("backend", &self.comm.backend())
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Group {
+    /// The group of this process alone: collectives return their input; `send` and `recv`
+    /// are errors.
+    pub fn single() -> Group {
+        Group::new(Arc::new(Single))
+    }
+
+    /// A group over a backend's communicator.
+    pub fn new(comm: Arc<dyn Communicator>) -> Group {
+        let (rank, size) = (comm.rank(), comm.size());
+        Group { comm, rank, size }
+    }
+
+    /// This process's rank, from 0.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The backend's name: `"ring"`, `"jaccl"`, or `"single"` for the group of one.
+    pub fn backend(&self) -> &'static str {
+        self.comm.backend()
+    }
+
+    /// Sums `data` element-wise across ranks, in place; every rank gets the same bits.
+    ///
+    /// # Errors
+    ///
+    /// A transport error names the peer; afterwards the group is failed.
+    pub fn all_sum<T: Element>(&self, data: &mut [T]) -> Result<()> {
+        self.all_reduce(ReduceOp::Sum, data)
+    }
+
+    /// Element-wise maximum across ranks, in place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::all_sum`].
+    pub fn all_max<T: Element>(&self, data: &mut [T]) -> Result<()> {
+        self.all_reduce(ReduceOp::Max, data)
+    }
+
+    /// Element-wise minimum across ranks, in place.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::all_sum`].
+    pub fn all_min<T: Element>(&self, data: &mut [T]) -> Result<()> {
+        self.all_reduce(ReduceOp::Min, data)
+    }
+
+    /// Reduces `data` in place with `op` across ranks.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::all_sum`].
+    pub fn all_reduce<T: Element>(&self, op: ReduceOp, data: &mut [T]) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        T::with_wire_mut(data, |bytes| self.comm.all_reduce(op, T::DTYPE, bytes))
+    }
+
+    /// Gathers every rank's `input` into `output` in rank order; `output` holds
+    /// `size() * input.len()` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `output` has the wrong length (the group stays usable);
+    /// otherwise as [`Group::all_sum`].
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        if output.len() != input.len() * self.size {
+            return Err(Error::invalid(format!(
+                "all_gather: the output holds {} elements but {} ranks x {} input elements \
+                 need {}",
+                output.len(),
+                self.size,
+                input.len(),
+                input.len() * self.size
+            )));
+        }
+        if self.size == 1 {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        T::with_wire_mut(output, |out| self.comm.all_gather(T::as_wire(input), out))
+    }
+
+    /// Sums `input` across ranks and keeps this rank's block: `output` gets elements
+    /// `[rank * k, (rank + 1) * k)` of the sum, where `k = output.len()` and
+    /// `input.len() == size() * k`.
+    ///
+    /// MLX's own ring refuses `sum_scatter`; on the ring this works between nuvec ranks only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the lengths do not match; otherwise as
+    /// [`Group::all_sum`].
+    pub fn sum_scatter<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        if input.len() != output.len() * self.size {
+            return Err(Error::invalid(format!(
+                "sum_scatter: the input holds {} elements but {} ranks x {} output elements \
+                 need {}",
+                input.len(),
+                self.size,
+                output.len(),
+                output.len() * self.size
+            )));
+        }
+        if self.size == 1 {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        T::with_wire_mut(output, |out| {
+            self.comm.sum_scatter(T::DTYPE, T::as_wire(input), out)
+        })
+    }
+
+    /// Sends `data` to rank `dst`, which must `recv` the same number of elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank out of range or this rank itself, and on the
+    /// ring for a rank that is not a neighbour; otherwise as [`Group::all_sum`].
+    pub fn send<T: Element>(&self, data: &[T], dst: usize) -> Result<()> {
+        self.check_peer("send to", dst)?;
+        self.comm.send(T::as_wire(data), dst)
+    }
+
+    /// Receives `data.len()` elements from rank `src`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::send`].
+    pub fn recv<T: Element>(&self, data: &mut [T], src: usize) -> Result<()> {
+        self.check_peer("receive from", src)?;
+        T::with_wire_mut(data, |bytes| self.comm.recv(bytes, src))
+    }
+
+    /// Returns once every rank has entered the barrier.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::all_sum`].
+    pub fn barrier(&self) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        self.comm.barrier()
+    }
+
+    /// Checks every connection of the group without running a collective, and names a peer
+    /// that is gone.
+    ///
+    /// # Errors
+    ///
+    /// The transport error of the first lost peer; afterwards the group is failed.
+    pub fn health(&self) -> Result<()> {
+        self.comm.health()
+    }
+
+    fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
+        if self.size == 1 {
+            return Err(Error::invalid(format!(
+                "cannot {what} rank {peer}: this is a group of one process"
+            )));
+        }
+        if peer >= self.size {
+            return Err(Error::invalid(format!(
+                "cannot {what} rank {peer}: the group has ranks 0 to {}",
+                self.size - 1
+            )));
+        }
+        if peer == self.rank {
+            return Err(Error::invalid(format!(
+                "cannot {what} rank {peer}: that is this rank itself"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The communicator of a group of one. [`Group`] short-circuits every collective for size
+/// 1, so these are reached only through [`Communicator`] directly.
+#[derive(Debug)]
+struct Single;
+
+impl Communicator for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn backend(&self) -> &'static str {
+        "single"
+    }
+    fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        copy_same_length(input, output)
+    }
+    fn sum_scatter(&self, _: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+        copy_same_length(input, output)
+    }
+    fn send(&self, _: &[u8], dst: usize) -> Result<()> {
+        Err(Error::invalid(format!(
+            "cannot send to rank {dst}: this is a group of one"
+        )))
+    }
+    fn recv(&self, _: &mut [u8], src: usize) -> Result<()> {
+        Err(Error::invalid(format!(
+            "cannot receive from rank {src}: this is a group of one"
+        )))
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn copy_same_length(input: &[u8], output: &mut [u8]) -> Result<()> {
+    if input.len() != output.len() {
+        return Err(Error::invalid(format!(
+            "output holds {} bytes, input {}",
+            output.len(),
+            input.len()
+        )));
+    }
+    output.copy_from_slice(input);
+    Ok(())
+}
+
+static DEFAULT_GROUP: RwLock<Option<Group>> = RwLock::new(None);
+
+/// Makes `group` the default: what the free functions use when passed `None`.
+/// [`init`](crate::init) sets it.
+pub fn set_default_group(group: Group) {
+    let mut slot = DEFAULT_GROUP.write().unwrap_or_else(|e| e.into_inner());
+    *slot = Some(group);
+}
+
+/// The default group, or the group of this process alone if none was set.
+pub fn default_group() -> Group {
+    let slot = DEFAULT_GROUP.read().unwrap_or_else(|e| e.into_inner());
+    slot.clone().unwrap_or_else(Group::single)
+}
+
+fn pick(group: Option<&Group>) -> Group {
+    group.cloned().unwrap_or_else(default_group)
+}
+
+/// [`Group::all_sum`] on `group`, or on the default group for `None`
+/// (`mx.distributed.all_sum(x, group=None)`).
+///
+/// # Errors
+///
+/// As [`Group::all_sum`].
+pub fn all_sum<T: Element>(data: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).all_sum(data)
+}
+
+/// [`Group::all_max`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::all_sum`].
+pub fn all_max<T: Element>(data: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).all_max(data)
+}
+
+/// [`Group::all_min`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::all_sum`].
+pub fn all_min<T: Element>(data: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).all_min(data)
+}
+
+/// [`Group::all_gather`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::all_gather`].
+pub fn all_gather<T: Element>(input: &[T], output: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).all_gather(input, output)
+}
+
+/// [`Group::sum_scatter`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::sum_scatter`].
+pub fn sum_scatter<T: Element>(input: &[T], output: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).sum_scatter(input, output)
+}
+
+/// [`Group::send`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::send`].
+pub fn send<T: Element>(data: &[T], dst: usize, group: Option<&Group>) -> Result<()> {
+    pick(group).send(data, dst)
+}
+
+/// [`Group::recv`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::recv`].
+pub fn recv<T: Element>(data: &mut [T], src: usize, group: Option<&Group>) -> Result<()> {
+    pick(group).recv(data, src)
+}
+
+/// [`Group::barrier`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::barrier`].
+pub fn barrier(group: Option<&Group>) -> Result<()> {
+    pick(group).barrier()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_group_returns_its_input() {
+        let g = Group::single();
+        let mut x = [1.0f32, 2.0];
+        g.all_sum(&mut x).unwrap();
+        assert_eq!(x, [1.0, 2.0]);
+        let mut out = [0u16; 2];
+        g.all_gather(&[3u16, 4], &mut out).unwrap();
+        assert_eq!(out, [3, 4]);
+        g.sum_scatter(&[5u16, 6], &mut out).unwrap();
+        assert_eq!(out, [5, 6]);
+        g.barrier().unwrap();
+        let e = g.send(&x, 0).unwrap_err();
+        assert!(e.to_string().contains("group of one"), "{e}");
+    }
+
+    #[test]
+    fn length_mismatches_are_argument_errors() {
+        let g = Group::single();
+        let mut out = [0u8; 3];
+        let e = g.all_gather(&[1u8, 2], &mut out).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)) && !e.is_fatal(),
+            "{e}"
+        );
+        let e = g.sum_scatter(&[1u8, 2], &mut out).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+}
