@@ -137,6 +137,7 @@ impl Lane {
         context: &'static str,
     ) -> Result<bool> {
         let mut any = false;
+        let mut refreshed = Instant::now();
         loop {
             let received = self.pump_recv(transport.conn(self.rx), bufs, stage, context)?;
             let sent = self.pump_send(transport.conn(self.tx), bufs, stage, context)?;
@@ -144,6 +145,15 @@ impl Lane {
                 return Ok(any);
             }
             any = true;
+            // A lane whose sockets keep accepting bytes never returns to the poller; look
+            // at it now and then anyway, so that a connection that failed meanwhile is
+            // seen while its failure notice is still readable.
+            if refreshed.elapsed() >= REFRESH {
+                transport
+                    .refresh()
+                    .map_err(|e| Error::local("polling the ring's sockets", e))?;
+                refreshed = Instant::now();
+            }
         }
     }
 
@@ -303,6 +313,9 @@ impl Lane {
     }
 }
 
+/// How often a collective that keeps moving bytes still looks at the poller.
+const REFRESH: Duration = Duration::from_millis(1);
+
 /// Drives `lanes` until all are finished, waiting on the poller when none can move.
 ///
 /// `stages` holds at least one staging buffer per lane. A peer that lets `timeout` pass
@@ -326,10 +339,14 @@ pub(crate) fn run(
         if finished {
             return Ok(());
         }
-        let due = match deadline {
-            Some(due) if !progressed => due,
-            _ => *deadline.insert(Instant::now() + timeout),
-        };
+        if progressed {
+            // Only a pass that moved nothing may block: a lane pumped earlier in this pass
+            // may have become ready since (a refresh inside a later lane's pump can have
+            // taken the poller's event for it).
+            deadline = None;
+            continue;
+        }
+        let due = *deadline.get_or_insert_with(|| Instant::now() + timeout);
         let woke = transport
             .wait(due)
             .map_err(|e| Error::local("waiting for the ring's sockets", e))?;
