@@ -5,5 +5,7 @@
 //! functions, and every unsafe site is listed in `SAFETY.md` at the repository root with the
 //! invariant it relies on and the test that exercises it.
 //!
-//! The ring backend needs nothing from this crate yet: its sockets, page-aligned buffers
-//! and socket options all come from safe APIs (mio, memmap2, socket2).
+//! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
+//!   without `unsafe`.
+
+pub mod net;
