@@ -97,6 +97,20 @@ pub enum Error {
         context: &'static str,
     },
 
+    /// A rank that is not this rank's neighbour was lost. The neighbour that noticed first
+    /// said so (with a TCP urgent byte) before closing its connection to this rank.
+    #[error(
+        "rank {peer} was lost during {context} (reported by rank {via}, which then closed its connection)"
+    )]
+    Lost {
+        /// The lost rank.
+        peer: usize,
+        /// The neighbour that reported it.
+        via: usize,
+        /// The collective or setup phase.
+        context: &'static str,
+    },
+
     /// A peer made no progress for the whole timeout.
     #[error("rank {peer}{}: {op} timed out after {after:?} during {context}", fmt_addr(*addr))]
     Timeout {
@@ -150,9 +164,10 @@ impl Error {
     /// by one).
     pub fn peer(&self) -> Option<usize> {
         match self {
-            Error::Io { peer, .. } | Error::Closed { peer, .. } | Error::Timeout { peer, .. } => {
-                Some(*peer)
-            }
+            Error::Io { peer, .. }
+            | Error::Closed { peer, .. }
+            | Error::Lost { peer, .. }
+            | Error::Timeout { peer, .. } => Some(*peer),
             Error::Failed(inner) => inner.peer(),
             _ => None,
         }
@@ -163,7 +178,11 @@ impl Error {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
-            Error::Io { .. } | Error::Closed { .. } | Error::Timeout { .. } | Error::Failed(_)
+            Error::Io { .. }
+                | Error::Closed { .. }
+                | Error::Lost { .. }
+                | Error::Timeout { .. }
+                | Error::Failed(_)
         )
     }
 

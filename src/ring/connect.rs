@@ -196,7 +196,7 @@ pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Transp
             right_conns.push((stream, right, addr));
         }
     }
-    Transport::new(poll, left_conns, right_conns)
+    Transport::new(poll, addrs.rank, addrs.size, left_conns, right_conns)
         .map_err(|e| Error::local("setting up the ring's connections", e))
 }
 

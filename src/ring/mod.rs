@@ -107,22 +107,17 @@ impl Ring {
             lanes,
             failed,
         } = state;
-        let result = engine::run(
+        match engine::run(
             transport,
             lanes,
             bufs,
             &mut staging.lanes,
             self.timeout,
             context,
-        );
-        if let Err(error) = &result
-            && error.is_fatal()
-        {
-            *failed = Some(Arc::new(error.clone()));
-            // Neighbours blocked on us learn at once that we are gone.
-            transport.shutdown();
+        ) {
+            Err(error) if error.is_fatal() => Err(fail(transport, failed, error)),
+            result => result,
         }
-        result
     }
 
     /// Adds the lanes of one MLX all-reduce over `elems` elements from byte `base`.
@@ -149,6 +144,15 @@ impl Ring {
                 .push(Lane::ring(Work::AllReduce(op, dtype), pass, layout, tx, rx));
         }
     }
+}
+
+/// Fails the group with `error` (or the lost rank a neighbour's notice names): records
+/// it for later calls, and tells the neighbours, which also learn that this rank is gone.
+fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error) -> Error {
+    let error = transport.diagnose(error);
+    *failed = Some(Arc::new(error.clone()));
+    transport.abandon(error.peer());
+    error
 }
 
 /// The connections a lane on connection pair `pair` writes to and reads from.
@@ -367,9 +371,10 @@ impl Communicator for Ring {
         }
         match found {
             Some(error) => {
-                state.failed = Some(Arc::new(error.clone()));
-                state.transport.shutdown();
-                Err(error)
+                let State {
+                    transport, failed, ..
+                } = &mut *state;
+                Err(fail(transport, failed, error))
             }
             None => Ok(()),
         }

@@ -6,14 +6,20 @@
 //! per socket, no hand-off on the hot path, and the caller's buffers can be read and written
 //! in place. Readiness is edge-triggered, so each connection remembers whether its last
 //! read or write hit `WouldBlock` and is only retried after the poller says it changed.
+//!
+//! When a rank gives up on the ring it leaves a *failure notice* on its other connections:
+//! one TCP urgent byte naming the rank that was lost (see [`Transport::abandon`]). A rank
+//! that is not next to the lost one can then name it, instead of the neighbour that closed.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
+use socket2::SockRef;
 
 use crate::error::{Error, PeerOp};
 
@@ -26,6 +32,23 @@ const MAX_IO_BYTES: usize = 1 << 30;
 /// unsuccessful poll yields the CPU, so oversubscribed ranks still get to run.
 const SPIN: Duration = Duration::from_micros(50);
 
+/// How long a failing rank looks for evidence of which rank was lost (see
+/// [`Transport::diagnose`]).
+const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
+
+/// How long a failing rank spends leaving its failure notices and waiting for its
+/// neighbours to close (see [`Transport::abandon`]).
+const NOTICE_WAIT: Duration = Duration::from_millis(250);
+
+/// What every connection is registered for. On Linux that includes urgent data, which is
+/// how a failure notice announces itself.
+fn interest() -> Interest {
+    let interest = Interest::READABLE | Interest::WRITABLE;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let interest = interest | Interest::PRIORITY;
+    interest
+}
+
 /// One TCP connection to a neighbour.
 #[derive(Debug)]
 pub(crate) struct Conn {
@@ -36,6 +59,14 @@ pub(crate) struct Conn {
     pub(crate) addr: SocketAddr,
     readable: bool,
     writable: bool,
+    /// This rank and the ring's size, to check that a notice names a third rank.
+    me: usize,
+    ranks: usize,
+    /// The rank named by the neighbour's failure notice, once one arrived.
+    notice: Option<usize>,
+    /// Whether the peer reset the connection: a process that dies with unread data does
+    /// that, while a rank that gives up closes cleanly (see [`Transport::abandon`]).
+    reset: bool,
 }
 
 /// The result of one non-blocking transfer attempt.
@@ -50,12 +81,21 @@ pub(crate) enum Transfer {
 }
 
 impl Conn {
-    /// The error for this peer closing the connection.
-    pub(crate) fn closed(&self, op: PeerOp, context: &'static str) -> Error {
-        Error::Closed {
-            peer: self.peer,
-            op,
-            context,
+    /// The error for this peer closing the connection: the rank its failure notice names,
+    /// if it left one, else the peer itself.
+    pub(crate) fn closed(&mut self, op: PeerOp, context: &'static str) -> Error {
+        self.take_notice();
+        match self.notice {
+            Some(lost) => Error::Lost {
+                peer: lost,
+                via: self.peer,
+                context,
+            },
+            None => Error::Closed {
+                peer: self.peer,
+                op,
+                context,
+            },
         }
     }
 
@@ -70,6 +110,21 @@ impl Conn {
         }
     }
 
+    /// Reads a pending failure notice. Urgent data never enters the byte stream, so MLX
+    /// peers, which never ask for it, are unaffected; but the kernel drops it once the
+    /// stream is read past its position, so it is read as soon as the poller reports it.
+    fn take_notice(&mut self) {
+        if self.notice.is_some() {
+            return;
+        }
+        if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
+            let lost = usize::from(byte);
+            if lost < self.ranks && lost != self.me && lost != self.peer {
+                self.notice = Some(lost);
+            }
+        }
+    }
+
     /// Reads what is available into `buf`, which is not empty.
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
         if !self.readable {
@@ -79,6 +134,13 @@ impl Conn {
         loop {
             return match self.stream.read(&mut buf[..len]) {
                 Ok(0) => Ok(Transfer::Closed),
+                Ok(n) if n < len => {
+                    // A read stops short at a pending urgent byte; the next one would skip
+                    // it and the kernel would drop it. Costs a system call per short read,
+                    // which large transfers amortise and small ones rarely make.
+                    self.take_notice();
+                    Ok(Transfer::Moved(n))
+                }
                 Ok(n) => Ok(Transfer::Moved(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;
@@ -86,7 +148,10 @@ impl Conn {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // A peer that dies with unread data in its buffers resets the connection.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(Transfer::Closed),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
                 Err(e) => Err(e),
             };
         }
@@ -107,14 +172,11 @@ impl Conn {
                     Ok(Transfer::Blocked)
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                    ) =>
-                {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
                     Ok(Transfer::Closed)
                 }
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
                 Err(e) => Err(e),
             };
         }
@@ -146,10 +208,13 @@ pub(crate) struct Transport {
 }
 
 impl Transport {
-    /// Takes over the connections of a formed ring: `left[i]` was accepted on our address
-    /// `i`, `right[i]` was opened to the right neighbour's address `i`.
+    /// Takes over the connections of rank `me` in a formed ring of `ranks`: `left[i]` was
+    /// accepted on our address `i`, `right[i]` was opened to the right neighbour's address
+    /// `i`.
     pub(crate) fn new(
         poll: Poll,
+        me: usize,
+        ranks: usize,
         left: Vec<(TcpStream, usize, SocketAddr)>,
         right: Vec<(TcpStream, usize, SocketAddr)>,
     ) -> io::Result<Self> {
@@ -157,17 +222,18 @@ impl Transport {
         let mut conns = Vec::with_capacity(2 * connections);
         for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
             stream.set_nodelay(true)?;
-            poll.registry().register(
-                &mut stream,
-                Token(i),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
+            poll.registry()
+                .register(&mut stream, Token(i), interest())?;
             conns.push(Conn {
                 stream,
                 peer,
                 addr,
                 readable: true,
                 writable: true,
+                me,
+                ranks,
+                notice: None,
+                reset: false,
             });
         }
         Ok(Self {
@@ -222,6 +288,62 @@ impl Transport {
         }
     }
 
+    /// Takes in readiness changes without waiting. A collective that keeps moving bytes
+    /// calls this now and then, so that a connection that closed while it was busy with
+    /// others (and any failure notice on it) is seen promptly.
+    pub(crate) fn refresh(&mut self) -> io::Result<()> {
+        self.poll_once(Some(Duration::ZERO)).map(drop)
+    }
+
+    /// The error to report for `error`, which fails the group.
+    ///
+    /// A neighbour that closed may have been lost itself, or may have given up because of
+    /// another rank and left a failure notice naming it. So before blaming anyone, read
+    /// what every connection still holds (the group is failed, the data is of no use) for
+    /// a short while, looking for notices, and for connections that were reset, as a
+    /// process that dies mid-transfer resets them. A notice wins; then a reset; then
+    /// `error` itself.
+    pub(crate) fn diagnose(&mut self, error: Error) -> Error {
+        let context = match &error {
+            Error::Closed { context, .. } | Error::Io { context, .. } => *context,
+            _ => return error,
+        };
+        let until = Instant::now() + DIAGNOSE_WAIT;
+        let mut sink = [0u8; 16 << 10];
+        loop {
+            let _ = self.poll_once(Some(Duration::ZERO));
+            for conn in &mut self.conns {
+                conn.readable = true;
+                // Check for a notice before every read: a read may pass its mark.
+                conn.take_notice();
+                while conn.notice.is_none()
+                    && matches!(conn.read(&mut sink), Ok(Transfer::Moved(_)))
+                {
+                    conn.take_notice();
+                }
+                if let Some(lost) = conn.notice {
+                    return Error::Lost {
+                        peer: lost,
+                        via: conn.peer,
+                        context,
+                    };
+                }
+            }
+            if let Some(conn) = self.conns.iter().find(|c| c.reset) {
+                return Error::Closed {
+                    peer: conn.peer,
+                    op: PeerOp::Receive,
+                    context,
+                };
+            }
+            let now = Instant::now();
+            if now >= until {
+                return error;
+            }
+            let _ = self.poll_once(Some(until - now));
+        }
+    }
+
     fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
@@ -240,13 +362,62 @@ impl Transport {
             if event.is_writable() || event.is_write_closed() || event.is_error() {
                 conn.writable = true;
             }
+            if event.is_priority() {
+                conn.take_notice();
+            }
         }
         Ok(any)
     }
 
-    /// Shuts every connection down, so that neighbours blocked on this rank fail at once
-    /// instead of waiting for their timeout.
-    pub(crate) fn shutdown(&mut self) {
+    /// Gives up on the ring after losing rank `lost`: tells every other neighbour which
+    /// rank was lost, closes this rank's side of every connection, and lingers (briefly)
+    /// until the neighbours have closed theirs.
+    ///
+    /// Closing at once means neighbours blocked on this rank fail at once instead of
+    /// waiting for their timeout; the notice means they can name the rank that was really
+    /// lost rather than this one. It is one TCP urgent byte holding the lost rank (so only
+    /// ranks below 256 are named this way), which travels beside the stream, not in it: a
+    /// peer still expecting data can never mistake it for data. Lingering, and discarding
+    /// what still arrives, keeps the kernel from answering late data with a reset, which
+    /// would destroy the notice before the neighbour read it. Delivery stays best effort:
+    /// a receiver that reads past the byte's position before its poller reports it loses
+    /// the notice, and then names this rank instead.
+    pub(crate) fn abandon(&mut self, lost: Option<usize>) {
+        let until = Instant::now() + NOTICE_WAIT;
+        if let Some(lost) = lost.and_then(|l| u8::try_from(l).ok()) {
+            for conn in self.conns.iter().filter(|c| c.peer != usize::from(lost)) {
+                // The byte needs room in the send buffer, which the peer drains while it
+                // still reads; wait for that a little, not forever.
+                while let Err(e) = SockRef::from(&conn.stream).send_out_of_band(&[lost]) {
+                    if e.kind() != io::ErrorKind::WouldBlock || Instant::now() >= until {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        for conn in &mut self.conns {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+            conn.readable = true;
+        }
+        let mut sink = [0u8; 16 << 10];
+        let mut open = self.conns.len();
+        while open > 0 && Instant::now() < until {
+            open = 0;
+            for conn in &mut self.conns {
+                loop {
+                    match conn.read(&mut sink) {
+                        Ok(Transfer::Moved(_)) => continue,
+                        Ok(Transfer::Blocked) => open += 1,
+                        Ok(Transfer::Closed) | Err(_) => {}
+                    }
+                    break;
+                }
+            }
+            if open > 0 {
+                let _ = self.poll_once(Some(until.saturating_duration_since(Instant::now())));
+            }
+        }
         for conn in &mut self.conns {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }

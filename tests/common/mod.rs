@@ -37,12 +37,15 @@ impl RankOutput {
         self.status.is_some_and(|s| s.success()) && self.stdout.contains(DONE)
     }
 
-    /// Lines of stdout that start with `prefix`, without it.
-    pub fn lines(&self, prefix: &str) -> Vec<String> {
+    /// What follows `marker` on each line of stdout that holds it. (The test harness may
+    /// have printed the test's name before it on the same line.)
+    pub fn lines(&self, marker: &str) -> Vec<String> {
         self.stdout
             .lines()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .map(|l| l.trim().to_string())
+            .filter_map(|l| {
+                l.find(marker)
+                    .map(|i| l[i + marker.len()..].trim().to_string())
+            })
             .collect()
     }
 }
