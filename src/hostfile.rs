@@ -32,6 +32,9 @@ pub(crate) struct RingAddresses {
     pub(crate) listen: Vec<SocketAddr>,
     /// The right neighbour's addresses: connection `i` goes to `right[i]`.
     pub(crate) right: Vec<SocketAddr>,
+    /// Ranks whose first address names the same host as this rank's (this one included):
+    /// the ranks likely to share this machine's CPUs.
+    pub(crate) local_ranks: usize,
 }
 
 impl RingAddresses {
@@ -164,6 +167,8 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
         }
     }
     let right = (rank + 1) % size;
+    let host = |r: usize| nodes[r][0].split_once(':').map(|(h, _)| h);
+    let local_ranks = (0..size).filter(|&r| host(r) == host(rank)).count();
     let resolve_all = |r: usize| -> Result<Vec<SocketAddr>> {
         nodes[r]
             .iter()
@@ -184,6 +189,7 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
         } else {
             Vec::new()
         },
+        local_ranks,
     })
 }
 
@@ -265,6 +271,8 @@ mod tests {
         assert_eq!(a.listen[0], "127.0.0.1:5002".parse().unwrap());
         assert_eq!(a.right[1], "127.0.0.1:5001".parse().unwrap());
         assert_eq!((a.left_rank(), a.right_rank()), (0, 0));
+        // "localhost" and "127.0.0.1" are compared as written.
+        assert_eq!(a.local_ranks, 1);
     }
 
     #[test]

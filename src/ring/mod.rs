@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use engine::{Buffers, Lane, Work};
+use engine::{Buffers, Lane, Spin, Work};
 use schedule::{Direction, Layout, Pass, SMALL_PAD_BYTES};
 use staging::Staging;
 use transport::{Transfer, Transport};
@@ -38,6 +38,7 @@ pub(crate) struct Ring {
     rank: usize,
     size: usize,
     timeout: Duration,
+    spin: Spin,
     state: Mutex<State>,
 }
 
@@ -71,6 +72,7 @@ impl Ring {
             rank: addrs.rank,
             size: addrs.size,
             timeout,
+            spin: Spin::for_local_ranks(addrs.local_ranks),
             state: Mutex::new(State {
                 transport,
                 staging,
@@ -113,6 +115,7 @@ impl Ring {
             bufs,
             &mut staging.lanes,
             self.timeout,
+            self.spin,
             context,
         ) {
             Err(error) if error.is_fatal() => Err(fail(transport, failed, error)),
