@@ -13,7 +13,16 @@ exec 9>"$venv.lock"
 flock 9
 if ! "$venv/bin/python" -c 'import mlx.core, numpy' >/dev/null 2>&1; then
   echo "mlx-venv: installing $spec and numpy into $venv" >&2
-  python3 -m venv "$venv" >&2
+  if ! python3 -m venv "$venv" >&2; then
+    # Debian's system python keeps venv in a separate package.
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      apt-get update -q >&2 && apt-get install -y -q python3-venv >&2
+      python3 -m venv "$venv" >&2
+    else
+      echo "mlx-venv: python3 -m venv failed; install python3's venv module" >&2
+      exit 1
+    fi
+  fi
   "$venv/bin/pip" install -q --disable-pip-version-check "$spec" numpy >&2
   "$venv/bin/python" -c 'import mlx.core as mx; assert mx.distributed.is_available("ring")' >&2
 fi

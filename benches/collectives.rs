@@ -1,0 +1,77 @@
+//! `cargo bench --bench collectives`: the collective sweep across local ranks.
+//!
+//! The bench binary starts itself as the ranks of a ring on loopback (with `MLX_HOSTFILE`
+//! and `MLX_RANK`, as `mlx.launch` would) and rank 0 prints min, median, p99 and max latency
+//! and algorithm and bus bandwidth per size, for 2, 3 and 4 ranks. `nuvec bench` runs the
+//! same sweep with more options; see `tools/src/bench.rs` for the methodology.
+//!
+//! Environment: `NUVEC_BENCH_RANKS` (default `2,3,4`), `NUVEC_BENCH_OPS` (default
+//! `all_sum,all_gather,sum_scatter,sendrecv`), `NUVEC_BENCH_TARGET_MS` (default 500),
+//! `NUVEC_BENCH_JSON` (a directory to write `collectives-n<N>.json` into).
+
+use std::time::Duration;
+
+use nuvec_tools::bench::{self, Op, Sweep};
+use nuvec_tools::launch::{LocalRing, Outcome};
+
+const WORKER: &str = "NUVEC_BENCH_WORKER";
+
+fn env_list<T: std::str::FromStr>(var: &str, default: &str) -> Vec<T>
+where
+    T::Err: std::fmt::Display,
+{
+    std::env::var(var)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<T>()
+                .unwrap_or_else(|e| panic!("{var}: {s:?}: {e}"))
+        })
+        .collect()
+}
+
+fn main() {
+    // `cargo test --benches` runs bench binaries without `--bench`: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") && std::env::var_os(WORKER).is_none() {
+        return;
+    }
+    let ops: Vec<Op> = env_list("NUVEC_BENCH_OPS", "all_sum,all_gather,sum_scatter,sendrecv");
+    let target_ms: u64 = env_list("NUVEC_BENCH_TARGET_MS", "500")[0];
+    if std::env::var_os(WORKER).is_some() {
+        let group = nuvec_distributed::init(true).expect("the ring forms");
+        let sweep = Sweep {
+            ops,
+            target: Duration::from_millis(target_ms),
+            ..Sweep::default()
+        };
+        let measurements = bench::run(&group, &sweep).expect("the sweep runs");
+        if group.rank() == 0 {
+            bench::print_table(&measurements);
+            if let Some(dir) = std::env::var_os("NUVEC_BENCH_JSON") {
+                let path =
+                    std::path::Path::new(&dir).join(format!("collectives-n{}.json", group.size()));
+                std::fs::write(&path, serde_json::to_string_pretty(&measurements).unwrap())
+                    .unwrap();
+            }
+            assert!(
+                measurements.iter().all(|m| m.correct),
+                "some results were wrong"
+            );
+        }
+        return;
+    }
+    let exe = std::env::current_exe().expect("the bench binary's path");
+    for ranks in env_list::<usize>("NUVEC_BENCH_RANKS", "2,3,4") {
+        let mut ring = LocalRing::new(ranks);
+        ring.prefix_output = false;
+        ring.env.push((WORKER.into(), "1".into()));
+        match ring.run(&exe, &["--bench".into()]) {
+            Ok(Outcome::Success) => {}
+            Ok(Outcome::RankFailed { rank, status }) => {
+                panic!("{ranks} ranks: rank {rank} failed ({status})")
+            }
+            Err(e) => panic!("{ranks} ranks: {e}"),
+        }
+    }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every check and test of the workspace, after installing what the tests need.
+#
+#   tools/test.sh            build checks, then all tests (release build, a few minutes)
+#
+# What it installs when missing: the Python venv with MLX's CPU build that the interop
+# tests run MLX ranks in (tools/mlx-venv.sh; it needs python3 with venv and pip, and network
+# access to PyPI the first time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing test dependencies"
+python=$(tools/mlx-venv.sh)
+"$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'
+
+step "formatting"
+cargo fmt --all -- --check
+
+step "lints"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+
+step "tests"
+cargo test --workspace --all-features --release
+
+step "all checks passed"
