@@ -129,7 +129,7 @@ mod sealed {
 
 /// A type a collective can carry: one of MLX's 14 dtypes.
 ///
-/// Implemented for `bool`, `u8`..`u64`, `i8`..`i64`, [`f16`], [`bf16`], `f32`, `f64` and
+/// Implemented for `bool`, `u8`..`u64`, `i8`..`i64`, [`struct@f16`], [`struct@bf16`], `f32`, `f64` and
 /// [`Complex64`]; sealed, because the wire format is fixed by MLX.
 pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The dtype of this type.
