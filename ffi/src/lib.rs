@@ -7,5 +7,7 @@
 //!
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
+//! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
 
+pub mod alloc;
 pub mod net;
