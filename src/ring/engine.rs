@@ -139,8 +139,12 @@ impl Lane {
         let mut any = false;
         let mut refreshed = Instant::now();
         loop {
-            let received = self.pump_recv(transport.conn(self.rx), bufs, stage, context)?;
+            // Send first: a step's send never waits on its own receive, and at the start
+            // of a step the peer's bytes have rarely arrived yet, so reading first would
+            // mostly cost a system call that finds nothing (measured: 5.70 -> 5.35 system
+            // calls per 4 B all_sum with two ranks).
             let sent = self.pump_send(transport.conn(self.tx), bufs, stage, context)?;
+            let received = self.pump_recv(transport.conn(self.rx), bufs, stage, context)?;
             if !(received || sent) {
                 return Ok(any);
             }

@@ -43,6 +43,9 @@ struct BenchArgs {
     /// Timed milliseconds to aim for per size.
     #[arg(long, default_value_t = 1000)]
     target_ms: u64,
+    /// Run exactly this many timed iterations per size (instead of aiming at --target-ms).
+    #[arg(long)]
+    iters: Option<usize>,
     /// Write the measurements as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -125,6 +128,14 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
             .unwrap_or_else(|| bench::DEFAULT_SIZES.to_vec()),
         target: Duration::from_millis(args.target_ms),
         ..Sweep::default()
+    };
+    let sweep = match args.iters {
+        Some(n) => Sweep {
+            min_iters: n,
+            max_iters: n,
+            ..sweep
+        },
+        None => sweep,
     };
     let measurements = match bench::run(&group, &sweep) {
         Ok(m) => m,
