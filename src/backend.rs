@@ -155,16 +155,14 @@ fn ring_from_env() -> Result<std::result::Result<Group, String>> {
         reason: format!("{rank_text:?} is not a rank (a whole number from 0)"),
     })?;
     let options = Options::from_env()?;
+    options.validate()?;
     let path = Path::new(hostfile);
     let nodes = hostfile::read(path)?;
     let addrs = hostfile::resolve(&nodes, rank, path)?;
     if addrs.size == 1 {
         return Ok(Ok(Group::single()));
     }
-    Ok(Ok(Group::new(Arc::new(Ring::connect(
-        &addrs,
-        options.timeout,
-    )?))))
+    Ok(Ok(Group::new(Arc::new(Ring::connect(&addrs, &options)?))))
 }
 
 /// Forms rank `rank` of the ring over `nodes` (per rank, the addresses it listens on, one
@@ -181,8 +179,5 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
     if addrs.size == 1 {
         return Ok(Group::single());
     }
-    Ok(Group::new(Arc::new(Ring::connect(
-        &addrs,
-        options.timeout,
-    )?)))
+    Ok(Group::new(Arc::new(Ring::connect(&addrs, options)?)))
 }

@@ -175,3 +175,37 @@ fn a_rank_that_exits_during_a_large_all_sum_is_named_by_every_survivor_p4() {
         large_sum,
     );
 }
+
+/// Socket tuning is applied to every connection: an algorithm the kernel does not know is
+/// an error that names it, at setup, not a silently ignored option.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unknown_congestion_control_fails_setup_naming_it() {
+    let name = "an_unknown_congestion_control_fails_setup_naming_it";
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_TCP_CONGESTION", "no-such-cc");
+    let Some(outputs) = launch.run_raw(name, || {
+        let error = nuvec_distributed::init(true).expect_err("the option is applied");
+        println!("FAIL 0 - {error}");
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        let (_, _, message) = failure(o);
+        assert!(
+            message.contains("no-such-cc") && message.contains("congestion"),
+            "{message}"
+        );
+    }
+}
+
+/// A congestion control the kernel allows forms a working ring.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_chosen_congestion_control_forms_a_ring() {
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_TCP_CONGESTION", "reno");
+    launch.all_ok("a_chosen_congestion_control_forms_a_ring", |g| {
+        let mut x = vec![1u32; 300_000];
+        g.all_sum(&mut x).unwrap();
+        assert!(x.iter().all(|&v| v == 2));
+    });
+}

@@ -3,6 +3,12 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+/// Whether `e` is `EINPROGRESS`: a non-blocking `connect` that has started and will
+/// finish later. (`std::io::ErrorKind::InProgress` is not stable yet.)
+pub fn is_in_progress(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINPROGRESS)
+}
+
 /// Reads the TCP urgent ("out-of-band") byte pending on a socket, without blocking.
 ///
 /// Returns `Ok(None)` when there is none: never sent, already read, or not yet arrived.

@@ -22,6 +22,7 @@ use socket2::{Domain, Socket, Type};
 use super::transport::Transport;
 use crate::error::{Error, PeerOp, Result};
 use crate::hostfile::RingAddresses;
+use crate::options::Options;
 
 const CONTEXT: &str = "ring setup";
 
@@ -42,15 +43,16 @@ enum Dial {
     Up(TcpStream),
 }
 
-/// Forms this rank's part of the ring within `timeout`.
-pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Transport> {
+/// Forms this rank's part of the ring within `options.timeout`.
+pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transport> {
+    let timeout = options.timeout;
     let deadline = Instant::now() + timeout;
     let mut poll = Poll::new().map_err(|e| Error::local("creating the ring's poller", e))?;
     let (left, right) = (addrs.left_rank(), addrs.right_rank());
 
     let mut listeners: Vec<Option<TcpListener>> = Vec::with_capacity(addrs.listen.len());
     for (i, &addr) in addrs.listen.iter().enumerate() {
-        let mut listener = listen(addr).map_err(|e| {
+        let mut listener = listen(addr, options).map_err(|e| {
             Error::local(
                 format!(
                     "rank {} cannot listen on {addr} (its address {i})",
@@ -78,7 +80,7 @@ pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Transp
             if let Dial::Idle(at) = *dial
                 && at <= now
             {
-                match TcpStream::connect(addrs.right[i]) {
+                match open_connection(addrs.right[i], options) {
                     Ok(mut stream) => {
                         poll.registry()
                             .register(&mut stream, Token(CONNECTOR_BASE + i), Interest::WRITABLE)
@@ -201,14 +203,66 @@ pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Transp
 }
 
 /// A listening socket on `addr`, with `SO_REUSEADDR` so a ring can re-form on the same ports
-/// right after the last one closed.
-fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+/// right after the last one closed. Accepted connections inherit its tuning.
+fn listen(addr: SocketAddr, options: &Options) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.set_nonblocking(true)?;
+    tune(&socket, options)?;
     socket.bind(&addr.into())?;
     socket.listen(128)?;
     Ok(TcpListener::from_std(socket.into()))
+}
+
+/// Starts a non-blocking connection to `addr`, tuned before the handshake so that the
+/// buffer sizes shape the window it negotiates.
+fn open_connection(addr: SocketAddr, options: &Options) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    tune(&socket, options)?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if ffi::net::is_in_progress(&e) || e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(socket.into()))
+}
+
+/// Applies [`Options::socket_buffer`] and [`Options::tcp_congestion`] to a socket.
+fn tune(socket: &Socket, options: &Options) -> io::Result<()> {
+    if let Some(bytes) = options.socket_buffer {
+        socket.set_send_buffer_size(bytes)?;
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    if let Some(algorithm) = &options.tcp_congestion {
+        set_congestion(socket, algorithm)?;
+    }
+    Ok(())
+}
+
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
+fn set_congestion(socket: &Socket, algorithm: &str) -> io::Result<()> {
+    socket
+        .set_tcp_congestion(algorithm.as_bytes())
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot use TCP congestion control {algorithm:?} ({e}; see \
+                 /proc/sys/net/ipv4/tcp_allowed_congestion_control)"
+                ),
+            )
+        })
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "freebsd")))]
+fn set_congestion(_: &Socket, algorithm: &str) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "choosing the TCP congestion control ({algorithm:?}) is not supported on this system"
+        ),
+    ))
 }
 
 /// Whether a non-blocking connect finished: `Ok(true)` when connected, `Ok(false)` when still

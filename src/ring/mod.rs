@@ -30,6 +30,7 @@ use crate::element::DType;
 use crate::error::{Error, PeerOp, Result};
 use crate::group::Communicator;
 use crate::hostfile::RingAddresses;
+use crate::options::Options;
 use crate::reduce::ReduceOp;
 use zerocopy::IntoBytes;
 
@@ -62,10 +63,11 @@ impl fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// Forms the ring described by `addrs` (at least two ranks), waiting at most `timeout`
-    /// for the neighbours.
-    pub(crate) fn connect(addrs: &RingAddresses, timeout: Duration) -> Result<Ring> {
-        let transport = connect::connect(addrs, timeout)?;
+    /// Forms the ring described by `addrs` (at least two ranks), waiting at most
+    /// `options.timeout` for the neighbours.
+    pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Ring> {
+        let timeout = options.timeout;
+        let transport = connect::connect(addrs, options)?;
         let staging = Staging::new(transport.connections())
             .map_err(|e| Error::local("mapping the ring's staging buffers", e))?;
         Ok(Ring {

@@ -116,7 +116,10 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
     let group = match nuvec_distributed::init(true) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("nuvec bench: rank {:?}: {e}", std::env::var("MLX_RANK"));
+            eprintln!(
+                "nuvec bench: rank {}: {e}",
+                std::env::var("MLX_RANK").unwrap_or_default()
+            );
             return ExitCode::FAILURE;
         }
     };
