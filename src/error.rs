@@ -111,6 +111,20 @@ pub enum Error {
         context: &'static str,
     },
 
+    /// Authenticating a connection with the pre-shared key failed: the peer did not prove
+    /// it holds the key, refused this rank's proof, or is not the rank it should be.
+    #[error("rank {peer}{}: authentication failed during {context}: {reason}", fmt_addr(*addr))]
+    Auth {
+        /// The peer's rank (as expected, or as it claimed).
+        peer: usize,
+        /// The address involved.
+        addr: Option<SocketAddr>,
+        /// The collective or setup phase.
+        context: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+
     /// A peer made no progress for the whole timeout.
     #[error("rank {peer}{}: {op} timed out after {after:?} during {context}", fmt_addr(*addr))]
     Timeout {
@@ -136,6 +150,10 @@ pub enum Error {
         #[source]
         source: Arc<io::Error>,
     },
+
+    /// The group was closed with [`Group::close`](crate::Group::close).
+    #[error("the group was closed; form a new one (init_with) to communicate again")]
+    GroupClosed,
 
     /// The group failed earlier; the original error is inside. Close it and form a new one.
     #[error("the group failed earlier and cannot be used: {0}")]
@@ -167,6 +185,7 @@ impl Error {
             Error::Io { peer, .. }
             | Error::Closed { peer, .. }
             | Error::Lost { peer, .. }
+            | Error::Auth { peer, .. }
             | Error::Timeout { peer, .. } => Some(*peer),
             Error::Failed(inner) => inner.peer(),
             _ => None,

@@ -34,6 +34,7 @@
 #![deny(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
+mod auth;
 mod backend;
 mod element;
 mod error;
@@ -43,6 +44,7 @@ mod options;
 mod reduce;
 mod ring;
 
+pub use auth::KEY_VAR;
 pub use backend::{Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, PeerOp, Result};

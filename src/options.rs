@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::auth::{KEY_VAR, Secret};
 use crate::error::{Error, Result};
 
 /// The variable [`init`](crate::init) reads the timeout from, in seconds.
@@ -35,10 +36,8 @@ pub struct Options {
     /// for the kernel's autotuning, which measured as fast or faster on loopback. Setting
     /// it turns autotuning off for those sockets.
     pub socket_buffer: Option<usize>,
-    /// A pre-shared key for authenticating connections; set by the authentication handshake,
-    /// which is not part of this build yet, so it is always `None`.
-    #[allow(dead_code)]
-    pub(crate) key: Option<Vec<u8>>,
+    /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
+    pub(crate) key: Option<Secret>,
 }
 
 impl Default for Options {
@@ -58,7 +57,7 @@ impl fmt::Debug for Options {
             .field("timeout", &self.timeout)
             .field("tcp_congestion", &self.tcp_congestion)
             .field("socket_buffer", &self.socket_buffer)
-            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key", &self.key)
             .finish()
     }
 }
@@ -67,6 +66,20 @@ impl Options {
     /// Sets the timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Authenticates every connection with this pre-shared secret, which must be the same
+    /// on every rank and at least 16 bytes long (`NUVEC_DISTRIBUTED_KEY` for
+    /// [`init`](crate::init)).
+    ///
+    /// Each connection then runs a mutual challenge-response before any data flows (see
+    /// the crate docs): a host without the key can neither join the ring nor keep a rank
+    /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
+    /// ranks only. The traffic after the handshake is **not encrypted** or authenticated;
+    /// on an untrusted network, run the ring over a VPN.
+    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.key = Some(Secret::new(secret.as_ref()));
         self
     }
 
@@ -85,9 +98,18 @@ impl Options {
     }
 
     /// Options from the environment: [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`],
-    /// [`SOCKET_BUFFER_VAR`].
+    /// [`SOCKET_BUFFER_VAR`], [`KEY_VAR`].
     pub(crate) fn from_env() -> Result<Self> {
         let mut options = Options::default();
+        if let Some(secret) = std::env::var_os(KEY_VAR).filter(|s| !s.is_empty()) {
+            options.key = Some(Secret::new(secret.as_encoded_bytes()));
+            if let Some(Err(e)) = options.key.as_ref().map(Secret::key) {
+                return Err(Error::Environment {
+                    var: KEY_VAR,
+                    reason: e.to_string(),
+                });
+            }
+        }
         if let Some(text) = std::env::var_os(TIMEOUT_VAR) {
             options.timeout = parse_timeout(&text.to_string_lossy())?;
         }
@@ -125,6 +147,9 @@ impl Options {
         }
         if self.tcp_congestion.as_deref().is_some_and(str::is_empty) {
             return Err(Error::invalid("Options::tcp_congestion names no algorithm"));
+        }
+        if let Some(secret) = &self.key {
+            secret.key()?;
         }
         Ok(())
     }
