@@ -130,6 +130,15 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     Ok(group)
 }
 
+/// Removes a closed group from the cache, so that the next `init` forms a new one.
+pub(crate) fn forget(comm: &Arc<dyn crate::group::Communicator>) {
+    let same = |g: &Group| std::ptr::addr_eq(Arc::as_ptr(g.communicator()), Arc::as_ptr(comm));
+    let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(formed) = formed.as_mut() {
+        formed.retain(|_, g| !same(g));
+    }
+}
+
 /// The ring from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The inner `Err` is why the environment
 /// does not describe a ring (not an error unless `strict`); the outer one is a failure to
 /// form the ring it describes.

@@ -52,6 +52,10 @@ pub trait Communicator: Send + Sync + fmt::Debug {
 
     /// Checks that every connection is still up, without running a collective.
     fn health(&self) -> Result<()>;
+
+    /// Releases the transport (connections, buffers). Later calls fail with
+    /// [`Error::GroupClosed`]. Closing twice is not an error.
+    fn close(&self) -> Result<()>;
 }
 
 /// A group of ranks that run collectives together. Cheap to clone; every clone is the same
@@ -238,6 +242,25 @@ impl Group {
         self.comm.health()
     }
 
+    /// Closes the group: releases its connections and buffers, so that a new group can be
+    /// formed in the same processes (for example after a peer was lost). Every later call on
+    /// this group or its clones fails with [`Error::GroupClosed`]. Neighbours see the
+    /// connections close. If [`init`](crate::init) formed this group, a later `init` forms a
+    /// new one.
+    ///
+    /// # Errors
+    ///
+    /// None at present; the `Result` leaves room for backends whose teardown can fail.
+    pub fn close(&self) -> Result<()> {
+        crate::backend::forget(&self.comm);
+        self.comm.close()
+    }
+
+    /// The communicator, to compare groups by identity.
+    pub(crate) fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
     fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
         if self.size == 1 {
             return Err(Error::invalid(format!(
@@ -297,6 +320,9 @@ impl Communicator for Single {
         Ok(())
     }
     fn health(&self) -> Result<()> {
+        Ok(())
+    }
+    fn close(&self) -> Result<()> {
         Ok(())
     }
 }

@@ -347,6 +347,42 @@ impl Spin {
     }
 }
 
+/// The error for a collective in which nothing moved for `timeout`.
+///
+/// When one rank stalls (stopped, swapped out, stuck elsewhere), every rank waiting on it,
+/// directly or through others, times out at about the same moment, so "the peer I was
+/// waiting for" is right only for the stalled rank's neighbours. The suspect is the
+/// connection this rank waits to receive on that has been silent longest (the stalled rank
+/// went silent first; the others forwarded what they had before blocking). Failing then
+/// leaves a notice naming the suspect on the other connections, and a rank that receives
+/// its neighbour's notice while closing reports the rank it names instead (see
+/// `ring::fail`): a rank next to the stalled one names it directly, and its other
+/// neighbour learns it from that notice. Two or more hops away, a rank may name the
+/// neighbour it waited for.
+fn stall_verdict(
+    transport: &mut Transport,
+    lanes: &[Lane],
+    timeout: Duration,
+    context: &'static str,
+) -> Error {
+    let waiting: Vec<(usize, PeerOp)> = lanes.iter().filter_map(Lane::waiting_on).collect();
+    let (index, op) = waiting
+        .iter()
+        .filter(|(_, op)| *op == PeerOp::Receive)
+        .min_by_key(|(i, _)| transport.conn(*i).last_receive())
+        .or_else(|| waiting.first())
+        .copied()
+        .unwrap_or((0, PeerOp::Receive));
+    let conn = transport.conn(index);
+    Error::Timeout {
+        peer: conn.peer,
+        addr: Some(conn.addr),
+        op,
+        context,
+        after: timeout,
+    }
+}
+
 /// How often a collective that keeps moving bytes still looks at the poller.
 const REFRESH: Duration = Duration::from_millis(1);
 
@@ -401,18 +437,7 @@ pub(crate) fn run(
             .wait(due)
             .map_err(|e| Error::local("waiting for the ring's sockets", e))?;
         if !woke {
-            let (index, op) = lanes
-                .iter()
-                .find_map(Lane::waiting_on)
-                .unwrap_or((0, PeerOp::Receive));
-            let conn = transport.conn(index);
-            return Err(Error::Timeout {
-                peer: conn.peer,
-                addr: Some(conn.addr),
-                op,
-                context,
-                after: timeout,
-            });
+            return Err(stall_verdict(transport, lanes, timeout, context));
         }
     }
 }

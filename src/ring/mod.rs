@@ -50,6 +50,8 @@ struct State {
     lanes: Vec<Lane>,
     /// The transport error that failed the group, returned (wrapped) by every later call.
     failed: Option<Arc<Error>>,
+    /// Whether [`Communicator::close`] released the transport.
+    closed: bool,
 }
 
 impl fmt::Debug for Ring {
@@ -80,6 +82,7 @@ impl Ring {
                 staging,
                 lanes: Vec::new(),
                 failed: None,
+                closed: false,
             }),
         })
     }
@@ -97,6 +100,9 @@ impl Ring {
         // A panic while holding the lock can only come from a bug in this crate; the state
         // is still consistent enough to report errors from, so take it over.
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.closed {
+            return Err(Error::GroupClosed);
+        }
         match &state.failed {
             Some(error) => Err(Error::Failed(error.clone())),
             None => Ok(state),
@@ -110,6 +116,7 @@ impl Ring {
             staging,
             lanes,
             failed,
+            ..
         } = state;
         match engine::run(
             transport,
@@ -155,8 +162,15 @@ impl Ring {
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error) -> Error {
     let error = transport.diagnose(error);
-    *failed = Some(Arc::new(error.clone()));
     transport.abandon(error.peer());
+    // A stall is judged on timing; a notice that arrived while this rank was closing
+    // still names the rank better than the suspicion did (the notices this rank sent
+    // cannot be taken back, but its own report can be right).
+    let error = match error {
+        Error::Timeout { context, .. } => transport.notice(context).unwrap_or(error),
+        error => error,
+    };
+    *failed = Some(Arc::new(error.clone()));
     error
 }
 
@@ -361,6 +375,17 @@ impl Communicator for Ring {
         // An all_sum of one f32 zero: what `mx.eval(mx.distributed.all_sum(mx.zeros(1)))`
         // sends, so a barrier also lines up with MLX ranks doing that.
         self.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4])
+    }
+
+    fn close(&self) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.closed {
+            state.closed = true;
+            state.transport.close();
+            state.staging.lanes.clear();
+            state.lanes = Vec::new();
+        }
+        Ok(())
     }
 
     fn health(&self) -> Result<()> {

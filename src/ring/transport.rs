@@ -34,6 +34,34 @@ const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
 /// neighbours to close (see [`Transport::abandon`]).
 const NOTICE_WAIT: Duration = Duration::from_millis(250);
 
+/// TCP keepalive: probe a connection idle for this long ...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// ... every this often ...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+/// ... this many times before giving up.
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long sent data (or a keepalive probe) may go unacknowledged before the kernel drops
+/// the connection, where the system has `TCP_USER_TIMEOUT`: the keepalive horizon
+/// (5 + 3 × 3 s), rounded up. Linux also counts a zero receive window against it, so a peer
+/// that stops reading while this rank has data queued for it is dropped after as long.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const USER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Turns on keepalive (and, on Linux, the user timeout), so that a peer whose host vanished
+/// (asleep, unplugged) is found within about 15 s even between collectives: the kernel
+/// marks the connection failed, and the next collective or health check sees it.
+fn keep_alive(stream: &TcpStream) -> io::Result<()> {
+    let socket = SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    Ok(())
+}
+
 /// What every connection is registered for. On Linux that includes urgent data, which is
 /// how a failure notice announces itself.
 fn interest() -> Interest {
@@ -58,6 +86,8 @@ pub(crate) struct Conn {
     ranks: usize,
     /// The rank named by the neighbour's failure notice, once one arrived.
     notice: Option<usize>,
+    /// When bytes last arrived on this connection (or when it was set up).
+    last_rx: Instant,
     /// Whether the peer reset the connection: a process that dies with unread data does
     /// that, while a rank that gives up closes cleanly (see [`Transport::abandon`]).
     reset: bool,
@@ -104,6 +134,11 @@ impl Conn {
         }
     }
 
+    /// When bytes last arrived on this connection.
+    pub(crate) fn last_receive(&self) -> Instant {
+        self.last_rx
+    }
+
     /// Reads a pending failure notice. Urgent data never enters the byte stream, so MLX
     /// peers, which never ask for it, are unaffected; but the kernel drops it once the
     /// stream is read past its position, so it is read as soon as the poller reports it.
@@ -126,7 +161,11 @@ impl Conn {
         }
         let len = buf.len().min(MAX_IO_BYTES);
         loop {
-            return match self.stream.read(&mut buf[..len]) {
+            let read = self.stream.read(&mut buf[..len]);
+            if matches!(read, Ok(n) if n > 0) {
+                self.last_rx = Instant::now();
+            }
+            return match read {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) if n < len => {
                     // A read stops short at a pending urgent byte; the next one would skip
@@ -216,6 +255,7 @@ impl Transport {
         let mut conns = Vec::with_capacity(2 * connections);
         for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
             stream.set_nodelay(true)?;
+            keep_alive(&stream)?;
             poll.registry()
                 .register(&mut stream, Token(i), interest())?;
             conns.push(Conn {
@@ -228,6 +268,7 @@ impl Transport {
                 ranks,
                 notice: None,
                 reset: false,
+                last_rx: Instant::now(),
             });
         }
         Ok(Self {
@@ -363,6 +404,25 @@ impl Transport {
         Ok(any)
     }
 
+    /// The error a failure notice already received makes, if one did.
+    pub(crate) fn notice(&self, context: &'static str) -> Option<Error> {
+        self.conns.iter().find_map(|c| {
+            c.notice.map(|lost| Error::Lost {
+                peer: lost,
+                via: c.peer,
+                context,
+            })
+        })
+    }
+
+    /// Closes every connection (the neighbours see them end) and releases the sockets.
+    pub(crate) fn close(&mut self) {
+        for conn in &mut self.conns {
+            let _ = conn.stream.shutdown(Shutdown::Both);
+        }
+        self.conns.clear();
+    }
+
     /// Gives up on the ring after losing rank `lost`: tells every other neighbour which
     /// rank was lost, closes this rank's side of every connection, and lingers (briefly)
     /// until the neighbours have closed theirs.
@@ -400,6 +460,9 @@ impl Transport {
             open = 0;
             for conn in &mut self.conns {
                 loop {
+                    // A notice must be read before the stream is read past it, and a read
+                    // that starts right at it would skip it without stopping.
+                    conn.take_notice();
                     match conn.read(&mut sink) {
                         Ok(Transfer::Moved(_)) => continue,
                         Ok(Transfer::Blocked) => open += 1,
