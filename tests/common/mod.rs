@@ -131,7 +131,60 @@ impl Launch {
         }
     }
 
+    /// Like [`Launch::run`], but returns the running ranks, so the test can signal them
+    /// (see [`Running`]); in a child, runs `body` and returns `None`.
+    pub fn start(&self, name: &str, body: impl FnOnce(Group)) -> Option<Running> {
+        if std::env::var(CHILD_VAR).as_deref() == Ok(name) {
+            let group = nuvec_distributed::init(true).expect("the ring forms");
+            body(group);
+            println!("{DONE}");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ports = free_ports(self.size, self.connections);
+        let hostfile = write_hostfile(dir.path(), &ports);
+        let markers = dir.path().join("markers");
+        std::fs::create_dir(&markers).expect("the markers directory");
+        let launch = self.clone().env(MARKERS_VAR, &markers.to_string_lossy());
+        let children = launch.spawn(name, &hostfile);
+        Some(Running {
+            children,
+            markers,
+            ports,
+            deadline: self.deadline,
+            _dir: dir,
+        })
+    }
+
+    /// Like [`Launch::start`], but the body gets the environment only and forms (or fails
+    /// to form) the group itself.
+    pub fn start_raw(&self, name: &str, body: impl FnOnce()) -> Option<Running> {
+        if std::env::var(CHILD_VAR).as_deref() == Ok(name) {
+            body();
+            println!("{DONE}");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ports = free_ports(self.size, self.connections);
+        let hostfile = write_hostfile(dir.path(), &ports);
+        let markers = dir.path().join("markers");
+        std::fs::create_dir(&markers).expect("the markers directory");
+        let launch = self.clone().env(MARKERS_VAR, &markers.to_string_lossy());
+        let children = launch.spawn(name, &hostfile);
+        Some(Running {
+            children,
+            markers,
+            ports,
+            deadline: self.deadline,
+            _dir: dir,
+        })
+    }
+
     fn spawn_and_wait(&self, name: &str, hostfile: &Path) -> Vec<RankOutput> {
+        collect(self.spawn(name, hostfile), self.deadline)
+    }
+
+    fn spawn(&self, name: &str, hostfile: &Path) -> Vec<(usize, Child)> {
         let exe = std::env::current_exe().expect("the test binary's path");
         let mut children: Vec<(usize, Child)> = Vec::new();
         for rank in (0..self.size).filter(|r| !self.skip.contains(r)) {
@@ -149,7 +202,71 @@ impl Launch {
                 .expect("spawning a rank");
             children.push((rank, child));
         }
-        collect(children, self.deadline)
+        children
+    }
+}
+
+const MARKERS_VAR: &str = "NUVEC_TEST_MARKERS";
+
+/// In a child started by [`Launch::start`]: tells the parent this rank reached `what`.
+pub fn mark(what: &str) {
+    let dir = std::env::var(MARKERS_VAR).expect("started by Launch::start");
+    let rank = std::env::var("MLX_RANK").unwrap_or_default();
+    std::fs::write(Path::new(&dir).join(format!("{rank}-{what}")), b"").expect("writing a marker");
+}
+
+/// Ranks started by [`Launch::start`], still running.
+pub struct Running {
+    children: Vec<(usize, Child)>,
+    markers: PathBuf,
+    /// Each rank's listening ports, as in the hostfile.
+    pub ports: Vec<Vec<u16>>,
+    deadline: Duration,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    /// Waits until `rank` has called [`mark`] with `what`; panics after `within`.
+    pub fn wait_for(&self, rank: usize, what: &str, within: Duration) {
+        let path = self.markers.join(format!("{rank}-{what}"));
+        let until = Instant::now() + within;
+        while !path.exists() {
+            assert!(
+                Instant::now() < until,
+                "rank {rank} did not reach {what:?} within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Sends `signal` (`"KILL"`, `"STOP"`, `"CONT"`) to `rank`'s process: one this test
+    /// started and has not yet reaped, so its PID cannot have been reused.
+    pub fn signal(&mut self, rank: usize, signal: &str) {
+        let (_, child) = self
+            .children
+            .iter_mut()
+            .find(|(r, _)| *r == rank)
+            .expect("a started rank");
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "rank {rank} already exited"
+        );
+        if signal == "KILL" {
+            child.kill().expect("SIGKILL");
+            return;
+        }
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{signal} {} failed", child.id());
+    }
+
+    /// Waits for every rank (killing those still running at the deadline) and returns
+    /// their outputs.
+    pub fn finish(self) -> Vec<RankOutput> {
+        collect(self.children, self.deadline)
     }
 }
 
@@ -250,4 +367,10 @@ pub fn write_hostfile(dir: &Path, ports: &[Vec<u16>]) -> PathBuf {
     std::fs::write(&path, serde_json::to_string(&nodes).expect("JSON"))
         .expect("writing the hostfile");
     path
+}
+
+/// In a child: the hostfile's address lists (from `MLX_HOSTFILE`).
+pub fn hostfile_nodes() -> Vec<Vec<String>> {
+    let path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
+    serde_json::from_slice(&std::fs::read(path).expect("the hostfile")).expect("hostfile JSON")
 }
