@@ -123,10 +123,32 @@ fn kind(v: &Value) -> String {
 /// Checks the per-rank lists and resolves the addresses `rank` uses. `origin` names the
 /// file (or [`IN_CODE`]) in errors.
 pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Result<RingAddresses> {
-    let fail = |reason: String| Error::Config {
-        path: origin.to_path_buf(),
-        reason,
+    check(nodes, rank).map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })?;
+    let fail = |reason: String| Error::Config { path: origin.to_path_buf(), reason };
+    let size = nodes.len();
+    let right = (rank + 1) % size;
+    let host = |r: usize| nodes[r][0].split_once(':').map(|(h, _)| h);
+    let local_ranks = (0..size).filter(|&r| host(r) == host(rank)).count();
+    let resolve_all = |r: usize| -> Result<Vec<SocketAddr>> {
+        nodes[r]
+            .iter()
+            .enumerate()
+            .map(|(i, a)| lookup(a).map_err(|why| fail(format!("rank {r}, address {i}: {why}"))))
+            .collect()
     };
+    Ok(RingAddresses {
+        rank,
+        size,
+        listen: if size > 1 { resolve_all(rank)? } else { Vec::new() },
+        right: if size > 1 { resolve_all(right)? } else { Vec::new() },
+        local_ranks,
+    })
+}
+
+/// Checks the shape of the per-rank lists for `rank`, without resolving any host. The
+/// error is the reason only.
+pub(crate) fn check(nodes: &[Vec<String>], rank: usize) -> std::result::Result<(), String> {
+    let fail = |reason: String| reason;
     if nodes.is_empty() {
         return Err(fail("the ring has no ranks (an empty list)".into()));
     }
@@ -166,31 +188,7 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
             }
         }
     }
-    let right = (rank + 1) % size;
-    let host = |r: usize| nodes[r][0].split_once(':').map(|(h, _)| h);
-    let local_ranks = (0..size).filter(|&r| host(r) == host(rank)).count();
-    let resolve_all = |r: usize| -> Result<Vec<SocketAddr>> {
-        nodes[r]
-            .iter()
-            .enumerate()
-            .map(|(i, a)| lookup(a).map_err(|why| fail(format!("rank {r}, address {i}: {why}"))))
-            .collect()
-    };
-    Ok(RingAddresses {
-        rank,
-        size,
-        listen: if size > 1 {
-            resolve_all(rank)?
-        } else {
-            Vec::new()
-        },
-        right: if size > 1 {
-            resolve_all(right)?
-        } else {
-            Vec::new()
-        },
-        local_ranks,
-    })
+    Ok(())
 }
 
 /// Splits `"host:port"` at the first `:` as MLX does, and checks the port's form.

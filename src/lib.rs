@@ -38,6 +38,8 @@ mod auth;
 mod backend;
 mod element;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod group;
 mod hostfile;
 mod options;
