@@ -7,5 +7,7 @@
 //!
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
+//! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 
 pub mod net;
+pub mod simd;
