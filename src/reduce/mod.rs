@@ -14,6 +14,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::element::{Complex64, DType};
 use crate::error::Error;
 
+#[cfg(test)]
+mod kernel_tests;
 pub(crate) mod scalar;
 
 /// A reduction: what `all_sum`, `all_max` and `all_min` compute.
