@@ -292,9 +292,8 @@ fn lengths() -> impl Strategy<Value = usize> {
     prop_oneof![8 => 0..300usize, 1 => 300..1100usize]
 }
 
+// 256 cases by default; `PROPTEST_CASES` runs more.
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
     #[test]
     fn every_level_matches_the_scalar_oracle(
         n in lengths(),

@@ -154,8 +154,12 @@ fn f16_sum8(a: __m128i, b: __m128i) -> __m128i {
     let sum = _mm256_add_ps(_mm256_cvtph_ps(a), _mm256_cvtph_ps(b));
     let rounded = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum);
     // vcvtps2ph keeps a NaN's payload; MLX's software half makes every NaN the sum's sign
-    // over 0x7D00.
-    let nan = narrow_mask8(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(sum, sum)));
+    // over 0x7D00. NaNs are rare, so the fix-up is skipped for blocks without one.
+    let unordered = _mm256_cmp_ps::<_CMP_UNORD_Q>(sum, sum);
+    if _mm256_movemask_ps(unordered) == 0 {
+        return rounded;
+    }
+    let nan = narrow_mask8(_mm256_castps_si256(unordered));
     let negative = narrow_mask8(_mm256_srai_epi32::<31>(_mm256_castps_si256(sum)));
     let mlx_nan = _mm_or_si128(
         _mm_and_si128(negative, _mm_set1_epi16(i16::MIN)),
@@ -196,6 +200,9 @@ fn f16_sum16(a: __m256i, b: __m256i) -> __m256i {
     let sum = _mm512_add_ps(_mm512_cvtph_ps(a), _mm512_cvtph_ps(b));
     let rounded = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(sum);
     let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(sum, sum);
+    if nan == 0 {
+        return rounded;
+    }
     // The top 16 bits of each sum hold its sign, as MLX's software half takes it.
     let high = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(sum)));
     let mlx_nan = _mm256_or_si256(
@@ -236,13 +243,18 @@ fn bf16_sum16(a: __m256i, b: __m256i) -> __m256i {
     let converted = bf16_bits(_mm512_cvtneps_pbh(sum));
     // vcvtneps2bf16 rounds to nearest-even as MLX does, but flushes subnormal sums to zero
     // and keeps a NaN's sign and payload. Subnormals (exponent field zero) are rounded with
-    // the integer rule instead, and NaN becomes MLX's 0x7FC0.
+    // the integer rule instead, and NaN becomes MLX's 0x7FC0. Both are rare (zero sums
+    // included), so the fix-ups are skipped for blocks without them: that common case is
+    // what the instruction saves over the integer rule.
     let bits = _mm512_castps_si512(sum);
     let subnormal = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7F80_0000));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(sum, sum);
+    if subnormal | nan == 0 {
+        return converted;
+    }
     let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
     let bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
     let by_integers = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias)));
-    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(sum, sum);
     let rounded = _mm256_mask_blend_epi16(subnormal, converted, by_integers);
     _mm256_mask_blend_epi16(nan, rounded, _mm256_set1_epi16(0x7FC0))
 }
