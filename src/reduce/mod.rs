@@ -138,7 +138,8 @@ pub(crate) const fn simd_elem(dtype: DType) -> ffi::simd::Elem {
     }
 }
 
-/// [`reduce_into`] without SIMD: the scalar definition, element by element.
+/// `acc[i] = op(acc[i], incoming[i])` without SIMD: the scalar definition, element by element,
+/// and the oracle of the SIMD kernels.
 pub fn reduce_scalar(op: ReduceOp, dtype: DType, acc: &mut [u8], incoming: &[u8]) {
     use ReduceOp::{Max, Min, Sum};
     match (dtype, op) {
