@@ -89,9 +89,11 @@ static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
 ///
 /// # Errors
 ///
-/// Bad environment values, an unusable hostfile (the error names the file and what is
-/// wrong), or a neighbour that cannot be reached within the timeout (the error names it).
+/// Bad environment values (including [`SIMD_VAR`](crate::SIMD_VAR)), an unusable hostfile
+/// (the error names the file and what is wrong), or a neighbour that cannot be reached within
+/// the timeout (the error names it).
 pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
+    crate::reduce::simd_request_from_env()?;
     let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
     let formed = formed.get_or_insert_with(HashMap::new);
     if let Some(group) = formed.get(&backend) {

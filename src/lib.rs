@@ -29,6 +29,12 @@
 //! in seconds for [`init`]). An error from the transport names the peer rank and what
 //! failed; after one, the group is failed and every later call returns
 //! [`Error::Failed`] at once. Argument errors leave the group usable.
+//!
+//! # SIMD
+//!
+//! Reductions use the widest SIMD kernels the CPU supports (AVX-512, AVX2, NEON), chosen
+//! at run time; every level gives the same bytes as MLX's ring. [`simd_level`] names the
+//! level in use, and [`SIMD_VAR`] lowers it.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -56,7 +62,17 @@ pub use group::{
 };
 pub use half::{bf16, f16};
 pub use options::{Options, TIMEOUT_VAR};
-pub use reduce::ReduceOp;
+pub use reduce::{ReduceOp, simd_level};
+
+/// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
+/// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`] rejects a
+/// value that names no level. See [`simd_level`].
+pub const SIMD_VAR: &str = ffi::simd::SIMD_VAR;
+
+/// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the
+/// API.
+#[doc(hidden)]
+pub use reduce::reduce_scalar;
 
 /// Initialises a backend from MLX's launch environment and makes it the default group, as
 /// `mx.distributed.init()`: [`init_backend`] with [`Backend::Any`].

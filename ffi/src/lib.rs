@@ -8,6 +8,8 @@
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
+//! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 
 pub mod alloc;
 pub mod net;
+pub mod simd;

@@ -1,7 +1,9 @@
 //! Element-wise reductions on wire bytes: `acc = op(acc, incoming)` for every dtype.
 //!
 //! The ring lands a peer's bytes in a staging buffer and calls [`reduce_into`] to fold them
-//! into the caller's array. [`scalar`] defines the semantics, element by element.
+//! into the caller's array. [`scalar`] defines the semantics, element by element; the SIMD
+//! kernels of `ffi::simd` compute the same bytes faster where the CPU has them, and
+//! [`reduce_scalar`] is the portable path used wherever they do not.
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,6 +14,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::element::{Complex64, DType};
 use crate::error::Error;
 
+#[cfg(test)]
+mod kernel_tests;
 pub(crate) mod scalar;
 
 /// A reduction: what `all_sum`, `all_max` and `all_min` compute.
@@ -67,8 +71,76 @@ impl FromStr for ReduceOp {
 /// Folds `incoming` into `acc` element by element: `acc[i] = op(acc[i], incoming[i])`.
 ///
 /// Both slices hold whole elements of `dtype`; a trailing partial element (which callers
-/// never pass) is left alone rather than read out of bounds.
+/// never pass) is left alone rather than read out of bounds. Runs the SIMD kernel of the
+/// [active level](simd_level) where it has one, else [`reduce_scalar`].
 pub(crate) fn reduce_into(op: ReduceOp, dtype: DType, acc: &mut [u8], incoming: &[u8]) {
+    let level = ffi::simd::active();
+    if !ffi::simd::reduce(level, simd_op(op), simd_elem(dtype), acc, incoming) {
+        reduce_scalar(op, dtype, acc, incoming);
+    }
+}
+
+/// The name of the SIMD level reductions use: `"avx512"`, `"avx2"`, `"neon"` or `"scalar"`.
+///
+/// It is the best level the CPU supports, lowered by `NUVEC_DISTRIBUTED_SIMD` (read once,
+/// at the first reduction or call of this function). Every level gives the same bytes;
+/// this is for diagnostics and benchmarks.
+pub fn simd_level() -> &'static str {
+    ffi::simd::active().name()
+}
+
+/// The level [`SIMD_VAR`](ffi::simd::SIMD_VAR) asks for: checked by `init`, so that a typo
+/// is an error rather than a silently ignored setting.
+pub(crate) fn simd_request_from_env() -> Result<(), Error> {
+    match std::env::var_os(ffi::simd::SIMD_VAR) {
+        None => Ok(()),
+        Some(value) => check_simd_request(&value.to_string_lossy()),
+    }
+}
+
+/// A value of `NUVEC_DISTRIBUTED_SIMD` as [`simd_request_from_env`] judges it.
+fn check_simd_request(value: &str) -> Result<(), Error> {
+    ffi::simd::parse_request(value)
+        .map(|_| ())
+        .map_err(|reason| Error::Environment {
+            var: ffi::simd::SIMD_VAR,
+            reason,
+        })
+}
+
+/// `ffi::simd`'s name for a reduction.
+pub(crate) const fn simd_op(op: ReduceOp) -> ffi::simd::Op {
+    match op {
+        ReduceOp::Sum => ffi::simd::Op::Sum,
+        ReduceOp::Max => ffi::simd::Op::Max,
+        ReduceOp::Min => ffi::simd::Op::Min,
+    }
+}
+
+/// `ffi::simd`'s name for a dtype.
+pub(crate) const fn simd_elem(dtype: DType) -> ffi::simd::Elem {
+    use ffi::simd::Elem;
+    match dtype {
+        DType::Bool => Elem::Bool,
+        DType::U8 => Elem::U8,
+        DType::U16 => Elem::U16,
+        DType::U32 => Elem::U32,
+        DType::U64 => Elem::U64,
+        DType::I8 => Elem::I8,
+        DType::I16 => Elem::I16,
+        DType::I32 => Elem::I32,
+        DType::I64 => Elem::I64,
+        DType::F16 => Elem::F16,
+        DType::BF16 => Elem::BF16,
+        DType::F32 => Elem::F32,
+        DType::F64 => Elem::F64,
+        DType::Complex64 => Elem::Complex64,
+    }
+}
+
+/// `acc[i] = op(acc[i], incoming[i])` without SIMD: the scalar definition, element by element,
+/// and the oracle of the SIMD kernels.
+pub fn reduce_scalar(op: ReduceOp, dtype: DType, acc: &mut [u8], incoming: &[u8]) {
     use ReduceOp::{Max, Min, Sum};
     match (dtype, op) {
         (DType::Bool, Sum | Max) => apply::<u8>(acc, incoming, scalar::bool_or),
@@ -187,5 +259,44 @@ mod tests {
         let mut acc = vec![1u8, 0, 0, 0, 9];
         reduce_into(ReduceOp::Sum, DType::U32, &mut acc, &[2, 0, 0, 0, 9]);
         assert_eq!(acc, [3, 0, 0, 0, 9]);
+    }
+
+    #[test]
+    fn a_simd_request_naming_no_level_is_an_environment_error() {
+        let err = check_simd_request("avx1024").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Environment {
+                    var: "NUVEC_DISTRIBUTED_SIMD",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("NUVEC_DISTRIBUTED_SIMD") && text.contains("\"avx1024\""),
+            "{text}"
+        );
+        for ok in ["", "scalar", "avx2", "AVX512", " neon "] {
+            assert!(check_simd_request(ok).is_ok(), "{ok:?}");
+        }
+    }
+
+    #[test]
+    fn the_simd_level_in_use_is_one_this_machine_has() {
+        let level: ffi::simd::Level = simd_level().parse().unwrap();
+        assert_eq!(level, ffi::simd::active());
+        assert!(ffi::simd::is_available(level));
+    }
+
+    #[test]
+    fn every_dtype_and_op_maps_to_the_kernel_of_the_same_width() {
+        for dtype in DType::ALL {
+            assert_eq!(simd_elem(dtype).size(), dtype.size(), "{dtype}");
+            let names: Vec<_> = ReduceOp::ALL.iter().map(|&op| simd_op(op)).collect();
+            assert_eq!(names, ffi::simd::Op::ALL);
+        }
     }
 }
