@@ -189,7 +189,13 @@ impl Launch {
         let mut children: Vec<(usize, Child)> = Vec::new();
         for rank in (0..self.size).filter(|r| !self.skip.contains(r)) {
             let child = Command::new(&exe)
-                .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    name,
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                    "--include-ignored",
+                ])
                 .env(CHILD_VAR, name)
                 .env("MLX_HOSTFILE", hostfile)
                 .env("MLX_RANK", rank.to_string())
