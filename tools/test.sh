@@ -27,4 +27,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 step "tests"
 cargo test --workspace --all-features --release
 
+step "network-namespace test (optional: needs root and ip netns)"
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add nuvec-probe-$$ 2>/dev/null; then
+  ip netns del nuvec-probe-$$
+  cargo test --release --test netns -- --ignored
+else
+  echo "NOT RUN: tests/netns.rs needs root and a working 'ip netns' (iproute2); this machine has neither or refuses"
+fi
+
 step "all checks passed"

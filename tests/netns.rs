@@ -1,0 +1,161 @@
+//! A ring across a real (virtual) link: two ranks in their own network namespaces, joined
+//! by a veth pair; cutting the link mid-run fails both ranks, each naming the other.
+//!
+//! Needs root and `ip netns` (iproute2), so it is ignored by default; `tools/test.sh` runs it
+//! when the machine allows it and says so when it does not. The namespaces, the veth pair and
+//! the addresses (10.201.N.0/24) are this test's own and are removed afterwards.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{RankOutput, collect};
+
+const CHILD_VAR: &str = "NUVEC_TEST_CHILD";
+const NAME: &str = "cutting_a_link_fails_both_ranks_naming_each_other";
+
+/// The namespaces and link of one run; removed on drop.
+struct Net {
+    names: [String; 2],
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("running ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Net {
+    fn new(subnet: u8) -> Net {
+        let id = std::process::id();
+        let names = [format!("nuvec{id}a"), format!("nuvec{id}b")];
+        let veth = [format!("nv{id}a"), format!("nv{id}b")];
+        let net = Net {
+            names: names.clone(),
+        };
+        for n in &names {
+            ip(&["netns", "add", n]);
+        }
+        ip(&[
+            "link", "add", &veth[0], "type", "veth", "peer", "name", &veth[1],
+        ]);
+        for side in 0..2 {
+            let (ns, dev) = (&names[side], &veth[side]);
+            let addr = format!("10.201.{subnet}.{}/24", side + 1);
+            ip(&["link", "set", dev, "netns", ns]);
+            ip(&["-n", ns, "addr", "add", &addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    fn cut(&self) {
+        let id = std::process::id();
+        ip(&[
+            "-n",
+            &self.names[0],
+            "link",
+            "set",
+            &format!("nv{id}a"),
+            "down",
+        ]);
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+fn rank_body() {
+    let group = nuvec_distributed::init(true).expect("the ring forms across the link");
+    group.barrier().unwrap();
+    let dir = std::env::var("NUVEC_TEST_MARKERS").unwrap();
+    std::fs::write(Path::new(&dir).join(format!("{}-ready", group.rank())), b"").unwrap();
+    let mut last = Instant::now();
+    let error = loop {
+        match group.all_sum(&mut [1.0f32; 256]) {
+            Ok(()) => last = Instant::now(),
+            Err(e) => break e,
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let peer = error.peer().map_or("-".into(), |p| p.to_string());
+    println!("FAIL {} {peer} {error}", last.elapsed().as_millis());
+}
+
+#[test]
+#[ignore = "needs root and ip netns; tools/test.sh runs it when the machine allows it"]
+fn cutting_a_link_fails_both_ranks_naming_each_other() {
+    if std::env::var(CHILD_VAR).as_deref() == Ok(NAME) {
+        rank_body();
+        println!("{}", common::DONE);
+        return;
+    }
+    let subnet = (std::process::id() % 200) as u8 + 20;
+    let net = Net::new(subnet);
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = [
+        [format!("10.201.{subnet}.1:40001")],
+        [format!("10.201.{subnet}.2:40002")],
+    ];
+    let hostfile = dir.path().join("hostfile.json");
+    std::fs::write(&hostfile, serde_json::to_string(&nodes).unwrap()).unwrap();
+    let markers = dir.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for (rank, ns) in net.names.iter().enumerate() {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(&exe)
+            .args([
+                NAME,
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+                "--include-ignored",
+            ])
+            .env(CHILD_VAR, NAME)
+            .env("MLX_HOSTFILE", &hostfile)
+            .env("MLX_RANK", rank.to_string())
+            .env("NUVEC_DISTRIBUTED_TIMEOUT", "3")
+            .env("NUVEC_TEST_MARKERS", &markers)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting a rank in its namespace");
+        children.push((rank, child));
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    while !(markers.join("0-ready").exists() && markers.join("1-ready").exists()) {
+        assert!(
+            Instant::now() < until,
+            "the ranks did not form a ring across the link"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    net.cut();
+    let outputs: Vec<RankOutput> = collect(children, Duration::from_secs(60));
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
+        let line = o.lines("FAIL ").into_iter().next().expect("a failure line");
+        let peer = line.split(' ').nth(1).and_then(|p| p.parse::<usize>().ok());
+        assert_eq!(peer, Some(1 - o.rank), "rank {}: {line}", o.rank);
+    }
+}
