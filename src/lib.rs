@@ -25,10 +25,56 @@
 //!
 //! # Failures
 //!
-//! Every wait is bounded by [`Options::timeout`] (30 s by default; `NUVEC_DISTRIBUTED_TIMEOUT`
-//! in seconds for [`init`]). An error from the transport names the peer rank and what
-//! failed; after one, the group is failed and every later call returns
-//! [`Error::Failed`] at once. Argument errors leave the group usable.
+//! - **Every wait is bounded** by [`Options::timeout`] (30 s by default;
+//!   `NUVEC_DISTRIBUTED_TIMEOUT` in seconds for [`init`]), counted from the last byte that
+//!   moved, so a large collective may take longer but a silent peer may not. Forming the
+//!   ring is bounded by the same timeout.
+//! - **Errors name the peer**: its rank, its address where there is one, and what this rank
+//!   was doing ([`PeerOp`]). A rank that is not next to the rank that was lost learns it from
+//!   a *failure notice*: a failing rank leaves one TCP urgent byte naming the lost rank on
+//!   its other connections before it closes them ([`Error::Lost`]). Urgent data travels
+//!   beside the byte stream, so a peer still expecting data can never take it for data, and
+//!   MLX's ranks never see it. Delivery is best effort (a rank that reads past the byte's
+//!   position before it is told about it loses it, and then names the neighbour that
+//!   closed). When a rank *stalls* (stopped, swapped out) instead of dying, the ranks next
+//!   to it name it; ranks two or more hops away may name the neighbour they waited for.
+//! - **After a transport error the group is failed**: every later call returns
+//!   [`Error::Failed`] at once, with the original error inside. [`Group::close`] releases
+//!   it, and [`init_with`] forms a new group in the same processes. Argument errors
+//!   ([`Error::InvalidArgument`]) leave the group usable.
+//! - **Liveness between collectives**: every connection has TCP keepalive (5 s idle, 3 s
+//!   interval, 3 probes) and, on Linux, a 15 s `TCP_USER_TIMEOUT`, so a host that sleeps or
+//!   is unplugged is found within about 15 s; [`Group::health`] checks every connection
+//!   without running a collective and names the lost peer.
+//!
+//! # Authentication (and what it does not do)
+//!
+//! Without a key, the ring is MLX's: any host that reaches a forming ring's port first is
+//! taken for the neighbour (a port scanner that connects and leaves is passed over). With
+//! [`Options::key`] (`NUVEC_DISTRIBUTED_KEY` for [`init`]; at least 16 bytes, the same on
+//! every rank), every connection first runs a mutual challenge-response: a key derived from
+//! the secret with BLAKE3's `derive_key`, fresh random nonces from both sides, both ranks,
+//! the ring's size and the connection index in the transcript, and proofs made with BLAKE3's
+//! keyed hash and compared in constant time. A client that fails it is dropped while the
+//! ring keeps accepting, so it can neither join nor keep a rank out; a wrong key fails
+//! setup on both sides with an error saying the peer did not prove the key. MLX's ranks do
+//! not speak this handshake, so a keyed ring is made of nuvec ranks only.
+//!
+//! **The traffic after the handshake is not encrypted, and not authenticated either**:
+//! anyone who can read or alter packets on the network can read or alter the data. On a
+//! network you do not trust, run the ring over a VPN or another encrypted link.
+//!
+//! # Environment
+//!
+//! | variable | read by | meaning |
+//! |---|---|---|
+//! | `MLX_HOSTFILE` | [`init`] | the ring's hostfile (as `mlx.launch` writes it) |
+//! | `MLX_RANK` | [`init`] | this process's rank |
+//! | `NUVEC_DISTRIBUTED_TIMEOUT` | [`init`] | [`Options::timeout`], in seconds |
+//! | `NUVEC_DISTRIBUTED_KEY` | [`init`] | [`Options::key`] |
+//! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
+//! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
+//! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //!
 //! # SIMD
 //!
