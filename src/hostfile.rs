@@ -123,8 +123,14 @@ fn kind(v: &Value) -> String {
 /// Checks the per-rank lists and resolves the addresses `rank` uses. `origin` names the
 /// file (or [`IN_CODE`]) in errors.
 pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Result<RingAddresses> {
-    check(nodes, rank).map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })?;
-    let fail = |reason: String| Error::Config { path: origin.to_path_buf(), reason };
+    check(nodes, rank).map_err(|reason| Error::Config {
+        path: origin.to_path_buf(),
+        reason,
+    })?;
+    let fail = |reason: String| Error::Config {
+        path: origin.to_path_buf(),
+        reason,
+    };
     let size = nodes.len();
     let right = (rank + 1) % size;
     let host = |r: usize| nodes[r][0].split_once(':').map(|(h, _)| h);
@@ -139,8 +145,16 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
     Ok(RingAddresses {
         rank,
         size,
-        listen: if size > 1 { resolve_all(rank)? } else { Vec::new() },
-        right: if size > 1 { resolve_all(right)? } else { Vec::new() },
+        listen: if size > 1 {
+            resolve_all(rank)?
+        } else {
+            Vec::new()
+        },
+        right: if size > 1 {
+            resolve_all(right)?
+        } else {
+            Vec::new()
+        },
         local_ranks,
     })
 }

@@ -75,6 +75,7 @@
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
+//! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | the ring | if present, logs forming and failures to stderr (`[ring] rank R: ...`) |
 //!
 //! # SIMD
 //!
@@ -97,6 +98,7 @@ mod hostfile;
 mod options;
 mod reduce;
 mod ring;
+mod verbose;
 
 pub use auth::KEY_VAR;
 pub use backend::{Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available};

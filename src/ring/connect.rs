@@ -35,6 +35,7 @@ use crate::auth::{self, Challenge, Hello, Key, Role};
 use crate::error::{Error, PeerOp, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
+use crate::verbose::verbose;
 
 const CONTEXT: &str = "ring setup";
 
@@ -53,8 +54,39 @@ const CANDIDATE_BASE: usize = 1 << 24;
 /// Forms this rank's part of the ring within `options.timeout`.
 pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transport> {
     let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
+    let rank = addrs.rank;
+    verbose!(
+        rank,
+        "forming a ring of {} ({} connection(s) per neighbour{}): listening on {:?}, connecting to rank {} at {:?}",
+        addrs.size,
+        addrs.listen.len(),
+        if key.is_some() { ", authenticated" } else { "" },
+        addrs.listen,
+        addrs.right_rank(),
+        addrs.right
+    );
+    let started = Instant::now();
+    let result = form(addrs, options, key, started + options.timeout);
+    match &result {
+        Ok(_) => verbose!(rank, "ring formed in {:?}", started.elapsed()),
+        Err(e) => verbose!(
+            rank,
+            "forming the ring failed after {:?}: {e}",
+            started.elapsed()
+        ),
+    }
+    result
+}
+
+/// The setup loop: retries, accepts and handshakes until the ring is formed, a neighbour
+/// refused us, or `deadline` passes.
+fn form(
+    addrs: &RingAddresses,
+    options: &Options,
+    key: Option<Key>,
+    deadline: Instant,
+) -> Result<Transport> {
     let mut setup = Setup::new(addrs, options, key)?;
-    let deadline = Instant::now() + options.timeout;
     loop {
         setup.start_due_dials()?;
         if setup.formed() {
@@ -322,6 +354,13 @@ impl<'a> Setup<'a> {
             let _ = self.poll.registry().deregister(&mut s);
         }
         self.backoff[i] = (self.backoff[i] * 2).min(MAX_RETRY);
+        if let DialFailure::Io(e) = &why {
+            verbose!(
+                self.addrs.rank,
+                "connection {i} to {} failed ({e}); retrying",
+                self.addrs.right[i]
+            );
+        }
         self.dial_failures[i] = Some(why);
     }
 

@@ -32,6 +32,7 @@ use crate::group::Communicator;
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::reduce::ReduceOp;
+use crate::verbose::verbose;
 use zerocopy::IntoBytes;
 
 /// One rank's end of a formed ring.
@@ -161,6 +162,8 @@ impl Ring {
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error) -> Error {
+    let rank = transport.rank();
+    verbose!(rank, "collective failed: {error}");
     let error = transport.diagnose(error);
     transport.abandon(error.peer());
     // A stall is judged on timing; a notice that arrived while this rank was closing
@@ -170,6 +173,7 @@ fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error
         Error::Timeout { context, .. } => transport.notice(context).unwrap_or(error),
         error => error,
     };
+    verbose!(rank, "the group is failed: {error}");
     *failed = Some(Arc::new(error.clone()));
     error
 }

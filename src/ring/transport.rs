@@ -279,6 +279,11 @@ impl Transport {
         })
     }
 
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.conns.first().map_or(0, |c| c.me)
+    }
+
     /// Connections per neighbour.
     pub(crate) fn connections(&self) -> usize {
         self.connections
