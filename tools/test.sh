@@ -13,6 +13,18 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "installing test dependencies"
 python=$(tools/mlx-venv.sh)
+# The probes test reads the binary's SDT notes with readelf and, as root, attaches bpftrace.
+need=()
+command -v readelf >/dev/null || need+=(binutils)
+command -v bpftrace >/dev/null || need+=(bpftrace)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+  else
+    echo "missing ${need[*]} and cannot install them (not root or no apt-get)" >&2
+    exit 1
+  fi
+fi
 "$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'
 
 step "formatting"

@@ -9,7 +9,10 @@
 //!   without `unsafe`.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
+//! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
+//!   assembly.
 
 pub mod alloc;
 pub mod net;
+pub mod probes;
 pub mod simd;

@@ -65,8 +65,12 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         addrs.right_rank(),
         addrs.right
     );
+    ffi::probes::register();
     let started = Instant::now();
     let result = form(addrs, options, key, started + options.timeout);
+    let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
+    let elapsed = started.elapsed().as_nanos() as u64;
+    ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
     match &result {
         Ok(_) => verbose!(rank, "ring formed in {:?}", started.elapsed()),
         Err(e) => verbose!(

@@ -174,6 +174,7 @@ impl Lane {
             let seg = self.layout.segment(self.pass.send_segment(t));
             let len = seg.len();
             if self.tx_off == len {
+                ffi::probes::send_step(conn.peer as u64, t as u64, len as u64);
                 self.tx_step += 1;
                 self.tx_off = 0;
                 progressed = true;
@@ -226,6 +227,7 @@ impl Lane {
             let seg = self.layout.segment(self.pass.recv_segment(t));
             let len = seg.len();
             if self.rx_done == len {
+                ffi::probes::recv_step(conn.peer as u64, t as u64, len as u64);
                 self.rx_step += 1;
                 self.rx_off = 0;
                 self.rx_done = 0;

@@ -111,7 +111,8 @@ impl Ring {
     }
 
     /// Runs the lanes in `state.lanes` over `bufs`; a transport error fails the group.
-    fn run(&self, state: &mut State, bufs: &mut Buffers<'_>, context: &'static str) -> Result<()> {
+    /// `traced` describes the collective to the tracing probes.
+    fn run(&self, state: &mut State, bufs: &mut Buffers<'_>, traced: Traced) -> Result<()> {
         let State {
             transport,
             staging,
@@ -119,18 +120,32 @@ impl Ring {
             failed,
             ..
         } = state;
-        match engine::run(
+        let ranks = self.size as u64;
+        // Timestamps only in builds with probes: without them this is free.
+        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
+        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
+        let result = match engine::run(
             transport,
             lanes,
             bufs,
             &mut staging.lanes,
             self.timeout,
             self.spin,
-            context,
+            traced.context,
         ) {
             Err(error) if error.is_fatal() => Err(fail(transport, failed, error)),
             result => result,
-        }
+        };
+        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        ffi::probes::collective_done(
+            traced.op,
+            traced.dtype,
+            traced.bytes,
+            ranks,
+            elapsed,
+            result.is_ok(),
+        );
+        result
     }
 
     /// Adds the lanes of one MLX all-reduce over `elems` elements from byte `base`.
@@ -159,11 +174,63 @@ impl Ring {
     }
 }
 
+/// What the tracing probes are told about a collective (codes in `ffi::probes`).
+#[derive(Clone, Copy, Debug)]
+struct Traced {
+    op: u8,
+    dtype: u8,
+    bytes: u64,
+    context: &'static str,
+}
+
+impl Traced {
+    const ALL_GATHER: u8 = 3;
+    const SUM_SCATTER: u8 = 4;
+    const SEND: u8 = 5;
+    const RECV: u8 = 6;
+    /// The dtype code of byte-level collectives.
+    const BYTES: u8 = 255;
+
+    fn dtype(dtype: DType) -> u8 {
+        DType::ALL
+            .iter()
+            .position(|&d| d == dtype)
+            .map_or(Self::BYTES, |i| i as u8)
+    }
+
+    fn reduce(op: ReduceOp, dtype: DType, bytes: usize) -> Traced {
+        let code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+        };
+        Traced {
+            op: code,
+            dtype: Self::dtype(dtype),
+            bytes: bytes as u64,
+            context: op.collective(),
+        }
+    }
+
+    fn bytes(op: u8, context: &'static str, bytes: usize) -> Traced {
+        Traced {
+            op,
+            dtype: Self::BYTES,
+            bytes: bytes as u64,
+            context,
+        }
+    }
+}
+
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error) -> Error {
     let rank = transport.rank();
     verbose!(rank, "collective failed: {error}");
+    ffi::probes::error(
+        error.peer().map_or(u64::MAX, |p| p as u64),
+        error_kind(&error),
+    );
     let error = transport.diagnose(error);
     transport.abandon(error.peer());
     // A stall is judged on timing; a notice that arrived while this rank was closing
@@ -176,6 +243,19 @@ fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error
     verbose!(rank, "the group is failed: {error}");
     *failed = Some(Arc::new(error.clone()));
     error
+}
+
+/// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
+/// 5 authentication, 0 anything else.
+fn error_kind(error: &Error) -> u8 {
+    match error {
+        Error::Io { .. } => 1,
+        Error::Closed { .. } => 2,
+        Error::Lost { .. } => 3,
+        Error::Timeout { .. } => 4,
+        Error::Auth { .. } => 5,
+        _ => 0,
+    }
 }
 
 /// The connections a lane on connection pair `pair` writes to and reads from.
@@ -212,7 +292,8 @@ impl Communicator for Ring {
         if elems >= self.size {
             let mut state = self.lock()?;
             self.plan_all_reduce(&mut state, op, dtype, elems);
-            return self.run(&mut state, &mut Buffers { data, input: &[] }, context);
+            let traced = Traced::reduce(op, dtype, data.len());
+            return self.run(&mut state, &mut Buffers { data, input: &[] }, traced);
         }
 
         // Fewer elements than ranks: MLX pads them with zeros to exactly one element per rank
@@ -245,7 +326,7 @@ impl Communicator for Ring {
                 data: pad,
                 input: &[],
             },
-            context,
+            Traced::reduce(op, dtype, data.len()),
         )?;
         data.copy_from_slice(&pad[..data.len()]);
         Ok(())
@@ -288,7 +369,7 @@ impl Communicator for Ring {
                 data: output,
                 input: &[],
             },
-            CONTEXT,
+            Traced::bytes(Traced::ALL_GATHER, CONTEXT, nbytes),
         )
     }
 
@@ -333,7 +414,12 @@ impl Communicator for Ring {
                 data: output,
                 input,
             },
-            CONTEXT,
+            Traced {
+                op: Traced::SUM_SCATTER,
+                dtype: Traced::dtype(dtype),
+                bytes: input.len() as u64,
+                context: CONTEXT,
+            },
         )
     }
 
@@ -356,7 +442,7 @@ impl Communicator for Ring {
                 data: &mut [],
                 input: data,
             },
-            "send",
+            Traced::bytes(Traced::SEND, "send", data.len()),
         )
     }
 
@@ -372,7 +458,12 @@ impl Communicator for Ring {
             return Err(self.not_a_neighbour("receive from", src));
         };
         self.plan_stripes(state, Work::Recv, first, data.len());
-        self.run(state, &mut Buffers { data, input: &[] }, "recv")
+        let len = data.len();
+        self.run(
+            state,
+            &mut Buffers { data, input: &[] },
+            Traced::bytes(Traced::RECV, "recv", len),
+        )
     }
 
     fn barrier(&self) -> Result<()> {

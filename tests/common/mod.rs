@@ -221,6 +221,21 @@ pub fn mark(what: &str) {
     std::fs::write(Path::new(&dir).join(format!("{rank}-{what}")), b"").expect("writing a marker");
 }
 
+/// In a child started by [`Launch::start`]: waits until the parent calls
+/// [`Running::release`].
+pub fn wait_for_parent() {
+    let dir = std::env::var(MARKERS_VAR).expect("started by Launch::start");
+    let go = Path::new(&dir).join("go");
+    let until = Instant::now() + Duration::from_secs(60);
+    while !go.exists() {
+        assert!(
+            Instant::now() < until,
+            "the parent never released this rank"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Ranks started by [`Launch::start`], still running.
 pub struct Running {
     children: Vec<(usize, Child)>,
@@ -243,6 +258,21 @@ impl Running {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The process id of `rank` (still running: its handle is held here).
+    pub fn pid(&self, rank: usize) -> u32 {
+        self.children
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .expect("a started rank")
+            .1
+            .id()
+    }
+
+    /// Lets every rank waiting in [`wait_for_parent`] go on.
+    pub fn release(&self) {
+        std::fs::write(self.markers.join("go"), b"").expect("writing the go marker");
     }
 
     /// Sends `signal` (`"KILL"`, `"STOP"`, `"CONT"`) to `rank`'s process: one this test

@@ -1,0 +1,101 @@
+//! USDT probes: DTrace probes on macOS and SystemTap SDT notes on Linux (for bpftrace and
+//! perf), behind the `probes` feature. Without the feature every function here is empty and
+//! inlined away; with it, a probe that no tracer enabled costs a load and a branch (the
+//! probe's semaphore) and its arguments are not even computed.
+//!
+//! The provider is `nuvec`. Probe names use single underscores, because perf rejects the
+//! dashes DTrace would make of double ones. Arguments are integers:
+//!
+//! | probe | arguments |
+//! |---|---|
+//! | `collective_start` | op, dtype, bytes, ranks |
+//! | `collective_done` | op, dtype, bytes, ranks, duration in ns, 1 if it succeeded |
+//! | `send_step` | peer rank, step, bytes |
+//! | `recv_step` | peer rank, step, bytes |
+//! | `connect_done` | rank, ranks, connections per neighbour, duration in ns, 1 if it formed |
+//! | `error` | peer rank (or `u64::MAX`), error kind |
+//!
+//! Op codes: 0 all_sum, 1 all_max, 2 all_min, 3 all_gather, 4 sum_scatter, 5 send,
+//! 6 recv, 7 barrier. Dtype codes follow MLX's order (0 bool ... 13 complex64); 255 for
+//! byte-level collectives. The macros live here, not in nuvec-distributed, because they
+//! expand to inline assembly, which is `unsafe` and so belongs in this crate.
+
+#[cfg(feature = "probes")]
+#[usdt::provider(provider = "nuvec")]
+mod nuvec {
+    fn collective_start(op: u8, dtype: u8, bytes: u64, ranks: u64) {}
+    fn collective_done(op: u8, dtype: u8, bytes: u64, ranks: u64, duration_ns: u64, ok: u8) {}
+    fn send_step(peer: u64, step: u64, bytes: u64) {}
+    fn recv_step(peer: u64, step: u64, bytes: u64) {}
+    fn connect_done(rank: u64, ranks: u64, connections: u64, duration_ns: u64, ok: u8) {}
+    fn error(peer: u64, kind: u8) {}
+}
+
+/// Whether this build has probes at all (the `probes` feature).
+pub const ENABLED: bool = cfg!(feature = "probes");
+
+/// Registers the probes with the system's DTrace (needed on macOS; a no-op with SDT notes
+/// on Linux). Called once when a group forms.
+pub fn register() {
+    #[cfg(feature = "probes")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let _ = usdt::register_probes();
+        });
+    }
+}
+
+/// A collective begins.
+#[inline(always)]
+pub fn collective_start(op: u8, dtype: u8, bytes: u64, ranks: u64) {
+    #[cfg(feature = "probes")]
+    nuvec::collective_start!(|| (op, dtype, bytes, ranks));
+    #[cfg(not(feature = "probes"))]
+    let _ = (op, dtype, bytes, ranks);
+}
+
+/// A collective ends.
+#[inline(always)]
+pub fn collective_done(op: u8, dtype: u8, bytes: u64, ranks: u64, duration_ns: u64, ok: bool) {
+    #[cfg(feature = "probes")]
+    nuvec::collective_done!(|| (op, dtype, bytes, ranks, duration_ns, u8::from(ok)));
+    #[cfg(not(feature = "probes"))]
+    let _ = (op, dtype, bytes, ranks, duration_ns, ok);
+}
+
+/// A ring step's send to `peer` finished.
+#[inline(always)]
+pub fn send_step(peer: u64, step: u64, bytes: u64) {
+    #[cfg(feature = "probes")]
+    nuvec::send_step!(|| (peer, step, bytes));
+    #[cfg(not(feature = "probes"))]
+    let _ = (peer, step, bytes);
+}
+
+/// A ring step's receive from `peer` finished.
+#[inline(always)]
+pub fn recv_step(peer: u64, step: u64, bytes: u64) {
+    #[cfg(feature = "probes")]
+    nuvec::recv_step!(|| (peer, step, bytes));
+    #[cfg(not(feature = "probes"))]
+    let _ = (peer, step, bytes);
+}
+
+/// Forming a group ended.
+#[inline(always)]
+pub fn connect_done(rank: u64, ranks: u64, connections: u64, duration_ns: u64, ok: bool) {
+    #[cfg(feature = "probes")]
+    nuvec::connect_done!(|| (rank, ranks, connections, duration_ns, u8::from(ok)));
+    #[cfg(not(feature = "probes"))]
+    let _ = (rank, ranks, connections, duration_ns, ok);
+}
+
+/// A group failed.
+#[inline(always)]
+pub fn error(peer: u64, kind: u8) {
+    #[cfg(feature = "probes")]
+    nuvec::error!(|| (peer, kind));
+    #[cfg(not(feature = "probes"))]
+    let _ = (peer, kind);
+}

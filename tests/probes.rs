@@ -1,0 +1,143 @@
+//! The tracing probes (feature `probes`): they are in the built binary as SystemTap SDT
+//! notes, and, where bpftrace can attach (root, tracefs), they fire with the right
+//! arguments while ranks run collectives.
+#![cfg(all(feature = "probes", target_os = "linux"))]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::Launch;
+
+const PROBES: [&str; 6] = [
+    "collective_start",
+    "collective_done",
+    "send_step",
+    "recv_step",
+    "connect_done",
+    "error",
+];
+
+#[test]
+fn the_probes_are_in_the_binary() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(&exe)
+        .output()
+        .expect("running readelf (binutils)");
+    assert!(
+        out.status.success(),
+        "readelf failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        notes.contains("stapsdt") && notes.contains("Provider: nuvec"),
+        "no nuvec SDT notes"
+    );
+    for probe in PROBES {
+        assert!(
+            notes.contains(&format!("Name: {probe}\n")),
+            "probe {probe} is missing"
+        );
+    }
+}
+
+/// Whether bpftrace can attach here: root, the tool, and tracefs (mounted if it is not).
+fn bpftrace_can_attach() -> Result<(), String> {
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("not root".into());
+    }
+    if Command::new("bpftrace").arg("--version").output().is_err() {
+        return Err("bpftrace is not installed (tools/test.sh installs it)".into());
+    }
+    if !std::path::Path::new("/sys/kernel/tracing/events").exists() {
+        let mounted = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status();
+        if !mounted.is_ok_and(|s| s.success()) {
+            return Err("tracefs is not mounted and cannot be".into());
+        }
+    }
+    Ok(())
+}
+
+/// What each rank of the bpftrace test runs: 50 all_sums of 1000 f32, once the parent has
+/// attached the tracer.
+fn fifty_sums(g: nuvec_distributed::Group) {
+    common::wait_for_parent();
+    for _ in 0..50 {
+        g.all_sum(&mut vec![1.0f32; 1000]).unwrap();
+    }
+}
+
+/// Two ranks run 50 all_sums while bpftrace, attached to rank 0, counts its probes.
+///
+/// Attached by process id: attached by binary path, bpftrace 0.17 did not enable the probes'
+/// semaphores in processes started after it, for test binaries.
+#[test]
+fn the_probes_fire_under_bpftrace() {
+    let name = "the_probes_fire_under_bpftrace";
+    let launch = Launch::new(2, 1);
+    let Some(running) = launch.start(name, fifty_sums) else {
+        return;
+    };
+    if let Err(why) = bpftrace_can_attach() {
+        running.release();
+        let outputs = running.finish();
+        common::assert_all_finished(&outputs);
+        // The issue asks for this part only where bpftrace can attach; say loudly that it
+        // did not run, and why.
+        println!("NOT RUN: bpftrace cannot attach here: {why}");
+        return;
+    }
+    let script = "usdt::nuvec:collective_done /arg0 == 0 && arg2 == 4000 && arg5 == 1/ { @done = count(); } \
+                  usdt::nuvec:send_step { @steps = count(); }";
+    let mut tracer = Command::new("bpftrace")
+        .args(["-p", &running.pid(0).to_string(), "-e", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting bpftrace");
+    // bpftrace prints "Attaching N probes..." once the probes are in place.
+    let mut stdout = std::io::BufReader::new(tracer.stdout.take().unwrap());
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) > 0
+        && !line.contains("Attaching")
+    {
+        line.clear();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    running.release();
+    let outputs = running.finish();
+    common::assert_all_finished(&outputs);
+    // SIGINT makes bpftrace print its maps and exit; it is our own child.
+    Command::new("kill")
+        .args(["-INT", &tracer.id().to_string()])
+        .status()
+        .unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+    let status = tracer.wait().unwrap();
+    let count = |map: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("@{map}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        count("done"),
+        50,
+        "collective_done for 50 all_sums on rank 0 ({status}):\n{text}"
+    );
+    assert!(
+        count("steps") >= 100,
+        "send_step for 2 steps x 50 all_sums on rank 0:\n{text}"
+    );
+}
