@@ -1,6 +1,7 @@
-//! Tools for people who run nuvec-distributed: a local launcher in the manner of
-//! `mlx.launch`, and the collective benchmark sweep behind `nuvec bench` and
+//! Tools for people who run nuvec-distributed: `nuvec launch`, a launcher that starts ranks
+//! the way `mlx.launch` does, and the collective benchmark sweep behind `nuvec bench` and
 //! `cargo bench --bench collectives`.
 
 pub mod bench;
 pub mod launch;
+pub mod runner;
