@@ -9,8 +9,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use nuvec_tools::bench::{self, Op, Sweep};
+use nuvec_tools::anchors::{self, Anchors, Wanted};
+use nuvec_tools::bench::{self, Measurement, Op, Sweep};
+use nuvec_tools::chart;
 use nuvec_tools::launch::{self, Backend, HostList, LaunchSpec};
+use nuvec_tools::report::{self, NuvecRun, Report};
 use nuvec_tools::runner::{self, RunOptions};
 
 /// Start and measure nuvec-distributed rings.
@@ -79,10 +82,17 @@ struct LaunchArgs {
 }
 
 #[derive(Args, Clone)]
+#[command(
+    after_help = "The sweep's methodology is that of the anchors' mlx_bench.py (see \
+                  tools/src/bench.rs). With --mlx, --mpi or --limits the anchors run in the \
+                  same invocation and a comparison follows: latency ratios are anchor / \
+                  nuvec (above 1: nuvec is faster; for raw TCP, the share of the floor \
+                  reached), bandwidth is nuvec's bus bandwidth / raw TCP both ways at once."
+)]
 struct BenchArgs {
-    /// Ranks to start on this machine.
-    #[arg(short = 'n', long, default_value_t = 2)]
-    ranks: usize,
+    /// Ranks to start on this machine; a comma-separated list sweeps each (e.g. 2,3,4).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "2")]
+    ranks: Vec<usize>,
     /// Connections between neighbours (addresses per rank).
     #[arg(long, default_value_t = 1)]
     connections: usize,
@@ -101,12 +111,36 @@ struct BenchArgs {
     /// Run exactly this many timed iterations per size (instead of aiming at --target-ms).
     #[arg(long)]
     iters: Option<usize>,
-    /// Write the measurements as JSON to this file.
-    #[arg(long)]
+    /// Write everything measured (nuvec, the anchors, the comparison) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also run MLX's ring: mlx_bench.py under mlx.launch, for each rank count.
+    #[arg(long)]
+    mlx: bool,
+    /// Also run Open MPI over TCP on loopback: mpi_bench.py under mpirun.
+    #[arg(long)]
+    mpi: bool,
+    /// Also measure raw TCP: a busy-polling ping-pong per size up to 1 MiB, and a 64 MiB
+    /// stream both ways at once.
+    #[arg(long)]
+    limits: bool,
+    /// The anchors folder (default: shared/anchors next to the repository).
+    #[arg(long, value_name = "DIR")]
+    anchors: Option<PathBuf>,
+    /// The anchors' environment, setup.sh's output (default: target/anchors in the
+    /// repository; made with setup.sh when something is missing).
+    #[arg(long, value_name = "DIR")]
+    anchor_env: Option<PathBuf>,
+    /// Draw median latency and bus bandwidth against size, for nuvec and the anchors, into
+    /// this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<PathBuf>,
     /// Internal: run as one rank of a ring started by `nuvec bench`.
     #[arg(long, hide = true)]
     worker: bool,
+    /// Internal: where a worker's rank 0 writes its measurements as JSON.
+    #[arg(long, hide = true)]
+    results: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -187,55 +221,173 @@ fn launch(args: LaunchArgs) -> ExitCode {
     }
 }
 
-/// Starts the ranks through the launcher: this program again, as workers.
-fn bench_launch(args: &BenchArgs) -> ExitCode {
-    let fail = |message: String| {
-        eprintln!("nuvec bench: {message}");
-        ExitCode::FAILURE
+/// The sweep the options describe.
+fn sweep(args: &BenchArgs) -> Sweep {
+    let sweep = Sweep {
+        ops: args.ops.clone(),
+        sizes: args
+            .sizes
+            .clone()
+            .unwrap_or_else(|| bench::DEFAULT_SIZES.to_vec()),
+        target: Duration::from_millis(args.target_ms),
+        ..Sweep::default()
     };
-    if args.ranks < 2 || args.connections == 0 {
-        return fail(
+    match args.iters {
+        Some(n) => Sweep {
+            min_iters: n,
+            max_iters: n,
+            ..sweep
+        },
+        None => sweep,
+    }
+}
+
+/// Runs the sweep for each rank count, and the anchors asked for, then reports.
+fn bench_launch(args: &BenchArgs) -> ExitCode {
+    match bench_all(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("nuvec bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench_all(args: &BenchArgs) -> Result<(), String> {
+    if args.ranks.iter().any(|&n| n < 2) || args.connections == 0 {
+        return Err(
             "-n must be at least 2 (mlx.launch gives a single rank no ring) and \
-             --connections at least 1"
+                    --connections at least 1"
                 .into(),
         );
     }
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => return fail(format!("cannot find this program's path: {e}")),
+    if let Some(chart) = &args.chart
+        && chart.extension().and_then(|e| e.to_str()) != Some("svg")
+    {
+        return Err(format!("--chart {}: charts are SVG files", chart.display()));
+    }
+    let sweep = sweep(args);
+    let wanted = Wanted {
+        mlx: args.mlx && anchors::has_anchor_ops(&sweep),
+        mpi: args.mpi && anchors::has_anchor_ops(&sweep),
+        limits: args.limits,
     };
+    if (args.mlx || args.mpi) && !anchors::has_anchor_ops(&sweep) {
+        eprintln!("nuvec bench: MLX's and MPI's sweeps have no sum_scatter; they are skipped");
+    }
+    let anchors = if wanted.mlx || wanted.mpi || wanted.limits {
+        let anchors = Anchors::locate(args.anchors.clone(), args.anchor_env.clone())?;
+        anchors.ensure(wanted)?;
+        Some(anchors)
+    } else {
+        None
+    };
+    let mut report = Report::default();
+    if let Some(anchors) = anchors.as_ref().filter(|_| wanted.limits) {
+        println!("\n== raw TCP on loopback (tcp_pingpong spin, tcp_stream bidir) ==");
+        let limits = anchors.run_limits(&sweep)?;
+        for p in &limits.pingpong {
+            println!(
+                "ping-pong {:>8}: round trip median {}, p10 {}, p90 {} ({} iterations)",
+                bench::human(p.bytes),
+                bench::micros(p.rtt_median_us),
+                bench::micros(p.rtt_p10_us),
+                bench::micros(p.rtt_p90_us),
+                p.iters
+            );
+        }
+        if let Some(s) = &limits.stream {
+            println!(
+                "stream {} both ways: {:.3} GB/s per direction (median of {}, best {:.3})",
+                bench::human(s.bytes),
+                s.gbps_per_direction,
+                s.reps,
+                s.gbps_best
+            );
+        }
+        report.limits = Some(limits);
+    }
+    for &ranks in &args.ranks {
+        if runner::interrupted() {
+            return Err("interrupted".into());
+        }
+        println!("\n== nuvec, {ranks} ranks ==");
+        report.nuvec.push(NuvecRun {
+            ranks,
+            measurements: run_nuvec(args, ranks)?,
+        });
+        if let Some(anchors) = &anchors {
+            if wanted.mlx {
+                println!("\n== MLX ring (mlx.launch), {ranks} ranks ==");
+                report.mlx.push(anchors.run_mlx(ranks, &sweep)?);
+            }
+            if wanted.mpi {
+                println!("\n== Open MPI over TCP (mpirun), {ranks} ranks ==");
+                report.mpi.push(anchors.run_mpi(ranks, &sweep)?);
+            }
+        }
+    }
+    report.compare();
+    if report.has_anchors() {
+        print!("{}", report::comparison_table(&report.comparison));
+    }
+    let wrong: Vec<String> = report
+        .mlx
+        .iter()
+        .chain(&report.mpi)
+        .flat_map(|r| {
+            r.points
+                .iter()
+                .filter(|p| !p.correct)
+                .map(move |p| format!("{} n={} {} {}", r.system, r.ranks, p.op, p.bytes))
+        })
+        .collect();
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("\nJSON: {}", path.display());
+    }
+    if let Some(path) = &args.chart {
+        chart::write_chart(path, &report)?;
+        println!("chart: {}", path.display());
+    }
+    if !wrong.is_empty() {
+        return Err(format!("anchor results were wrong: {}", wrong.join(", ")));
+    }
+    Ok(())
+}
+
+/// Starts `ranks` workers (this program again) through the launcher and returns what rank
+/// 0 measured.
+fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let port = match args.starting_port {
         Some(port) => port,
-        None => match launch::free_port_block(args.ranks * args.connections) {
-            Ok(port) => port,
-            Err(e) => return fail(e.to_string()),
-        },
+        None => launch::free_port_block(ranks * args.connections).map_err(|e| e.to_string())?,
     };
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let results = dir.path().join(format!("nuvec-n{ranks}.json"));
     let mut command = vec![exe.to_string_lossy().into_owned(), "bench".into()];
-    command.extend(worker_args(args));
-    let plan = match launch::local_ring(args.ranks, args.connections, port, command) {
-        Ok(plan) => plan,
-        Err(e) => return fail(e.to_string()),
-    };
+    command.extend(worker_args(args, &results));
+    let plan =
+        launch::local_ring(ranks, args.connections, port, command).map_err(|e| e.to_string())?;
     let options = RunOptions {
         prefix_output: false,
         forward_stdin: false,
         name: "nuvec bench".into(),
         ..RunOptions::default()
     };
-    match runner::run_plan(&plan, &options) {
-        Ok(outcome) => {
-            if let Some(message) = outcome.message() {
-                eprintln!("nuvec bench: {message}");
-            }
-            ExitCode::from(outcome.exit_code())
-        }
-        Err(e) => fail(e.to_string()),
+    let outcome = runner::run_plan(&plan, &options).map_err(|e| e.to_string())?;
+    if let Some(message) = outcome.message() {
+        return Err(format!("{ranks} ranks: {message}"));
     }
+    let text = std::fs::read_to_string(&results)
+        .map_err(|e| format!("{ranks} ranks: rank 0 wrote no results ({e})"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{ranks} ranks: reading the results: {e}"))
 }
 
-/// The arguments a worker rank gets: the sweep, as given.
-fn worker_args(args: &BenchArgs) -> Vec<String> {
+/// The arguments a worker rank gets: the sweep, as given, and where to write results.
+fn worker_args(args: &BenchArgs, results: &std::path::Path) -> Vec<String> {
     let mut out = vec![
         "--worker".into(),
         "--ops".into(),
@@ -246,6 +398,8 @@ fn worker_args(args: &BenchArgs) -> Vec<String> {
             .join(","),
         "--target-ms".into(),
         args.target_ms.to_string(),
+        "--results".into(),
+        results.to_string_lossy().into_owned(),
     ];
     if let Some(sizes) = &args.sizes {
         out.push("--sizes".into());
@@ -260,10 +414,6 @@ fn worker_args(args: &BenchArgs) -> Vec<String> {
     if let Some(iters) = args.iters {
         out.push("--iters".into());
         out.push(iters.to_string());
-    }
-    if let Some(json) = &args.json {
-        out.push("--json".into());
-        out.push(json.to_string_lossy().into_owned());
     }
     out
 }
@@ -280,24 +430,7 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let sweep = Sweep {
-        ops: args.ops.clone(),
-        sizes: args
-            .sizes
-            .clone()
-            .unwrap_or_else(|| bench::DEFAULT_SIZES.to_vec()),
-        target: Duration::from_millis(args.target_ms),
-        ..Sweep::default()
-    };
-    let sweep = match args.iters {
-        Some(n) => Sweep {
-            min_iters: n,
-            max_iters: n,
-            ..sweep
-        },
-        None => sweep,
-    };
-    let measurements = match bench::run(&group, &sweep) {
+    let measurements = match bench::run(&group, &sweep(args)) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("nuvec bench: rank {}: {e}", group.rank());
@@ -306,7 +439,7 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
     };
     if group.rank() == 0 {
         bench::print_table(&measurements);
-        if let Some(path) = &args.json {
+        if let Some(path) = &args.results {
             let text = serde_json::to_string_pretty(&measurements).unwrap_or_default();
             if let Err(e) = std::fs::write(path, text) {
                 eprintln!("nuvec bench: writing {}: {e}", path.display());
