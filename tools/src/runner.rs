@@ -11,7 +11,7 @@
 //! signals a PID that could have been reused.
 
 use std::collections::VecDeque;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::unistd::{Pid, getpgrp, tcgetpgrp};
 
 use crate::launch::{PIDFILE_MARKER, Plan, remote_kill_command, ssh_command};
 
@@ -503,7 +503,7 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
         });
     }
     drop(done_tx);
-    if !inputs.is_empty() {
+    if !inputs.is_empty() && stdin_is_ours() {
         // Detached: it may block on the launcher's stdin after the launch ends.
         thread::spawn(move || broadcast_stdin(inputs));
     }
@@ -695,6 +695,14 @@ fn write_line(out: &mut impl Write, prefix: &str, line: &[u8]) -> io::Result<()>
     out.write_all(prefix.as_bytes())?;
     out.write_all(line)?;
     out.flush()
+}
+
+/// Whether reading standard input is safe: a launcher started in the background of an
+/// interactive shell would be stopped (SIGTTIN) by reading its terminal, so then the ranks
+/// get no input.
+fn stdin_is_ours() -> bool {
+    let stdin = io::stdin();
+    !stdin.is_terminal() || tcgetpgrp(&stdin).is_ok_and(|foreground| foreground == getpgrp())
 }
 
 /// Copies the launcher's standard input to every job until it ends; then local jobs see

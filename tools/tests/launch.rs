@@ -451,3 +451,125 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
         );
     }
 }
+
+/// A stand-in for ssh: runs the remote command in a local shell (as sshd would hand it to
+/// the login shell) after noting the host it was asked for. It contacts nothing.
+const FAKE_SSH: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --) shift; break ;;
+    -o) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+echo "$1" >> "$FAKE_SSH_LOG"
+shift
+exec sh -c "$*"
+"#;
+
+#[test]
+fn remote_ranks_run_their_script_through_ssh() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let ssh = bin.join("ssh");
+    std::fs::write(&ssh, FAKE_SSH).unwrap();
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.path().join("ssh.log");
+    // The remote scripts' temporary files (PID files, hostfiles) land here.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let launch = |args: &[&str]| {
+        let mut c = nuvec_launch(args);
+        c.env("PATH", &path)
+            .env("FAKE_SSH_LOG", &log)
+            .env("TMPDIR", &tmp);
+        finish(c.spawn().unwrap(), Duration::from_secs(60))
+    };
+
+    // Hosts other than exactly 127.0.0.1 are remote, even on this machine.
+    let f = launch(&[
+        "--hosts",
+        "127.0.0.2,127.0.0.3",
+        "-p",
+        "41000",
+        "--env",
+        "GREETING=it's here",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$GREETING|$MLX_RANK\"; cat \"$MLX_HOSTFILE\"",
+    ]);
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    let hostfile = r#"[["127.0.0.2:41000"], ["127.0.0.3:41001"]]"#;
+    for rank in 0..2 {
+        // The PID-file line the script prints first is not shown.
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            [format!("it's here|{rank}").as_str(), hostfile],
+            "{}",
+            f.stdout
+        );
+    }
+    let mut hosts: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"]);
+
+    // A failing remote rank: the other is ended through its PID file (the kill script
+    // removes it), the failed one's is left as mlx.launch leaves it.
+    for entry in std::fs::read_dir(&tmp).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let f = launch(&[
+        "--hosts",
+        "127.0.0.2,127.0.0.3",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$MLX_RANK\" = 1 ]; then exit 4; fi; exec sleep 60",
+    ]);
+    assert_eq!(f.status.code(), Some(4), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("rank 1 (127.0.0.3) failed: exit status: 4; ended rank 0"),
+        "{}",
+        f.stderr
+    );
+    assert!(f.took < Duration::from_secs(30));
+    let pidfiles = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .filter(|text| {
+            let t = text.trim();
+            !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())
+        })
+        .count();
+    assert_eq!(pidfiles, 1, "only the failed rank's PID file is left");
+}
+
+#[test]
+fn standard_input_reaches_every_rank() {
+    use std::io::Write;
+    let mut c = nuvec_launch(&["-n", "3", "--", "sh", "-c", "read line; echo \"got $line\""]);
+    let mut child = c.stdin(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello ranks\n").unwrap();
+    drop(stdin);
+    let f = finish(child, Duration::from_secs(60));
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    for rank in 0..3 {
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            ["got hello ranks"],
+            "{}",
+            f.stdout
+        );
+    }
+}
