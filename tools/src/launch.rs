@@ -23,6 +23,7 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -612,30 +613,41 @@ impl serde_json::ser::Formatter for PythonFormatter {
 /// no outgoing connection is handed one of them before the ranks listen, and returns the
 /// first. The ports are checked by binding them all at once and then released.
 ///
+/// Within a process, successive calls hand out blocks that follow each other, so parallel
+/// launches from one process (tests) never share ports; the first block starts at a point
+/// spread by time and process, so that separate processes rarely try the same ports.
+///
 /// # Errors
 ///
 /// No free block after many tries.
 pub fn free_port_block(count: usize) -> io::Result<u16> {
-    // 20000..32000 is below the default ephemeral range (32768..60999). The start is
-    // spread by time and process so that parallel callers rarely try the same block.
+    // 20000..32000 is below the default ephemeral range (32768..60999).
     const LOW: u32 = 20_000;
     const SPAN: u32 = 12_000;
+    static CURSOR: Mutex<Option<u32>> = Mutex::new(None);
     let count = u32::try_from(count.max(1)).map_err(io::Error::other)?;
-    if count > SPAN {
+    if count > SPAN / 2 {
         return Err(io::Error::other(format!("{count} ports is too many")));
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
-        ^ std::process::id().wrapping_mul(2_654_435_761);
-    for attempt in 0..200u32 {
-        let offset = seed.wrapping_add(attempt.wrapping_mul(7919)) % (SPAN - count);
+    let mut cursor = CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut offset = cursor.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        (nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % SPAN
+    });
+    for _ in 0..200 {
+        if offset + count > SPAN {
+            offset = 0;
+        }
         let first = LOW + offset;
         let held: io::Result<Vec<TcpListener>> = (first..first + count)
             .map(|p| TcpListener::bind(("127.0.0.1", p as u16)))
             .collect();
+        offset += count;
         if held.is_ok() {
+            *cursor = Some(offset);
             return Ok(first as u16);
         }
     }
@@ -1050,12 +1062,23 @@ mod tests {
     }
 
     #[test]
-    fn free_port_blocks_are_free() {
+    fn free_port_blocks_are_free_and_distinct() {
         let first = free_port_block(4).unwrap();
         let held: Vec<TcpListener> = (first..first + 4)
             .map(|p| TcpListener::bind(("127.0.0.1", p)).unwrap())
             .collect();
         assert_eq!(held.len(), 4);
         assert!((20_000..32_000).contains(&first));
+        // While those are held, the next block is elsewhere; and blocks never overlap.
+        let second = free_port_block(4).unwrap();
+        assert!(
+            second >= first + 4 || second + 4 <= first,
+            "{first} {second}"
+        );
+        let third = free_port_block(3).unwrap();
+        assert!(
+            third >= second + 4 || third + 3 <= second,
+            "{second} {third}"
+        );
     }
 }
