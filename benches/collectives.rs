@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use nuvec_tools::bench::{self, Op, Sweep};
-use nuvec_tools::launch::{LocalRing, Outcome};
+use nuvec_tools::launch;
+use nuvec_tools::runner::{self, Outcome, RunOptions};
 
 const WORKER: &str = "NUVEC_BENCH_WORKER";
 
@@ -62,15 +63,20 @@ fn main() {
         return;
     }
     let exe = std::env::current_exe().expect("the bench binary's path");
+    let command = vec![exe.to_string_lossy().into_owned(), "--bench".into()];
+    let options = RunOptions {
+        prefix_output: false,
+        forward_stdin: false,
+        name: "cargo bench".into(),
+        ..RunOptions::default()
+    };
     for ranks in env_list::<usize>("NUVEC_BENCH_RANKS", "2,3,4") {
-        let mut ring = LocalRing::new(ranks);
-        ring.prefix_output = false;
-        ring.env.push((WORKER.into(), "1".into()));
-        match ring.run(&exe, &["--bench".into()]) {
+        let port = launch::free_port_block(ranks).expect("free ports on 127.0.0.1");
+        let mut plan = launch::local_ring(ranks, 1, port, command.clone()).expect("a plan");
+        plan.env.push((WORKER.into(), "1".into()));
+        match runner::run_plan(&plan, &options) {
             Ok(Outcome::Success) => {}
-            Ok(Outcome::RankFailed { rank, status }) => {
-                panic!("{ranks} ranks: rank {rank} failed ({status})")
-            }
+            Ok(failed) => panic!("{ranks} ranks: {}", failed.message().unwrap_or_default()),
             Err(e) => panic!("{ranks} ranks: {e}"),
         }
     }

@@ -21,10 +21,10 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use nuvec_distributed::{Group, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A collective the sweep measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
     /// `all_sum` of f32.
@@ -34,6 +34,7 @@ pub enum Op {
     /// `sum_scatter` of f32.
     SumScatter,
     /// Ping-pong `send`/`recv` between ranks 0 and 1.
+    #[serde(rename = "sendrecv")]
     SendRecv,
 }
 
@@ -111,7 +112,7 @@ impl Default for Sweep {
 }
 
 /// One measured (op, size): what rank 0 reports.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measurement {
     /// The collective.
     pub op: Op,

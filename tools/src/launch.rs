@@ -1,209 +1,1084 @@
-//! Starting a ring of local processes the way `mlx.launch` does: a hostfile on 127.0.0.1,
-//! `MLX_HOSTFILE` and `MLX_RANK` in each rank's environment, output prefixed by rank, and
-//! when one rank fails, the others ended and the failure reported with its rank.
+//! What `nuvec launch` starts, decided the way `mlx.launch` decides it, as pure functions:
+//! the hosts (from `--hosts`/`-n` or either of MLX's hostfile formats), the ports of the ring
+//! hostfile, the JACCL device file and coordinator, each rank's environment, and the shell
+//! script a remote rank runs under ssh. [`crate::runner`] starts the processes.
+//!
+//! The facts follow MLX 0.32's `python/mlx/_distributed_utils/{launch,common}.py`:
+//!
+//! - a host whose ssh name is exactly `127.0.0.1` runs locally, any other through
+//!   `ssh -tt`;
+//! - ring ports come from one counter that starts at `--starting-port` and walks the hosts
+//!   in rank order, each host's ips in order, `--connections-per-ip` entries per ip;
+//! - the ring hostfile is Python's `json.dumps` of those lists (`", "` between items,
+//!   non-ASCII escaped), or an empty string when there is a single host; the file holds it
+//!   followed by a newline (MLX writes it with `echo`);
+//! - JACCL gets `MLX_IBV_DEVICES` (a file with `json.dumps` of every host's `rdma` row),
+//!   `MLX_JACCL_COORDINATOR=<ips[0] of rank 0>:<starting port>` and, for `jaccl-ring`,
+//!   `MLX_JACCL_RING=1`;
+//! - the environment is the hostfile's `envs`, then `--env`, then `COLUMNS`/`LINES` from the
+//!   terminal (unless `COLUMNS=` was given), then the backend's variables; entries whose name
+//!   is not letters, digits and `_` are skipped with a warning; `MLX_RANK` comes last.
 
-use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::Duration;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, TcpListener};
+use std::str::FromStr;
+use std::sync::Mutex;
 
-/// A ring of processes on this machine.
-#[derive(Clone, Debug)]
-pub struct LocalRing {
-    /// Number of ranks.
-    pub ranks: usize,
-    /// Connections between neighbours (addresses per rank in the hostfile).
-    pub connections: usize,
-    /// First port; consecutive ports follow, one per address, as `mlx.launch` assigns them.
-    /// `None` picks free ports.
-    pub starting_port: Option<u16>,
-    /// Extra environment for every rank.
-    pub env: Vec<(String, String)>,
-    /// Prefix each output line with its rank.
-    pub prefix_output: bool,
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `mlx.launch`'s default first port.
+pub const DEFAULT_STARTING_PORT: u16 = 32323;
+
+/// The ssh name that means "run on this machine", exactly as `mlx.launch` tests it.
+pub const LOCAL_HOST: &str = "127.0.0.1";
+
+/// Why a launch cannot be planned: the message says what to change.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct PlanError(pub String);
+
+fn fail<T>(message: impl Into<String>) -> Result<T, PlanError> {
+    Err(PlanError(message.into()))
 }
 
-/// How a launched ring ended.
-#[derive(Debug)]
-pub enum Outcome {
-    /// Every rank exited successfully.
-    Success,
-    /// This rank failed first (its exit status); the others were ended.
-    RankFailed {
-        /// The rank.
-        rank: usize,
-        /// How it exited.
-        status: ExitStatus,
-    },
+/// The distributed backends `nuvec launch` prepares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+pub enum Backend {
+    /// MLX's TCP ring: a hostfile of `ip:port` lists.
+    Ring,
+    /// JACCL over RDMA, fully connected: a device file and a coordinator.
+    Jaccl,
+    /// JACCL preferring its ring topology (`MLX_JACCL_RING=1`).
+    #[value(name = "jaccl-ring")]
+    #[serde(rename = "jaccl-ring")]
+    JacclRing,
 }
 
-/// Why a ring could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// No ports could be reserved or the hostfile not written.
-    #[error("preparing the ring: {0}")]
-    Prepare(#[source] std::io::Error),
-    /// A rank's process could not be started.
-    #[error("starting rank {rank} ({program}): {source}")]
-    Spawn {
-        /// The rank.
-        rank: usize,
-        /// The program.
-        program: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl LocalRing {
-    /// A ring of `ranks` local processes with one connection between neighbours.
-    pub fn new(ranks: usize) -> Self {
-        Self {
-            ranks,
-            connections: 1,
-            starting_port: None,
-            env: Vec::new(),
-            prefix_output: true,
+impl Backend {
+    /// The name as on the command line and in hostfiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Ring => "ring",
+            Backend::Jaccl => "jaccl",
+            Backend::JacclRing => "jaccl-ring",
         }
     }
+}
 
-    /// The hostfile's address lists: per rank, `connections` addresses on 127.0.0.1.
-    pub fn addresses(&self) -> std::io::Result<Vec<Vec<String>>> {
-        let ports: Vec<u16> = match self.starting_port {
-            Some(first) => (0..self.ranks * self.connections)
-                .map(|i| {
-                    u16::try_from(usize::from(first) + i).map_err(|_| {
-                        std::io::Error::other(format!("port {first} + {i} is past 65535"))
-                    })
-                })
-                .collect::<std::io::Result<_>>()?,
-            None => {
-                // Hold every listener until all are chosen, so no port is handed out twice.
-                let held: Vec<TcpListener> = (0..self.ranks * self.connections)
-                    .map(|_| TcpListener::bind("127.0.0.1:0"))
-                    .collect::<std::io::Result<_>>()?;
-                held.iter()
-                    .map(|l| l.local_addr().map(|a| a.port()))
-                    .collect::<std::io::Result<_>>()?
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = PlanError;
+
+    fn from_str(s: &str) -> Result<Self, PlanError> {
+        match s {
+            "ring" => Ok(Backend::Ring),
+            "jaccl" => Ok(Backend::Jaccl),
+            "jaccl-ring" => Ok(Backend::JacclRing),
+            "mpi" | "nccl" => fail(format!(
+                "the {s} backend is started by mpirun or NCCL's own setup; nuvec launch \
+                 starts ring, jaccl and jaccl-ring (use mlx.launch for {s})"
+            )),
+            other => fail(format!(
+                "unknown backend {other:?}: expected ring, jaccl or jaccl-ring"
+            )),
+        }
+    }
+}
+
+/// One cell of a host's `rdma` row: how it reaches another rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RdmaCell {
+    /// One device, e.g. `"rdma_en5"`.
+    Device(String),
+    /// Several devices (several cables).
+    Devices(Vec<String>),
+}
+
+/// One host of a hostfile, in rank order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// How to reach it with ssh; exactly `127.0.0.1` means this machine.
+    pub ssh: String,
+    /// Addresses the ring listens on (required by the ring backend).
+    #[serde(default)]
+    pub ips: Vec<String>,
+    /// Per rank, the RDMA device(s) to reach it; `null` on the diagonal (JACCL only).
+    #[serde(default)]
+    pub rdma: Vec<Option<RdmaCell>>,
+}
+
+/// The hosts to launch on, with what a hostfile may add.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostList {
+    /// One per rank, in rank order.
+    pub hosts: Vec<Host>,
+    /// The hostfile's `backend`, if it names one.
+    pub backend: Option<String>,
+    /// The hostfile's `envs` (`K=V` entries), applied before `--env`.
+    pub envs: Vec<String>,
+}
+
+impl HostList {
+    /// Parses either of `mlx.launch`'s hostfile formats: a list of
+    /// `{"ssh", "ips", "rdma"}` hosts, or `{"backend", "envs", "hosts": [...]}`.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not JSON in one of these shapes.
+    pub fn parse_hostfile(text: &str) -> Result<Self, PlanError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| PlanError(format!("the hostfile is not valid JSON: {e}")))?;
+        let (hosts, backend, envs) = match value {
+            Value::Array(hosts) => (hosts, None, Vec::new()),
+            Value::Object(mut object) => {
+                let backend = match object.remove("backend") {
+                    None => None,
+                    Some(Value::String(s)) if s.is_empty() => None,
+                    Some(Value::String(s)) => Some(s),
+                    Some(other) => return fail(format!("\"backend\" is {other}, not a string")),
+                };
+                let envs = match object.remove("envs") {
+                    None => Vec::new(),
+                    Some(v) => serde_json::from_value(v).map_err(|e| {
+                        PlanError(format!("\"envs\" must be a list of \"K=V\" strings: {e}"))
+                    })?,
+                };
+                let hosts = match object.remove("hosts") {
+                    Some(Value::Array(hosts)) => hosts,
+                    Some(other) => return fail(format!("\"hosts\" is {other}, not a list")),
+                    None => return fail("the hostfile object has no \"hosts\" list"),
+                };
+                (hosts, backend, envs)
+            }
+            other => {
+                return fail(format!(
+                    "the hostfile is {other}: expected a list of hosts or an object with \
+                     \"hosts\""
+                ));
             }
         };
-        Ok(ports
-            .chunks(self.connections)
-            .map(|c| c.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-            .collect())
+        let hosts = hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                serde_json::from_value::<Host>(h).map_err(|e| {
+                    PlanError(format!(
+                        "host {i}: {e} (a host is {{\"ssh\": NAME, \"ips\": [...], \
+                         \"rdma\": [...]}})"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            hosts,
+            backend,
+            envs,
+        })
     }
 
-    /// Runs `program args...` as every rank and waits for all of them. When a rank fails,
-    /// the others are ended (only the processes started here, by their handles).
-    pub fn run(&self, program: &Path, args: &[OsString]) -> Result<Outcome, LaunchError> {
-        let dir = tempfile::tempdir().map_err(LaunchError::Prepare)?;
-        let hostfile = dir.path().join("hostfile.json");
-        let addresses = self.addresses().map_err(LaunchError::Prepare)?;
-        let text = serde_json::to_string(&addresses).map_err(|e| LaunchError::Prepare(e.into()))?;
-        std::fs::write(&hostfile, text).map_err(LaunchError::Prepare)?;
-        let children = self.spawn_all(program, args, &hostfile)?;
-        Ok(self.supervise(children))
-    }
-
-    fn spawn_all(
-        &self,
-        program: &Path,
-        args: &[OsString],
-        hostfile: &PathBuf,
-    ) -> Result<Vec<Child>, LaunchError> {
-        let mut children: Vec<Child> = Vec::with_capacity(self.ranks);
-        for rank in 0..self.ranks {
-            let spawned = Command::new(program)
-                .args(args)
-                .env("MLX_HOSTFILE", hostfile)
-                .env("MLX_RANK", rank.to_string())
-                .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn();
-            match spawned {
-                Ok(child) => children.push(child),
-                Err(source) => {
-                    for mut c in children {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    return Err(LaunchError::Spawn {
-                        rank,
-                        program: program.display().to_string(),
-                        source,
-                    });
-                }
+    /// The hosts of `--hosts a,b` (each repeated `repeats` times in a row, as
+    /// `-n`/`--repeat-hosts`): an item that is an IP address is also the host's ip.
+    ///
+    /// # Errors
+    ///
+    /// An empty item.
+    pub fn from_hosts(list: &str, repeats: usize) -> Result<Self, PlanError> {
+        let mut hosts = Vec::new();
+        for item in list.split(',') {
+            if item.is_empty() {
+                return fail(format!("--hosts {list:?}: a host name cannot be empty"));
+            }
+            let ips = if item.parse::<IpAddr>().is_ok() {
+                vec![item.to_string()]
+            } else {
+                Vec::new()
+            };
+            for _ in 0..repeats {
+                hosts.push(Host {
+                    ssh: item.to_string(),
+                    ips: ips.clone(),
+                    rdma: Vec::new(),
+                });
             }
         }
-        Ok(children)
+        Ok(Self {
+            hosts,
+            ..Self::default()
+        })
     }
+}
 
-    fn supervise(&self, mut children: Vec<Child>) -> Outcome {
-        let mut forwarders = Vec::new();
-        for (rank, child) in children.iter_mut().enumerate() {
-            let prefix = if self.prefix_output {
-                format!("[{rank}] ")
+/// What was asked on the command line, apart from the hosts.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    /// `--backend`; `None` takes the hostfile's, else the ring.
+    pub backend: Option<Backend>,
+    /// `--env K=V` entries, in order.
+    pub env: Vec<String>,
+    /// `--starting-port`.
+    pub starting_port: u16,
+    /// `--connections-per-ip` (at least 1).
+    pub connections_per_ip: usize,
+    /// `--cwd`: where the ranks run (default: the launcher's directory).
+    pub cwd: Option<String>,
+    /// `--verbose`: readable setup logs, and `MLX_RING_VERBOSE=1` for ring ranks.
+    pub verbose: bool,
+    /// `--python`: an interpreter put before the command.
+    pub python: Option<String>,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+}
+
+impl LaunchSpec {
+    /// A spec with `mlx.launch`'s defaults for `command`.
+    pub fn new(command: Vec<String>) -> Self {
+        Self {
+            backend: None,
+            env: Vec::new(),
+            starting_port: DEFAULT_STARTING_PORT,
+            connections_per_ip: 1,
+            cwd: None,
+            verbose: false,
+            python: None,
+            command,
+        }
+    }
+}
+
+/// Everything needed to start the ranks: the same for every rank except `MLX_RANK`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The backend prepared for.
+    pub backend: Backend,
+    /// Per rank, the ssh name of its host.
+    pub hosts: Vec<String>,
+    /// Environment for every rank, in the order it is applied (a later entry wins).
+    pub env: Vec<(String, String)>,
+    /// `--env`/`envs` entries skipped because their name is not a variable name.
+    pub skipped_env: Vec<String>,
+    /// Files every rank gets: (environment variable that holds the path, content). The file
+    /// holds the content followed by a newline ([`Plan::file_text`]).
+    pub files: Vec<(String, String)>,
+    /// `--cwd`.
+    pub cwd: Option<String>,
+    /// The program and its arguments (with `--python` first, if given).
+    pub command: Vec<String>,
+}
+
+/// The ring hostfile's address lists: per rank, for each of its host's ips in order,
+/// `connections_per_ip` entries `ip:port`, ports counting up by one from `starting_port`
+/// across all ranks.
+///
+/// # Errors
+///
+/// A host without ips (the ring needs addresses, not ssh names), or ports past 65535.
+pub fn ring_addresses(
+    hosts: &[Host],
+    starting_port: u16,
+    connections_per_ip: usize,
+) -> Result<Vec<Vec<String>>, PlanError> {
+    let mut port = u32::from(starting_port);
+    let mut out = Vec::with_capacity(hosts.len());
+    for (rank, host) in hosts.iter().enumerate() {
+        if host.ips.is_empty() {
+            return fail(format!(
+                "rank {rank} ({}) has no ips: the ring backend needs IP addresses (give \
+                 --hosts as IPs, or \"ips\" in the hostfile)",
+                host.ssh
+            ));
+        }
+        let mut node = Vec::new();
+        for ip in &host.ips {
+            for _ in 0..connections_per_ip {
+                if port > u32::from(u16::MAX) {
+                    return fail(format!(
+                        "ports from --starting-port {starting_port} run past 65535"
+                    ));
+                }
+                node.push(format!("{ip}:{port}"));
+                port += 1;
+            }
+        }
+        out.push(node);
+    }
+    Ok(out)
+}
+
+/// Parses a `K=V` environment entry as `mlx.launch` does: split at the first `=` (no `=`
+/// means an empty value); the name must be ASCII letters, digits and `_`.
+///
+/// # Errors
+///
+/// An empty or invalid name.
+pub fn parse_env_entry(entry: &str) -> Result<(String, String), PlanError> {
+    let (key, value) = entry.split_once('=').unwrap_or((entry, ""));
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return fail(format!(
+            "{entry:?} is not a valid environment variable, so it is ignored"
+        ));
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
+/// Plans a launch: the backend, every rank's environment and files.
+///
+/// `terminal` is the launcher's terminal size (columns, lines; 0 when unknown), which
+/// `mlx.launch` passes on as `COLUMNS` and `LINES`.
+///
+/// # Errors
+///
+/// No hosts or no command, an unknown backend in the hostfile, or what the backend needs
+/// missing from the hosts (ips for the ring; rdma rows and rank 0's ip for JACCL).
+pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result<Plan, PlanError> {
+    if hosts.hosts.is_empty() {
+        return fail("there are no hosts to launch on");
+    }
+    if spec.command.is_empty() {
+        return fail("no command to launch was given");
+    }
+    if spec.connections_per_ip == 0 {
+        return fail("--connections-per-ip must be at least 1");
+    }
+    let backend = match (spec.backend, &hosts.backend) {
+        (Some(b), _) => b,
+        (None, Some(name)) => name.parse()?,
+        (None, None) => Backend::Ring,
+    };
+    let mut entries: Vec<String> = hosts.envs.iter().chain(&spec.env).cloned().collect();
+    let (columns, lines) = terminal;
+    if columns > 0 && !entries.iter().any(|e| e.starts_with("COLUMNS=")) {
+        entries.push(format!("COLUMNS={columns}"));
+        entries.push(format!("LINES={lines}"));
+    }
+    let files = match backend {
+        Backend::Ring => {
+            let addresses =
+                ring_addresses(&hosts.hosts, spec.starting_port, spec.connections_per_ip)?;
+            if spec.verbose {
+                entries.push("MLX_RING_VERBOSE=1".into());
+            }
+            // mlx.launch writes nothing into the hostfile for a single host.
+            let text = if addresses.len() > 1 {
+                python_json(&addresses)
             } else {
                 String::new()
             };
-            if let Some(out) = child.stdout.take() {
-                let p = prefix.clone();
-                forwarders.push(thread::spawn(move || forward(out, &p, false)));
-            }
-            if let Some(err) = child.stderr.take() {
-                forwarders.push(thread::spawn(move || forward(err, &prefix, true)));
-            }
+            vec![("MLX_HOSTFILE".to_string(), text)]
         }
-        let mut outcome = Outcome::Success;
-        let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
-        while statuses.iter().any(Option::is_none) {
-            let mut failed = None;
-            for (rank, child) in children.iter_mut().enumerate() {
-                if statuses[rank].is_none()
-                    && let Ok(Some(status)) = child.try_wait()
-                {
-                    statuses[rank] = Some(status);
-                    if !status.success() && failed.is_none() {
-                        failed = Some((rank, status));
-                    }
+        Backend::Jaccl | Backend::JacclRing => {
+            let Some(coordinator) = hosts.hosts[0].ips.first() else {
+                return fail(format!(
+                    "rank 0 ({}) has no ips: JACCL's coordinator listens on rank 0's first ip",
+                    hosts.hosts[0].ssh
+                ));
+            };
+            let n = hosts.hosts.len();
+            for (rank, host) in hosts.hosts.iter().enumerate() {
+                if host.rdma.len() != n {
+                    return fail(format!(
+                        "rank {rank} ({}) has {} rdma entries; JACCL needs one per rank ({n})",
+                        host.ssh,
+                        host.rdma.len()
+                    ));
+                }
+                if host.rdma[rank].is_some() {
+                    return fail(format!(
+                        "rank {rank} ({}): its own rdma entry (index {rank}) must be null",
+                        host.ssh
+                    ));
                 }
             }
-            if let (Some((rank, status)), Outcome::Success) = (failed, &outcome) {
-                outcome = Outcome::RankFailed { rank, status };
-                // The ring cannot finish without this rank. Give the others a moment to
-                // report their own view of the failure, then end those still running:
-                // only processes started here, through their handles, so an exited
-                // child's PID can never be reused under us.
-                thread::sleep(Duration::from_millis(500));
-                for (other, c) in children.iter_mut().enumerate() {
-                    if statuses[other].is_none() && matches!(c.try_wait(), Ok(None)) {
-                        let _ = c.kill();
-                    }
-                }
+            entries.push(format!(
+                "MLX_JACCL_COORDINATOR={coordinator}:{}",
+                spec.starting_port
+            ));
+            if backend == Backend::JacclRing {
+                entries.push("MLX_JACCL_RING=1".into());
             }
-            thread::sleep(Duration::from_millis(10));
+            let rows: Vec<&Vec<Option<RdmaCell>>> = hosts.hosts.iter().map(|h| &h.rdma).collect();
+            vec![("MLX_IBV_DEVICES".to_string(), python_json(&rows))]
         }
-        for f in forwarders {
-            let _ = f.join();
+    };
+    let mut env = Vec::new();
+    let mut skipped_env = Vec::new();
+    for entry in entries {
+        match parse_env_entry(&entry) {
+            Ok(pair) => env.push(pair),
+            Err(_) => skipped_env.push(entry),
         }
-        outcome
+    }
+    Ok(Plan {
+        backend,
+        hosts: hosts.hosts.iter().map(|h| h.ssh.clone()).collect(),
+        env,
+        skipped_env,
+        files,
+        cwd: spec.cwd.clone(),
+        command: spec.python.iter().chain(&spec.command).cloned().collect(),
+    })
+}
+
+/// The plan `nuvec launch -n ranks --connections-per-ip connections -p starting_port --
+/// command` makes: a ring of local ranks.
+///
+/// # Errors
+///
+/// As [`plan`]: ports past 65535 or an empty command.
+pub fn local_ring(
+    ranks: usize,
+    connections: usize,
+    starting_port: u16,
+    command: Vec<String>,
+) -> Result<Plan, PlanError> {
+    let hosts = HostList::from_hosts(LOCAL_HOST, ranks)?;
+    let spec = LaunchSpec {
+        backend: Some(Backend::Ring),
+        starting_port,
+        connections_per_ip: connections,
+        ..LaunchSpec::new(command)
+    };
+    plan(&spec, &hosts, (0, 0))
+}
+
+impl Plan {
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether `rank` runs on this machine (its host is exactly `127.0.0.1`).
+    pub fn is_local(&self, rank: usize) -> bool {
+        self.hosts[rank] == LOCAL_HOST
+    }
+
+    /// What a generated file holds: the content and a newline, as `echo` writes it.
+    pub fn file_text(content: &str) -> String {
+        format!("{content}\n")
+    }
+
+    /// The shell script a remote rank runs (the last argument of [`ssh_command`]). It
+    /// prints `nuvec-pidfile PATH` first (the file holds its PID, for [`remote_kill_script`]),
+    /// moves to `--cwd` (failing if it is missing) or else to `launcher_cwd` if that exists
+    /// there, exports the environment, writes each generated file to a temporary file and
+    /// exports its path, exports `MLX_RANK`, and replaces itself with the command.
+    pub fn remote_script(&self, rank: usize, launcher_cwd: &str) -> String {
+        let mut s = String::new();
+        // ssh -tt gives the rank a terminal so that its end is tied to the connection; what
+        // the launcher forwards on stdin must not come back as echo.
+        s.push_str("stty -echo 2>/dev/null; ");
+        s.push_str(&format!(
+            "pidfile=$(mktemp) && echo $$ > \"$pidfile\" && printf '{PIDFILE_MARKER}%s\\n' \
+             \"$pidfile\"; "
+        ));
+        match &self.cwd {
+            Some(dir) => s.push_str(&format!("cd -- {} || exit 2; ", shell_quote(dir))),
+            None => s.push_str(&format!(
+                "cd -- {} 2>/dev/null; ",
+                shell_quote(launcher_cwd)
+            )),
+        }
+        for (key, value) in &self.env {
+            s.push_str(&format!("export {key}={}; ", shell_quote(value)));
+        }
+        for (var, content) in &self.files {
+            s.push_str(&format!(
+                "f=$(mktemp) && printf '%s\\n' {} > \"$f\" && export {var}=\"$f\" || exit 2; ",
+                shell_quote(content)
+            ));
+        }
+        s.push_str(&format!("export MLX_RANK={rank}; "));
+        let command: Vec<String> = self.command.iter().map(|a| shell_quote(a)).collect();
+        s.push_str(&format!("exec {}", command.join(" ")));
+        s
     }
 }
 
-/// Copies a child's output line by line, with `prefix`.
-fn forward(stream: impl std::io::Read, prefix: &str, to_stderr: bool) {
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
-        if to_stderr {
-            let _ = writeln!(std::io::stderr().lock(), "{prefix}{line}");
-        } else {
-            let _ = writeln!(std::io::stdout().lock(), "{prefix}{line}");
+/// What a remote rank's script prints before the path of its PID file.
+pub const PIDFILE_MARKER: &str = "nuvec-pidfile ";
+
+/// The command that runs `script` on `host`: `ssh -tt -o LogLevel=QUIET -- HOST SCRIPT`.
+/// `-tt` allocates a terminal on the remote side, so that the rank is hung up on when the
+/// connection ends.
+pub fn ssh_command(host: &str, script: &str) -> Vec<String> {
+    ["ssh", "-tt", "-o", "LogLevel=QUIET", "--", host, script]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The script that ends a remote rank from the PID file its launch script wrote.
+pub fn remote_kill_script(pidfile: &str) -> String {
+    let f = shell_quote(pidfile);
+    format!("if [ -f {f} ]; then kill -TERM \"$(cat {f})\" 2>/dev/null; rm -f {f}; fi")
+}
+
+/// The command that runs [`remote_kill_script`] on `host`. It never prompts and gives up
+/// on a host it cannot reach within 5 s, so ending a launch cannot hang on it.
+pub fn remote_kill_command(host: &str, pidfile: &str) -> Vec<String> {
+    let script = remote_kill_script(pidfile);
+    [
+        "ssh",
+        "-o",
+        "LogLevel=QUIET",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "--",
+        host,
+        &script,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Quotes `s` for a POSIX shell as Python's `shlex.quote` does: unchanged when it is only
+/// `[A-Za-z0-9_@%+=:,./-]`, `''` when empty, else in single quotes with each `'` written
+/// as `'"'"'`.
+pub fn shell_quote(s: &str) -> String {
+    if s.is_empty() {
+        return "''".into();
+    }
+    let safe = |b: u8| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(&b);
+    if s.bytes().all(safe) {
+        return s.into();
+    }
+    format!("'{}'", s.replace('\'', "'\"'\"'"))
+}
+
+/// Serialises `value` as Python's `json.dumps` does by default: `", "` between items,
+/// `": "` after keys, and everything outside printable ASCII escaped as `\uXXXX`.
+pub fn python_json<T: Serialize + ?Sized>(value: &T) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+    value
+        .serialize(&mut ser)
+        .expect("serialising plain data into memory cannot fail");
+    String::from_utf8(out).expect("the formatter writes ASCII")
+}
+
+/// serde_json's compact output with Python's separators and `ensure_ascii`.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        // serde_json has already escaped quotes, backslashes and control characters the way
+        // Python does; Python also escapes DEL and everything beyond ASCII.
+        for c in fragment.chars() {
+            if (' '..='~').contains(&c) {
+                w.write_all(&[c as u8])?;
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(w, "\\u{unit:04x}")?;
+                }
+            }
         }
+        Ok(())
+    }
+}
+
+/// Finds `count` consecutive free ports on 127.0.0.1, below Linux's ephemeral range so that
+/// no outgoing connection is handed one of them before the ranks listen, and returns the
+/// first. The ports are checked by binding them all at once and then released.
+///
+/// Within a process, successive calls hand out blocks that follow each other, so parallel
+/// launches from one process (tests) never share ports; the first block starts at a point
+/// spread by time and process, so that separate processes rarely try the same ports.
+///
+/// # Errors
+///
+/// No free block after many tries.
+pub fn free_port_block(count: usize) -> io::Result<u16> {
+    // 20000..32000 is below the default ephemeral range (32768..60999).
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static CURSOR: Mutex<Option<u32>> = Mutex::new(None);
+    let count = u32::try_from(count.max(1)).map_err(io::Error::other)?;
+    if count > SPAN / 2 {
+        return Err(io::Error::other(format!("{count} ports is too many")));
+    }
+    let mut cursor = CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut offset = cursor.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        (nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % SPAN
+    });
+    for _ in 0..200 {
+        if offset + count > SPAN {
+            offset = 0;
+        }
+        let first = LOW + offset;
+        let held: io::Result<Vec<TcpListener>> = (first..first + count)
+            .map(|p| TcpListener::bind(("127.0.0.1", p as u16)))
+            .collect();
+        offset += count;
+        if held.is_ok() {
+            *cursor = Some(offset);
+            return Ok(first as u16);
+        }
+    }
+    Err(io::Error::other(format!(
+        "found no {count} consecutive free ports on 127.0.0.1"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(command: &[&str]) -> LaunchSpec {
+        LaunchSpec::new(command.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn file<'a>(plan: &'a Plan, var: &str) -> &'a str {
+        &plan.files.iter().find(|(v, _)| v == var).unwrap().1
+    }
+
+    fn env<'a>(plan: &'a Plan, key: &str) -> Option<&'a str> {
+        // The last entry wins, as with `export` and `Command::env`.
+        plan.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn n4_on_localhost_is_mlx_launchs_hostfile() {
+        let hosts = HostList::from_hosts("127.0.0.1", 4).unwrap();
+        let p = plan(&spec(&["prog"]), &hosts, (0, 0)).unwrap();
+        assert_eq!(p.backend, Backend::Ring);
+        assert_eq!(p.hosts, vec!["127.0.0.1"; 4]);
+        assert!((0..4).all(|r| p.is_local(r)));
+        // Python's json.dumps separators, as mlx.launch writes the file.
+        assert_eq!(
+            file(&p, "MLX_HOSTFILE"),
+            r#"[["127.0.0.1:32323"], ["127.0.0.1:32324"], ["127.0.0.1:32325"], ["127.0.0.1:32326"]]"#
+        );
+        assert_eq!(Plan::file_text("x"), "x\n");
+        assert!(p.env.is_empty());
+        assert_eq!(p.command, vec!["prog"]);
+    }
+
+    #[test]
+    fn ports_walk_ranks_then_ips_then_connections() {
+        // What mlx.launch 0.32 writes for `-n 3 --connections-per-ip 2 -p 40000`
+        // (captured from a run).
+        let hosts = HostList::from_hosts("127.0.0.1", 3).unwrap();
+        let s = LaunchSpec {
+            starting_port: 40000,
+            connections_per_ip: 2,
+            ..spec(&["prog"])
+        };
+        assert_eq!(
+            file(&plan(&s, &hosts, (0, 0)).unwrap(), "MLX_HOSTFILE"),
+            r#"[["127.0.0.1:40000", "127.0.0.1:40001"], ["127.0.0.1:40002", "127.0.0.1:40003"], ["127.0.0.1:40004", "127.0.0.1:40005"]]"#
+        );
+        // Several ips per host: each ip gets its connections before the next ip.
+        let two_ips = [
+            Host {
+                ssh: "a".into(),
+                ips: vec!["10.0.0.1".into(), "10.0.1.1".into()],
+                rdma: vec![],
+            },
+            Host {
+                ssh: "b".into(),
+                ips: vec!["10.0.0.2".into(), "10.0.1.2".into()],
+                rdma: vec![],
+            },
+        ];
+        assert_eq!(
+            ring_addresses(&two_ips, 5000, 2).unwrap(),
+            vec![
+                vec![
+                    "10.0.0.1:5000",
+                    "10.0.0.1:5001",
+                    "10.0.1.1:5002",
+                    "10.0.1.1:5003"
+                ],
+                vec![
+                    "10.0.0.2:5004",
+                    "10.0.0.2:5005",
+                    "10.0.1.2:5006",
+                    "10.0.1.2:5007"
+                ],
+            ]
+        );
+        assert!(
+            ring_addresses(&two_ips, 65533, 2)
+                .unwrap_err()
+                .0
+                .contains("65535")
+        );
+        assert_eq!(
+            ring_addresses(&two_ips, 65528, 2).unwrap()[1][3],
+            "10.0.1.2:65535"
+        );
+    }
+
+    #[test]
+    fn a_single_host_gets_an_empty_hostfile() {
+        let p = plan(
+            &spec(&["prog"]),
+            &HostList::from_hosts("127.0.0.1", 1).unwrap(),
+            (0, 0),
+        )
+        .unwrap();
+        assert_eq!(file(&p, "MLX_HOSTFILE"), "");
+    }
+
+    #[test]
+    fn hosts_list_repeats_each_host_in_a_row() {
+        let h = HostList::from_hosts("10.0.0.1,node-b", 2).unwrap();
+        let names: Vec<&str> = h.hosts.iter().map(|h| h.ssh.as_str()).collect();
+        assert_eq!(names, ["10.0.0.1", "10.0.0.1", "node-b", "node-b"]);
+        assert_eq!(h.hosts[0].ips, ["10.0.0.1"]);
+        assert!(h.hosts[2].ips.is_empty(), "a name is not an ip");
+        assert!(HostList::from_hosts("a,,b", 1).is_err());
+        // The ring needs ips: a host given by name cannot be in it.
+        let err = plan(&spec(&["p"]), &h, (0, 0)).unwrap_err();
+        assert!(err.0.contains("rank 2 (node-b) has no ips"), "{err}");
+        // Remote hosts are not local, even when they are this machine under another name.
+        let p = plan(
+            &spec(&["p"]),
+            &HostList::from_hosts("127.0.0.1,127.0.0.2", 1).unwrap(),
+            (0, 0),
+        )
+        .unwrap();
+        assert!(p.is_local(0) && !p.is_local(1));
+    }
+
+    #[test]
+    fn parses_both_hostfile_formats() {
+        let list = r#"[{"ssh": "m1", "ips": ["10.0.0.1"]}, {"ssh": "m2", "ips": ["10.0.0.2"], "extra": 1}]"#;
+        let h = HostList::parse_hostfile(list).unwrap();
+        assert_eq!(h.hosts.len(), 2);
+        assert_eq!(h.hosts[1].ips, ["10.0.0.2"]);
+        assert_eq!((h.backend.as_deref(), h.envs.len()), (None, 0));
+
+        let object = r#"{"backend": "jaccl", "envs": ["A=1", "B=2"], "hosts": [
+            {"ssh": "m1", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en2"]},
+            {"ssh": "m2", "rdma": [["rdma_en2", "rdma_en3"], null]}]}"#;
+        let h = HostList::parse_hostfile(object).unwrap();
+        assert_eq!(h.backend.as_deref(), Some("jaccl"));
+        assert_eq!(h.envs, ["A=1", "B=2"]);
+        assert!(h.hosts[1].ips.is_empty());
+        assert_eq!(
+            h.hosts[1].rdma[0],
+            Some(RdmaCell::Devices(vec![
+                "rdma_en2".into(),
+                "rdma_en3".into()
+            ]))
+        );
+        // An object without backend or envs is fine; an empty backend means none.
+        let h = HostList::parse_hostfile(r#"{"backend": "", "hosts": [{"ssh": "a"}]}"#).unwrap();
+        assert_eq!((h.backend, h.hosts.len()), (None, 1));
+
+        for (bad, why) in [
+            ("[{\"ips\": []}]", "ssh"),
+            ("{\"envs\": []}", "no \"hosts\""),
+            ("42", "expected a list"),
+            ("[{\"ssh\": \"a\", \"rdma\": [1]}]", "host 0"),
+            ("{\"hosts\": [], \"envs\": [1]}", "envs"),
+            ("not json", "not valid JSON"),
+        ] {
+            let err = HostList::parse_hostfile(bad).unwrap_err();
+            assert!(err.0.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn environment_order_and_validity() {
+        let mut h = HostList::from_hosts("127.0.0.1", 2).unwrap();
+        h.envs = vec!["FROM_FILE=1".into(), "SHARED=file".into()];
+        let s = LaunchSpec {
+            env: vec![
+                "SHARED=cli".into(),
+                "SPACED=a b".into(),
+                "NOEQ".into(),
+                "bad-name=1".into(),
+                "=x".into(),
+            ],
+            verbose: true,
+            ..spec(&["p"])
+        };
+        let p = plan(&s, &h, (120, 40)).unwrap();
+        assert_eq!(
+            env(&p, "SHARED"),
+            Some("cli"),
+            "--env comes after the hostfile's"
+        );
+        assert_eq!(env(&p, "FROM_FILE"), Some("1"));
+        assert_eq!(env(&p, "SPACED"), Some("a b"));
+        assert_eq!(env(&p, "NOEQ"), Some(""));
+        assert_eq!(env(&p, "COLUMNS"), Some("120"));
+        assert_eq!(env(&p, "LINES"), Some("40"));
+        assert_eq!(env(&p, "MLX_RING_VERBOSE"), Some("1"));
+        assert_eq!(p.skipped_env, ["bad-name=1", "=x"]);
+        // A given COLUMNS keeps the terminal's out.
+        let s = LaunchSpec {
+            env: vec!["COLUMNS=7".into()],
+            ..spec(&["p"])
+        };
+        let p = plan(&s, &h, (120, 40)).unwrap();
+        assert_eq!((env(&p, "COLUMNS"), env(&p, "LINES")), (Some("7"), None));
+        assert_eq!(env(&p, "MLX_RING_VERBOSE"), None);
+    }
+
+    #[test]
+    fn jaccl_device_file_and_coordinator() {
+        // The hostfile and what mlx.launch 0.32 put in MLX_IBV_DEVICES and the environment
+        // for it (captured from a run with `-p 41000`).
+        let text = r#"{"backend": "jaccl-ring", "envs": ["FROM_FILE=1"], "hosts": [
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [null, "rdma_en5", ["rdma_en3","rdma_en4"]]},
+            {"ssh": "127.0.0.1", "ips": [], "rdma": ["rdma_en5", null, "rdma_é"]},
+            {"ssh": "127.0.0.1", "rdma": [["rdma_en3","rdma_en4"], "x", null]}]}"#;
+        let h = HostList::parse_hostfile(text).unwrap();
+        let s = LaunchSpec {
+            starting_port: 41000,
+            ..spec(&["p"])
+        };
+        let p = plan(&s, &h, (0, 0)).unwrap();
+        assert_eq!(p.backend, Backend::JacclRing);
+        assert_eq!(
+            file(&p, "MLX_IBV_DEVICES"),
+            r#"[[null, "rdma_en5", ["rdma_en3", "rdma_en4"]], ["rdma_en5", null, "rdma_\u00e9"], [["rdma_en3", "rdma_en4"], "x", null]]"#
+        );
+        assert_eq!(env(&p, "MLX_JACCL_COORDINATOR"), Some("127.0.0.1:41000"));
+        assert_eq!(env(&p, "MLX_JACCL_RING"), Some("1"));
+        assert_eq!(env(&p, "FROM_FILE"), Some("1"));
+        assert!(p.files.iter().all(|(v, _)| v != "MLX_HOSTFILE"));
+
+        // --backend overrides the hostfile's; plain jaccl does not prefer the ring.
+        let s = LaunchSpec {
+            backend: Some(Backend::Jaccl),
+            ..s
+        };
+        let p = plan(&s, &h, (0, 0)).unwrap();
+        assert_eq!(
+            (p.backend, env(&p, "MLX_JACCL_RING")),
+            (Backend::Jaccl, None)
+        );
+
+        // Malformed: a short row, a device on the diagonal, no ip for rank 0.
+        let mut short = h.clone();
+        short.hosts[1].rdma.pop();
+        assert!(plan(&s, &short, (0, 0)).unwrap_err().0.contains("rank 1"));
+        let mut diagonal = h.clone();
+        diagonal.hosts[2].rdma[2] = Some(RdmaCell::Device("x".into()));
+        assert!(
+            plan(&s, &diagonal, (0, 0))
+                .unwrap_err()
+                .0
+                .contains("must be null")
+        );
+        let mut no_ip = h;
+        no_ip.hosts[0].ips.clear();
+        assert!(plan(&s, &no_ip, (0, 0)).unwrap_err().0.contains("rank 0"));
+    }
+
+    #[test]
+    fn backends_by_name() {
+        assert_eq!("jaccl-ring".parse::<Backend>(), Ok(Backend::JacclRing));
+        assert!(
+            "mpi"
+                .parse::<Backend>()
+                .unwrap_err()
+                .0
+                .contains("mlx.launch")
+        );
+        let mut h = HostList::from_hosts("127.0.0.1", 2).unwrap();
+        h.backend = Some("nccl".into());
+        assert!(plan(&spec(&["p"]), &h, (0, 0)).is_err());
+        assert!(
+            plan(
+                &spec(&[]),
+                &HostList::from_hosts("127.0.0.1", 2).unwrap(),
+                (0, 0)
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn python_json_matches_json_dumps() {
+        // Expected strings are Python 3's json.dumps of the same values.
+        let v: Value = serde_json::from_str(
+            r#"{"a": [1, 2.5, null, true], "b": "q\"\\\n\t\u007f\u00e9\ud83d\ude00/"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            python_json(&v),
+            r#"{"a": [1, 2.5, null, true], "b": "q\"\\\n\t\u007f\u00e9\ud83d\ude00/"}"#
+        );
+        assert_eq!(python_json(&Vec::<Vec<String>>::new()), "[]");
+        assert_eq!(python_json(&vec![Vec::<String>::new()]), "[[]]");
+    }
+
+    #[test]
+    fn shell_quote_is_shlex_quote() {
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("abc-1.2/x_y@%+=:,"), "abc-1.2/x_y@%+=:,");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r#"'it'"'"'s'"#);
+        assert_eq!(shell_quote("$HOME"), "'$HOME'");
+        assert_eq!(shell_quote("é"), "'é'");
+    }
+
+    #[test]
+    fn remote_script_and_ssh_command() {
+        let h = HostList::from_hosts("10.0.0.1,10.0.0.2", 1).unwrap();
+        let s = LaunchSpec {
+            env: vec!["A=x y".into()],
+            python: Some("/opt/py/bin/python".into()),
+            ..spec(&["train.py", "--name", "it's"])
+        };
+        let p = plan(&s, &h, (0, 0)).unwrap();
+        assert!(!p.is_local(0) && !p.is_local(1));
+        let script = p.remote_script(1, "/home/me/run dir");
+        assert_eq!(
+            script,
+            "stty -echo 2>/dev/null; \
+             pidfile=$(mktemp) && echo $$ > \"$pidfile\" && printf 'nuvec-pidfile %s\\n' \"$pidfile\"; \
+             cd -- '/home/me/run dir' 2>/dev/null; \
+             export A='x y'; \
+             f=$(mktemp) && printf '%s\\n' '[[\"10.0.0.1:32323\"], [\"10.0.0.2:32324\"]]' > \"$f\" \
+             && export MLX_HOSTFILE=\"$f\" || exit 2; \
+             export MLX_RANK=1; \
+             exec /opt/py/bin/python train.py --name 'it'\"'\"'s'"
+        );
+        // A requested --cwd that is missing on the host ends the rank instead of running it
+        // elsewhere.
+        let with_cwd = Plan {
+            cwd: Some("/data/run".into()),
+            ..p.clone()
+        };
+        assert!(
+            with_cwd
+                .remote_script(0, "/x")
+                .contains("cd -- /data/run || exit 2; ")
+        );
+        assert_eq!(
+            ssh_command("10.0.0.2", &script),
+            [
+                "ssh",
+                "-tt",
+                "-o",
+                "LogLevel=QUIET",
+                "--",
+                "10.0.0.2",
+                script.as_str()
+            ]
+        );
+        assert_eq!(
+            remote_kill_command("node-b", "/tmp/tmp.X1"),
+            [
+                "ssh",
+                "-o",
+                "LogLevel=QUIET",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=5",
+                "--",
+                "node-b",
+                "if [ -f /tmp/tmp.X1 ]; then kill -TERM \"$(cat /tmp/tmp.X1)\" 2>/dev/null; \
+                 rm -f /tmp/tmp.X1; fi"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_remote_script_runs_in_a_shell() {
+        // Run the generated script with a local shell (no ssh) and check what the command
+        // sees: the exported variables, the written hostfile and the rank.
+        let dir = tempfile::tempdir().unwrap();
+        let s = LaunchSpec {
+            env: vec!["GREETING=it's a b".into()],
+            ..spec(&[
+                "sh",
+                "-c",
+                "pwd; echo \"$GREETING|$MLX_RANK\"; cat \"$MLX_HOSTFILE\"; rm \"$MLX_HOSTFILE\"",
+            ])
+        };
+        let p = plan(
+            &s,
+            &HostList::from_hosts("10.0.0.1,10.0.0.2", 1).unwrap(),
+            (0, 0),
+        )
+        .unwrap();
+        let script = p.remote_script(1, dir.path().to_str().unwrap());
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let pidfile = lines[0].strip_prefix(PIDFILE_MARKER).unwrap();
+        assert!(std::path::Path::new(pidfile).is_file());
+        std::fs::remove_file(pidfile).unwrap();
+        assert_eq!(
+            std::fs::canonicalize(lines[1]).unwrap(),
+            std::fs::canonicalize(dir.path()).unwrap()
+        );
+        assert_eq!(lines[2], "it's a b|1");
+        assert_eq!(lines[3], r#"[["10.0.0.1:32323"], ["10.0.0.2:32324"]]"#);
+        assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn free_port_blocks_are_free_and_distinct() {
+        let first = free_port_block(4).unwrap();
+        let held: Vec<TcpListener> = (first..first + 4)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)).unwrap())
+            .collect();
+        assert_eq!(held.len(), 4);
+        assert!((20_000..32_000).contains(&first));
+        // While those are held, the next block is elsewhere; and blocks never overlap.
+        let second = free_port_block(4).unwrap();
+        assert!(
+            second >= first + 4 || second + 4 <= first,
+            "{first} {second}"
+        );
+        let third = free_port_block(3).unwrap();
+        assert!(
+            third >= second + 4 || third + 3 <= second,
+            "{second} {third}"
+        );
     }
 }

@@ -1,0 +1,97 @@
+//! `nuvec bench` end to end on loopback, without the anchors (their parsing, the
+//! comparison and the chart have unit tests on captured outputs): a short sweep over two
+//! rank counts started through the launcher, its JSON report and its chart.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
+
+#[test]
+fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let chart = dir.path().join("chart.svg");
+    let out = Command::new(NUVEC)
+        .args(["bench", "-n", "2,3", "--ops", "all_sum,sendrecv"])
+        .args(["--sizes", "4,8K", "--iters", "30", "--json"])
+        .arg(&json)
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rank 0's tables, unprefixed, for both rank counts.
+    assert!(
+        stdout.contains("all_sum (n=2)") && stdout.contains("sendrecv (n=3)"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("[0] "),
+        "bench output is not prefixed:\n{stdout}"
+    );
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = report["nuvec"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, ranks) in runs.iter().zip([2, 3]) {
+        assert_eq!(run["ranks"], ranks);
+        let ms = run["measurements"].as_array().unwrap();
+        assert_eq!(ms.len(), 4, "two ops at two sizes");
+        for m in ms {
+            assert_eq!(m["ranks"], ranks);
+            assert_eq!(m["iters"], 30);
+            assert_eq!(m["correct"], true);
+            assert!(m["median_us"].as_f64().unwrap() > 0.0);
+        }
+        assert_eq!(ms[2]["op"], "sendrecv");
+    }
+    // Without anchors, the comparison still has a row per measurement, with no anchor
+    // figures.
+    let rows = report["comparison"].as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    assert!(rows.iter().all(|r| r["mlx_median_us"].is_null()));
+
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    for text in [
+        "all_sum: median latency",
+        "sendrecv: bus bandwidth",
+        "nuvec n=2",
+        "nuvec n=3",
+    ] {
+        assert!(svg.contains(text), "no {text:?} in the chart");
+    }
+}
+
+#[test]
+fn a_missing_anchors_folder_is_named() {
+    let out = Command::new(NUVEC)
+        .args(["bench", "--limits", "--anchors", "/nonexistent/anchors"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/anchors") && stderr.contains("--anchors"),
+        "{stderr}"
+    );
+    // Nothing was measured before the check.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("nuvec, 2 ranks"));
+}
+
+#[test]
+fn charts_must_be_svg() {
+    let out = Command::new(NUVEC)
+        .args(["bench", "--chart", "/tmp/chart.png"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SVG"));
+}

@@ -1,0 +1,575 @@
+//! `nuvec launch` end to end, on 127.0.0.1 only: Rust ranks forming a ring, output
+//! prefixes, `--env`, `--cwd`, hostfiles, a failing rank, forwarded signals, and MLX's own
+//! Python ranks (from the venv `tools/mlx-venv.sh` makes, installing it when missing).
+//!
+//! The Rust rank is this test binary: a test that finds [`CHILD`] in its environment runs as
+//! one rank instead of as a test, and the launch that starts it runs it filtered to itself.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use nuvec_tools::launch::free_port_block;
+
+const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
+
+/// Set (through `--env`) in ranks started by these tests.
+const CHILD: &str = "NUVEC_LAUNCH_TEST_CHILD";
+
+/// What a finished launch printed.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// Reads a child's output on threads, so that neither pipe fills up.
+fn reader(stream: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut s) = stream {
+            let _ = s.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// Waits for `child`, killing it if it runs past `deadline` (then the test fails).
+fn finish(mut child: Child, deadline: Duration) -> Finished {
+    let start = Instant::now();
+    let out = reader(child.stdout.take());
+    let err = reader(child.stderr.take());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "nuvec launch ran past {deadline:?}; stdout:\n{}\nstderr:\n{}",
+                out.join().unwrap(),
+                err.join().unwrap()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        took: start.elapsed(),
+    }
+}
+
+fn nuvec_launch(args: &[&str]) -> Command {
+    let mut c = Command::new(NUVEC);
+    c.arg("launch")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn run(args: &[&str]) -> Finished {
+    finish(
+        nuvec_launch(args).spawn().unwrap(),
+        Duration::from_secs(120),
+    )
+}
+
+/// Lines of `text` that rank `rank` printed, without the prefix.
+fn rank_lines(text: &str, rank: usize) -> Vec<&str> {
+    let prefix = format!("[{rank}] ");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect()
+}
+
+/// Whether rank `rank` printed a line ending in `expected`. (A Rust rank is a test, and the
+/// test harness writes the test's name before what the test prints on the same line.)
+fn printed(text: &str, rank: usize, expected: &str) -> bool {
+    rank_lines(text, rank).iter().any(|l| l.ends_with(expected))
+}
+
+/// The body of a Rust rank: forms the ring from MLX_HOSTFILE/MLX_RANK, all_sums
+/// rank + 1, and prints the result on stdout and a line on stderr.
+fn rust_rank() {
+    let group = nuvec_distributed::init(true).expect("the ring forms");
+    let mut x = [(group.rank() + 1) as f32];
+    group.all_sum(&mut x).expect("all_sum");
+    println!("RANK {} OF {} SUM {}", group.rank(), group.size(), x[0]);
+    eprintln!("stderr of rank {}", group.rank());
+}
+
+/// `nuvec launch` arguments that start `ranks` copies of this test binary as Rust ranks,
+/// running only `test`.
+fn rust_ranks(ranks: usize, port: u16, test: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    [
+        "-n",
+        &ranks.to_string(),
+        "-p",
+        &port.to_string(),
+        "--env",
+        &format!("{CHILD}=1"),
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=30",
+        "--",
+        exe.to_str().unwrap(),
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn rust_ranks_form_a_ring_and_their_output_is_prefixed() {
+    if std::env::var_os(CHILD).is_some() {
+        return rust_rank();
+    }
+    for n in [2usize, 3] {
+        let port = free_port_block(n).unwrap();
+        let args = rust_ranks(
+            n,
+            port,
+            "rust_ranks_form_a_ring_and_their_output_is_prefixed",
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let f = run(&args);
+        assert!(f.status.success(), "n={n}: {}\n{}", f.status, f.stderr);
+        let sum = (n * (n + 1) / 2) as f32;
+        for rank in 0..n {
+            let expected = format!("RANK {rank} OF {n} SUM {sum}");
+            assert!(
+                printed(&f.stdout, rank, &expected),
+                "n={n}: no {expected:?} from rank {rank} in\n{}",
+                f.stdout
+            );
+            assert!(
+                printed(&f.stderr, rank, &format!("stderr of rank {rank}")),
+                "n={n}: rank {rank}'s stderr is not prefixed:\n{}",
+                f.stderr
+            );
+        }
+        // Every line any rank printed carries a prefix.
+        for line in f.stdout.lines() {
+            assert!(
+                (0..n).any(|r| line.starts_with(&format!("[{r}] "))),
+                "unprefixed line {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = std::fs::canonicalize(dir.path()).unwrap();
+    let port = free_port_block(3).unwrap();
+    let f = run(&[
+        "-n",
+        "3",
+        "-p",
+        &port.to_string(),
+        "--env",
+        "GREETING=hello there",
+        "--env",
+        "EMPTY",
+        "--env",
+        "not-a-name=1",
+        "--cwd",
+        cwd.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo \"$GREETING|${EMPTY-unset}|$MLX_RANK|$(pwd)\"; cat \"$MLX_HOSTFILE\"",
+    ]);
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    let hostfile = format!(
+        "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
+        port,
+        port + 1,
+        port + 2
+    );
+    for rank in 0..3 {
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            [
+                format!("hello there||{rank}|{}", cwd.display()),
+                hostfile.clone()
+            ],
+            "{}",
+            f.stdout
+        );
+    }
+    assert!(
+        f.stderr
+            .contains("\"not-a-name=1\" is not a valid environment variable"),
+        "{}",
+        f.stderr
+    );
+    // A --cwd that does not exist stops the launch before anything runs.
+    let missing = cwd.join("missing");
+    let f = run(&["-n", "2", "--cwd", missing.to_str().unwrap(), "--", "true"]);
+    assert!(!f.status.success());
+    assert!(f.stderr.contains("not a directory"), "{}", f.stderr);
+}
+
+#[test]
+fn a_hostfile_for_jaccl_gives_the_device_file_and_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostfile = dir.path().join("hosts.json");
+    std::fs::write(
+        &hostfile,
+        r#"{"backend": "jaccl-ring", "envs": ["FROM_HOSTFILE=yes"], "hosts": [
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [null, "rdma_en5"]},
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": ["rdma_en5", null]}]}"#,
+    )
+    .unwrap();
+    let f = run(&[
+        "--hostfile",
+        hostfile.to_str().unwrap(),
+        "-p",
+        "40404",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$FROM_HOSTFILE $MLX_JACCL_COORDINATOR $MLX_JACCL_RING ${MLX_HOSTFILE-none}\"; \
+         cat \"$MLX_IBV_DEVICES\"",
+    ]);
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    for rank in 0..2 {
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            [
+                "yes 127.0.0.1:40404 1 none",
+                r#"[[null, "rdma_en5"], ["rdma_en5", null]]"#
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_failing_rank_ends_the_others_and_is_named() {
+    // Rank 1 fails at once; the others would sleep for a minute.
+    let f = run(&[
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$MLX_RANK\" = 1 ]; then echo failing >&2; exit 3; fi; exec sleep 60",
+    ]);
+    assert_eq!(f.status.code(), Some(3), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("rank 1 (127.0.0.1) failed: exit status: 3; ended ranks 0, 2"),
+        "{}",
+        f.stderr
+    );
+    assert!(rank_lines(&f.stderr, 1).contains(&"failing"));
+    assert!(f.took < Duration::from_secs(30), "took {:?}", f.took);
+
+    // A rank that ignores SIGTERM is killed.
+    let f = run(&[
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; if [ \"$MLX_RANK\" = 0 ]; then exit 5; fi; sleep 60",
+    ]);
+    assert_eq!(f.status.code(), Some(5), "{}", f.stderr);
+    assert!(
+        f.stderr.contains("rank 0 (127.0.0.1) failed"),
+        "{}",
+        f.stderr
+    );
+    assert!(f.took < Duration::from_secs(30), "took {:?}", f.took);
+
+    // A program that cannot be started is named with its rank; nothing is left running.
+    let f = run(&["-n", "2", "--", "/nonexistent/program"]);
+    assert_eq!(f.status.code(), Some(127));
+    assert!(
+        f.stderr.contains("starting rank 0 (/nonexistent/program)"),
+        "{}",
+        f.stderr
+    );
+}
+
+#[test]
+fn sigint_and_sigterm_are_forwarded_to_every_rank() {
+    for (signal, code) in [(Signal::SIGINT, 130), (Signal::SIGTERM, 143)] {
+        let mut child = nuvec_launch(&[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got INT; exit 0' INT; trap 'echo got TERM; exit 0' TERM; \
+             echo ready; while :; do sleep 0.05; done",
+        ])
+        .spawn()
+        .unwrap();
+        // Signal once both ranks are running: their "ready" lines are the first output.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut seen = String::new();
+        let mut buf = [0u8; 256];
+        while seen.matches("ready").count() < 2 {
+            let n = stdout.read(&mut buf).unwrap();
+            assert!(n > 0, "the ranks ended before they were ready: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        child.stdout = Some(stdout);
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        let f = finish(child, Duration::from_secs(60));
+        let name = if signal == Signal::SIGINT {
+            "INT"
+        } else {
+            "TERM"
+        };
+        for rank in 0..2 {
+            assert!(
+                rank_lines(&f.stdout, rank).contains(&format!("got {name}").as_str()),
+                "rank {rank} did not get {signal}:\n{}",
+                f.stdout
+            );
+        }
+        assert_eq!(f.status.code(), Some(code), "{}", f.stderr);
+        assert!(f.stderr.contains(&format!("interrupted by {signal}")));
+    }
+}
+
+fn mlx_python() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mlx-venv.sh");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): this test needs a venv with mlx[cpu]==0.32.*",
+        script.display(),
+        out.status
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+const MLX_SCRIPT: &str = r#"
+import mlx.core as mx
+group = mx.distributed.init(backend="ring", strict=True)
+x = mx.distributed.all_sum(mx.array([float(group.rank() + 1)]))
+mx.eval(x)
+print(f"RANK {group.rank()} OF {group.size()} SUM {x.item()}", flush=True)
+"#;
+
+#[test]
+fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
+    if std::env::var_os(CHILD).is_some() {
+        return rust_rank();
+    }
+    let python = mlx_python();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("mlx_all_sum.py");
+    std::fs::write(&script, MLX_SCRIPT).unwrap();
+
+    // Three MLX ranks.
+    let port = free_port_block(3).unwrap();
+    let f = run(&[
+        "-n",
+        "3",
+        "-p",
+        &port.to_string(),
+        "--",
+        python.to_str().unwrap(),
+        script.to_str().unwrap(),
+    ]);
+    assert!(
+        f.status.success(),
+        "{}\n{}\n{}",
+        f.status,
+        f.stdout,
+        f.stderr
+    );
+    for rank in 0..3 {
+        let expected = format!("RANK {rank} OF 3 SUM 6.0");
+        assert!(
+            rank_lines(&f.stdout, rank).contains(&expected.as_str()),
+            "no {expected:?} in\n{}\n{}",
+            f.stdout,
+            f.stderr
+        );
+    }
+
+    // One ring of an MLX rank (rank 0) and two Rust ranks, started by one launch.
+    let port = free_port_block(3).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let body = format!(
+        "if [ \"$MLX_RANK\" = 0 ]; then exec '{}' '{}'; else exec '{}' --exact \
+         python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch --nocapture \
+         --test-threads=1; fi",
+        python.display(),
+        script.display(),
+        exe.display()
+    );
+    let f = run(&[
+        "-n",
+        "3",
+        "-p",
+        &port.to_string(),
+        "--env",
+        &format!("{CHILD}=1"),
+        "--",
+        "sh",
+        "-c",
+        &body,
+    ]);
+    assert!(
+        f.status.success(),
+        "{}\n{}\n{}",
+        f.status,
+        f.stdout,
+        f.stderr
+    );
+    assert!(printed(&f.stdout, 0, "RANK 0 OF 3 SUM 6.0"), "{}", f.stdout);
+    for rank in 1..3 {
+        let expected = format!("RANK {rank} OF 3 SUM 6");
+        assert!(
+            printed(&f.stdout, rank, &expected),
+            "no {expected:?} in\n{}",
+            f.stdout
+        );
+    }
+}
+
+/// A stand-in for ssh: runs the remote command in a local shell (as sshd would hand it to
+/// the login shell) after noting the host it was asked for. It contacts nothing.
+const FAKE_SSH: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --) shift; break ;;
+    -o) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+echo "$1" >> "$FAKE_SSH_LOG"
+shift
+exec sh -c "$*"
+"#;
+
+#[test]
+fn remote_ranks_run_their_script_through_ssh() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let ssh = bin.join("ssh");
+    std::fs::write(&ssh, FAKE_SSH).unwrap();
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.path().join("ssh.log");
+    // The remote scripts' temporary files (PID files, hostfiles) land here.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let launch = |args: &[&str]| {
+        let mut c = nuvec_launch(args);
+        c.env("PATH", &path)
+            .env("FAKE_SSH_LOG", &log)
+            .env("TMPDIR", &tmp);
+        finish(c.spawn().unwrap(), Duration::from_secs(60))
+    };
+
+    // Hosts other than exactly 127.0.0.1 are remote, even on this machine.
+    let f = launch(&[
+        "--hosts",
+        "127.0.0.2,127.0.0.3",
+        "-p",
+        "41000",
+        "--env",
+        "GREETING=it's here",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$GREETING|$MLX_RANK\"; cat \"$MLX_HOSTFILE\"",
+    ]);
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    let hostfile = r#"[["127.0.0.2:41000"], ["127.0.0.3:41001"]]"#;
+    for rank in 0..2 {
+        // The PID-file line the script prints first is not shown.
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            [format!("it's here|{rank}").as_str(), hostfile],
+            "{}",
+            f.stdout
+        );
+    }
+    let mut hosts: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"]);
+
+    // A failing remote rank: the other is ended through its PID file (the kill script
+    // removes it), the failed one's is left as mlx.launch leaves it.
+    for entry in std::fs::read_dir(&tmp).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let f = launch(&[
+        "--hosts",
+        "127.0.0.2,127.0.0.3",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$MLX_RANK\" = 1 ]; then exit 4; fi; exec sleep 60",
+    ]);
+    assert_eq!(f.status.code(), Some(4), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("rank 1 (127.0.0.3) failed: exit status: 4; ended rank 0"),
+        "{}",
+        f.stderr
+    );
+    assert!(f.took < Duration::from_secs(30));
+    let pidfiles = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .filter(|text| {
+            let t = text.trim();
+            !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())
+        })
+        .count();
+    assert_eq!(pidfiles, 1, "only the failed rank's PID file is left");
+}
+
+#[test]
+fn standard_input_reaches_every_rank() {
+    use std::io::Write;
+    let mut c = nuvec_launch(&["-n", "3", "--", "sh", "-c", "read line; echo \"got $line\""]);
+    let mut child = c.stdin(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello ranks\n").unwrap();
+    drop(stdin);
+    let f = finish(child, Duration::from_secs(60));
+    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    for rank in 0..3 {
+        assert_eq!(
+            rank_lines(&f.stdout, rank),
+            ["got hello ranks"],
+            "{}",
+            f.stdout
+        );
+    }
+}
