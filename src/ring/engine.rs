@@ -336,16 +336,10 @@ pub(crate) struct Spin {
 impl Spin {
     /// The policy for a rank that shares this machine with `local_ranks` ranks (itself
     /// included): eager only if every rank can have a CPU of its own.
-    pub(crate) fn for_local_ranks(local_ranks: usize) -> Spin {
+    pub(crate) fn for_local_ranks(total: Duration, local_ranks: usize) -> Spin {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        Spin {
-            total: Duration::from_micros(50),
-            eager: if local_ranks <= cpus {
-                Duration::from_micros(10)
-            } else {
-                Duration::ZERO
-            },
-        }
+        let eager = if local_ranks <= cpus { Duration::from_micros(10) } else { Duration::ZERO };
+        Spin { total, eager: eager.min(total) }
     }
 }
 

@@ -77,7 +77,7 @@ impl Ring {
             rank: addrs.rank,
             size: addrs.size,
             timeout,
-            spin: Spin::for_local_ranks(addrs.local_ranks),
+            spin: Spin::for_local_ranks(options.spin, addrs.local_ranks),
             state: Mutex::new(State {
                 transport,
                 staging,
