@@ -61,8 +61,12 @@ fn weights(args: &Args) -> Vec<Layer> {
     let (h, f) = (args.hidden, args.ffn);
     (0..args.layers)
         .map(|_| Layer {
-            w1: (0..h * f).map(|_| rng.random_range(-1.0..1.0) / (h as f32).sqrt()).collect(),
-            w2: (0..f * h).map(|_| rng.random_range(-1.0..1.0) / (f as f32).sqrt()).collect(),
+            w1: (0..h * f)
+                .map(|_| rng.random_range(-1.0..1.0) / (h as f32).sqrt())
+                .collect(),
+            w2: (0..f * h)
+                .map(|_| rng.random_range(-1.0..1.0) / (f as f32).sqrt())
+                .collect(),
         })
         .collect()
 }
@@ -119,7 +123,13 @@ impl Half for bf16 {
 
 /// Runs the sharded stack for one token: `x` in, the output out, the time each layer's
 /// all_sum took pushed to `times`.
-fn sharded<T: Half>(g: &Group, args: &Args, layers: &[Layer], x: &[f32], times: &mut Vec<Duration>) -> Vec<f32> {
+fn sharded<T: Half>(
+    g: &Group,
+    args: &Args,
+    layers: &[Layer],
+    x: &[f32],
+    times: &mut Vec<Duration>,
+) -> Vec<f32> {
     let share = args.ffn / g.size();
     let cols = g.rank() * share..(g.rank() + 1) * share;
     let mut x = x.to_vec();
@@ -164,7 +174,9 @@ fn run<T: Half>(g: &Group, args: &Args) -> bool {
     let mut worst = 0.0f32;
     let mut token_times = Vec::new();
     for t in 0..args.tokens {
-        let x: Vec<f32> = (0..args.hidden).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let x: Vec<f32> = (0..args.hidden)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
         let before = times.len();
         let start = Instant::now();
         let got = sharded::<T>(g, args, &layers, &x, &mut times);
@@ -181,7 +193,11 @@ fn run<T: Half>(g: &Group, args: &Args) -> bool {
     }
     // Half precision keeps 11 (f16) or 8 (bf16) significant bits; partial sums rounded on
     // each rank and summed in half precision may differ from one rounding by a few units.
-    let tolerance = if T::DTYPE == nuvec_distributed::DType::F16 { 4e-3 } else { 3e-2 };
+    let tolerance = if T::DTYPE == nuvec_distributed::DType::F16 {
+        4e-3
+    } else {
+        3e-2
+    };
     let ok = worst <= tolerance;
     if g.rank() == 0 {
         let per_layer = median(&mut times.clone());
@@ -200,7 +216,10 @@ fn run<T: Half>(g: &Group, args: &Args) -> bool {
             T::DTYPE,
             args.hidden * T::DTYPE.size()
         );
-        println!("all_sum per layer: median {per_layer:?}, p99 {p99:?} ({} calls)", times.len());
+        println!(
+            "all_sum per layer: median {per_layer:?}, p99 {p99:?} ({} calls)",
+            times.len()
+        );
         println!(
             "per token: collectives {:?} (median), whole step {:?} (median) over {} tokens",
             median(&mut collective),
@@ -219,7 +238,10 @@ fn main() {
     let args = Args::parse();
     let g = nuvec_distributed::init(false).expect("the group forms");
     if args.ffn % g.size() != 0 || args.layers == 0 || args.tokens == 0 {
-        eprintln!("--ffn must divide by the {} ranks, and --layers and --tokens be positive", g.size());
+        eprintln!(
+            "--ffn must divide by the {} ranks, and --layers and --tokens be positive",
+            g.size()
+        );
         std::process::exit(2);
     }
     let ok = match args.dtype.as_str() {

@@ -338,8 +338,15 @@ impl Spin {
     /// included): eager only if every rank can have a CPU of its own.
     pub(crate) fn for_local_ranks(total: Duration, local_ranks: usize) -> Spin {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let eager = if local_ranks <= cpus { Duration::from_micros(10) } else { Duration::ZERO };
-        Spin { total, eager: eager.min(total) }
+        let eager = if local_ranks <= cpus {
+            Duration::from_micros(10)
+        } else {
+            Duration::ZERO
+        };
+        Spin {
+            total,
+            eager: eager.min(total),
+        }
     }
 }
 
