@@ -5,7 +5,8 @@
 #
 # What it installs when missing: the Python venv with MLX's CPU build that the interop
 # tests run MLX ranks in (tools/mlx-venv.sh; it needs python3 with venv and pip, and network
-# access to PyPI the first time).
+# access to PyPI the first time), and on Linux rdma-core's verbs header (libibverbs-dev,
+# through apt-get) for the verbs layout test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,14 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "installing test dependencies"
 python=$(tools/mlx-venv.sh)
+# The verbs layout test compiles a C probe against rdma-core's header; it fails (rather than
+# skips) without it. On macOS it uses the SDK's header instead.
+if [[ "$(uname -s)" == Linux && ! -f /usr/include/infiniband/verbs.h ]]; then
+    sudo_cmd=()
+    [[ "$(id -u)" -ne 0 ]] && sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq libibverbs-dev
+fi
 "$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'
 
 step "formatting"

@@ -7,5 +7,9 @@
 //!
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
+//! - `verbs` (feature `verbs`): the RDMA verbs API, loaded at run time, behind wrappers that
+//!   own their resources and hand registered memory to the hardware by ownership.
 
 pub mod net;
+#[cfg(feature = "verbs")]
+pub mod verbs;
