@@ -39,6 +39,8 @@ mod element;
 mod error;
 mod group;
 mod hostfile;
+#[cfg(feature = "jaccl")]
+pub mod jaccl;
 mod options;
 mod reduce;
 mod ring;
