@@ -325,6 +325,20 @@ impl SideChannel {
     /// [`Error::Lost`] when a peer's notice names another lost rank, [`Error::Closed`] when a
     /// peer is gone (or gave up on this rank), during `context`.
     pub(crate) fn check(&mut self, context: &'static str) -> Result<()> {
+        self.check_needed(context, &|_| true)
+    }
+
+    /// [`SideChannel::check`], reporting only lost ranks for which `needed` is true: a rank
+    /// that finished and exited is no failure for a rank that no longer waits on it.
+    ///
+    /// # Errors
+    ///
+    /// As [`SideChannel::check`].
+    pub(crate) fn check_needed(
+        &mut self,
+        context: &'static str,
+        needed: &dyn Fn(usize) -> bool,
+    ) -> Result<()> {
         let me = self.rank;
         let ranks = self.size;
         for peer in &mut self.peers {
@@ -332,22 +346,22 @@ impl SideChannel {
                 continue;
             };
             let mut buf = [0u8; 64];
-            loop {
+            let gone = loop {
                 match stream.read(&mut buf) {
-                    Ok(0) => return Err(peer_gone(peer, me, ranks, context)),
+                    Ok(0) => break Some(peer_gone(peer, me, ranks, context)),
                     Ok(n) => {
                         peer.notice.extend_from_slice(&buf[..n]);
                         if peer.notice.len() >= 4 {
-                            return Err(peer_gone(peer, me, ranks, context));
+                            break Some(peer_gone(peer, me, ranks, context));
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                        return Err(peer_gone(peer, me, ranks, context));
+                        break Some(peer_gone(peer, me, ranks, context));
                     }
                     Err(e) => {
-                        return Err(Error::Io {
+                        break Some(Error::Io {
                             peer: peer.rank,
                             addr: Some(peer.addr),
                             op: PeerOp::Receive,
@@ -356,6 +370,11 @@ impl SideChannel {
                         });
                     }
                 }
+            };
+            if let Some(error) = gone
+                && error.peer().is_none_or(needed)
+            {
+                return Err(error);
             }
         }
         Ok(())
