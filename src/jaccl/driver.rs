@@ -234,6 +234,9 @@ impl Spin {
 const NAP_MIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_millis(1);
 
+/// How long a timed-out collective waits for a failure notice that names the lost rank.
+const DIAGNOSE: Duration = Duration::from_millis(250);
+
 /// Something that can tell whether the peers are still there, and sleep until one of them
 /// might not be.
 pub(crate) trait Liveness {
@@ -318,6 +321,20 @@ pub(crate) fn run<M: Machine>(
             continue;
         }
         if idle >= timeout {
+            // Before blaming the silent peer, look for a better explanation: a rank whose
+            // side channel closed (even one this rank does not wait on directly: in a ring,
+            // everyone waits on everyone in the end), or a failure notice from a rank that
+            // timed out on the rank that was really lost, which may take a moment to arrive.
+            let until = Instant::now() + (timeout / 4).min(DIAGNOSE);
+            loop {
+                if let Err(e) = live.check(cx.context, &|_| true) {
+                    return Err(e);
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                live.sleep(NAP_MAX);
+            }
             return Err(cx.timeout(timeout));
         }
         if let Err(e) = live.check(cx.context, &|rank| cx.waiting_on(rank)) {

@@ -328,8 +328,9 @@ impl SideChannel {
         self.check_needed(context, &|_| true)
     }
 
-    /// [`SideChannel::check`], reporting only lost ranks for which `needed` is true: a rank
-    /// that finished and exited is no failure for a rank that no longer waits on it.
+    /// [`SideChannel::check`], reporting a peer that closed without a failure notice only if
+    /// `needed` is true for it: a rank that finished and exited is no failure for a rank that
+    /// no longer waits on it. Failure notices are always reported.
     ///
     /// # Errors
     ///
@@ -371,8 +372,10 @@ impl SideChannel {
                     }
                 }
             };
+            // A failure notice always matters: a rank gave up, and the collective cannot
+            // finish. A bare end of stream may be a rank that finished and exited.
             if let Some(error) = gone
-                && error.peer().is_none_or(needed)
+                && (peer.notice.len() >= 4 || error.peer().is_none_or(needed))
             {
                 return Err(error);
             }
