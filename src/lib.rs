@@ -45,7 +45,9 @@ mod options;
 mod reduce;
 mod ring;
 
-pub use backend::{Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available};
+pub use backend::{
+    Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
+};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, PeerOp, Result};
 pub use group::{

@@ -181,11 +181,13 @@ impl BufferPlan {
     }
 
     /// The buffer `id`.
+    #[cfg(test)]
     pub(crate) fn spec(&self, id: BufId) -> &BufferSpec {
         &self.buffers[id.0 as usize]
     }
 
     /// How many memory regions each of `conns` connections registers.
+    #[cfg(test)]
     pub(crate) fn regions_per_connection(&self, conns: usize) -> Vec<usize> {
         let mut counts = vec![0; conns];
         for spec in &self.buffers {
@@ -197,6 +199,7 @@ impl BufferPlan {
     }
 
     /// Bytes of memory the used buffers take.
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.buffers
             .iter()

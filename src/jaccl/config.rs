@@ -281,6 +281,17 @@ impl Topology {
 }
 
 /// Everything a rank needs to join a JACCL group.
+///
+/// Read from the environment as MLX reads it ([`Config::from_env`]), or built in code
+/// ([`Config::new`]). Where this differs from MLX 0.32.1:
+///
+/// - a rank that is not a whole number is an error naming the variable (MLX's `atoi` reads
+///   it as 0);
+/// - an empty device name, and a ring whose neighbour cells are all empty, are errors (MLX
+///   accepts both and then has no device to open; the second crashes it);
+/// - once the device file and the coordinator are given, a configuration that is neither a
+///   valid mesh nor a valid ring is an error even without `strict` (MLX silently forms no
+///   group), as for the TCP ring's hostfile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {

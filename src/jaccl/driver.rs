@@ -327,9 +327,7 @@ pub(crate) fn run<M: Machine>(
             // timed out on the rank that was really lost, which may take a moment to arrive.
             let until = Instant::now() + (timeout / 4).min(DIAGNOSE);
             loop {
-                if let Err(e) = live.check(cx.context, &|_| true) {
-                    return Err(e);
-                }
+                live.check(cx.context, &|_| true)?;
                 if Instant::now() >= until {
                     break;
                 }

@@ -153,12 +153,18 @@ impl EmuQp {
     }
 }
 
+/// Per (rank, connection): the faults to inject, by message number.
+type Faults = HashMap<(usize, usize), Vec<(usize, Fault)>>;
+
+/// Per (rank, connection): what was posted.
+type Record = HashMap<(usize, usize), Vec<Posted>>;
+
 #[derive(Default)]
 struct NetInner {
     qps: Mutex<HashMap<u32, Arc<EmuQp>>>,
     next_qpn: AtomicU32,
-    faults: Mutex<HashMap<(usize, usize), Vec<(usize, Fault)>>>,
-    record: Mutex<Option<HashMap<(usize, usize), Vec<Posted>>>>,
+    faults: Mutex<Faults>,
+    record: Mutex<Option<Record>>,
     record_bytes: std::sync::atomic::AtomicBool,
 }
 

@@ -244,11 +244,6 @@ impl<F: Fabric> Jaccl<F> {
         })
     }
 
-    /// `"mesh"` or `"ring"`, with the wire count.
-    pub(crate) fn kind(&self) -> Kind {
-        self.kind
-    }
-
     fn lock(&self) -> Result<MutexGuard<'_, State<F>>> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match &state.failed {

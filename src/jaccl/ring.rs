@@ -102,7 +102,6 @@ enum Pass {
 
 /// One wire of MLX's `ring_pass`-based collectives (all-reduce, all_gather).
 pub(crate) struct Wire {
-    rank: usize,
     size: usize,
     wire: usize,
     /// Wires per neighbour in the group (connection numbering), not only the active ones.
@@ -164,7 +163,6 @@ pub(crate) fn all_reduce(
                 wire_end[d] = region_end.min(wire_offset[d] + spw);
             }
             Wire {
-                rank,
                 size,
                 wire: w,
                 wires,
@@ -216,7 +214,6 @@ pub(crate) fn all_gather(
                 wire_end[d] = block.min(wire_offset[d] + npw);
             }
             Wire {
-                rank,
                 size,
                 wire: w,
                 wires,

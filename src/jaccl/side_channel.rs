@@ -43,7 +43,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::error::{Error, PeerOp, Result};
 
 /// The context errors during set-up name.
-pub(crate) const SETUP: &str = "jaccl setup (side channel)";
+pub(crate) const SETUP: &str = "jaccl setup";
 
 /// The size of a [`Destination`] record on the wire.
 pub(crate) const DESTINATION_BYTES: usize = 32;
@@ -189,11 +189,6 @@ impl SideChannel {
             poll: None,
             events: Events::with_capacity(16),
         })
-    }
-
-    /// This rank.
-    pub(crate) fn rank(&self) -> usize {
-        self.rank
     }
 
     /// Concatenates every rank's `mine` (all the same length) in rank order.
@@ -393,11 +388,6 @@ impl SideChannel {
             }
             let _ = peer.stream.shutdown(std::net::Shutdown::Write);
         }
-    }
-
-    /// The address of the peer of rank `rank`, if connected to it.
-    pub(crate) fn peer_addr(&self, rank: usize) -> Option<SocketAddr> {
-        self.peers.iter().find(|p| p.rank == rank).map(|p| p.addr)
     }
 }
 
@@ -820,7 +810,7 @@ mod tests {
 
     #[test]
     fn ranks_out_of_range_or_twice_are_refused() {
-        for ranks in [[5, 1], [1, 1]] {
+        for ranks in [[5i32, 1], [1, 1]] {
             let addr = free_addr();
             let clients: Vec<_> = ranks
                 .into_iter()
@@ -834,7 +824,7 @@ mod tests {
                                 Err(_) => thread::sleep(Duration::from_millis(5)),
                             }
                         };
-                        s.write_all(&(rank as i32).to_le_bytes()).unwrap();
+                        s.write_all(&rank.to_le_bytes()).unwrap();
                         let _ = s.read(&mut [0u8; 1]);
                     })
                 })

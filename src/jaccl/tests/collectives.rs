@@ -144,8 +144,11 @@ fn vec_of<T: TestElem>(case: u64, rank: usize, n: usize) -> Vec<T> {
 /// its own result against it).
 #[derive(Default)]
 pub(super) struct Expected {
-    cases: Mutex<HashMap<u64, Arc<OnceLock<Arc<dyn Any + Send + Sync>>>>>,
+    cases: Mutex<HashMap<u64, Arc<Cell>>>,
 }
+
+/// One case's expected result, of whatever element type.
+type Cell = OnceLock<Arc<dyn Any + Send + Sync>>;
 
 impl Expected {
     fn get<T: TestElem>(&self, case: u64, compute: impl FnOnce() -> Vec<T>) -> Arc<Vec<T>> {

@@ -13,7 +13,6 @@
 //! Inputs are small `i32` values so partial sums are exact and can be predicted.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::{Barrier, Mutex};
 
 use super::{Layout, run_ok};
