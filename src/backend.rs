@@ -63,15 +63,29 @@ impl FromStr for Backend {
 }
 
 /// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
-/// built with the `jaccl` feature and an RDMA device is present.
+/// built with the `jaccl` feature, the verbs library loads and it lists an RDMA device.
+/// [`unavailable_reason`] says why not.
 pub fn is_available(backend: Backend) -> bool {
+    unavailable_reason(backend).is_none()
+}
+
+/// Why `backend` cannot be used in this build on this machine, or `None` if it can (see
+/// [`is_available`]). For [`Backend::Any`], `None` if any backend can be used.
+pub fn unavailable_reason(backend: Backend) -> Option<String> {
     match backend {
-        Backend::Any => is_available(Backend::Ring) || is_available(Backend::Jaccl),
-        Backend::Ring => true,
-        Backend::Jaccl => jaccl_unavailable_reason().is_none(),
+        Backend::Any => unavailable_reason(Backend::Ring)
+            .and_then(|ring| unavailable_reason(Backend::Jaccl).map(|j| format!("{ring}; {j}"))),
+        Backend::Ring => None,
+        Backend::Jaccl => jaccl_unavailable_reason(),
     }
 }
 
+#[cfg(feature = "jaccl")]
+fn jaccl_unavailable_reason() -> Option<String> {
+    crate::jaccl::unavailable_reason()
+}
+
+#[cfg(not(feature = "jaccl"))]
 fn jaccl_unavailable_reason() -> Option<String> {
     Some("this build of nuvec-distributed has no `jaccl` feature".to_string())
 }
@@ -83,9 +97,12 @@ static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
 /// Initialises `backend` from MLX's launch environment and makes its group the default.
 ///
 /// A backend initialised before returns the same group. Without the environment a backend
-/// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]) the result is the group of this
-/// process alone, or with `strict` an error naming the missing variables. Once the
-/// environment is present, any failure to form the group is an error, strict or not.
+/// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]; for JACCL a device file and a
+/// coordinator, see [`jaccl::Config::from_env`](crate::jaccl::Config::from_env)) the result
+/// is the group of this process alone, or with `strict` an error naming the missing
+/// variables. Once the environment is present, any failure to form the group is an error,
+/// strict or not. [`Backend::Any`] tries the ring, then JACCL, as MLX's `any` does (MLX
+/// tries MPI between them, which this crate does not have).
 ///
 /// # Errors
 ///
@@ -109,7 +126,7 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     for &candidate in candidates {
         let attempt = match candidate {
             Backend::Ring => ring_from_env()?,
-            _ => Err(jaccl_unavailable_reason().unwrap_or_default()),
+            _ => jaccl_from_env()?,
         };
         match attempt {
             Ok(group) => {
@@ -174,6 +191,24 @@ fn ring_from_env() -> Result<std::result::Result<Group, String>> {
         return Ok(Ok(Group::single()));
     }
     Ok(Ok(Group::new(Arc::new(Ring::connect(&addrs, &options)?))))
+}
+
+/// JACCL from MLX's launch environment ([`crate::jaccl::Config::from_env`]). As for the
+/// ring, the inner `Err` says the environment does not describe a JACCL group; the outer one
+/// is a failure to form the group it describes (including a missing verbs library).
+#[cfg(feature = "jaccl")]
+fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+    let config = crate::jaccl::Config::from_env()?;
+    if let Some(missing) = config.missing() {
+        return Ok(Err(missing));
+    }
+    let options = Options::from_env()?;
+    crate::jaccl::init(&config, &options).map(Ok)
+}
+
+#[cfg(not(feature = "jaccl"))]
+fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+    Ok(Err(jaccl_unavailable_reason().unwrap_or_default()))
 }
 
 /// Forms rank `rank` of the ring over `nodes` (per rank, the addresses it listens on, one

@@ -1,8 +1,8 @@
 //! The crate's one error type, sorted by whose fault a failure is.
 //!
-//! Transport failures ([`Error::Io`], [`Error::Closed`], [`Error::Timeout`]) always name the
-//! peer rank and what this rank was doing with it, because "connection reset" alone tells a
-//! user with eight Macs nothing. After one of them the group is failed: every later call
+//! Transport failures ([`Error::Io`], [`Error::Closed`], [`Error::Rdma`], [`Error::Timeout`])
+//! always name the peer rank and what this rank was doing with it, because "connection
+//! reset" alone tells a user with eight Macs nothing. After one of them the group is failed: every later call
 //! returns [`Error::Failed`] at once, carrying the original error. Argument errors
 //! ([`Error::InvalidArgument`]) leave the group usable.
 
@@ -125,6 +125,20 @@ pub enum Error {
         reason: String,
     },
 
+    /// The RDMA layer failed with a peer: a work request completed with an error status, a
+    /// request could not be posted, or a queue pair towards the peer could not be set up.
+    #[error("rank {peer}: RDMA {op} failed during {context}: {reason}")]
+    Rdma {
+        /// The peer's rank.
+        peer: usize,
+        /// What this rank was doing (`Connect` for queue-pair set-up).
+        op: PeerOp,
+        /// The collective or setup phase.
+        context: &'static str,
+        /// What the device or library reported.
+        reason: String,
+    },
+
     /// A peer made no progress for the whole timeout.
     #[error("rank {peer}{}: {op} timed out after {after:?} during {context}", fmt_addr(*addr))]
     Timeout {
@@ -186,6 +200,7 @@ impl Error {
             | Error::Closed { peer, .. }
             | Error::Lost { peer, .. }
             | Error::Auth { peer, .. }
+            | Error::Rdma { peer, .. }
             | Error::Timeout { peer, .. } => Some(*peer),
             Error::Failed(inner) => inner.peer(),
             _ => None,
@@ -200,6 +215,7 @@ impl Error {
             Error::Io { .. }
                 | Error::Closed { .. }
                 | Error::Lost { .. }
+                | Error::Rdma { .. }
                 | Error::Timeout { .. }
                 | Error::Failed(_)
         )

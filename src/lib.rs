@@ -7,6 +7,11 @@
 //! - **ring**: MLX's TCP ring, started the way MLX starts it (`MLX_HOSTFILE`, `MLX_RANK`,
 //!   the same hostfile) and byte-compatible on the wire, so Rust ranks and Python
 //!   `mx.distributed` ranks can form one ring and get bit-identical results.
+//! - **jaccl** (feature `jaccl`, **experimental**): MLX's RDMA backend over Thunderbolt 5,
+//!   following MLX 0.32.1's side channel and message schedule. It is tested on an emulated
+//!   fabric only and **unverified on Thunderbolt hardware** until someone runs
+//!   `tests/jaccl_hardware.rs` on Macs; its ring all_gather deliberately differs from MLX's
+//!   defective one. See the `jaccl` module.
 //!
 //! ```no_run
 //! # fn main() -> nuvec_distributed::Result<()> {
@@ -21,7 +26,7 @@
 //! ```
 //!
 //! Every rank must call the same collectives in the same order with the same lengths, as
-//! with MLX: the ring's wire carries only element bytes.
+//! with MLX: neither backend's wire carries anything but element bytes.
 //!
 //! # Failures
 //!
@@ -96,13 +101,17 @@ mod error;
 pub mod fuzzing;
 mod group;
 mod hostfile;
+#[cfg(feature = "jaccl")]
+pub mod jaccl;
 mod options;
 mod reduce;
 mod ring;
 mod verbose;
 
 pub use auth::KEY_VAR;
-pub use backend::{Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available};
+pub use backend::{
+    Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
+};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, PeerOp, Result};
 pub use group::{

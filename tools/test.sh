@@ -5,7 +5,8 @@
 #
 # What it installs when missing: the Python venv with MLX's CPU build that the interop
 # tests run MLX ranks in (tools/mlx-venv.sh; it needs python3 with venv and pip, and network
-# access to PyPI the first time).
+# access to PyPI the first time), and on Linux rdma-core's verbs header (libibverbs-dev,
+# through apt-get) for the verbs layout test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,16 +14,20 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "installing test dependencies"
 python=$(tools/mlx-venv.sh)
-# The probes test reads the binary's SDT notes with readelf and, as root, attaches bpftrace.
-need=()
-command -v readelf >/dev/null || need+=(binutils)
-command -v bpftrace >/dev/null || need+=(bpftrace)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
-  else
-    echo "missing ${need[*]} and cannot install them (not root or no apt-get)" >&2
-    exit 1
+# What the Linux tests need from Debian: readelf (the probes test reads the binary's SDT
+# notes), bpftrace (as root it attaches to a rank), and rdma-core's verbs.h (the verbs layout
+# test compiles a C probe against it and fails, rather than skips, without it; on macOS it
+# uses the SDK's header).
+if [[ "$(uname -s)" == Linux ]]; then
+  need=()
+  command -v readelf >/dev/null || need+=(binutils)
+  command -v bpftrace >/dev/null || need+=(bpftrace)
+  [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+  if [ ${#need[@]} -gt 0 ]; then
+    sudo_cmd=()
+    [[ "$(id -u)" -ne 0 ]] && sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${need[@]}"
   fi
 fi
 "$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'

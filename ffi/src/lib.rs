@@ -11,8 +11,12 @@
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
 //!   assembly.
+//! - `verbs` (feature `verbs`): the RDMA verbs API, loaded at run time, behind wrappers that
+//!   own their resources and hand registered memory to the hardware by ownership.
 
 pub mod alloc;
 pub mod net;
 pub mod probes;
 pub mod simd;
+#[cfg(feature = "verbs")]
+pub mod verbs;

@@ -203,7 +203,7 @@ fn integer<T: WrappingInt>(op: ReduceOp, acc: &mut [u8], incoming: &[u8]) {
 /// byte-level [`Communicator`](crate::Communicator) API) takes an unaligned copy per
 /// element instead of failing.
 #[inline]
-fn apply<T>(acc: &mut [u8], incoming: &[u8], f: impl Fn(T, T) -> T)
+pub(crate) fn apply<T>(acc: &mut [u8], incoming: &[u8], f: impl Fn(T, T) -> T)
 where
     T: Copy + FromBytes + IntoBytes + KnownLayout + Immutable,
 {

@@ -1,0 +1,566 @@
+//! A formed JACCL group: set-up over the side channel, then every collective as MLX 0.32.1
+//! runs it, on any [`Fabric`].
+//!
+//! Set-up follows MLX's order: the side channel is joined first (by the caller), the fabric
+//! opens its devices, creates a protection domain, completion queue and queue pair per
+//! connection, registers its buffers and moves the queue pairs to INIT (also the caller);
+//! then this module gathers every connection's [`Destination`], exchanges them, connects each
+//! queue pair to its peer's (RTR, RTS) and passes the side channel's barrier. After that the
+//! side channel is only watched.
+//!
+//! A group's state sits behind one mutex: collectives are serialised (every rank must issue
+//! them in the same order anyway), and the thread holding the lock drives the fabric for the
+//! duration of its collective. A transport error fails the group: the error is kept and
+//! returned, wrapped, by every later call; the side channel carries a failure notice to the
+//! other nuvec ranks and is closed.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use memmap2::MmapMut;
+
+use super::buffers::BufferPlan;
+use super::driver::{self, Cx, Machine, Mem, Pending, Spin};
+use super::fabric::{Completion, Fabric};
+use super::frames::{PIPELINE, SizeClasses};
+use super::side_channel::{self, Destination, SideChannel};
+use super::{mesh, ring};
+use crate::element::DType;
+use crate::error::{Error, PeerOp, Result};
+use crate::group::Communicator;
+use crate::reduce::ReduceOp;
+
+/// How a group's connections are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// One connection per peer; connection `p` leads to rank `p`.
+    Mesh,
+    /// `wires` connections to each neighbour.
+    Ring {
+        /// Wires per neighbour.
+        wires: usize,
+    },
+}
+
+impl Kind {
+    /// The peer rank of each connection of rank `rank` in a group of `size`.
+    pub(crate) fn peers(self, rank: usize, size: usize) -> Vec<usize> {
+        match self {
+            Kind::Mesh => (0..size).collect(),
+            Kind::Ring { wires } => {
+                let left = (rank + size - 1) % size;
+                let right = (rank + 1) % size;
+                (0..2 * wires)
+                    .map(|c| if c < wires { left } else { right })
+                    .collect()
+            }
+        }
+    }
+
+    /// Whether connection `conn` exists for rank `rank`.
+    pub(crate) fn present(self, rank: usize, size: usize) -> Vec<bool> {
+        match self {
+            Kind::Mesh => (0..size).map(|p| p != rank).collect(),
+            Kind::Ring { wires } => vec![true; 2 * wires],
+        }
+    }
+
+    /// The buffers of rank `rank`.
+    pub(crate) fn plan(self, rank: usize, size: usize, classes: SizeClasses) -> BufferPlan {
+        match self {
+            Kind::Mesh => BufferPlan::mesh(rank, size, classes),
+            Kind::Ring { wires } => BufferPlan::ring(wires, classes),
+        }
+    }
+}
+
+struct State<F> {
+    /// The queue pairs and registered buffers; `None` once the group is closed, so that
+    /// their (scarce: Apple allows about ten queue pairs per device) resources return.
+    fabric: Option<F>,
+    side: SideChannel,
+    plan: BufferPlan,
+    staging: MmapMut,
+    pending: Vec<Pending>,
+    completions: Vec<Completion>,
+    failed: Option<Arc<Error>>,
+    /// Whether [`Communicator::close`] released the group.
+    closed: bool,
+}
+
+/// One rank's end of a JACCL group over fabric `F`.
+pub(crate) struct Jaccl<F> {
+    rank: usize,
+    size: usize,
+    kind: Kind,
+    classes: SizeClasses,
+    timeout: Duration,
+    spin: Spin,
+    peers: Vec<usize>,
+    state: Mutex<State<F>>,
+}
+
+impl<F> fmt::Debug for Jaccl<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Jaccl")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("kind", &self.kind)
+            .field("classes", &self.classes)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl super::driver::Liveness for SideChannel {
+    fn check(&mut self, context: &'static str, needed: &dyn Fn(usize) -> bool) -> Result<()> {
+        self.check_needed(context, needed)
+    }
+
+    fn sleep(&mut self, wait: Duration) {
+        SideChannel::sleep(self, wait)
+    }
+}
+
+/// What the group set-up needs besides the fabric.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Setup {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) kind: Kind,
+    pub(crate) classes: SizeClasses,
+    pub(crate) timeout: Duration,
+    pub(crate) spin: Spin,
+}
+
+impl<F: Fabric> Jaccl<F> {
+    /// Connects `fabric`'s queue pairs to the peers' through `side` and returns the group.
+    ///
+    /// # Errors
+    ///
+    /// A side-channel failure or timeout (naming the peer), a peer publishing no queue pair
+    /// towards this rank, or a queue pair that cannot be connected (naming its peer).
+    pub(crate) fn form(
+        setup: Setup,
+        mut side: SideChannel,
+        mut fabric: F,
+        plan: BufferPlan,
+    ) -> Result<Jaccl<F>> {
+        let Setup {
+            rank, size, kind, ..
+        } = setup;
+        let peers = kind.peers(rank, size);
+        let present = kind.present(rank, size);
+        let setup_error = |conn: usize, reason: String| Error::Rdma {
+            peer: peers[conn],
+            op: PeerOp::Connect,
+            context: side_channel::SETUP,
+            reason,
+        };
+        let local = |fabric: &mut F, conn: usize| -> Result<Destination> {
+            if present[conn] {
+                fabric.local(conn).map_err(|r| setup_error(conn, r))
+            } else {
+                Ok(Destination::ABSENT)
+            }
+        };
+        match kind {
+            Kind::Mesh => {
+                let mine = (0..size)
+                    .map(|c| local(&mut fabric, c))
+                    .collect::<Result<Vec<_>>>()?;
+                let all = side.all_gather_records(&mine)?;
+                for p in (0..size).filter(|&p| p != rank) {
+                    let remote = all[p].get(rank).filter(|d| d.is_present()).ok_or_else(|| {
+                        setup_error(
+                            p,
+                            format!(
+                                "rank {p} published no queue pair towards rank {rank} (its \
+                                 device file differs, or it formed a ring)"
+                            ),
+                        )
+                    })?;
+                    fabric.connect(p, remote).map_err(|r| setup_error(p, r))?;
+                }
+            }
+            Kind::Ring { wires } => {
+                let left_info = (0..wires)
+                    .map(|w| local(&mut fabric, w))
+                    .collect::<Result<Vec<_>>>()?;
+                let right_info = (0..wires)
+                    .map(|w| local(&mut fabric, wires + w))
+                    .collect::<Result<Vec<_>>>()?;
+                let all_left = side.all_gather_records(&left_info)?;
+                let all_right = side.all_gather_records(&right_info)?;
+                let left = (rank + size - 1) % size;
+                let right = (rank + 1) % size;
+                let mismatch = |conn: usize, peer: usize, theirs: usize| {
+                    setup_error(
+                        conn,
+                        format!(
+                            "rank {peer} has {theirs} wire(s) towards its neighbours but rank \
+                             {rank} has {wires}: the device files differ, or it formed a mesh"
+                        ),
+                    )
+                };
+                if all_right[left].len() != wires {
+                    return Err(mismatch(0, left, all_right[left].len()));
+                }
+                if all_left[right].len() != wires {
+                    return Err(mismatch(wires, right, all_left[right].len()));
+                }
+                for w in 0..wires {
+                    // Our left wire w meets the left neighbour's right wire w, and vice versa.
+                    fabric
+                        .connect(w, &all_right[left][w])
+                        .map_err(|r| setup_error(w, r))?;
+                    fabric
+                        .connect(wires + w, &all_left[right][w])
+                        .map_err(|r| setup_error(wires + w, r))?;
+                }
+            }
+        }
+        side.barrier()?;
+        side.start_watching()?;
+        let largest = setup.classes.used().last().map_or(0, |c| c.bytes());
+        let staging = memmap2::MmapOptions::new()
+            .len((PIPELINE * largest).max(1))
+            .map_anon()
+            .map_err(|e| Error::local("mapping JACCL's staging memory", e))?;
+        Ok(Jaccl {
+            rank,
+            size,
+            kind,
+            classes: setup.classes,
+            timeout: setup.timeout,
+            spin: setup.spin,
+            peers,
+            state: Mutex::new(State {
+                fabric: Some(fabric),
+                side,
+                plan,
+                staging,
+                pending: Vec::new(),
+                completions: Vec::new(),
+                failed: None,
+                closed: false,
+            }),
+        })
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State<F>>> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.closed {
+            return Err(Error::GroupClosed);
+        }
+        match &state.failed {
+            Some(error) => Err(Error::Failed(error.clone())),
+            None => Ok(state),
+        }
+    }
+
+    /// Runs `machines` over `mem`; a transport error fails the group.
+    fn run<M: Machine>(
+        &self,
+        state: &mut State<F>,
+        machines: &mut [M],
+        mem: &mut Mem<'_>,
+        context: &'static str,
+    ) -> Result<()> {
+        let State {
+            fabric,
+            side,
+            plan,
+            staging,
+            pending,
+            completions,
+            failed,
+            ..
+        } = state;
+        let Some(fabric) = fabric.as_mut() else {
+            return Err(Error::GroupClosed);
+        };
+        let mut cx = Cx::new(fabric, plan, staging, &self.peers, context, pending);
+        let result = driver::run(
+            &mut cx,
+            mem,
+            machines,
+            side,
+            self.timeout,
+            self.spin,
+            completions,
+        );
+        match result {
+            Err(error) if error.is_fatal() => {
+                *failed = Some(Arc::new(error.clone()));
+                side.abandon(error.peer());
+                Err(error)
+            }
+            other => other,
+        }
+    }
+
+    fn left(&self) -> usize {
+        (self.rank + self.size - 1) % self.size
+    }
+
+    fn right(&self) -> usize {
+        (self.rank + 1) % self.size
+    }
+
+    fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
+        Error::invalid(format!(
+            "rank {} cannot {what} rank {peer}: a JACCL ring connects only neighbours (ranks \
+             {} and {}), as MLX's jaccl-ring does; use a mesh (a device file connecting every \
+             pair, without MLX_JACCL_RING) to reach any rank",
+            self.rank,
+            self.left(),
+            self.right()
+        ))
+    }
+
+    fn whole_elements(context: &str, dtype: DType, len: usize) -> Result<usize> {
+        if !len.is_multiple_of(dtype.size()) {
+            return Err(Error::invalid(format!(
+                "{context}: {len} bytes is not a whole number of {dtype} elements"
+            )));
+        }
+        Ok(len / dtype.size())
+    }
+}
+
+impl<F: Fabric + 'static> Communicator for Jaccl<F> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "jaccl"
+    }
+
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+        let context = op.collective();
+        let count = Self::whole_elements(context, dtype, data.len())?;
+        let mut state = self.lock()?;
+        if count == 0 {
+            return Ok(());
+        }
+        let (rank, size, classes) = (self.rank, self.size, self.classes);
+        match self.kind {
+            Kind::Mesh if mesh::uses_scatter_gather(size, data.len()) => {
+                let es = dtype.size();
+                let chunk = count / size;
+                let mut mem = Mem { data, input: None };
+                if chunk > 0 {
+                    let shard = rank * chunk * es;
+                    let mut scatter = [mesh::SumScatter::new(
+                        rank,
+                        size,
+                        classes,
+                        (op, dtype),
+                        shard,
+                        chunk,
+                    )];
+                    self.run(&mut state, &mut scatter, &mut mem, context)?;
+                    let mut gather = [mesh::AllGather::new(rank, size, classes, chunk * es)];
+                    self.run(&mut state, &mut gather, &mut mem, context)?;
+                }
+                let base = chunk * size;
+                if base < count {
+                    let mut tail = [mesh::AllReduce::new(
+                        rank,
+                        size,
+                        classes,
+                        op,
+                        dtype,
+                        base * es,
+                        count - base,
+                    )];
+                    self.run(&mut state, &mut tail, &mut mem, context)?;
+                }
+                Ok(())
+            }
+            Kind::Mesh => {
+                let mut all = [mesh::AllReduce::new(
+                    rank, size, classes, op, dtype, 0, count,
+                )];
+                self.run(
+                    &mut state,
+                    &mut all,
+                    &mut Mem { data, input: None },
+                    context,
+                )
+            }
+            Kind::Ring { wires } => {
+                let mut wires = ring::all_reduce(rank, size, wires, classes, op, dtype, count);
+                self.run(
+                    &mut state,
+                    &mut wires,
+                    &mut Mem { data, input: None },
+                    context,
+                )
+            }
+        }
+    }
+
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        const CONTEXT: &str = "all_gather";
+        let n = input.len();
+        if output.len() != n * self.size {
+            return Err(Error::invalid(format!(
+                "{CONTEXT}: the output holds {} bytes, {} ranks x {n} need {}",
+                output.len(),
+                self.size,
+                n * self.size
+            )));
+        }
+        let mut state = self.lock()?;
+        output[self.rank * n..(self.rank + 1) * n].copy_from_slice(input);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut mem = Mem {
+            data: output,
+            input: None,
+        };
+        match self.kind {
+            Kind::Mesh => {
+                let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
+                self.run(&mut state, &mut m, &mut mem, CONTEXT)
+            }
+            Kind::Ring { wires } => {
+                let mut w = ring::all_gather(self.rank, self.size, wires, self.classes, n);
+                self.run(&mut state, &mut w, &mut mem, CONTEXT)
+            }
+        }
+    }
+
+    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+        const CONTEXT: &str = "sum_scatter";
+        let chunk = Self::whole_elements(CONTEXT, dtype, output.len())?;
+        if input.len() != output.len() * self.size {
+            return Err(Error::invalid(format!(
+                "{CONTEXT}: an input of {} bytes and an output of {} bytes do not make {} \
+                 blocks",
+                input.len(),
+                output.len(),
+                self.size
+            )));
+        }
+        let mut state = self.lock()?;
+        if chunk == 0 {
+            return Ok(());
+        }
+        let mut mem = Mem {
+            data: output,
+            input: Some(input),
+        };
+        match self.kind {
+            Kind::Mesh => {
+                let mut m = [mesh::SumScatter::new(
+                    self.rank,
+                    self.size,
+                    self.classes,
+                    (ReduceOp::Sum, dtype),
+                    0,
+                    chunk,
+                )];
+                self.run(&mut state, &mut m, &mut mem, CONTEXT)
+            }
+            Kind::Ring { wires } => {
+                let mut w =
+                    ring::sum_scatter(self.rank, self.size, wires, self.classes, dtype, chunk);
+                self.run(&mut state, &mut w, &mut mem, CONTEXT)
+            }
+        }
+    }
+
+    fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+        let mut state = self.lock()?;
+        let mut mem = Mem {
+            data: &mut [],
+            input: Some(data),
+        };
+        match self.kind {
+            Kind::Mesh => {
+                if data.is_empty() {
+                    return Ok(());
+                }
+                let mut m = [mesh::Send::new(dst, self.classes, data.len())];
+                self.run(&mut state, &mut m, &mut mem, "send")
+            }
+            Kind::Ring { wires } => {
+                if dst != self.left() && dst != self.right() {
+                    return Err(self.not_a_neighbour("send to", dst));
+                }
+                if data.is_empty() {
+                    return Ok(());
+                }
+                // Towards the left neighbour in direction 1 (with two ranks, always).
+                let mut s =
+                    ring::stripes(false, dst == self.left(), wires, self.classes, data.len());
+                self.run(&mut state, &mut s, &mut mem, "send")
+            }
+        }
+    }
+
+    fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+        let mut state = self.lock()?;
+        let len = data.len();
+        let mut mem = Mem { data, input: None };
+        match self.kind {
+            Kind::Mesh => {
+                if len == 0 {
+                    return Ok(());
+                }
+                let mut m = [mesh::Recv::new(src, self.classes, len)];
+                self.run(&mut state, &mut m, &mut mem, "recv")
+            }
+            Kind::Ring { wires } => {
+                if src != self.left() && src != self.right() {
+                    return Err(self.not_a_neighbour("receive from", src));
+                }
+                if len == 0 {
+                    return Ok(());
+                }
+                // From the right neighbour in direction 1 (with two ranks, always).
+                let mut s = ring::stripes(true, src == self.right(), wires, self.classes, len);
+                self.run(&mut state, &mut s, &mut mem, "recv")
+            }
+        }
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // MLX's JACCL barrier: an all_sum of one uint8.
+        self.all_reduce(ReduceOp::Sum, DType::U8, &mut [0u8])
+    }
+
+    fn close(&self) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.closed {
+            state.closed = true;
+            // Queue pairs and registrations go first (the fabric's drop orders them), then
+            // the side channel, which the other ranks see close.
+            state.fabric = None;
+            state.side.abandon(None);
+        }
+        Ok(())
+    }
+
+    fn health(&self) -> Result<()> {
+        let mut state = self.lock()?;
+        match state.side.check("health check") {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                state.failed = Some(Arc::new(error.clone()));
+                state.side.abandon(error.peer());
+                Err(error)
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! JACCL: MLX's RDMA backend over Thunderbolt 5 (feature `jaccl`).
+//!
+//! **Experimental, and unverified on Thunderbolt hardware.** Everything here is tested on an
+//! emulated fabric that models Apple's transport, against MLX 0.32.1's message schedule
+//! derived from its source; nobody has yet run `tests/jaccl_hardware.rs` (every collective,
+//! launched by `mlx.launch --backend jaccl` on Macs with Thunderbolt 5) to confirm that it
+//! works on the real thing, alone or beside MLX ranks. Until someone does, treat interop with
+//! MLX's JACCL as a goal, not a fact.
+//!
+//! # What it is
+//!
+//! JACCL ("Jack and Angelos' Collective Communication Library") moves data with two-sided
+//! RDMA SENDs over Unreliable Connected queue pairs, one per peer (mesh) or per cable and
+//! neighbour (ring), and uses a TCP connection to rank 0 only to exchange the queue pairs'
+//! addresses. Small collectives take microseconds instead of the TCP ring's tens of
+//! microseconds. It needs macOS 26.2 or later on Macs with Thunderbolt 5, RDMA enabled once
+//! from recoveryOS (`rdma_ctl enable`), and an IPv4 address on each Thunderbolt interface.
+//! On Linux the same code runs over `libibverbs`, which is how it is built and tested.
+//!
+//! # Starting a group
+//!
+//! As with MLX: `mlx.launch --backend jaccl` (a mesh) or `--backend jaccl-ring` sets
+//! `MLX_RANK`, `MLX_IBV_DEVICES` (the device file), `MLX_JACCL_COORDINATOR` and for the ring
+//! `MLX_JACCL_RING`; then [`init_backend`](crate::init_backend)`(strict, Backend::Jaccl)`, or
+//! [`init`](crate::init) (which tries the TCP ring first, as MLX's `any` does), forms the
+//! group. [`Config`] reads the same settings for code that wants to look at them first, and
+//! [`init`] forms a group from a [`Config`].
+//!
+//! # What is the same as MLX 0.32.1
+//!
+//! The side channel's bytes; the queue-pair set-up (UC, MTU 1024, PSN 7, IPv4-mapped GIDs);
+//! the buffers (4 KiB to 512 KiB messages, chosen by message length and macOS release: 4 KiB
+//! only on 26.2); and, per collective, the algorithm, the size of every message, their number,
+//! the queue pair each goes on and their order: the mesh's fully connected and
+//! scatter-gather all-reduce (above 32 KiB with more than two ranks), sum_scatter,
+//! all_gather and send/recv to any peer; the ring's all-reduce and sum_scatter with their
+//! wire thresholds, and send/recv to neighbours. Reductions follow JACCL's rules, which
+//! differ from the TCP ring's for max and min: a NaN on either side, or a tie, lets the
+//! incoming value win.
+//!
+//! # What differs, and why
+//!
+//! - **The ring's all_gather.** MLX 0.32.1's is defective (it sends the same slice both ways
+//!   and fills little of the output); this crate's sends the same messages but fills the
+//!   output correctly, so **all_gather in jaccl-ring mode does not interoperate with MLX
+//!   ranks** until MLX's is fixed. See `ring.rs`.
+//! - **Completion status is checked** (MLX ignores it), every wait is bounded by
+//!   [`Options::timeout`](crate::Options::timeout), and the side channel is watched for a
+//!   rank that goes away (MLX spins forever). Errors name the peer. After one, the group is
+//!   failed; nuvec ranks tell each other which rank was lost, MLX ranks are only closed on.
+//! - **One thread.** MLX runs each ring wire on a thread of its own and busy-polls; here the
+//!   calling thread drives every wire, spinning briefly, then yielding, then napping on the
+//!   side channel's poller.
+//! - **The GID index** of the route at RTR is the one the GID scan found, not MLX's fixed 1
+//!   (see `verbs.rs`); the two agree on every Thunderbolt setup reported so far.
+//! - **Configuration** is stricter: see [`Config`].
+//!
+//! # Limits (MLX's)
+//!
+//! A mesh has at most 8 ranks, a ring at most 4 cables per neighbour. Apple's devices
+//! reportedly allow about 10 queue pairs and 100 memory regions each (a mesh connection uses
+//! 64 regions, a ring connection 32). Messages carry no headers, so ranks must call the same
+//! collectives with the same sizes in the same order, and a message lost on the wire can only
+//! be noticed as a timeout (a later message may take its place first). All ranks must run the
+//! same class of macOS release (26.2, or 26.3 and later).
+
+mod buffers;
+mod config;
+mod driver;
+#[cfg(test)]
+mod emulated;
+mod fabric;
+mod frames;
+mod group;
+mod mesh;
+mod reduce;
+mod ring;
+mod side_channel;
+#[cfg(test)]
+mod tests;
+mod verbs;
+
+use std::sync::Arc;
+
+pub use config::{
+    COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, RANK_VARS, RING_VARS, Topology,
+};
+pub use frames::{BUFFERS_VAR, SizeClasses};
+pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
+
+use crate::error::{Error, Result};
+use crate::group::Group;
+use crate::options::Options;
+use driver::Spin;
+use group::{Jaccl, Kind, Setup};
+use side_channel::SideChannel;
+
+/// Forms this rank's JACCL group from `config`, waiting at most `options.timeout` for the
+/// other ranks at every step. A configuration of one rank is the group of this process
+/// alone.
+///
+/// The steps are MLX's: join the side channel (rank 0 listens at the coordinator address),
+/// open the devices and create the queue pairs, register the buffers, exchange addresses,
+/// connect, and pass the side channel's barrier.
+///
+/// # Errors
+///
+/// An invalid configuration ([`Error::Config`] naming the device file, rank and cell), a
+/// missing verbs library ([`Error::Unavailable`]), or a failure to reach a peer or to set up
+/// a queue pair towards it (the error names the peer).
+pub fn init(config: &Config, options: &Options) -> Result<Group> {
+    options.validate()?;
+    if let Some(missing) = config.missing() {
+        return Err(Error::invalid(missing));
+    }
+    let topology = config.topology()?;
+    let (rank, size) = (config.rank, config.size());
+    if size == 1 {
+        return Ok(Group::single());
+    }
+    let coordinator = config.coordinator_addr()?;
+    let verbs = ffi::verbs::Verbs::load().map_err(|e| Error::Unavailable {
+        backend: "jaccl",
+        reason: e.to_string(),
+    })?;
+    let (kind, devices) = match topology {
+        Topology::Mesh { devices } => (Kind::Mesh, devices),
+        Topology::Ring { left, right } => (
+            Kind::Ring { wires: left.len() },
+            left.into_iter().chain(right).map(Some).collect(),
+        ),
+    };
+    let side = SideChannel::connect(rank, size, coordinator, options.timeout)?;
+    let plan = kind.plan(rank, size, config.buffers);
+    let peers = kind.peers(rank, size);
+    let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, &peers)?;
+    let setup = Setup {
+        rank,
+        size,
+        kind,
+        classes: config.buffers,
+        timeout: options.timeout,
+        spin: Spin::DEDICATED,
+    };
+    Ok(Group::new(Arc::new(Jaccl::form(
+        setup, side, fabric, plan,
+    )?)))
+}

@@ -1,0 +1,136 @@
+//! Tests of JACCL's algorithms on the emulated fabric: whole groups of P ranks (threads) that
+//! join a real side channel on loopback, exchange their emulated queue pairs' addresses, and
+//! run collectives, exactly as over verbs.
+//!
+//! - `collectives`: every op, dtype and size class against a reference computed here;
+//! - `frames`: the messages each algorithm posts, against MLX 0.32.1's schedule derived
+//!   independently from the reference;
+//! - `faults`: failed and lost messages, lost ranks and timeouts end in errors naming the peer.
+
+mod collectives;
+mod faults;
+mod frames;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::driver::Spin;
+use super::emulated::{EmulatedFabric, Network};
+use super::frames::SizeClasses;
+use super::group::{Jaccl, Kind, Setup};
+use super::side_channel::SideChannel;
+use crate::error::Result;
+use crate::group::Group;
+
+/// A group layout to test.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Layout {
+    pub(super) size: usize,
+    pub(super) kind: Kind,
+    pub(super) classes: SizeClasses,
+    pub(super) timeout: Duration,
+}
+
+impl Layout {
+    pub(super) fn mesh(size: usize) -> Self {
+        Layout {
+            size,
+            kind: Kind::Mesh,
+            classes: SizeClasses::Large,
+            timeout: Duration::from_secs(20),
+        }
+    }
+
+    pub(super) fn ring(size: usize, wires: usize) -> Self {
+        Layout {
+            size,
+            kind: Kind::Ring { wires },
+            classes: SizeClasses::Large,
+            timeout: Duration::from_secs(20),
+        }
+    }
+
+    pub(super) fn classes(mut self, classes: SizeClasses) -> Self {
+        self.classes = classes;
+        self
+    }
+
+    pub(super) fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// Forms rank `rank`'s group of `layout` on `net`, with the side channel at `addr`.
+pub(super) fn form(
+    layout: Layout,
+    net: &Network,
+    addr: SocketAddr,
+    rank: usize,
+) -> Result<(Group, Arc<Jaccl<EmulatedFabric>>)> {
+    let side = SideChannel::connect(rank, layout.size, addr, layout.timeout)?;
+    let plan = layout.kind.plan(rank, layout.size, layout.classes);
+    let present = layout.kind.present(rank, layout.size);
+    let fabric = EmulatedFabric::open(net, rank, &present, &plan);
+    let setup = Setup {
+        rank,
+        size: layout.size,
+        kind: layout.kind,
+        classes: layout.classes,
+        timeout: layout.timeout,
+        spin: Spin::SHARED,
+    };
+    let jaccl = Arc::new(Jaccl::form(setup, side, fabric, plan)?);
+    Ok((Group::new(jaccl.clone()), jaccl))
+}
+
+/// Runs `body` on every rank of a group of `layout` (one thread per rank) and returns each
+/// rank's result; a rank whose group cannot form returns the error.
+pub(super) fn run<T: Send>(
+    layout: Layout,
+    net: &Network,
+    body: impl Fn(usize, Group) -> T + Sync,
+) -> Vec<Result<T>> {
+    let addr = free_addr();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..layout.size)
+            .map(|rank| {
+                let body = &body;
+                std::thread::Builder::new()
+                    .name(format!("rank {rank}"))
+                    .spawn_scoped(s, move || {
+                        let (group, _) = form(layout, net, addr, rank)?;
+                        Ok(body(rank, group))
+                    })
+                    .expect("spawning a rank")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
+}
+
+/// [`run`], requiring every rank to form its group.
+pub(super) fn run_ok<T: Send>(
+    layout: Layout,
+    net: &Network,
+    body: impl Fn(usize, Group) -> T + Sync,
+) -> Vec<T> {
+    run(layout, net, body)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank} of {layout:?}: {e}")))
+        .collect()
+}

@@ -1,0 +1,394 @@
+//! The real fabric: queue pairs on RDMA devices through the verbs binding in `ffi`, set up as
+//! MLX 0.32.1 sets them up (`rdma.cpp`), and the device listing behind
+//! [`devices`](super::devices).
+//!
+//! Per connection: the named device is opened (a context of its own, even when two
+//! connections name the same device, as the two sides of a two-rank ring do), then a
+//! protection domain, a completion queue of 64 entries shared by both directions, and an
+//! Unreliable Connected queue pair (32 sends, 32 receives, one scatter-gather entry, no
+//! inline data). Then every buffer of the plan is mapped and registered with the
+//! connections that use it, and every queue pair moves to INIT on port 1. The address a peer
+//! needs is the port's LID, the queue-pair number, the PSN 7 and the first IPv4-mapped GID of
+//! port 1 (`::ffff:a.b.c.d`, which Thunderbolt ports publish once the interface has an IPv4
+//! address). RTR uses a 1024-byte path MTU and, when the peer's GID has a non-zero interface
+//! half, a global route with hop limit 1; RTS starts at PSN 7.
+//!
+//! One deliberate difference: MLX programs the source GID index of the global route as 1,
+//! whatever index its scan found the IPv4-mapped GID at (a known source of `EINVAL` at RTR,
+//! MLX PRs #3389 and #3468). This fabric uses the index it found and advertised. On the
+//! Thunderbolt setups reported so far that index is 1, so the two agree there; where they
+//! differ, MLX's choice is the one that fails.
+
+use std::io;
+use std::net::Ipv4Addr;
+
+use ffi::verbs::{
+    ACCESS_JACCL, Completion as VerbsCompletion, Connection, FrameBuffer, QueueSizes,
+};
+
+use super::buffers::{BufId, BufferPlan};
+use super::fabric::{Completion, Fabric, FabricResult, FrameMemory, Pool, pack_wr, unpack_wr};
+use super::frames::{CQ_ENTRIES, MAX_RECV_WR, MAX_SEND_WR, PSN};
+use super::side_channel::{Destination, SETUP};
+use crate::error::{Error, PeerOp, Result};
+
+/// Verbs ports count from 1; Thunderbolt devices have one.
+const PORT: u8 = 1;
+
+impl FrameMemory for FrameBuffer {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        FrameBuffer::bytes_mut(self)
+    }
+}
+
+/// A port's state, as `ibv_query_port` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PortState {
+    /// The link is down: the cable is unplugged, or RDMA is not enabled at the other end.
+    Down,
+    /// The link is up but not yet configured.
+    Init,
+    /// Configured, not yet active.
+    Armed,
+    /// Ready for traffic.
+    Active,
+    /// Any other state the library reports.
+    Other,
+}
+
+/// An RDMA device on this machine, with the state of its port 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RdmaDevice {
+    /// The device's name, as the device file names it (`rdma_en5`).
+    pub name: String,
+    /// Port 1's state.
+    pub state: PortState,
+    /// Port 1's LID.
+    pub lid: u16,
+    /// The IPv4 address of port 1's first IPv4-mapped GID: JACCL needs one, and Thunderbolt
+    /// ports publish it only once the interface has an IPv4 address.
+    pub ipv4: Option<Ipv4Addr>,
+}
+
+/// The first IPv4-mapped GID (`::ffff:a.b.c.d`) of port 1, with its index.
+fn ipv4_gid(ctx: &ffi::verbs::Context) -> io::Result<Option<(u8, [u8; 16])>> {
+    let port = ctx.query_port(PORT)?;
+    for index in 0..port.gid_table_len.max(0) {
+        let Ok(gid) = ctx.query_gid(PORT, index) else {
+            continue;
+        };
+        if gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff] {
+            return Ok(u8::try_from(index).ok().map(|i| (i, gid)));
+        }
+    }
+    Ok(None)
+}
+
+/// This machine's RDMA devices.
+///
+/// # Errors
+///
+/// [`Error::Unavailable`] if the verbs library cannot be loaded; [`Error::Local`] if it
+/// cannot list the devices for a reason other than having none (`ENOSYS`, which Linux
+/// answers without RDMA support in the kernel, is read as no devices).
+pub fn devices() -> Result<Vec<RdmaDevice>> {
+    let verbs = ffi::verbs::Verbs::load().map_err(|e| Error::Unavailable {
+        backend: "jaccl",
+        reason: e.to_string(),
+    })?;
+    let names = match verbs.device_names() {
+        Ok(names) => names,
+        Err(e) if e.raw_os_error() == Some(ffi::verbs::ENOSYS) => return Ok(Vec::new()),
+        Err(e) => return Err(Error::local("listing RDMA devices", e)),
+    };
+    let mut devices = Vec::with_capacity(names.len());
+    for name in names {
+        let ctx = verbs
+            .open(&name)
+            .map_err(|e| Error::local(format!("opening RDMA device {name}"), e))?;
+        let port = ctx
+            .query_port(PORT)
+            .map_err(|e| Error::local(format!("querying port 1 of {name}"), e))?;
+        let state = match port.state {
+            ffi::verbs::PortState::Down => PortState::Down,
+            ffi::verbs::PortState::Init => PortState::Init,
+            ffi::verbs::PortState::Armed => PortState::Armed,
+            ffi::verbs::PortState::Active | ffi::verbs::PortState::ActiveDefer => PortState::Active,
+            _ => PortState::Other,
+        };
+        let ipv4 = ipv4_gid(&ctx)
+            .ok()
+            .flatten()
+            .map(|(_, gid)| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]));
+        devices.push(RdmaDevice {
+            name,
+            state,
+            lid: port.lid,
+            ipv4,
+        });
+    }
+    Ok(devices)
+}
+
+/// Why JACCL cannot run on this machine, or `None` if the verbs library loads and lists at
+/// least one device.
+pub fn unavailable_reason() -> Option<String> {
+    match devices() {
+        Ok(devices) if devices.is_empty() => Some(format!(
+            "{} reports no RDMA devices (RDMA over Thunderbolt needs macOS 26.2 or later, \
+             Thunderbolt 5, and `rdma_ctl enable` run once from recoveryOS; on Linux, \
+             `Function not implemented` means the kernel has no RDMA support)",
+            ffi::verbs::Verbs::load().map_or("the verbs library", |v| v.library())
+        )),
+        Ok(_) => None,
+        Err(Error::Unavailable { reason, .. }) => Some(reason),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// One connection's set-up state.
+struct Conn {
+    conn: Connection,
+    local: Destination,
+    gid_index: u8,
+}
+
+/// Queue pairs on RDMA devices.
+pub(crate) struct VerbsFabric {
+    conns: Vec<Option<Conn>>,
+    pool: Pool<FrameBuffer>,
+    scratch: Vec<VerbsCompletion>,
+}
+
+impl VerbsFabric {
+    /// Opens `devices[c]` for every connection `c` that has one, registers the buffers of
+    /// `plan`, moves the queue pairs to INIT and reads the addresses to publish. Errors
+    /// name the peer `peers[c]` the connection leads to.
+    pub(crate) fn open(
+        verbs: &ffi::verbs::Verbs,
+        devices: &[Option<String>],
+        plan: &BufferPlan,
+        peers: &[usize],
+    ) -> Result<VerbsFabric> {
+        let fail = |c: usize, what: String, e: io::Error| Error::Rdma {
+            peer: peers[c],
+            op: PeerOp::Connect,
+            context: SETUP,
+            reason: format!("{what}: {e}"),
+        };
+        let sizes = QueueSizes {
+            cq_entries: CQ_ENTRIES,
+            max_send_wr: MAX_SEND_WR,
+            max_recv_wr: MAX_RECV_WR,
+        };
+        let mut conns = Vec::with_capacity(devices.len());
+        for (c, device) in devices.iter().enumerate() {
+            let Some(name) = device else {
+                conns.push(None);
+                continue;
+            };
+            let ctx = verbs
+                .open(name)
+                .map_err(|e| fail(c, format!("opening device {name}"), e))?;
+            let conn = ctx.connection(sizes).map_err(|e| {
+                let hint = if e.kind() == io::ErrorKind::ResourceBusy {
+                    " (EBUSY: the device's queue-pair limit is reached; Apple's is about 10)"
+                } else {
+                    ""
+                };
+                fail(c, format!("creating a queue pair on {name}{hint}"), e)
+            })?;
+            conns.push(Some((name.clone(), conn)));
+        }
+        // Buffers, registered with every connection that uses them.
+        let mut buffers = Vec::with_capacity(plan.buffers.len());
+        for spec in &plan.buffers {
+            if spec.conns.is_empty() {
+                buffers.push(None);
+                continue;
+            }
+            let mut buf = FrameBuffer::new(spec.class.bytes())
+                .map_err(|e| Error::local("mapping JACCL's buffers", e))?;
+            for &c in &spec.conns {
+                if let Some((name, conn)) = &conns[c] {
+                    buf.register(conn, ACCESS_JACCL).map_err(|e| {
+                        fail(
+                            c,
+                            format!(
+                                "registering a {} byte buffer on {name} (Apple allows about \
+                                 100 memory regions per device)",
+                                spec.class.bytes()
+                            ),
+                            e,
+                        )
+                    })?;
+                }
+            }
+            buffers.push(Some(buf));
+        }
+        let mut ready = Vec::with_capacity(conns.len());
+        for (c, entry) in conns.into_iter().enumerate() {
+            let Some((name, mut conn)) = entry else {
+                ready.push(None);
+                continue;
+            };
+            conn.to_init(PORT, ACCESS_JACCL)
+                .map_err(|e| fail(c, format!("moving the queue pair on {name} to INIT"), e))?;
+            let port = conn
+                .context()
+                .query_port(PORT)
+                .map_err(|e| fail(c, format!("querying port 1 of {name}"), e))?;
+            let (gid_index, gid) = ipv4_gid(conn.context())
+                .map_err(|e| fail(c, format!("reading the GID table of {name}"), e))?
+                .ok_or_else(|| Error::Rdma {
+                    peer: peers[c],
+                    op: PeerOp::Connect,
+                    context: SETUP,
+                    reason: format!(
+                        "{name} has no IPv4-mapped GID: Thunderbolt RDMA ports publish one only \
+                         once the interface has an IPv4 address (for example a link-local \
+                         alias: ifconfig <interface> inet 169.254.0.1 netmask 255.255.0.0 \
+                         alias)"
+                    ),
+                })?;
+            let local = Destination {
+                lid: i32::from(port.lid),
+                qpn: conn.qp_num(),
+                psn: PSN,
+                gid,
+            };
+            ready.push(Some(Conn {
+                conn,
+                local,
+                gid_index,
+            }));
+        }
+        Ok(VerbsFabric {
+            conns: ready,
+            pool: Pool::new(buffers),
+            scratch: Vec::new(),
+        })
+    }
+
+    fn conn(&mut self, c: usize) -> FabricResult<&mut Conn> {
+        self.conns
+            .get_mut(c)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| format!("there is no connection {c}"))
+    }
+}
+
+/// `enum ibv_wc_status`'s names, for messages.
+fn wc_status(status: u32) -> &'static str {
+    const NAMES: [&str; 24] = [
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "work request flushed",
+        "memory window bind error",
+        "bad response",
+        "local access error",
+        "remote invalid request",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation",
+        "remote invalid RD request",
+        "remote aborted",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout",
+        "general error",
+        "tag matching error",
+        "tag matching rendezvous incomplete",
+    ];
+    NAMES
+        .get(status as usize)
+        .copied()
+        .unwrap_or("unknown status")
+}
+
+impl Fabric for VerbsFabric {
+    fn local(&mut self, conn: usize) -> FabricResult<Destination> {
+        Ok(self.conn(conn)?.local)
+    }
+
+    fn connect(&mut self, conn: usize, remote: &Destination) -> FabricResult<()> {
+        let c = self.conn(conn)?;
+        let lid = u16::try_from(remote.lid)
+            .map_err(|_| format!("the peer advertised LID {}", remote.lid))?;
+        let endpoint = ffi::verbs::RemoteEndpoint {
+            lid,
+            qp_num: remote.qpn,
+            psn: remote.psn,
+            gid: remote.gid,
+        };
+        c.conn
+            .to_rtr(&endpoint, PORT, c.gid_index)
+            .map_err(|e| format!("RTR towards queue pair {:#x}: {e}", remote.qpn))?;
+        c.conn.to_rts(PSN).map_err(|e| format!("RTS: {e}"))
+    }
+
+    fn buffer(&mut self, id: BufId) -> FabricResult<&mut [u8]> {
+        self.pool.bytes(id)
+    }
+
+    fn post_send(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+        let buf = self.pool.lend_for_send(id)?;
+        let c = self.conn(conn)?;
+        c.conn
+            .post_send(buf, pack_wr(id, wr_id))
+            .map_err(|e| format!("posting a send: {}", e.error))
+    }
+
+    fn post_recv(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+        let buf = self.pool.lend_for_recv(id)?;
+        let posted = self
+            .conn(conn)
+            .map(|c| c.conn.post_recv(buf, pack_wr(id, wr_id)));
+        match posted {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.pool.give_back(id, e.buffer);
+                Err(format!("posting a receive: {}", e.error))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn poll(&mut self, conn: usize, out: &mut Vec<Completion>) -> FabricResult<()> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let polled = self
+            .conn(conn)?
+            .conn
+            .poll(&mut scratch)
+            .map_err(|e| format!("polling the completion queue: {e}"));
+        for c in scratch.drain(..) {
+            let (id, tag) = unpack_wr(c.wr_id);
+            let status = if c.is_ok() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "work completion status {} ({}), vendor error {:#x}",
+                    c.status,
+                    wc_status(c.status),
+                    c.vendor_err
+                ))
+            };
+            self.pool.give_back(id, c.buffer);
+            out.push(Completion {
+                conn,
+                wr_id: tag,
+                status,
+            });
+        }
+        self.scratch = scratch;
+        polled.map(drop)
+    }
+}
