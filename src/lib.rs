@@ -28,6 +28,23 @@
 //! Every rank must call the same collectives in the same order with the same lengths, as
 //! with MLX: neither backend's wire carries anything but element bytes.
 //!
+//! # Backends, against MLX's support matrix
+//!
+//! | | ring (here) | MLX ring | jaccl mesh (here) | jaccl ring (here) | MLX jaccl |
+//! |---|---|---|---|---|---|
+//! | `all_sum`, `all_max`, `all_min` | yes, MLX's bytes | yes | yes, MLX's frames | yes, MLX's frames | yes |
+//! | `all_gather` | yes, MLX's bytes | yes | yes | yes, but not MLX's (its ring all_gather looks defective) | yes |
+//! | `send` / `recv` | neighbours only | neighbours only | any peer | neighbours only | mesh: any; ring: neighbours |
+//! | `sum_scatter` | yes (between nuvec ranks) | refused | yes | yes | yes |
+//! | `barrier` | yes (an `all_sum` of one f32, MLX's idiom) | none in Python | yes (an `all_sum` of one u8, as MLX's C++) | yes | C++ only |
+//! | `split` | no | no | no | no | no |
+//! | timeouts, errors naming the peer | yes | no | yes | yes | no |
+//! | pre-shared-key authentication | optional (nuvec ranks only) | no | no | no | no |
+//! | mixed with MLX ranks | tested, bit for bit (P = 2..4, C = 1, 2) | — | unverified on hardware | unverified on hardware | — |
+//!
+//! Both backends take every MLX dtype ([`DType`]): `bool`, `u8`..`u64`, `i8`..`i64`, `f16`,
+//! `bf16`, `f32`, `f64`, `complex64`.
+//!
 //! # Failures
 //!
 //! - **Every wait is bounded** by [`Options::timeout`] (30 s by default;
