@@ -15,13 +15,14 @@ step() { printf '\n==> %s\n' "$*"; }
 step "installing test dependencies"
 python=$(tools/mlx-venv.sh)
 # What the Linux tests need from Debian: readelf (the probes test reads the binary's SDT
-# notes), bpftrace (as root it attaches to a rank), and rdma-core's verbs.h (the verbs layout
-# test compiles a C probe against it and fails, rather than skips, without it; on macOS it
-# uses the SDK's header).
+# notes), bpftrace (as root it attaches to a rank), iproute2 (`ip netns` for the namespace
+# test, as root), and rdma-core's verbs.h (the verbs layout test compiles a C probe against
+# it and fails, rather than skips, without it; on macOS it uses the SDK's header).
 if [[ "$(uname -s)" == Linux ]]; then
   need=()
   command -v readelf >/dev/null || need+=(binutils)
   command -v bpftrace >/dev/null || need+=(bpftrace)
+  command -v ip >/dev/null || need+=(iproute2)
   [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
   if [ ${#need[@]} -gt 0 ]; then
     sudo_cmd=()
