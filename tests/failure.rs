@@ -6,25 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Launch, RankOutput};
+use common::{Launch, report_failure};
 use nuvec_distributed::{Error, Group};
 
 /// Seconds every rank's group waits for a silent peer in these tests.
 const TIMEOUT: f64 = 10.0;
-
-/// Parses the `FAIL <ms> <peer> <message>` line a survivor prints.
-fn failure(o: &RankOutput) -> (u64, Option<usize>, String) {
-    let line = o.lines("FAIL ").into_iter().next().unwrap_or_else(|| {
-        panic!(
-            "rank {} printed no failure:\n{}\n{}",
-            o.rank, o.stdout, o.stderr
-        )
-    });
-    let mut parts = line.splitn(3, ' ');
-    let ms = parts.next().unwrap().parse().unwrap();
-    let peer = parts.next().unwrap().parse().ok();
-    (ms, peer, parts.next().unwrap_or_default().to_string())
-}
 
 /// Runs `collective` on every rank but `victim`, which exits `delay` into it; checks that
 /// every survivor fails within the timeout naming the victim, and that the next call
@@ -53,9 +39,7 @@ fn a_rank_that_exits(
         }
         let start = Instant::now();
         let error = collective(&g).expect_err("a collective with a dead rank fails");
-        let ms = start.elapsed().as_millis();
-        let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
-        println!("FAIL {ms} {peer} {error}");
+        report_failure(&error, start.elapsed());
         let again = g.all_sum(&mut [1u8]).expect_err("the group stays failed");
         assert!(matches!(again, Error::Failed(_)), "{again}");
         println!("AGAIN {again}");
@@ -69,7 +53,7 @@ fn a_rank_that_exits(
             o.stdout,
             o.stderr
         );
-        let (ms, peer, message) = failure(o);
+        let (ms, peer, message) = o.failure();
         assert!(
             ms < (TIMEOUT * 1000.0) as u64,
             "rank {} took {ms} ms: {message}",
@@ -145,13 +129,12 @@ fn a_rank_that_never_starts_fails_init_naming_it() {
         let start = Instant::now();
         let error =
             nuvec_distributed::init(true).expect_err("a ring with a missing rank cannot form");
-        let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
-        println!("FAIL {} {peer} {error}", start.elapsed().as_millis());
+        report_failure(&error, start.elapsed());
     });
     let Some(outputs) = outputs else { return };
     for o in &outputs {
         assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let (ms, peer, message) = failure(o);
+        let (ms, peer, message) = o.failure();
         assert_eq!(peer, Some(2), "rank {}: {message}", o.rank);
         assert!(
             message.contains("rank 2") && message.contains("ring setup"),
@@ -185,12 +168,12 @@ fn an_unknown_congestion_control_fails_setup_naming_it() {
     let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_TCP_CONGESTION", "no-such-cc");
     let Some(outputs) = launch.run_raw(name, || {
         let error = nuvec_distributed::init(true).expect_err("the option is applied");
-        println!("FAIL 0 - {error}");
+        report_failure(&error, Duration::ZERO);
     }) else {
         return;
     };
     for o in &outputs {
-        let (_, _, message) = failure(o);
+        let (_, _, message) = o.failure();
         assert!(
             message.contains("no-such-cc") && message.contains("congestion"),
             "{message}"

@@ -93,8 +93,7 @@ fn rank_body() {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let peer = error.peer().map_or("-".into(), |p| p.to_string());
-    println!("FAIL {} {peer} {error}", last.elapsed().as_millis());
+    common::report_failure(&error, last.elapsed());
 }
 
 #[test]
@@ -154,8 +153,7 @@ fn cutting_a_link_fails_both_ranks_naming_each_other() {
     let outputs: Vec<RankOutput> = collect(children, Duration::from_secs(60));
     for o in &outputs {
         assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let line = o.lines("FAIL ").into_iter().next().expect("a failure line");
-        let peer = line.split(' ').nth(1).and_then(|p| p.parse::<usize>().ok());
-        assert_eq!(peer, Some(1 - o.rank), "rank {}: {line}", o.rank);
+        let (_, peer, message) = o.failure();
+        assert_eq!(peer, Some(1 - o.rank), "rank {}: {message}", o.rank);
     }
 }

@@ -8,30 +8,11 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Launch, RankOutput, mark};
+use common::{Launch, RankOutput, mark, report_failure};
 use nuvec_distributed::{Error, Group, Options};
 
 /// A key long enough for `Options::key`.
 const KEY: &str = "correct horse battery staple 2026";
-
-/// Parses `FAIL <ms> <peer> <message>`, as the ranks below print it.
-fn failure(o: &RankOutput) -> (u64, Option<usize>, String) {
-    let line = o.lines("FAIL ").into_iter().next().unwrap_or_else(|| {
-        panic!(
-            "rank {} printed no failure:\n{}\n{}",
-            o.rank, o.stdout, o.stderr
-        )
-    });
-    let mut parts = line.splitn(3, ' ');
-    let ms = parts.next().unwrap().parse().unwrap();
-    let peer = parts.next().unwrap().parse().ok();
-    (ms, peer, parts.next().unwrap_or_default().to_string())
-}
-
-fn report(error: &Error, since: Instant) {
-    let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
-    println!("FAIL {} {peer} {error}", since.elapsed().as_millis());
-}
 
 /// Runs `collective` in a loop on every rank until it fails; reports the failure and the
 /// error of the call after it.
@@ -45,7 +26,7 @@ fn until_failure(g: &Group, collective: fn(&Group) -> nuvec_distributed::Result<
             Err(e) => break e,
         }
     };
-    report(&error, last_success);
+    report_failure(&error, last_success.elapsed());
     mark("failed");
     let again = g.all_sum(&mut [1u8]).expect_err("the group stays failed");
     println!("AGAIN {again}");
@@ -88,7 +69,7 @@ fn kill_during(
             o.stdout,
             o.stderr
         );
-        let (ms, peer, message) = failure(o);
+        let (ms, peer, message) = o.failure();
         assert_eq!(
             peer,
             Some(victim),
@@ -161,7 +142,7 @@ fn stop_during(name: &str, size: usize, victim: usize) {
             o.stdout,
             o.stderr
         );
-        let (ms, peer, message) = failure(o);
+        let (ms, peer, message) = o.failure();
         if o.rank == victim {
             continue;
         }
@@ -220,13 +201,13 @@ fn a_wrong_key_fails_setup_on_both_sides() {
         let nodes = common::hostfile_nodes();
         let options = Options::default().timeout(Duration::from_secs(3)).key(key);
         let error = nuvec_distributed::init_with(&nodes, rank, &options).expect_err("keys differ");
-        report(&error, start);
+        report_failure(&error, start.elapsed());
     }) else {
         return;
     };
     for o in &outputs {
         assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let (_, peer, message) = failure(o);
+        let (_, peer, message) = o.failure();
         assert!(
             message.contains("authentication failed"),
             "rank {}: {message}",

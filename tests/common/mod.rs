@@ -48,6 +48,36 @@ impl RankOutput {
             })
             .collect()
     }
+
+    /// The first `FAIL <ms> <peer> <message>` line (see [`report_failure`]), parsed: the
+    /// milliseconds, the peer the error named (`None` for `-`) and the message. Panics, with
+    /// the rank's output, when the rank printed none.
+    pub fn failure(&self) -> (u64, Option<usize>, String) {
+        let line = self.lines("FAIL ").into_iter().next().unwrap_or_else(|| {
+            panic!(
+                "rank {} printed no failure:
+{}
+{}",
+                self.rank, self.stdout, self.stderr
+            )
+        });
+        let mut parts = line.splitn(3, ' ');
+        let ms = parts.next().unwrap().parse().unwrap();
+        let peer = parts.next().unwrap().parse().ok();
+        (ms, peer, parts.next().unwrap_or_default().to_string())
+    }
+}
+
+/// In a rank: prints `FAIL <ms> <peer> <message>` for `error`, reached `elapsed` after the
+/// rank started waiting, for the parent to read with [`RankOutput::failure`].
+pub fn report_failure(error: &nuvec_distributed::Error, elapsed: Duration) {
+    let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
+    println!("FAIL {} {peer} {error}", elapsed.as_millis());
+}
+
+/// In a child: the group every rank of a [`Launch::run`] or [`Launch::start`] body gets.
+fn form_group() -> Group {
+    nuvec_distributed::init(true).expect("the ring forms")
 }
 
 /// How to launch a ring of test processes.
@@ -96,15 +126,7 @@ impl Launch {
     /// [`DONE`]; returns `None`. In the parent: runs every rank of test `name` and returns
     /// their outputs.
     pub fn run(&self, name: &str, body: impl FnOnce(Group)) -> Option<Vec<RankOutput>> {
-        if std::env::var(CHILD_VAR).as_deref() == Ok(name) {
-            let group = nuvec_distributed::init(true).expect("the ring forms");
-            body(group);
-            println!("{DONE}");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let hostfile = write_hostfile(dir.path(), &free_ports(self.size, self.connections));
-        Some(self.spawn_and_wait(name, &hostfile))
+        self.run_raw(name, || body(form_group()))
     }
 
     /// Like [`Launch::run`], but the body gets the environment only and forms (or fails to
@@ -134,26 +156,7 @@ impl Launch {
     /// Like [`Launch::run`], but returns the running ranks, so the test can signal them
     /// (see [`Running`]); in a child, runs `body` and returns `None`.
     pub fn start(&self, name: &str, body: impl FnOnce(Group)) -> Option<Running> {
-        if std::env::var(CHILD_VAR).as_deref() == Ok(name) {
-            let group = nuvec_distributed::init(true).expect("the ring forms");
-            body(group);
-            println!("{DONE}");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let ports = free_ports(self.size, self.connections);
-        let hostfile = write_hostfile(dir.path(), &ports);
-        let markers = dir.path().join("markers");
-        std::fs::create_dir(&markers).expect("the markers directory");
-        let launch = self.clone().env(MARKERS_VAR, &markers.to_string_lossy());
-        let children = launch.spawn(name, &hostfile);
-        Some(Running {
-            children,
-            markers,
-            ports,
-            deadline: self.deadline,
-            _dir: dir,
-        })
+        self.start_raw(name, || body(form_group()))
     }
 
     /// Like [`Launch::start`], but the body gets the environment only and forms (or fails
