@@ -74,6 +74,32 @@ fn first_peer(rank: usize) -> usize {
     usize::from(rank == 0)
 }
 
+/// Send completions per pipeline slot: a slot's send buffer goes to every peer at once, so
+/// it may be refilled only when all `peers` sends of it have completed.
+struct SlotSends {
+    peers: usize,
+    done: [usize; PIPELINE],
+}
+
+impl SlotSends {
+    fn new(size: usize) -> Self {
+        SlotSends {
+            peers: size - 1,
+            done: [0; PIPELINE],
+        }
+    }
+
+    /// Counts one completed send of `slot`; true when that was its last, and the slot is free.
+    fn completed(&mut self, slot: usize) -> bool {
+        self.done[slot] += 1;
+        if self.done[slot] < self.peers {
+            return false;
+        }
+        self.done[slot] = 0;
+        true
+    }
+}
+
 /// The fully connected all-reduce of `count` elements at byte `base` of the data.
 pub(crate) struct AllReduce {
     rank: usize,
@@ -88,7 +114,7 @@ pub(crate) struct AllReduce {
     chunks: usize,
     /// Elements staged for sending so far (MLX's `read_offset`).
     read: usize,
-    sends_done: [usize; PIPELINE],
+    sends: SlotSends,
     /// Per rank, how many of its chunks are available to reduce.
     recv_end: Vec<usize>,
     reduce_chunk: usize,
@@ -120,7 +146,7 @@ impl AllReduce {
             total: count,
             chunks: count.div_ceil(n),
             read: 0,
-            sends_done: [0; PIPELINE],
+            sends: SlotSends::new(size),
             recv_end: vec![0; size],
             reduce_chunk: 0,
             reduce_rank: 0,
@@ -230,12 +256,8 @@ impl Machine for AllReduce {
     ) -> Result<()> {
         self.in_flight -= 1;
         if !tag.recv {
-            if self.read < self.total {
-                self.sends_done[tag.slot] += 1;
-                if self.sends_done[tag.slot] == self.size - 1 {
-                    self.sends_done[tag.slot] = 0;
-                    self.send_next(cx, mem, tag.slot)?;
-                }
+            if self.read < self.total && self.sends.completed(tag.slot) {
+                self.send_next(cx, mem, tag.slot)?;
             }
         } else {
             self.recv_end[tag.index] += 1;
@@ -261,7 +283,7 @@ pub(crate) struct AllGather {
     class: Class,
     s: usize,
     read: usize,
-    sends_done: [usize; PIPELINE],
+    sends: SlotSends,
     written: Vec<usize>,
     in_flight: usize,
     started: bool,
@@ -277,7 +299,7 @@ impl AllGather {
             class,
             s: class.bytes(),
             read: 0,
-            sends_done: [0; PIPELINE],
+            sends: SlotSends::new(size),
             written: vec![0; size],
             in_flight: 0,
             started: false,
@@ -322,12 +344,8 @@ impl Machine for AllGather {
     ) -> Result<()> {
         self.in_flight -= 1;
         if !tag.recv {
-            if self.read < self.block {
-                self.sends_done[tag.slot] += 1;
-                if self.sends_done[tag.slot] == self.size - 1 {
-                    self.sends_done[tag.slot] = 0;
-                    self.send_next(cx, mem, tag.slot)?;
-                }
+            if self.read < self.block && self.sends.completed(tag.slot) {
+                self.send_next(cx, mem, tag.slot)?;
             }
             return Ok(());
         }
@@ -367,7 +385,7 @@ pub(crate) struct SumScatter {
     n: usize,
     total: usize,
     read: usize,
-    sends_done: [usize; PIPELINE],
+    sends: SlotSends,
     written: Vec<usize>,
     in_flight: usize,
     started: bool,
@@ -393,7 +411,7 @@ impl SumScatter {
             n: class.bytes() / dtype.size(),
             total: count,
             read: 0,
-            sends_done: [0; PIPELINE],
+            sends: SlotSends::new(size),
             written: vec![0; size],
             in_flight: 0,
             started: false,
@@ -456,12 +474,8 @@ impl Machine for SumScatter {
     ) -> Result<()> {
         self.in_flight -= 1;
         if !tag.recv {
-            if self.read < self.total {
-                self.sends_done[tag.slot] += 1;
-                if self.sends_done[tag.slot] == self.size - 1 {
-                    self.sends_done[tag.slot] = 0;
-                    self.send_next(cx, mem, tag.slot)?;
-                }
+            if self.read < self.total && self.sends.completed(tag.slot) {
+                self.send_next(cx, mem, tag.slot)?;
             }
             return Ok(());
         }

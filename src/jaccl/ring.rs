@@ -355,7 +355,8 @@ impl Machine for Wire {
                 }
             }
             self.recv_count[d] += 1;
-            if self.recv_count[d] + 1 < self.n_steps {
+            // Repost the slot for the message PIPELINE - 1 after the next, if there is one.
+            if self.recv_count[d] + PIPELINE - 1 < self.n_steps {
                 cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d))?;
                 self.in_flight += 1;
             }
@@ -508,7 +509,7 @@ impl ScatterWire {
             }
             self.recv_count[dir] += 1;
             self.deferred[dir] -= 1;
-            if self.recv_count[dir] + 1 < self.n_steps {
+            if self.recv_count[dir] + PIPELINE - 1 < self.n_steps {
                 cx.post_recv(conn, buf, WorkTag::recv(slot, dir))?;
                 self.in_flight += 1;
             }
@@ -692,7 +693,7 @@ impl Machine for Stripe {
         let buf = cx.plan.ring_recv(self.class, tag.slot, self.dir, self.wire);
         mem.data[self.at..self.at + len].copy_from_slice(&cx.buffer(self.conn, buf)?[..len]);
         self.at += self.s;
-        if self.at + self.s < self.limit {
+        if self.at + (PIPELINE - 1) * self.s < self.limit {
             cx.post_recv(self.conn, buf, WorkTag::recv(tag.slot, self.dir))?;
             self.in_flight += 1;
         }
