@@ -1,19 +1,36 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for RUNS executions (default 1 000 000), growing fuzz/corpus/.
+# Runs every fuzz target, growing fuzz/corpus/; fails if a target crashes.
 #
-#   tools/fuzz.sh [RUNS] [TARGET...]
+#   tools/fuzz.sh [RUNS] [TARGET...]          RUNS executions per target (default 1 000 000)
+#   tools/fuzz.sh --seconds N [TARGET...]     N seconds per target (tools/test.sh's smoke run)
 #
-# Installs cargo-fuzz when missing. Uses the nightly toolchain with AddressSanitizer when
-# one is installed, else stable without a sanitizer (`-s none`). `cargo test` replays the
-# committed seeds and corpus (tests/fuzz_corpus.rs) without any of this.
+# Installs cargo-fuzz when missing (`cargo install --locked`, from crates.io). cargo-fuzz
+# builds with AddressSanitizer through `-Zsanitizer`, a nightly flag; our machines have one
+# stable toolchain and cannot fetch another, so this runs it with RUSTC_BOOTSTRAP=1, which
+# lets a stable compiler take unstable flags (stable's rust-std ships the ASan runtime on
+# x86_64 Linux). `cargo test` replays the committed seeds and corpus (tests/fuzz_corpus.rs)
+# without any of this.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-runs=${1:-1000000}; shift || true
+if [ "${1:-}" = --seconds ]; then
+  limit=(-max_total_time="${2:?--seconds needs a number}"); what="${2} s"; shift 2
+else
+  limit=(-runs="${1:-1000000}"); what="${1:-1000000} runs"; shift || true
+fi
 targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(hostfile handshake)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-if rustup toolchain list 2>/dev/null | grep -q nightly; then fuzz=(cargo +nightly fuzz run); else fuzz=(cargo fuzz run -s none); fi
+export RUSTC_BOOTSTRAP=1
+log=$(mktemp); trap 'rm -f "$log"' EXIT
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
-  echo "== $t: $runs runs"
-  "${fuzz[@]}" "$t" "corpus/$t" "seeds/$t" -- -runs="$runs" -max_len=2048 2>&1 | grep -E "^#[0-9]+ +DONE|^Done|ERROR|panicked" || true
+  echo "== $t: $what"
+  status=0
+  cargo fuzz run "$t" "corpus/$t" "seeds/$t" -- "${limit[@]}" -max_len=2048 >"$log" 2>&1 || status=$?
+  grep -E "^#[0-9]+ +DONE|^Done" "$log" || true
+  if [ "$status" -ne 0 ]; then
+    # A crash, a leak or a build failure: libFuzzer's report is at the end of its output.
+    tail -n 60 "$log"
+    echo "FAILED: fuzz target $t (exit $status)" >&2
+    exit "$status"
+  fi
 done
