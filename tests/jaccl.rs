@@ -150,7 +150,8 @@ fn a_bad_device_file_is_an_error_naming_the_file_and_cells() {
 /// Two ranks launched as `mlx.launch --backend jaccl` would launch them, on a machine whose
 /// verbs library has no devices: both join the side channel (MLX's order: before the
 /// devices are opened), then fail to open their device with an error that names the device
-/// and the peer, promptly, strict or not.
+/// and the peer, promptly, strict or not. Where no verbs library loads at all, they fail with
+/// `Unavailable` and the loader's reason instead.
 #[test]
 fn mlx_launch_environment_without_devices_fails_naming_device_and_peer() {
     const NAME: &str = "mlx_launch_environment_without_devices_fails_naming_device_and_peer";
@@ -159,8 +160,14 @@ fn mlx_launch_environment_without_devices_fails_naming_device_and_peer() {
         let e = init_backend(false, Backend::Jaccl).unwrap_err();
         let text = e.to_string();
         match &e {
-            // No verbs library at all on this machine.
-            Error::Unavailable { .. } => {}
+            // Only if this machine has no verbs library: then the reason is the loader's.
+            Error::Unavailable { reason, .. } => match ffi::verbs::Verbs::load() {
+                Ok(verbs) => panic!(
+                    "Unavailable although {} loads here: {text}",
+                    verbs.library()
+                ),
+                Err(load) => assert_eq!(reason, &load.to_string(), "{text}"),
+            },
             // The library is there but has no such device.
             _ => {
                 assert_eq!(e.peer(), Some(1 - rank), "{text}");

@@ -1,6 +1,8 @@
 //! The tracing probes (feature `probes`): they are in the built binary as SystemTap SDT
-//! notes, and, where bpftrace can attach (root, tracefs), they fire with the right
-//! arguments while ranks run collectives.
+//! notes (always checked), and they fire with the right arguments while ranks run
+//! collectives under bpftrace. That part needs root, bpftrace and tracefs, so it is ignored
+//! by default; `tools/test.sh` runs it with `--ignored` where those are present, and there it
+//! fails rather than skips if bpftrace cannot attach.
 #![cfg(all(feature = "probes", target_os = "linux"))]
 
 mod common;
@@ -82,6 +84,7 @@ fn fifty_sums(g: nuvec_distributed::Group) {
 /// Attached by process id: attached by binary path, bpftrace 0.17 did not enable the probes'
 /// semaphores in processes started after it, for test binaries.
 #[test]
+#[ignore = "needs root, bpftrace and tracefs; tools/test.sh runs it with --ignored where they are"]
 fn the_probes_fire_under_bpftrace() {
     let name = "the_probes_fire_under_bpftrace";
     let launch = Launch::new(2, 1);
@@ -89,13 +92,12 @@ fn the_probes_fire_under_bpftrace() {
         return;
     };
     if let Err(why) = bpftrace_can_attach() {
+        // Asked for explicitly (the test is ignored otherwise), so a machine that cannot
+        // attach fails it; the ranks are let go first so that none is left waiting.
         running.release();
         let outputs = running.finish();
         common::assert_all_finished(&outputs);
-        // The issue asks for this part only where bpftrace can attach; say loudly that it
-        // did not run, and why.
-        println!("NOT RUN: bpftrace cannot attach here: {why}");
-        return;
+        panic!("bpftrace cannot attach here: {why}");
     }
     let script = "usdt::nuvec:collective_done /arg0 == 0 && arg2 == 4000 && arg5 == 1/ { @done = count(); } \
                   usdt::nuvec:send_step { @steps = count(); }";
