@@ -11,7 +11,10 @@
 //!   - `root-scalar`: the crate's scalar kernel, `reduce_scalar` (the SIMD kernels' oracle);
 //!   - `simd-<level>`: `ffi::simd::reduce` at each level this machine has;
 //! - `max` of `f32`, by the same kernels (a select that the compiler can turn into AVX2's
-//!   slow masked stores, which this row would show).
+//!   slow masked stores, which this row would show);
+//! - `jmax` of `f32`, `f16` and `bf16`: `max` with MLX's JACCL rule (the incoming value wins
+//!   on NaN and on equality), by `naive` (`(a > b) ? a : b`) and the SIMD levels (the root
+//!   crate's scalar path for this rule is not public).
 //!
 //! `GB/s` is traffic over the median time of one pass (10^9 bytes per second), and
 //! `x memcpy` divides it by memcpy's rate for the same size in the same run: near 1.0 the
@@ -25,7 +28,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ffi::simd::{self, Elem, Level, Op};
+use ffi::simd::{self, Elem, Level, Op, Semantics};
 use nuvec_distributed::{DType, ReduceOp, bf16, f16, reduce_scalar};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -114,6 +117,24 @@ fn naive_sum(dtype: DType, acc: &mut [u8], inc: &[u8]) {
         DType::F16 => naive::<f16>(acc, inc, |a, b| f16::from_f32(a.to_f32() + b.to_f32())),
         DType::BF16 => naive::<bf16>(acc, inc, |a, b| bf16::from_f32(a.to_f32() + b.to_f32())),
         _ => unreachable!("not benchmarked: {dtype}"),
+    }
+}
+
+/// The ring's `max` (`std::max`), the plain typed loop.
+fn naive_max_ring(dtype: DType, acc: &mut [u8], inc: &[u8]) {
+    match dtype {
+        DType::F32 => naive::<f32>(acc, inc, |a, b| if a < b { b } else { a }),
+        _ => unreachable!("not benchmarked: ring max of {dtype}"),
+    }
+}
+
+/// JACCL's `max` (`(a > b) ? a : b`), the plain typed loop.
+fn naive_max_jaccl(dtype: DType, acc: &mut [u8], inc: &[u8]) {
+    match dtype {
+        DType::F32 => naive::<f32>(acc, inc, |a, b| if a > b { a } else { b }),
+        DType::F16 => naive::<f16>(acc, inc, |a, b| if a > b { a } else { b }),
+        DType::BF16 => naive::<bf16>(acc, inc, |a, b| if a > b { a } else { b }),
+        _ => unreachable!("not benchmarked: JACCL max of {dtype}"),
     }
 }
 
@@ -228,59 +249,76 @@ fn main() {
         let memcpy = 2.0 * size as f64 / secs / 1e9;
         row(size, "-", "copy", "memcpy", memcpy, memcpy);
 
-        let mut measure = |dtype: DType, elem: Elem, op: ReduceOp, kernel: Kernel| {
-            fill(dtype, acc.as_mut_bytes(), inc.as_mut_bytes());
-            let (a, b) = (acc.as_mut_bytes(), inc.as_bytes());
-            let simd_op = match op {
-                ReduceOp::Sum => Op::Sum,
-                ReduceOp::Max => Op::Max,
-                ReduceOp::Min => Op::Min,
-            };
-            if let Kernel::Simd(level) = kernel
-                && !simd::covers(level, simd_op, elem)
-            {
-                println!(
-                    "{:>8}  {:<9} {:<4} {:<14} {:>8} {:>9}",
-                    size_name(size),
-                    dtype.name(),
-                    op.to_string(),
-                    kernel.name(),
-                    "-",
-                    "no kernel"
-                );
-                return;
-            }
-            let secs = median_seconds(target, || {
-                match kernel {
-                    Kernel::Naive => match op {
-                        ReduceOp::Sum => naive_sum(dtype, a, b),
-                        _ => naive::<f32>(a, b, |x, y| if x < y { y } else { x }),
-                    },
-                    Kernel::RootScalar => reduce_scalar(op, dtype, a, b),
-                    Kernel::Simd(level) => {
-                        assert!(simd::reduce(level, simd_op, elem, a, b));
-                    }
+        let mut measure =
+            |dtype: DType, elem: Elem, op: ReduceOp, semantics: Semantics, kernel: Kernel| {
+                let op_name = match (op, semantics) {
+                    (ReduceOp::Max, Semantics::Jaccl) => "jmax".to_string(),
+                    _ => op.to_string(),
+                };
+                if semantics == Semantics::Jaccl && kernel == Kernel::RootScalar {
+                    return;
                 }
-                black_box(&mut *a);
-            });
-            let gbps = 3.0 * size as f64 / secs / 1e9;
-            row(
-                size,
-                dtype.name(),
-                &op.to_string(),
-                &kernel.name(),
-                gbps,
-                memcpy,
-            );
-        };
+                fill(dtype, acc.as_mut_bytes(), inc.as_mut_bytes());
+                let (a, b) = (acc.as_mut_bytes(), inc.as_bytes());
+                let simd_op = match op {
+                    ReduceOp::Sum => Op::Sum,
+                    ReduceOp::Max => Op::Max,
+                    ReduceOp::Min => Op::Min,
+                };
+                if let Kernel::Simd(level) = kernel
+                    && !simd::covers(level, semantics, simd_op, elem)
+                {
+                    println!(
+                        "{:>8}  {:<9} {:<4} {:<14} {:>8} {:>9}",
+                        size_name(size),
+                        dtype.name(),
+                        op_name,
+                        kernel.name(),
+                        "-",
+                        "no kernel"
+                    );
+                    return;
+                }
+                let secs = median_seconds(target, || {
+                    match kernel {
+                        Kernel::Naive => match (op, semantics) {
+                            (ReduceOp::Sum, _) => naive_sum(dtype, a, b),
+                            (_, Semantics::Ring) => naive_max_ring(dtype, a, b),
+                            (_, Semantics::Jaccl) => naive_max_jaccl(dtype, a, b),
+                        },
+                        Kernel::RootScalar => reduce_scalar(op, dtype, a, b),
+                        Kernel::Simd(level) => {
+                            assert!(simd::reduce(level, semantics, simd_op, elem, a, b));
+                        }
+                    }
+                    black_box(&mut *a);
+                });
+                let gbps = 3.0 * size as f64 / secs / 1e9;
+                row(size, dtype.name(), &op_name, &kernel.name(), gbps, memcpy);
+            };
 
         for (dtype, elem) in DTYPES {
             for &kernel in &kernels {
-                measure(dtype, elem, ReduceOp::Sum, kernel);
+                measure(dtype, elem, ReduceOp::Sum, Semantics::Ring, kernel);
             }
         }
         for &kernel in &kernels {
-            measure(DType::F32, Elem::F32, ReduceOp::Max, kernel);
+            measure(
+                DType::F32,
+                Elem::F32,
+                ReduceOp::Max,
+                Semantics::Ring,
+                kernel,
+            );
+        }
+        for (dtype, elem) in [
+            (DType::F32, Elem::F32),
+            (DType::F16, Elem::F16),
+            (DType::BF16, Elem::BF16),
+        ] {
+            for &kernel in &kernels {
+                measure(dtype, elem, ReduceOp::Max, Semantics::Jaccl, kernel);
+            }
         }
         println!();
     }

@@ -25,10 +25,9 @@
 
 use super::driver::{Cx, Machine, Mem};
 use super::frames::{Class, PIPELINE, SizeClasses, WorkTag};
-use super::reduce::combine;
 use crate::element::DType;
 use crate::error::Result;
-use crate::reduce::ReduceOp;
+use crate::reduce::{ReduceOp, Semantics, reduce_with};
 
 /// MLX uses the scatter-gather all-reduce above this many bytes when there are more than two
 /// ranks.
@@ -201,7 +200,13 @@ impl AllReduce {
                 if first {
                     mem.data[out].copy_from_slice(own);
                 } else {
-                    combine(self.op, self.dtype, &mut mem.data[out], own);
+                    reduce_with(
+                        Semantics::Jaccl,
+                        self.op,
+                        self.dtype,
+                        &mut mem.data[out],
+                        own,
+                    );
                 }
                 let next = self.reduce_chunk + PIPELINE;
                 if next < self.chunks {
@@ -215,7 +220,13 @@ impl AllReduce {
                 if first {
                     mem.data[out].copy_from_slice(theirs);
                 } else {
-                    combine(self.op, self.dtype, &mut mem.data[out], theirs);
+                    reduce_with(
+                        Semantics::Jaccl,
+                        self.op,
+                        self.dtype,
+                        &mut mem.data[out],
+                        theirs,
+                    );
                 }
                 if self.reduce_chunk + PIPELINE < self.chunks {
                     cx.post_recv(peer, buf, WorkTag::recv(slot, peer))?;
@@ -486,7 +497,8 @@ impl Machine for SumScatter {
         let buf = cx.plan.scatter_recv(self.class, tag.slot, peer);
         let start = self.out + at * es;
         let theirs = &cx.buffer(conn, buf)?[..elems * es];
-        combine(
+        reduce_with(
+            Semantics::Jaccl,
             self.op,
             self.dtype,
             &mut mem.data[start..start + elems * es],

@@ -73,7 +73,6 @@ mod fabric;
 mod frames;
 mod group;
 mod mesh;
-mod reduce;
 mod ring;
 mod side_channel;
 #[cfg(test)]

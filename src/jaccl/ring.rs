@@ -52,10 +52,9 @@
 
 use super::driver::{Cx, Machine, Mem};
 use super::frames::{Class, PIPELINE, SizeClasses, WorkTag};
-use super::reduce::combine;
 use crate::element::DType;
 use crate::error::Result;
-use crate::reduce::ReduceOp;
+use crate::reduce::{ReduceOp, Semantics, reduce_with};
 
 /// An all-reduce uses one direction on one wire up to this many bytes.
 pub(crate) const ALL_REDUCE_ONE_WIRE_UP_TO: usize = 32 * 1024;
@@ -350,7 +349,9 @@ impl Machine for Wire {
                 let out = &mut mem.data[start..start + elems * es];
                 let theirs = &cx.buffer(conn, buf)?[..elems * es];
                 match self.passes[self.pass] {
-                    Some(Pass::Reduce(op, dtype)) => combine(op, dtype, out, theirs),
+                    Some(Pass::Reduce(op, dtype)) => {
+                        reduce_with(Semantics::Jaccl, op, dtype, out, theirs)
+                    }
                     _ => out.copy_from_slice(theirs),
                 }
             }
@@ -500,7 +501,8 @@ impl ScatterWire {
                     Some(input) => out.copy_from_slice(&input[start..start + elems * es]),
                     None => unreachable!("a ring sum_scatter always has a separate input"),
                 }
-                combine(
+                reduce_with(
+                    Semantics::Jaccl,
                     ReduceOp::Sum,
                     self.dtype,
                     out,

@@ -1,4 +1,5 @@
-//! The SIMD kernels of every level this machine has, against the scalar oracle, bit for bit.
+//! The SIMD kernels of every level this machine has, against the scalar oracle, bit for bit,
+//! under both [`Semantics`] (MLX's ring and MLX's JACCL rule for float max and min).
 //!
 //! Values are drawn to hit what kernels get wrong: NaNs of both signs, quiet and signalling,
 //! with various payloads; infinities; signed zeros; subnormals; the extremes of every
@@ -8,7 +9,7 @@
 //! head, body and tail is covered. The only tolerated difference is which NaN a float sum of
 //! two NaNs returns, which MLX does not fix either.
 
-use ffi::simd::{self, Level};
+use ffi::simd::{self, Level, Semantics};
 use proptest::prelude::*;
 
 use super::*;
@@ -224,6 +225,7 @@ const FILL: u8 = 0xA5;
 #[allow(clippy::too_many_arguments)]
 fn check(
     level: Level,
+    semantics: Semantics,
     op: ReduceOp,
     dtype: DType,
     draws: &[Draw],
@@ -245,11 +247,17 @@ fn check(
     let inc = &inc[inc_off..];
 
     let mut want = acc.clone();
-    reduce_scalar(op, dtype, &mut want[acc_off..acc_off + acc_len], inc);
+    reduce_scalar_with(
+        semantics,
+        op,
+        dtype,
+        &mut want[acc_off..acc_off + acc_len],
+        inc,
+    );
     let mut got = acc.clone();
     let target = &mut got[acc_off..acc_off + acc_len];
-    if !simd::reduce(level, simd_op(op), simd_elem(dtype), target, inc) {
-        reduce_scalar(op, dtype, target, inc);
+    if !simd::reduce(level, semantics, simd_op(op), simd_elem(dtype), target, inc) {
+        reduce_scalar_with(semantics, op, dtype, target, inc);
     }
     if got == want {
         return Ok(());
@@ -265,7 +273,7 @@ fn check(
         let inside = (acc_off..acc_off + whole).contains(&i);
         if !inside {
             return Err(format!(
-                "{level} {op} {dtype}: byte {i} outside the {whole} bytes at offset {acc_off} \
+                "{level} {semantics:?} {op} {dtype}: byte {i} outside the {whole} bytes at offset {acc_off} \
                  changed: {g:#04x}, want {e:#04x}"
             ));
         }
@@ -276,7 +284,7 @@ fn check(
             continue;
         }
         return Err(format!(
-            "{level} {op} {dtype} (n={n}, offsets {acc_off}/{inc_off}, extra \
+            "{level} {semantics:?} {op} {dtype} (n={n}, offsets {acc_off}/{inc_off}, extra \
              {acc_extra}/{inc_extra}): component at byte {c} of acc: op({x:#x}, {y:#x}) gave \
              {:#x}, the oracle {:#x}",
             read(ga),
@@ -308,8 +316,10 @@ proptest! {
                 // Up to one element more than `n` on either side, plus a partial one.
                 let (acc_extra, inc_extra) = (acc_extra % (2 * dtype.size()), inc_extra % (2 * dtype.size()));
                 for op in ReduceOp::ALL {
-                    let outcome = check(level, op, dtype, &draws, n, acc_off, inc_off, acc_extra, inc_extra);
-                    prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+                    for semantics in Semantics::ALL {
+                        let outcome = check(level, semantics, op, dtype, &draws, n, acc_off, inc_off, acc_extra, inc_extra);
+                        prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+                    }
                 }
             }
         }
@@ -317,12 +327,16 @@ proptest! {
 }
 
 /// What each level must cover, so that a kernel that quietly returns `false` (leaving the
-/// work to the scalar path, which would pass every comparison) is caught.
+/// work to the scalar path, which would pass every comparison) is caught. Both semantics
+/// have the same kernels.
 #[test]
 fn every_level_covers_what_it_should() {
     for level in simd::available() {
         for dtype in DType::ALL {
-            for op in ReduceOp::ALL {
+            for (op, semantics) in ReduceOp::ALL
+                .into_iter()
+                .flat_map(|op| Semantics::ALL.map(|s| (op, s)))
+            {
                 let expected = match (level, dtype, op) {
                     (Level::Scalar, _, _) => false,
                     (_, DType::Complex64, ReduceOp::Max | ReduceOp::Min) => false,
@@ -332,9 +346,9 @@ fn every_level_covers_what_it_should() {
                     _ => true,
                 };
                 assert_eq!(
-                    simd::covers(level, simd_op(op), simd_elem(dtype)),
+                    simd::covers(level, semantics, simd_op(op), simd_elem(dtype)),
                     expected,
-                    "{level} {op} {dtype}"
+                    "{level} {semantics:?} {op} {dtype}"
                 );
             }
         }
@@ -359,8 +373,8 @@ fn x86_levels_follow_the_cpu() {
     assert_eq!(simd::detected(), *levels.last().unwrap());
 }
 
-/// The wired path, `reduce_into`, on a few cases per dtype whose results are fixed by
-/// MLX's semantics, whatever the level.
+/// The wired paths, `reduce_into` (the ring's) and `reduce_with` (JACCL's), on a few cases
+/// per dtype whose results are fixed by MLX's semantics, whatever the level.
 #[test]
 fn reduce_into_gives_the_scalar_results_at_the_active_level() {
     let draws: Vec<Draw> = (0..97u64)
@@ -370,12 +384,18 @@ fn reduce_into_gives_the_scalar_results_at_the_active_level() {
         })
         .collect();
     for dtype in DType::ALL {
-        for op in ReduceOp::ALL {
+        for (op, semantics) in ReduceOp::ALL
+            .into_iter()
+            .flat_map(|op| Semantics::ALL.map(|s| (op, s)))
+        {
             let (acc, inc) = elements(dtype, &draws, 97);
             let mut want = acc.clone();
-            reduce_scalar(op, dtype, &mut want, &inc);
+            reduce_scalar_with(semantics, op, dtype, &mut want, &inc);
             let mut got = acc.clone();
-            reduce_into(op, dtype, &mut got, &inc);
+            match semantics {
+                Semantics::Ring => reduce_into(op, dtype, &mut got, &inc),
+                Semantics::Jaccl => reduce_with(semantics, op, dtype, &mut got, &inc),
+            }
             let (fmt, _) = format(dtype);
             let w = fmt.width();
             for (c, ((g, e), (x, y))) in got
@@ -387,7 +407,7 @@ fn reduce_into_gives_the_scalar_results_at_the_active_level() {
                 let (g, x, y) = (read(g), read(x), read(y));
                 assert!(
                     g == read(e) || (op == ReduceOp::Sum && two_nan_sum_ok(fmt, x, y, g)),
-                    "{} {op} {dtype}: component {c}: op({x:#x}, {y:#x}) = {g:#x}",
+                    "{} {semantics:?} {op} {dtype}: component {c}: op({x:#x}, {y:#x}) = {g:#x}",
                     simd_level()
                 );
             }

@@ -1,49 +1,27 @@
-//! Portable reduction kernels with MLX's ring semantics, element by element.
+//! The scalar reductions, typed: a thin wrapper over `ffi::simd::portable`, where each rule
+//! is written once.
 //!
-//! These are the definition of what a reduction means in this crate, and the oracle the
-//! SIMD kernels are tested against. Each function combines the accumulator `acc` (this
-//! rank's value) with `inc` (the value a peer sent) in that order, because MLX's ring
-//! computes `acc = op(acc, inc)` and the order decides which NaN or which signed zero wins:
+//! The rules live in `ffi` rather than here because `ffi` cannot depend on this crate, and
+//! its SIMD levels compile the very same functions into their vectorised loops: so the
+//! scalar fallback, the oracle of the kernel tests and the plain SIMD loops cannot drift
+//! apart. `portable`'s module docs state the rules, including the two [`Semantics`] of float
+//! `max`/`min` (MLX's ring keeps the accumulator when the comparison decides nothing, MLX's
+//! JACCL the incoming value). What this module adds needs the `half` crate, which `ffi` does
+//! not have: the `f16` sum's conversions, and `half`'s types for `f16`/`bf16`:
 //!
-//! - integers wrap on overflow;
-//! - `bool` sum and max are OR, min is AND (MLX's `bool +=` saturates to `true`);
-//! - `max` is `acc < inc ? inc : acc` and `min` is `inc < acc ? inc : acc` (`std::max` and
-//!   `std::min`), so a NaN already in `acc` stays, a NaN arriving in `inc` is ignored, and of
-//!   two equal zeros the accumulator's sign stays;
 //! - `f16` and `bf16` are widened to `f32`, added there and rounded once to nearest-even
 //!   (exactly the correctly rounded half sum, since `f32` carries more than twice the bits).
 //!   A NaN sum is encoded as MLX's software types encode it: `bf16` always `0x7FC0`; `f16`
 //!   as the sum's sign with `0x7D00` on every target but aarch64, where MLX uses the CPU's
-//!   native half arithmetic and we follow the hardware's quiet-NaN rules instead;
-//! - `complex64` sums each part; max and min compare lexicographically, real part first.
+//!   native half arithmetic and we follow the hardware's quiet-NaN rules instead.
 
+use ffi::simd::portable;
 use half::{bf16, f16};
 
 use crate::element::Complex64;
 
-/// `acc + inc` for `bool` bytes, normalised to 0/1.
-#[inline]
-pub(crate) fn bool_or(acc: u8, inc: u8) -> u8 {
-    u8::from(acc != 0 || inc != 0)
-}
-
-/// `min(acc, inc)` for `bool` bytes: AND, normalised to 0/1.
-#[inline]
-pub(crate) fn bool_and(acc: u8, inc: u8) -> u8 {
-    u8::from(acc != 0 && inc != 0)
-}
-
-/// `std::max(acc, inc)`: `inc` replaces `acc` only if `acc < inc`.
-#[inline]
-pub(crate) fn max<T: PartialOrd>(acc: T, inc: T) -> T {
-    if acc < inc { inc } else { acc }
-}
-
-/// `std::min(acc, inc)`: `inc` replaces `acc` only if `inc < acc`.
-#[inline]
-pub(crate) fn min<T: PartialOrd>(acc: T, inc: T) -> T {
-    if inc < acc { inc } else { acc }
-}
+pub(crate) use ffi::simd::Semantics;
+pub(crate) use ffi::simd::portable::{bool_and, bool_or, max, min};
 
 /// Rounds an `f32` sum to `f16` bits the way MLX's CPU build does on this target.
 #[inline]
@@ -56,18 +34,6 @@ pub(crate) fn f16_round(sum: f32) -> u16 {
     }
 }
 
-/// Rounds an `f32` sum to `bf16` bits as MLX's software bfloat16 does: NaN is `0x7FC0`,
-/// everything else rounds to nearest, ties to even.
-#[inline]
-pub(crate) fn bf16_round(sum: f32) -> u16 {
-    if sum.is_nan() {
-        0x7FC0
-    } else {
-        let bits = sum.to_bits();
-        (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
-    }
-}
-
 /// `f16` sum through `f32`.
 #[inline]
 pub(crate) fn f16_sum(acc: f16, inc: f16) -> f16 {
@@ -77,7 +43,21 @@ pub(crate) fn f16_sum(acc: f16, inc: f16) -> f16 {
 /// `bf16` sum through `f32`.
 #[inline]
 pub(crate) fn bf16_sum(acc: bf16, inc: bf16) -> bf16 {
-    bf16::from_bits(bf16_round(acc.to_f32() + inc.to_f32()))
+    bf16::from_bits(portable::bf16_sum(acc.to_bits(), inc.to_bits()))
+}
+
+/// `bf16` max, compared as the values the bits encode.
+#[inline]
+pub(crate) fn bf16_max(semantics: Semantics, acc: bf16, inc: bf16) -> bf16 {
+    let bits = portable::max_by(semantics, acc.to_bits(), inc.to_bits(), portable::bf16_less);
+    bf16::from_bits(bits)
+}
+
+/// `bf16` min, compared as the values the bits encode.
+#[inline]
+pub(crate) fn bf16_min(semantics: Semantics, acc: bf16, inc: bf16) -> bf16 {
+    let bits = portable::min_by(semantics, acc.to_bits(), inc.to_bits(), portable::bf16_less);
+    bf16::from_bits(bits)
 }
 
 /// `complex64` sum, part by part.
@@ -86,40 +66,67 @@ pub(crate) fn complex_sum(acc: Complex64, inc: Complex64) -> Complex64 {
     Complex64::new(acc.re + inc.re, acc.im + inc.im)
 }
 
-/// MLX's complex `a > b`: real part first, then imaginary.
+/// MLX's lexicographic complex order, on `Complex64`.
 #[inline]
-fn complex_gt(a: Complex64, b: Complex64) -> bool {
-    a.re > b.re || (a.re == b.re && a.im > b.im)
+fn complex_less(a: &Complex64, b: &Complex64) -> bool {
+    portable::complex_less(&(a.re, a.im), &(b.re, b.im))
 }
 
-/// `std::max` on complex64: `acc < inc`, which MLX defines as `inc > acc`.
+/// `complex64` max: lexicographic, real part first.
 #[inline]
-pub(crate) fn complex_max(acc: Complex64, inc: Complex64) -> Complex64 {
-    if complex_gt(inc, acc) { inc } else { acc }
+pub(crate) fn complex_max(semantics: Semantics, acc: Complex64, inc: Complex64) -> Complex64 {
+    portable::max_by(semantics, acc, inc, complex_less)
 }
 
-/// `std::min` on complex64: `inc < acc`, which MLX defines as `acc > inc`.
+/// `complex64` min: lexicographic, real part first.
 #[inline]
-pub(crate) fn complex_min(acc: Complex64, inc: Complex64) -> Complex64 {
-    if complex_gt(acc, inc) { inc } else { acc }
+pub(crate) fn complex_min(semantics: Semantics, acc: Complex64, inc: Complex64) -> Complex64 {
+    portable::min_by(semantics, acc, inc, complex_less)
 }
 
 #[cfg(test)]
 mod tests {
+    use ffi::simd::portable::bf16_round;
+
     use super::*;
 
+    const RING: Semantics = Semantics::Ring;
+    const JACCL: Semantics = Semantics::Jaccl;
+
     #[test]
-    fn max_keeps_a_nan_already_accumulated_and_ignores_an_incoming_one() {
-        assert!(max(f32::NAN, 1.0).is_nan());
-        assert_eq!(max(1.0, f32::NAN), 1.0);
-        assert!(min(f32::NAN, 1.0).is_nan());
-        assert_eq!(min(1.0, f32::NAN), 1.0);
+    fn ring_max_keeps_a_nan_already_accumulated_and_ignores_an_incoming_one() {
+        assert!(max(RING, f32::NAN, 1.0).is_nan());
+        assert_eq!(max(RING, 1.0, f32::NAN), 1.0);
+        assert!(min(RING, f32::NAN, 1.0).is_nan());
+        assert_eq!(min(RING, 1.0, f32::NAN), 1.0);
+        let one = f16::from_f32(1.0);
+        assert!(max(RING, f16::NAN, one).is_nan());
+        assert_eq!(max(RING, one, f16::NAN), one);
     }
 
     #[test]
-    fn equal_zeros_keep_the_accumulators_sign() {
-        assert!(max(-0.0f32, 0.0).is_sign_negative());
-        assert!(min(0.0f32, -0.0).is_sign_positive());
+    fn jaccl_max_lets_an_incoming_value_replace_a_nan_and_a_nan_replace_a_value() {
+        assert_eq!(max(JACCL, f32::NAN, 1.0), 1.0);
+        assert!(max(JACCL, 1.0, f32::NAN).is_nan());
+        assert_eq!(min(JACCL, f64::NAN, 1.0), 1.0);
+        assert!(min(JACCL, 1.0, f64::NAN).is_nan());
+        let (one, two) = (bf16::from_f32(1.0), bf16::from_f32(2.0));
+        assert_eq!(bf16_max(JACCL, bf16::NAN, one), one);
+        assert!(bf16_max(JACCL, one, bf16::NAN).is_nan());
+        assert_eq!(bf16_min(JACCL, two, one), one);
+        assert_eq!(bf16_max(JACCL, two, one), two);
+        assert!(bf16_max(RING, bf16::NAN, one).is_nan());
+    }
+
+    #[test]
+    fn equal_zeros_keep_the_accumulators_sign_on_the_ring_and_the_incoming_one_with_jaccl() {
+        assert!(max(RING, -0.0f32, 0.0).is_sign_negative());
+        assert!(min(RING, 0.0f32, -0.0).is_sign_positive());
+        assert!(max(JACCL, 0.0f32, -0.0).is_sign_negative());
+        assert!(min(JACCL, -0.0f32, 0.0).is_sign_positive());
+        let (z, nz) = (bf16::from_f32(0.0), bf16::from_f32(-0.0));
+        assert_eq!(bf16_max(RING, nz, z).to_bits(), 0x8000);
+        assert_eq!(bf16_max(JACCL, nz, z).to_bits(), 0x0000);
     }
 
     #[test]
@@ -171,10 +178,29 @@ mod tests {
         let a = Complex64::new(1.0, 5.0);
         let b = Complex64::new(2.0, 0.0);
         let c = Complex64::new(1.0, 6.0);
-        assert_eq!(complex_max(a, b), b);
-        assert_eq!(complex_max(a, c), c);
-        assert_eq!(complex_min(b, a), a);
-        assert_eq!(complex_min(c, a), a);
+        for s in [RING, JACCL] {
+            assert_eq!(complex_max(s, a, b), b);
+            assert_eq!(complex_max(s, a, c), c);
+            assert_eq!(complex_min(s, b, a), a);
+            assert_eq!(complex_min(s, c, a), a);
+            assert_eq!(complex_max(s, a, a), a);
+        }
+    }
+
+    #[test]
+    fn complex_nans_and_ties_follow_the_semantics() {
+        let a = Complex64::new(1.0, 5.0);
+        let n = Complex64::new(f32::NAN, 0.0);
+        assert!(complex_max(RING, n, a).re.is_nan());
+        assert_eq!(complex_max(RING, a, n), a);
+        assert_eq!(complex_max(JACCL, n, a), a);
+        assert!(complex_max(JACCL, a, n).re.is_nan());
+        assert_eq!(complex_min(JACCL, n, a), a);
+        assert!(complex_min(JACCL, a, n).re.is_nan());
+        // Equal as compared, different as bits: which one survives is the semantics'.
+        let (p, m) = (Complex64::new(0.0, 1.0), Complex64::new(-0.0, 1.0));
+        assert!(complex_max(RING, m, p).re.is_sign_negative());
+        assert!(complex_max(JACCL, m, p).re.is_sign_positive());
     }
 
     #[test]

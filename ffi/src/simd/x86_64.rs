@@ -7,27 +7,48 @@
 //! AVX512-BF16's conversion. The kernels work on whole blocks of the byte slices
 //! (`&[u8; N]`), which is what makes each load and store in bounds; the last partial block
 //! goes through a zero-padded copy.
+//!
+//! `max` and `min` of floats follow [`portable::max_by`]/[`portable::min_by`]: the operand
+//! kept is the accumulator (ring) or the incoming value (JACCL), and the other operand
+//! replaces it only on a strict comparison. The kernels are generic over `INC_KEPT`, so each
+//! semantics gets its own loop with the operand order fixed at compile time.
 
 use std::arch::x86_64::*;
 
-use super::{Elem, Op, features, portable};
+use super::{Elem, Op, Semantics, features, portable};
+
+/// `(kept, other)` from `(acc, inc)`: [`Semantics::order`] with the semantics fixed at
+/// compile time (`INC_KEPT` is [`Semantics::Jaccl`]).
+#[inline(always)]
+fn order<const INC_KEPT: bool, T>(acc: T, inc: T) -> (T, T) {
+    if INC_KEPT { (inc, acc) } else { (acc, inc) }
+}
 
 /// The AVX2 level: the plain loops, and `f16` through F16C where the CPU has it.
 #[target_feature(enable = "avx2")]
-pub(super) fn reduce_avx2(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) -> bool {
+pub(super) fn reduce_avx2(
+    semantics: Semantics,
+    op: Op,
+    elem: Elem,
+    acc: &mut [u8],
+    inc: &[u8],
+) -> bool {
     if matches!((elem, op), (Elem::F32 | Elem::F64, Op::Max | Op::Min)) {
-        float_select_avx2(op, elem, acc, inc);
+        match semantics {
+            Semantics::Ring => float_select_avx2::<false>(op, elem, acc, inc),
+            Semantics::Jaccl => float_select_avx2::<true>(op, elem, acc, inc),
+        }
         return true;
     }
     if elem != Elem::F16 {
-        return portable::reduce(op, elem, acc, inc);
+        return portable::reduce(semantics, op, elem, acc, inc);
     }
     if !features().f16c {
         return false;
     }
     // SAFETY: runtime detection found F16C (checked just above) and AVX2 (this function
     // runs only where it did), the features `f16_avx2` is compiled for.
-    unsafe { f16_avx2(op, acc, inc) };
+    unsafe { f16_avx2(semantics, op, acc, inc) };
     true
 }
 
@@ -36,21 +57,27 @@ pub(super) fn reduce_avx2(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) -> boo
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) fn reduce_avx512(
     use_avx512bf16: bool,
+    semantics: Semantics,
     op: Op,
     elem: Elem,
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
-    match (elem, op) {
-        (Elem::F32 | Elem::F64, Op::Max | Op::Min) => float_select_avx512(op, elem, acc, inc),
-        (Elem::F16, _) => f16_avx512(op, acc, inc),
-        (Elem::BF16, Op::Sum) if use_avx512bf16 && features().avx512bf16 => {
+    match (elem, op, semantics) {
+        (Elem::F32 | Elem::F64, Op::Max | Op::Min, Semantics::Ring) => {
+            float_select_avx512::<false>(op, elem, acc, inc)
+        }
+        (Elem::F32 | Elem::F64, Op::Max | Op::Min, Semantics::Jaccl) => {
+            float_select_avx512::<true>(op, elem, acc, inc)
+        }
+        (Elem::F16, _, _) => f16_avx512(semantics, op, acc, inc),
+        (Elem::BF16, Op::Sum, _) if use_avx512bf16 && features().avx512bf16 => {
             // SAFETY: runtime detection found AVX512-BF16 (checked in the guard) and
             // AVX-512 F, BW and VL (this function runs only where it did), the features
             // `bf16_sum_avx512bf16` is compiled for.
             unsafe { bf16_sum_avx512bf16(acc, inc) }
         }
-        _ => return portable::reduce(op, elem, acc, inc),
+        _ => return portable::reduce(semantics, op, elem, acc, inc),
     }
     true
 }
@@ -133,81 +160,84 @@ fn store256(bytes: &mut [u8; 32], v: __m256i) {
     unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) }
 }
 
-// `f32` and `f64` max and min use x86's own instructions. `max(inc, acc)` is
-// `inc > acc ? inc : acc` and returns its second operand, `acc`, when either is NaN or the
-// two are equal: that is `std::max(acc, inc)` exactly (a NaN in acc stays, an incoming one is
-// ignored, of two zeros acc's sign stays). Likewise `min(inc, acc)` is `std::min(acc, inc)`.
-// The plain loop would be vectorised too, but the compiler turns its
+// `f32` and `f64` max and min use x86's own instructions. `max(other, kept)` is
+// `other > kept ? other : kept` and returns its second operand, `kept`, when either is NaN or
+// the two are equal: that is `portable::max` exactly. With the ring's order (kept = acc) it is
+// `std::max(acc, inc)` (a NaN in acc stays, an incoming one is ignored, of two zeros acc's sign
+// stays); with JACCL's (kept = inc) it is `(acc > inc) ? acc : inc`. Likewise
+// `min(other, kept)` is `portable::min`. The plain loop would be vectorised too, but the compiler turns its
 // `acc = acc < inc ? inc : acc` into a masked store of `inc`, and AVX2's `vmaskmovps` is
 // several times slower than the scalar loop on AMD's Zen.
 
-/// `f32`/`f64` max or min with AVX, eight or four lanes at a time.
+/// `f32`/`f64` max or min with AVX, eight or four lanes at a time; the incoming value is the
+/// kept operand if `INC_KEPT`, else the accumulator.
 #[target_feature(enable = "avx2")]
-fn float_select_avx2(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
+fn float_select_avx2<const INC_KEPT: bool>(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
     match (elem, op) {
         (Elem::F32, Op::Max) => blocks::<32>(acc, inc, 4, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm256_castsi256_ps(load256(a)),
                 _mm256_castsi256_ps(load256(b)),
             );
-            store256(a, _mm256_castps_si256(_mm256_max_ps(y, x)));
+            store256(a, _mm256_castps_si256(_mm256_max_ps(other, kept)));
         }),
         (Elem::F32, Op::Min) => blocks::<32>(acc, inc, 4, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm256_castsi256_ps(load256(a)),
                 _mm256_castsi256_ps(load256(b)),
             );
-            store256(a, _mm256_castps_si256(_mm256_min_ps(y, x)));
+            store256(a, _mm256_castps_si256(_mm256_min_ps(other, kept)));
         }),
         (Elem::F64, Op::Max) => blocks::<32>(acc, inc, 8, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm256_castsi256_pd(load256(a)),
                 _mm256_castsi256_pd(load256(b)),
             );
-            store256(a, _mm256_castpd_si256(_mm256_max_pd(y, x)));
+            store256(a, _mm256_castpd_si256(_mm256_max_pd(other, kept)));
         }),
         (Elem::F64, Op::Min) => blocks::<32>(acc, inc, 8, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm256_castsi256_pd(load256(a)),
                 _mm256_castsi256_pd(load256(b)),
             );
-            store256(a, _mm256_castpd_si256(_mm256_min_pd(y, x)));
+            store256(a, _mm256_castpd_si256(_mm256_min_pd(other, kept)));
         }),
         _ => unreachable!("float_select_avx2 is called for f32 and f64 max and min only"),
     }
 }
 
-/// `f32`/`f64` max or min with AVX-512F, sixteen or eight lanes at a time.
+/// `f32`/`f64` max or min with AVX-512F, sixteen or eight lanes at a time, as
+/// [`float_select_avx2`].
 #[target_feature(enable = "avx512f")]
-fn float_select_avx512(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
+fn float_select_avx512<const INC_KEPT: bool>(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
     match (elem, op) {
         (Elem::F32, Op::Max) => blocks::<64>(acc, inc, 4, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm512_castsi512_ps(load512(a)),
                 _mm512_castsi512_ps(load512(b)),
             );
-            store512(a, _mm512_castps_si512(_mm512_max_ps(y, x)));
+            store512(a, _mm512_castps_si512(_mm512_max_ps(other, kept)));
         }),
         (Elem::F32, Op::Min) => blocks::<64>(acc, inc, 4, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm512_castsi512_ps(load512(a)),
                 _mm512_castsi512_ps(load512(b)),
             );
-            store512(a, _mm512_castps_si512(_mm512_min_ps(y, x)));
+            store512(a, _mm512_castps_si512(_mm512_min_ps(other, kept)));
         }),
         (Elem::F64, Op::Max) => blocks::<64>(acc, inc, 8, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm512_castsi512_pd(load512(a)),
                 _mm512_castsi512_pd(load512(b)),
             );
-            store512(a, _mm512_castpd_si512(_mm512_max_pd(y, x)));
+            store512(a, _mm512_castpd_si512(_mm512_max_pd(other, kept)));
         }),
         (Elem::F64, Op::Min) => blocks::<64>(acc, inc, 8, |a, b| {
-            let (x, y) = (
+            let (kept, other) = order::<INC_KEPT, _>(
                 _mm512_castsi512_pd(load512(a)),
                 _mm512_castsi512_pd(load512(b)),
             );
-            store512(a, _mm512_castpd_si512(_mm512_min_pd(y, x)));
+            store512(a, _mm512_castpd_si512(_mm512_min_pd(other, kept)));
         }),
         _ => unreachable!("float_select_avx512 is called for f32 and f64 max and min only"),
     }
@@ -215,19 +245,30 @@ fn float_select_avx512(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
 
 /// `f16` sum, max or min with F16C, eight lanes at a time.
 #[target_feature(enable = "avx2,f16c")]
-fn f16_avx2(op: Op, acc: &mut [u8], inc: &[u8]) {
-    match op {
-        Op::Sum => blocks::<16>(acc, inc, 2, |a, b| {
+fn f16_avx2(semantics: Semantics, op: Op, acc: &mut [u8], inc: &[u8]) {
+    match (op, semantics) {
+        (Op::Sum, _) => blocks::<16>(acc, inc, 2, |a, b| {
             store128(a, f16_sum8(load128(a), load128(b)));
         }),
+        (_, Semantics::Ring) => f16_select_avx2::<false>(op, acc, inc),
+        (_, Semantics::Jaccl) => f16_select_avx2::<true>(op, acc, inc),
+    }
+}
+
+/// `f16` max or min with F16C, eight lanes at a time: [`portable::max_by`] and
+/// [`portable::min_by`] as blends, the comparison done in `f32`.
+#[target_feature(enable = "avx2,f16c")]
+fn f16_select_avx2<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
+    match op {
         Op::Max => blocks::<16>(acc, inc, 2, |a, b| {
-            let (x, y) = (load128(a), load128(b));
-            store128(a, _mm_blendv_epi8(x, y, f16_less8(x, y)));
+            let (kept, other) = order::<INC_KEPT, _>(load128(a), load128(b));
+            store128(a, _mm_blendv_epi8(kept, other, f16_less8(kept, other)));
         }),
         Op::Min => blocks::<16>(acc, inc, 2, |a, b| {
-            let (x, y) = (load128(a), load128(b));
-            store128(a, _mm_blendv_epi8(x, y, f16_less8(y, x)));
+            let (kept, other) = order::<INC_KEPT, _>(load128(a), load128(b));
+            store128(a, _mm_blendv_epi8(kept, other, f16_less8(other, kept)));
         }),
+        Op::Sum => unreachable!("f16_select_avx2 is called for max and min only"),
     }
 }
 
@@ -243,7 +284,7 @@ fn narrow_mask8(mask: __m256i) -> __m128i {
 }
 
 /// All ones in the 16-bit lanes where `x < y` as `f32` (false when either is NaN, and for
-/// +0 against -0), as `std::max`/`std::min` compare.
+/// +0 against -0), as [`portable::max`]/[`portable::min`] compare.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 fn f16_less8(x: __m128i, y: __m128i) -> __m128i {
@@ -274,19 +315,36 @@ fn f16_sum8(a: __m128i, b: __m128i) -> __m128i {
 
 /// `f16` sum, max or min with AVX-512F's conversions, sixteen lanes at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn f16_avx512(op: Op, acc: &mut [u8], inc: &[u8]) {
-    match op {
-        Op::Sum => blocks::<32>(acc, inc, 2, |a, b| {
+fn f16_avx512(semantics: Semantics, op: Op, acc: &mut [u8], inc: &[u8]) {
+    match (op, semantics) {
+        (Op::Sum, _) => blocks::<32>(acc, inc, 2, |a, b| {
             store256(a, f16_sum16(load256(a), load256(b)));
         }),
+        (_, Semantics::Ring) => f16_select_avx512::<false>(op, acc, inc),
+        (_, Semantics::Jaccl) => f16_select_avx512::<true>(op, acc, inc),
+    }
+}
+
+/// `f16` max or min with AVX-512F's conversions, sixteen lanes at a time, as
+/// [`f16_select_avx2`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn f16_select_avx512<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
+    match op {
         Op::Max => blocks::<32>(acc, inc, 2, |a, b| {
-            let (x, y) = (load256(a), load256(b));
-            store256(a, _mm256_mask_blend_epi16(f16_less16(x, y), x, y));
+            let (kept, other) = order::<INC_KEPT, _>(load256(a), load256(b));
+            store256(
+                a,
+                _mm256_mask_blend_epi16(f16_less16(kept, other), kept, other),
+            );
         }),
         Op::Min => blocks::<32>(acc, inc, 2, |a, b| {
-            let (x, y) = (load256(a), load256(b));
-            store256(a, _mm256_mask_blend_epi16(f16_less16(y, x), x, y));
+            let (kept, other) = order::<INC_KEPT, _>(load256(a), load256(b));
+            store256(
+                a,
+                _mm256_mask_blend_epi16(f16_less16(other, kept), kept, other),
+            );
         }),
+        Op::Sum => unreachable!("f16_select_avx512 is called for max and min only"),
     }
 }
 
