@@ -3,12 +3,10 @@
 //! arguments while ranks run collectives.
 #![cfg(all(feature = "probes", target_os = "linux"))]
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::Launch;
+use nuvec_tools::testing::{self as common, Launch};
 
 const PROBES: [&str; 6] = [
     "collective_start",
