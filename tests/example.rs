@@ -1,11 +1,9 @@
 //! The tensor-parallel example runs on two ranks and matches its unsharded computation.
 
-mod common;
-
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{collect, free_ports, write_hostfile};
+use nuvec_tools::testing::Launch;
 
 #[test]
 fn the_tensor_parallel_example_matches_the_unsharded_stack() {
@@ -22,26 +20,19 @@ fn the_tensor_parallel_example_matches_the_unsharded_stack() {
         .join("tensor_parallel");
     assert!(example.exists(), "{} was not built", example.display());
     for dtype in ["f16", "bf16"] {
-        let dir = tempfile::tempdir().unwrap();
-        let hostfile = write_hostfile(dir.path(), &free_ports(2, 1));
-        let children = (0..2)
-            .map(|rank| {
-                let child = Command::new(&example)
-                    .args([
-                        "--dtype", dtype, "--layers", "4", "--hidden", "256", "--ffn", "1024",
-                        "--tokens", "8",
-                    ])
-                    .env("MLX_HOSTFILE", &hostfile)
-                    .env("MLX_RANK", rank.to_string())
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("starting the example");
-                (rank, child)
+        let program = example.clone();
+        let outputs = Launch::new(2, 1)
+            .deadline(Duration::from_secs(120))
+            .command(move |_| {
+                let mut c = Command::new(&program);
+                c.args([
+                    "--dtype", dtype, "--layers", "4", "--hidden", "256", "--ffn", "1024",
+                    "--tokens", "8",
+                ]);
+                c
             })
-            .collect();
-        let outputs = collect(children, Duration::from_secs(120));
+            .spawn("the_tensor_parallel_example_matches_the_unsharded_stack")
+            .finish();
         for o in &outputs {
             assert_eq!(
                 o.status.map(|s| s.success()),

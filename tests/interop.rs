@@ -11,23 +11,20 @@
 //! P-1's connect-first order, the split into parallel rings, the small-array padding, and
 //! the reduction order and NaN rules of every op.
 //!
-//! The MLX venv comes from `tools/mlx-venv.sh`, which installs it when it is missing; if
-//! that fails, the test fails and says why.
-
-mod common;
+//! The MLX venv comes from `tools/mlx-venv.sh` (through [`testing::mlx_python`]), which
+//! installs it when it is missing; if that fails, the test fails and says why.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{RankOutput, assert_all_finished, collect, free_ports, write_hostfile};
 use nuvec_distributed::{Complex64, Element, Group, ReduceOp, bf16, f16};
+use nuvec_tools::testing::{self, Launch, assert_all_finished};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-const CHILD_VAR: &str = "NUVEC_TEST_CHILD";
 const MIN_SEND: usize = 262_144;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -297,21 +294,6 @@ fn rust_rank(plan_path: &Path, out_dir: &Path) {
 
 // ---- The driver ----------------------------------------------------------------------
 
-fn mlx_python() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/mlx-venv.sh");
-    let out = Command::new(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}): the interop tests need a venv with mlx[cpu]==0.32.* and numpy",
-        script.display(),
-        out.status
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 /// Runs one ring of `kinds` over `plan` and returns the directory holding its outputs.
 fn run_ring(
     test: &str,
@@ -323,36 +305,24 @@ fn run_ring(
 ) -> PathBuf {
     let out_dir = work.join(label);
     std::fs::create_dir_all(&out_dir).unwrap();
-    let hostfile = write_hostfile(&out_dir, &free_ports(kinds.len(), connections));
-    let python = mlx_python();
+    let python = testing::mlx_python();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mlx_rank.py");
-    let exe = std::env::current_exe().unwrap();
-    let mut children = Vec::new();
-    for (rank, kind) in kinds.iter().enumerate() {
-        let mut cmd = match kind {
+    let (test_name, rank_kinds) = (test.to_string(), kinds.to_vec());
+    let outputs = Launch::new(kinds.len(), connections)
+        .timeout(60.0)
+        .deadline(Duration::from_secs(300))
+        .env("NUVEC_INTEROP_PLAN", &plan_path.to_string_lossy())
+        .env("NUVEC_INTEROP_OUT", &out_dir.to_string_lossy())
+        .command(move |rank| match rank_kinds[rank] {
             Kind::Mlx => {
                 let mut c = Command::new(&python);
                 c.arg(&script);
                 c
             }
-            Kind::Rust => {
-                let mut c = Command::new(&exe);
-                c.args([test, "--exact", "--nocapture", "--test-threads=1"])
-                    .env(CHILD_VAR, test);
-                c
-            }
-        };
-        cmd.env("MLX_HOSTFILE", &hostfile)
-            .env("MLX_RANK", rank.to_string())
-            .env("NUVEC_INTEROP_PLAN", plan_path)
-            .env("NUVEC_INTEROP_OUT", &out_dir)
-            .env("NUVEC_DISTRIBUTED_TIMEOUT", "60")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        children.push((rank, cmd.spawn().expect("spawning a rank")));
-    }
-    let outputs: Vec<RankOutput> = collect(children, Duration::from_secs(300));
+            Kind::Rust => testing::this_test(&test_name),
+        })
+        .spawn(test)
+        .finish();
     if !outputs.iter().all(|o| o.finished()) {
         eprintln!("ring {label} ({kinds:?}) did not finish");
     }
@@ -361,11 +331,12 @@ fn run_ring(
 }
 
 fn interop(size: usize, connections: usize, test: &str) {
-    if std::env::var(CHILD_VAR).as_deref() == Ok(test) {
+    let rank = || {
         let plan = std::env::var_os("NUVEC_INTEROP_PLAN").unwrap();
         let out = std::env::var_os("NUVEC_INTEROP_OUT").unwrap();
         rust_rank(Path::new(&plan), Path::new(&out));
-        println!("{}", common::DONE);
+    };
+    if testing::as_rank(test, rank) {
         return;
     }
     let work = tempfile::tempdir().unwrap();

@@ -7,13 +7,11 @@
 #![cfg(feature = "jaccl")]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nuvec_distributed::{Backend, Error, init_backend, is_available, jaccl, unavailable_reason};
-
-/// The variable that tells a spawned copy of this test binary which scenario to play.
-const CHILD: &str = "NUVEC_JACCL_TEST_CHILD";
+use nuvec_tools::testing;
 
 /// Every variable either backend reads, removed from children unless a test sets it.
 const LAUNCH_VARS: [&str; 10] = [
@@ -30,10 +28,8 @@ const LAUNCH_VARS: [&str; 10] = [
 ];
 
 fn spawn(test: &str, env: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, test)
-        .env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
+    let mut cmd = testing::this_test(test);
+    cmd.env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for var in LAUNCH_VARS {
@@ -58,7 +54,7 @@ fn show(o: &Output) -> String {
 }
 
 fn is_child(test: &str) -> bool {
-    std::env::var(CHILD).as_deref() == Ok(test)
+    testing::is_rank(test)
 }
 
 #[test]
@@ -180,11 +176,7 @@ fn mlx_launch_environment_without_devices_fails_naming_device_and_peer() {
     let dir = tempfile::tempdir().unwrap();
     let devices = dir.path().join("devices.json");
     std::fs::write(&devices, r#"[[null, "rdma_en2"], ["rdma_en3", null]]"#).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = testing::free_port_block(1).unwrap();
     let start = Instant::now();
     let children: Vec<_> = (0..2)
         .map(|rank| {

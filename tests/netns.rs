@@ -5,15 +5,11 @@
 //! when the machine allows it and says so when it does not. The namespaces, the veth pair and
 //! the addresses (10.201.N.0/24) are this test's own and are removed afterwards.
 
-mod common;
-
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{RankOutput, collect};
+use nuvec_tools::testing::{self, Launch};
 
-const CHILD_VAR: &str = "NUVEC_TEST_CHILD";
 const NAME: &str = "cutting_a_link_fails_both_ranks_naming_each_other";
 
 /// The namespaces and link of one run; removed on drop.
@@ -83,8 +79,7 @@ impl Drop for Net {
 fn rank_body() {
     let group = nuvec_distributed::init(true).expect("the ring forms across the link");
     group.barrier().unwrap();
-    let dir = std::env::var("NUVEC_TEST_MARKERS").unwrap();
-    std::fs::write(Path::new(&dir).join(format!("{}-ready", group.rank())), b"").unwrap();
+    testing::mark("ready");
     let mut last = Instant::now();
     let error = loop {
         match group.all_sum(&mut [1.0f32; 256]) {
@@ -93,64 +88,34 @@ fn rank_body() {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    common::report_failure(&error, last.elapsed());
+    testing::report_failure(&error, last.elapsed());
 }
 
 #[test]
 #[ignore = "needs root and ip netns; tools/test.sh runs it when the machine allows it"]
 fn cutting_a_link_fails_both_ranks_naming_each_other() {
-    if std::env::var(CHILD_VAR).as_deref() == Ok(NAME) {
-        rank_body();
-        println!("{}", common::DONE);
+    if testing::as_rank(NAME, rank_body) {
         return;
     }
     let subnet = (std::process::id() % 200) as u8 + 20;
     let net = Net::new(subnet);
-    let dir = tempfile::tempdir().unwrap();
-    let nodes = [
-        [format!("10.201.{subnet}.1:40001")],
-        [format!("10.201.{subnet}.2:40002")],
+    let nodes = vec![
+        vec![format!("10.201.{subnet}.1:40001")],
+        vec![format!("10.201.{subnet}.2:40002")],
     ];
-    let hostfile = dir.path().join("hostfile.json");
-    std::fs::write(&hostfile, serde_json::to_string(&nodes).unwrap()).unwrap();
-    let markers = dir.path().join("markers");
-    std::fs::create_dir(&markers).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut children = Vec::new();
-    for (rank, ns) in net.names.iter().enumerate() {
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(&exe)
-            .args([
-                NAME,
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-                "--include-ignored",
-            ])
-            .env(CHILD_VAR, NAME)
-            .env("MLX_HOSTFILE", &hostfile)
-            .env("MLX_RANK", rank.to_string())
-            .env("NUVEC_DISTRIBUTED_TIMEOUT", "3")
-            .env("NUVEC_TEST_MARKERS", &markers)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting a rank in its namespace");
-        children.push((rank, child));
-    }
-    let until = Instant::now() + Duration::from_secs(30);
-    while !(markers.join("0-ready").exists() && markers.join("1-ready").exists()) {
-        assert!(
-            Instant::now() < until,
-            "the ranks did not form a ring across the link"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    let names = net.names.clone();
+    let running = Launch::new(2, 1)
+        .timeout(3.0)
+        .deadline(Duration::from_secs(60))
+        .nodes(nodes)
+        .command(move |rank| testing::this_test_in(&["ip", "netns", "exec", &names[rank]], NAME))
+        .spawn(NAME);
+    for rank in 0..2 {
+        running.wait_for(rank, "ready", Duration::from_secs(30));
     }
     std::thread::sleep(Duration::from_millis(200));
     net.cut();
-    let outputs: Vec<RankOutput> = collect(children, Duration::from_secs(60));
+    let outputs = running.finish();
     for o in &outputs {
         assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
         let (_, peer, message) = o.failure();

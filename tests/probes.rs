@@ -5,12 +5,10 @@
 //! fails rather than skips if bpftrace cannot attach.
 #![cfg(all(feature = "probes", target_os = "linux"))]
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::Launch;
+use nuvec_tools::testing::{self as common, Launch};
 
 const PROBES: [&str; 6] = [
     "collective_start",

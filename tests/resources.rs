@@ -5,13 +5,11 @@
 //! binary; it counts only the calling thread's allocations, because a collective runs
 //! entirely on the thread that calls it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Launch;
 use ffi::alloc::CountingAllocator;
 use nuvec_distributed::{Complex64, Group, bf16, f16};
+use nuvec_tools::testing::Launch;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;

@@ -8,13 +8,11 @@
 //! bit for bit with a plain left fold. Float results under real rounding are checked
 //! separately for agreement across ranks and reruns.
 
-mod common;
-
 use std::fmt::Debug;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use common::Launch;
 use nuvec_distributed::{Complex64, Element, Error, Group, ReduceOp, bf16, f16};
+use nuvec_tools::testing::Launch;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

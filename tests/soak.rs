@@ -2,9 +2,7 @@
 //! all_sums on three ranks, with resident memory and open file descriptors sampled along
 //! the way. Ignored by default (about half a minute); `tools/soak.sh` runs it.
 
-mod common;
-
-use common::Launch;
+use nuvec_tools::testing::Launch;
 
 /// (resident KiB, open file descriptors) of this process.
 #[cfg(target_os = "linux")]

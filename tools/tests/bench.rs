@@ -2,31 +2,52 @@
 //! comparison and the chart have unit tests on captured outputs): a short sweep over two
 //! rank counts started through the launcher, its JSON report and its chart.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use nuvec_tools::testing::{Finished, finish};
 use serde_json::Value;
 
 const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
+
+/// Runs `nuvec bench` with `args`, failing the test if it runs past five minutes.
+fn bench(args: &[&str]) -> Finished {
+    let child = Command::new(NUVEC)
+        .arg("bench")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting nuvec bench");
+    finish(child, Duration::from_secs(300))
+}
 
 #[test]
 fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
     let chart = dir.path().join("chart.svg");
-    let out = Command::new(NUVEC)
-        .args(["bench", "-n", "2,3", "--ops", "all_sum,sendrecv"])
-        .args(["--sizes", "4,8K", "--iters", "30", "--json"])
-        .arg(&json)
-        .arg("--chart")
-        .arg(&chart)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = bench(&[
+        "-n",
+        "2,3",
+        "--ops",
+        "all_sum,sendrecv",
+        "--sizes",
+        "4,8K",
+        "--iters",
+        "30",
+        "--json",
+        json.to_str().unwrap(),
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    let stdout = &out.stdout;
     assert!(
         out.status.success(),
         "{}\n{stdout}\n{}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     // Rank 0's tables, unprefixed, for both rank counts.
     assert!(
@@ -72,26 +93,20 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
 
 #[test]
 fn a_missing_anchors_folder_is_named() {
-    let out = Command::new(NUVEC)
-        .args(["bench", "--limits", "--anchors", "/nonexistent/anchors"])
-        .output()
-        .unwrap();
+    let out = bench(&["--limits", "--anchors", "/nonexistent/anchors"]);
     assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert!(
         stderr.contains("/nonexistent/anchors") && stderr.contains("--anchors"),
         "{stderr}"
     );
     // Nothing was measured before the check.
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("nuvec, 2 ranks"));
+    assert!(!out.stdout.contains("nuvec, 2 ranks"));
 }
 
 #[test]
 fn charts_must_be_svg() {
-    let out = Command::new(NUVEC)
-        .args(["bench", "--chart", "/tmp/chart.png"])
-        .output()
-        .unwrap();
+    let out = bench(&["--chart", "/tmp/chart.png"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("SVG"));
+    assert!(out.stderr.contains("SVG"), "{}", out.stderr);
 }

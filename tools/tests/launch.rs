@@ -2,70 +2,19 @@
 //! prefixes, `--env`, `--cwd`, hostfiles, a failing rank, forwarded signals, and MLX's own
 //! Python ranks (from the venv `tools/mlx-venv.sh` makes, installing it when missing).
 //!
-//! The Rust rank is this test binary: a test that finds [`CHILD`] in its environment runs as
-//! one rank instead of as a test, and the launch that starts it runs it filtered to itself.
+//! The Rust rank is this test binary, run through the shared harness's rank protocol
+//! ([`testing::as_rank`]): the launch passes `NUVEC_TEST_CHILD=<test>` with `--env`, and runs
+//! the binary filtered to that one test.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use nuvec_tools::launch::free_port_block;
+use nuvec_tools::testing::{self, CHILD_VAR, DONE, Finished, finish, free_port_block};
 
 const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
-
-/// Set (through `--env`) in ranks started by these tests.
-const CHILD: &str = "NUVEC_LAUNCH_TEST_CHILD";
-
-/// What a finished launch printed.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-/// Reads a child's output on threads, so that neither pipe fills up.
-fn reader(stream: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(mut s) = stream {
-            let _ = s.read_to_string(&mut text);
-        }
-        text
-    })
-}
-
-/// Waits for `child`, killing it if it runs past `deadline` (then the test fails).
-fn finish(mut child: Child, deadline: Duration) -> Finished {
-    let start = Instant::now();
-    let out = reader(child.stdout.take());
-    let err = reader(child.stderr.take());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "nuvec launch ran past {deadline:?}; stdout:\n{}\nstderr:\n{}",
-                out.join().unwrap(),
-                err.join().unwrap()
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Finished {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-        took: start.elapsed(),
-    }
-}
 
 fn nuvec_launch(args: &[&str]) -> Command {
     let mut c = Command::new(NUVEC);
@@ -112,38 +61,33 @@ fn rust_rank() {
 /// running only `test`.
 fn rust_ranks(ranks: usize, port: u16, test: &str) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
-    [
+    let mut args: Vec<String> = [
         "-n",
         &ranks.to_string(),
         "-p",
         &port.to_string(),
         "--env",
-        &format!("{CHILD}=1"),
+        &format!("{CHILD_VAR}={test}"),
         "--env",
         "NUVEC_DISTRIBUTED_TIMEOUT=30",
         "--",
         exe.to_str().unwrap(),
-        "--exact",
-        test,
-        "--nocapture",
-        "--test-threads=1",
     ]
     .map(String::from)
-    .to_vec()
+    .to_vec();
+    args.extend(testing::rank_args(test).map(String::from));
+    args
 }
 
 #[test]
 fn rust_ranks_form_a_ring_and_their_output_is_prefixed() {
-    if std::env::var_os(CHILD).is_some() {
-        return rust_rank();
+    const NAME: &str = "rust_ranks_form_a_ring_and_their_output_is_prefixed";
+    if testing::as_rank(NAME, rust_rank) {
+        return;
     }
     for n in [2usize, 3] {
         let port = free_port_block(n).unwrap();
-        let args = rust_ranks(
-            n,
-            port,
-            "rust_ranks_form_a_ring_and_their_output_is_prefixed",
-        );
+        let args = rust_ranks(n, port, NAME);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let f = run(&args);
         assert!(f.status.success(), "n={n}: {}\n{}", f.status, f.stderr);
@@ -153,6 +97,11 @@ fn rust_ranks_form_a_ring_and_their_output_is_prefixed() {
             assert!(
                 printed(&f.stdout, rank, &expected),
                 "n={n}: no {expected:?} from rank {rank} in\n{}",
+                f.stdout
+            );
+            assert!(
+                printed(&f.stdout, rank, DONE),
+                "n={n}: rank {rank}'s body did not return:\n{}",
                 f.stdout
             );
             assert!(
@@ -350,21 +299,6 @@ fn sigint_and_sigterm_are_forwarded_to_every_rank() {
     }
 }
 
-fn mlx_python() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mlx-venv.sh");
-    let out = Command::new(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}): this test needs a venv with mlx[cpu]==0.32.*",
-        script.display(),
-        out.status
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 const MLX_SCRIPT: &str = r#"
 import mlx.core as mx
 group = mx.distributed.init(backend="ring", strict=True)
@@ -375,10 +309,11 @@ print(f"RANK {group.rank()} OF {group.size()} SUM {x.item()}", flush=True)
 
 #[test]
 fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
-    if std::env::var_os(CHILD).is_some() {
-        return rust_rank();
+    const NAME: &str = "python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch";
+    if testing::as_rank(NAME, rust_rank) {
+        return;
     }
-    let python = mlx_python();
+    let python = testing::mlx_python();
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("mlx_all_sum.py");
     std::fs::write(&script, MLX_SCRIPT).unwrap();
@@ -415,12 +350,11 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
     let port = free_port_block(3).unwrap();
     let exe = std::env::current_exe().unwrap();
     let body = format!(
-        "if [ \"$MLX_RANK\" = 0 ]; then exec '{}' '{}'; else exec '{}' --exact \
-         python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch --nocapture \
-         --test-threads=1; fi",
+        "if [ \"$MLX_RANK\" = 0 ]; then exec '{}' '{}'; else exec '{}' {}; fi",
         python.display(),
         script.display(),
-        exe.display()
+        exe.display(),
+        testing::rank_args(NAME).join(" ")
     );
     let f = run(&[
         "-n",
@@ -428,7 +362,7 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
         "-p",
         &port.to_string(),
         "--env",
-        &format!("{CHILD}=1"),
+        &format!("{CHILD_VAR}={NAME}"),
         "--",
         "sh",
         "-c",

@@ -1,0 +1,605 @@
+//! The one harness for tests that run ranks as separate processes, on 127.0.0.1 (or in
+//! network namespaces): the ring tests, the failure tests, interop with MLX's Python ranks,
+//! the example, and `nuvec launch`'s own tests.
+//!
+//! A test calls [`Launch::run`] with its own name and a body. In the parent the call picks
+//! free ports ([`free_ports`]), writes a hostfile, starts every rank with `MLX_HOSTFILE`
+//! and `MLX_RANK` set as `mlx.launch` would, waits for them up to a deadline and returns
+//! what each printed. A rank is, by default, the test binary itself run filtered to that
+//! one test with [`CHILD_VAR`] naming it ([`this_test`]); there (see [`as_rank`]) the call
+//! runs the body and prints [`DONE`], so the parent knows the body returned rather than the
+//! process exited early. [`Launch::command`] starts another program instead (an MLX Python
+//! rank, the example binary, the test binary under `ip netns exec`).
+//!
+//! Ranks report failures on one line each ([`report_failure`], read back with
+//! [`RankOutput::failure`]); [`Launch::start`] leaves them running so that the test can
+//! signal them by PID ([`Ranks::signal`]) and wait for the points they mark ([`mark`],
+//! [`Ranks::wait_for`]).
+//!
+//! Everything here panics on failure: it is for tests.
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use nuvec_distributed::Group;
+
+/// The one free-port picker, shared with `nuvec launch` and the benchmark: see
+/// [`free_ports`] for why its blocks suit tests.
+pub use crate::launch::free_port_block;
+
+/// What a rank prints when its body returned.
+pub const DONE: &str = "NUVEC-RANK-DONE";
+
+/// The variable that makes a test binary a rank: it names the test whose body to run.
+pub const CHILD_VAR: &str = "NUVEC_TEST_CHILD";
+
+/// The directory where ranks started by [`Launch::start`] leave their marks.
+const MARKERS_VAR: &str = "NUVEC_TEST_MARKERS";
+
+// ---- Ports and hostfiles ---------------------------------------------------------------
+
+/// `size * connections` free ports on 127.0.0.1, `connections` per rank, from one block of
+/// [`free_port_block`]: below the ephemeral range, so that no outgoing connection of
+/// another ring is handed one of them before the ranks listen, and distinct from every
+/// other block this process has been given, so that tests running in parallel never share
+/// a port.
+pub fn free_ports(size: usize, connections: usize) -> Vec<Vec<u16>> {
+    let count = size * connections;
+    let first = free_port_block(count).expect("a block of free ports on 127.0.0.1");
+    (0..size)
+        .map(|r| {
+            (0..connections)
+                .map(|c| {
+                    let offset = u16::try_from(r * connections + c).expect("a port offset");
+                    first + offset
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `ports` as hostfile addresses on 127.0.0.1.
+pub fn loopback_nodes(ports: &[Vec<u16>]) -> Vec<Vec<String>> {
+    ports
+        .iter()
+        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+        .collect()
+}
+
+/// Writes an MLX ring hostfile (one list of `host:port` addresses per rank) into `dir` and
+/// returns its path.
+pub fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> PathBuf {
+    let path = dir.join("hostfile.json");
+    std::fs::write(&path, serde_json::to_string(nodes).expect("JSON"))
+        .expect("writing the hostfile");
+    path
+}
+
+/// In a rank: the hostfile's address lists (from `MLX_HOSTFILE`).
+pub fn hostfile_nodes() -> Vec<Vec<String>> {
+    let path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
+    serde_json::from_slice(&std::fs::read(path).expect("the hostfile")).expect("hostfile JSON")
+}
+
+// ---- Ranks that are this test binary ---------------------------------------------------
+
+/// Whether this process is a rank of test `name` (started by [`this_test`]).
+pub fn is_rank(name: &str) -> bool {
+    std::env::var(CHILD_VAR).as_deref() == Ok(name)
+}
+
+/// If this process is a rank of test `name`: runs `body`, prints [`DONE`] and returns
+/// `true`. Otherwise returns `false` without running it.
+pub fn as_rank(name: &str, body: impl FnOnce()) -> bool {
+    if !is_rank(name) {
+        return false;
+    }
+    body();
+    println!("{DONE}");
+    true
+}
+
+/// The test harness's arguments that run only test `name` (even when it is ignored) and
+/// show what it prints.
+pub fn rank_args(name: &str) -> [&str; 5] {
+    [
+        name,
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "--include-ignored",
+    ]
+}
+
+/// A command that runs this test binary as a rank of test `name`.
+pub fn this_test(name: &str) -> Command {
+    this_test_in(&[], name)
+}
+
+/// Like [`this_test`], run through `wrapper` (a program and its arguments, such as
+/// `ip netns exec <namespace>`) when it is not empty.
+pub fn this_test_in(wrapper: &[&str], name: &str) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    command.args(rank_args(name)).env(CHILD_VAR, name);
+    command
+}
+
+/// The Python of the venv with MLX's CPU build that `tools/mlx-venv.sh` makes (installing it
+/// when it is missing; `NUVEC_MLX_VENV` says where). Panics, saying why, when that fails:
+/// a test that needs MLX's ranks does not pass without them.
+pub fn mlx_python() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("mlx-venv.sh");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): this test needs a venv with mlx[cpu]==0.32.* and numpy",
+        script.display(),
+        out.status
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+// ---- The FAIL line and marks -----------------------------------------------------------
+
+/// In a rank: prints `FAIL <ms> <peer> <message>` for `error`, reached `elapsed` after the
+/// rank started waiting, for the parent to read with [`RankOutput::failure`].
+pub fn report_failure(error: &nuvec_distributed::Error, elapsed: Duration) {
+    let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
+    println!("FAIL {} {peer} {error}", elapsed.as_millis());
+}
+
+/// In a rank started by [`Launch::start`]: tells the parent this rank reached `what`.
+pub fn mark(what: &str) {
+    let dir = std::env::var(MARKERS_VAR).expect("started by Launch::start");
+    let rank = std::env::var("MLX_RANK").unwrap_or_default();
+    std::fs::write(Path::new(&dir).join(format!("{rank}-{what}")), b"").expect("writing a marker");
+}
+
+/// In a rank started by [`Launch::start`]: waits until the parent calls
+/// [`Ranks::release`].
+pub fn wait_for_parent() {
+    let dir = std::env::var(MARKERS_VAR).expect("started by Launch::start");
+    let go = Path::new(&dir).join("go");
+    let until = Instant::now() + Duration::from_secs(60);
+    while !go.exists() {
+        assert!(
+            Instant::now() < until,
+            "the parent never released this rank"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ---- Outputs ---------------------------------------------------------------------------
+
+/// One rank's outcome.
+#[derive(Debug)]
+pub struct RankOutput {
+    /// The rank.
+    pub rank: usize,
+    /// How it exited; `None` when it was killed at the deadline.
+    pub status: Option<ExitStatus>,
+    /// Everything it printed on stdout.
+    pub stdout: String,
+    /// Everything it printed on stderr.
+    pub stderr: String,
+}
+
+impl RankOutput {
+    /// Whether the rank exited successfully after its body returned.
+    pub fn finished(&self) -> bool {
+        self.status.is_some_and(|s| s.success()) && self.stdout.contains(DONE)
+    }
+
+    /// What follows `marker` on each line of stdout that holds it. (The test harness may
+    /// have printed the test's name before it on the same line.)
+    pub fn lines(&self, marker: &str) -> Vec<String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| {
+                l.find(marker)
+                    .map(|i| l[i + marker.len()..].trim().to_string())
+            })
+            .collect()
+    }
+
+    /// The first `FAIL <ms> <peer> <message>` line (see [`report_failure`]), parsed: the
+    /// milliseconds, the peer the error named (`None` for `-`) and the message. Panics, with
+    /// the rank's output, when the rank printed none or a malformed one.
+    pub fn failure(&self) -> (u64, Option<usize>, String) {
+        let line = self
+            .lines("FAIL ")
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("rank {} printed no failure:\n{self}", self.rank));
+        let mut parts = line.splitn(3, ' ');
+        let ms = parts
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("rank {}: a malformed FAIL line {line:?}", self.rank));
+        let peer = parts.next().and_then(|p| p.parse().ok());
+        (ms, peer, parts.next().unwrap_or_default().to_string())
+    }
+}
+
+impl fmt::Display for RankOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "--- rank {} (status {:?})\nstdout:\n{}\nstderr:\n{}",
+            self.rank, self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Panics with every rank's output unless all ranks finished.
+pub fn assert_all_finished(outputs: &[RankOutput]) {
+    if outputs.iter().all(RankOutput::finished) {
+        return;
+    }
+    let mut report = String::from("not every rank finished:\n");
+    for o in outputs {
+        report += &format!("{o}\n");
+    }
+    panic!("{report}");
+}
+
+/// Waits for every child (killing, by its handle, each one still running at the deadline)
+/// and reads their output. The children's stdout and stderr must be piped.
+pub fn collect(children: Vec<(usize, Child)>, deadline: Duration) -> Vec<RankOutput> {
+    let until = Instant::now() + deadline;
+    let mut readers = Vec::new();
+    let mut waiting = Vec::new();
+    for (rank, mut child) in children {
+        readers.push((reader(child.stdout.take()), reader(child.stderr.take())));
+        waiting.push((rank, child));
+    }
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; waiting.len()];
+    loop {
+        let mut all = true;
+        for (status, (_, child)) in statuses.iter_mut().zip(&mut waiting) {
+            if status.is_none() {
+                *status = child.try_wait().expect("waiting for a rank");
+                all &= status.is_some();
+            }
+        }
+        if all {
+            break;
+        }
+        if Instant::now() >= until {
+            for (status, (_, child)) in statuses.iter().zip(&mut waiting) {
+                if status.is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiting
+        .into_iter()
+        .zip(readers)
+        .zip(statuses)
+        .map(|(((rank, _), (o, e)), status)| RankOutput {
+            rank,
+            status,
+            stdout: o.join().unwrap_or_default(),
+            stderr: e.join().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Reads a child's stream to the end on a thread, so that no pipe fills up and blocks it.
+fn reader(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut s) = stream {
+            let _ = s.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// What a single process (not a ring) printed, and how long it ran.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it exited.
+    pub status: ExitStatus,
+    /// Everything it printed on stdout.
+    pub stdout: String,
+    /// Everything it printed on stderr.
+    pub stderr: String,
+    /// From the call to [`finish`] to its exit.
+    pub took: Duration,
+}
+
+/// Waits for one `child` (its stdout and stderr piped); kills it and panics, with what it
+/// printed, if it runs past `deadline`.
+pub fn finish(child: Child, deadline: Duration) -> Finished {
+    let start = Instant::now();
+    let pid = child.id();
+    let output = collect(vec![(0, child)], deadline)
+        .pop()
+        .expect("one output per child");
+    let Some(status) = output.status else {
+        panic!(
+            "process {pid} ran past {deadline:?}; stdout:\n{}\nstderr:\n{}",
+            output.stdout, output.stderr
+        );
+    };
+    Finished {
+        status,
+        stdout: output.stdout,
+        stderr: output.stderr,
+        took: start.elapsed(),
+    }
+}
+
+// ---- Rings of processes ----------------------------------------------------------------
+
+/// Makes the command one rank runs, before the harness adds the ring's environment.
+type RankCommand = Arc<dyn Fn(usize) -> Command + Send + Sync>;
+
+/// How to launch a ring of processes.
+#[derive(Clone)]
+pub struct Launch {
+    /// Number of ranks.
+    pub size: usize,
+    /// Connections (hostfile addresses) per rank.
+    pub connections: usize,
+    /// Environment for every rank.
+    pub env: Vec<(String, String)>,
+    /// Ranks that are not started at all.
+    pub skip: Vec<usize>,
+    /// How long the parent waits for all ranks before killing them.
+    pub deadline: Duration,
+    /// Seconds each rank's group waits for a silent peer (`NUVEC_DISTRIBUTED_TIMEOUT`).
+    pub timeout_secs: f64,
+    command: Option<RankCommand>,
+    nodes: Option<Vec<Vec<String>>>,
+}
+
+impl fmt::Debug for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launch")
+            .field("size", &self.size)
+            .field("connections", &self.connections)
+            .field("env", &self.env)
+            .field("skip", &self.skip)
+            .field("deadline", &self.deadline)
+            .field("timeout_secs", &self.timeout_secs)
+            .field("command", &self.command.as_ref().map(|_| "custom"))
+            .field("nodes", &self.nodes)
+            .finish()
+    }
+}
+
+impl Launch {
+    /// `size` ranks of this test binary, `connections` loopback ports each; a deadline of
+    /// three minutes and a group timeout of 20 seconds.
+    pub fn new(size: usize, connections: usize) -> Self {
+        Self {
+            size,
+            connections,
+            env: Vec::new(),
+            skip: Vec::new(),
+            deadline: Duration::from_secs(180),
+            timeout_secs: 20.0,
+            command: None,
+            nodes: None,
+        }
+    }
+
+    /// Sets `key` to `value` in every rank.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Does not start `rank`.
+    pub fn skip(mut self, rank: usize) -> Self {
+        self.skip.push(rank);
+        self
+    }
+
+    /// Sets how long each rank's group waits for a silent peer.
+    pub fn timeout(mut self, seconds: f64) -> Self {
+        self.timeout_secs = seconds;
+        self
+    }
+
+    /// Sets how long the parent waits for every rank before killing those still running.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Starts `command(rank)` as each rank instead of this test binary; the harness adds
+    /// the ring's environment and pipes its output.
+    pub fn command(mut self, command: impl Fn(usize) -> Command + Send + Sync + 'static) -> Self {
+        self.command = Some(Arc::new(command));
+        self
+    }
+
+    /// Writes `nodes` as the hostfile instead of free loopback ports (a ring across
+    /// network namespaces, for one).
+    pub fn nodes(mut self, nodes: Vec<Vec<String>>) -> Self {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// In a rank: initialises the group from the environment, runs `body` and prints
+    /// [`DONE`]; returns `None`. In the parent: runs every rank of test `name` and returns
+    /// their outputs.
+    pub fn run(&self, name: &str, body: impl FnOnce(Group)) -> Option<Vec<RankOutput>> {
+        self.run_raw(name, || body(form_group()))
+    }
+
+    /// Like [`Launch::run`], but the body gets the environment only and forms (or fails to
+    /// form) the group itself.
+    pub fn run_raw(&self, name: &str, body: impl FnOnce()) -> Option<Vec<RankOutput>> {
+        if as_rank(name, body) {
+            return None;
+        }
+        Some(self.spawn(name).finish())
+    }
+
+    /// [`Launch::run`], asserting that every rank finished; returns their outputs (none
+    /// in a rank).
+    pub fn all_ok(&self, name: &str, body: impl FnOnce(Group)) -> Vec<RankOutput> {
+        match self.run(name, body) {
+            None => Vec::new(),
+            Some(outputs) => {
+                assert_all_finished(&outputs);
+                outputs
+            }
+        }
+    }
+
+    /// Like [`Launch::run`], but returns the running ranks, so the test can signal them
+    /// and wait for their marks (see [`Ranks`]); in a rank, runs `body` and returns `None`.
+    pub fn start(&self, name: &str, body: impl FnOnce(Group)) -> Option<Ranks> {
+        self.start_raw(name, || body(form_group()))
+    }
+
+    /// Like [`Launch::start`], but the body gets the environment only and forms (or fails
+    /// to form) the group itself.
+    pub fn start_raw(&self, name: &str, body: impl FnOnce()) -> Option<Ranks> {
+        if as_rank(name, body) {
+            return None;
+        }
+        Some(self.spawn(name))
+    }
+
+    /// In the parent: writes the hostfile and starts every rank (of test `name` when the
+    /// ranks are this test binary), whatever this process is.
+    pub fn spawn(&self, name: &str) -> Ranks {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (ports, nodes) = match &self.nodes {
+            Some(nodes) => (Vec::new(), nodes.clone()),
+            None => {
+                let ports = free_ports(self.size, self.connections);
+                let nodes = loopback_nodes(&ports);
+                (ports, nodes)
+            }
+        };
+        let hostfile = write_hostfile(dir.path(), &nodes);
+        let markers = dir.path().join("markers");
+        std::fs::create_dir(&markers).expect("the markers directory");
+        let mut children = Vec::new();
+        for rank in (0..self.size).filter(|r| !self.skip.contains(r)) {
+            let mut command = match &self.command {
+                Some(make) => make(rank),
+                None => this_test(name),
+            };
+            let child = command
+                .env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_RANK", rank.to_string())
+                .env("NUVEC_DISTRIBUTED_TIMEOUT", self.timeout_secs.to_string())
+                .env(MARKERS_VAR, &markers)
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting rank {rank} ({command:?}): {e}"));
+            children.push((rank, child));
+        }
+        Ranks {
+            children,
+            markers,
+            ports,
+            deadline: self.deadline,
+            _dir: dir,
+        }
+    }
+}
+
+/// In a rank: the group every rank of a [`Launch::run`] or [`Launch::start`] body gets.
+fn form_group() -> Group {
+    nuvec_distributed::init(true).expect("the ring forms")
+}
+
+/// Ranks started by [`Launch::start`] or [`Launch::spawn`], still running.
+pub struct Ranks {
+    children: Vec<(usize, Child)>,
+    markers: PathBuf,
+    /// Each rank's listening ports, as in the hostfile (empty with [`Launch::nodes`]).
+    pub ports: Vec<Vec<u16>>,
+    deadline: Duration,
+    _dir: tempfile::TempDir,
+}
+
+impl Ranks {
+    /// Waits until `rank` has called [`mark`] with `what`; panics after `within`.
+    pub fn wait_for(&self, rank: usize, what: &str, within: Duration) {
+        let path = self.markers.join(format!("{rank}-{what}"));
+        let until = Instant::now() + within;
+        while !path.exists() {
+            assert!(
+                Instant::now() < until,
+                "rank {rank} did not reach {what:?} within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The process id of `rank` (still running: its handle is held here).
+    pub fn pid(&self, rank: usize) -> u32 {
+        self.children
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .expect("a started rank")
+            .1
+            .id()
+    }
+
+    /// Lets every rank waiting in [`wait_for_parent`] go on.
+    pub fn release(&self) {
+        std::fs::write(self.markers.join("go"), b"").expect("writing the go marker");
+    }
+
+    /// Sends `signal` (`"KILL"`, `"STOP"`, `"CONT"`, ...) to `rank`'s process: one this
+    /// harness started and has not yet reaped, so its PID cannot have been reused.
+    pub fn signal(&mut self, rank: usize, signal: &str) {
+        let signal = Signal::from_str(&format!("SIG{signal}"))
+            .unwrap_or_else(|e| panic!("no signal {signal}: {e}"));
+        let (_, child) = self
+            .children
+            .iter_mut()
+            .find(|(r, _)| *r == rank)
+            .expect("a started rank");
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "rank {rank} already exited"
+        );
+        let pid = i32::try_from(child.id()).expect("a process id");
+        kill(Pid::from_raw(pid), signal)
+            .unwrap_or_else(|e| panic!("kill -{signal} {pid} (rank {rank}): {e}"));
+    }
+
+    /// Waits for every rank (killing those still running at the deadline) and returns
+    /// their outputs.
+    pub fn finish(self) -> Vec<RankOutput> {
+        collect(self.children, self.deadline)
+    }
+}
