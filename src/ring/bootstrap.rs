@@ -187,7 +187,7 @@ enum Dial {
     /// A non-blocking connect in flight.
     Connecting(TcpStream),
     /// Connected; running the connector's side of the handshake.
-    Handshake(TcpStream, auth::Connector),
+    Handshake(TcpStream, Box<auth::Connector>),
     /// Ready for the ring.
     Up(TcpStream),
     /// The neighbour answered but authentication failed; retrying cannot help.
@@ -524,7 +524,7 @@ impl<'a> Setup<'a> {
                     if let Dial::Connecting(s) =
                         std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now()))
                     {
-                        self.dials[i] = Dial::Handshake(s, hs);
+                        self.dials[i] = Dial::Handshake(s, Box::new(hs));
                     }
                 }
                 Err(e) => {
@@ -536,7 +536,7 @@ impl<'a> Setup<'a> {
         let Dial::Handshake(stream, hs) = &mut self.dials[i] else {
             return Ok(());
         };
-        if let Err(e) = pump(stream, hs) {
+        if let Err(e) = pump(stream, &mut **hs) {
             self.retry(i, e);
             return Ok(());
         }
