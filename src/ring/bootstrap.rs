@@ -872,4 +872,69 @@ mod tests {
             "{e:?}"
         );
     }
+
+    /// Two loopback addresses nobody listens on (bound by the kernel, then released).
+    fn free_pair() -> [SocketAddr; 2] {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        [a.local_addr().unwrap(), b.local_addr().unwrap()]
+    }
+
+    fn ring_addrs(rank: usize, ports: [SocketAddr; 2]) -> RingAddresses {
+        RingAddresses {
+            rank,
+            size: 2,
+            listen: vec![ports[rank]],
+            right: vec![ports[1 - rank]],
+            local_ranks: 2,
+        }
+    }
+
+    fn start(
+        rank: usize,
+        ports: [SocketAddr; 2],
+        secret: &'static str,
+    ) -> std::thread::JoinHandle<Result<usize>> {
+        std::thread::spawn(move || {
+            let options = Options::default()
+                .timeout(Duration::from_secs(10))
+                .key(secret);
+            connect(&ring_addrs(rank, ports), &options).map(|t| t.connections())
+        })
+    }
+
+    #[test]
+    fn a_keyed_pair_forms_over_loopback_past_a_garbage_client() {
+        let ports = free_pair();
+        let rank0 = start(0, ports, "a shared secret of enough length");
+        // A client that gets to rank 0's address first and sends garbage, staying connected.
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut stranger = loop {
+            match std::net::TcpStream::connect(ports[0]) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < until => std::thread::sleep(MS),
+                Err(e) => panic!("rank 0 never listened: {e}"),
+            }
+        };
+        std::io::Write::write_all(&mut stranger, &[0x5A; 100]).unwrap();
+        let rank1 = start(1, ports, "a shared secret of enough length");
+        assert_eq!(rank0.join().unwrap().unwrap(), 1);
+        assert_eq!(rank1.join().unwrap().unwrap(), 1);
+        drop(stranger);
+    }
+
+    #[test]
+    fn a_pair_with_different_keys_fails_on_both_sides_naming_the_peer() {
+        let ports = free_pair();
+        let rank0 = start(0, ports, "a shared secret of enough length");
+        let rank1 = start(1, ports, "another secret of enough length!");
+        for (rank, handle) in [(0, rank0), (1, rank1)] {
+            let e = handle.join().unwrap().unwrap_err();
+            assert!(
+                matches!(&e, Error::Auth { peer, reason, .. }
+                    if *peer == 1 - rank && reason.contains("keys differ")),
+                "rank {rank}: {e}"
+            );
+        }
+    }
 }
