@@ -21,6 +21,16 @@
 //! encrypted nor authenticated: someone who can see or alter packets on the network can see
 //! or alter the data. On an untrusted network, run the ring over a VPN or an encrypted
 //! link.
+//!
+//! Without a key nothing at all is exchanged: MLX's ring sends no handshake, and an unkeyed
+//! connection's first bytes are already the collectives' traffic.
+//!
+//! The handshake itself lives in two state machines, [`Connector`] and [`Acceptor`], that own
+//! no socket and read no clock: the caller writes what [`Handshake::transmit`] holds, reads
+//! at most [`Handshake::wants`] bytes (never more, so no byte of the traffic that follows is
+//! taken) and feeds them to [`Handshake::handle_recv`], reports the peer closing with
+//! [`Handshake::handle_closed`], and stops once [`Handshake::outcome`] is no longer
+//! [`Outcome::Pending`]. Timeouts are the caller's.
 
 use std::fmt;
 
@@ -237,15 +247,10 @@ fn nonce() -> Result<[u8; 32]> {
     Ok(n)
 }
 
-/// A fresh nonce for an acceptor's [`Challenge`].
-pub(crate) fn acceptor_nonce() -> Result<[u8; 32]> {
-    nonce()
-}
-
 /// Which side a proof is made by: each side's proof is different, so one side's proof can
 /// never be reflected back as the other's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
+enum Role {
     /// The rank that opened the connection.
     Connector,
     /// The rank that accepted it.
@@ -253,7 +258,7 @@ pub(crate) enum Role {
 }
 
 /// The proof `role` sends for the handshake of `hello` and the acceptor's `acceptor_nonce`.
-pub(crate) fn proof(key: &Key, role: Role, hello: &Hello, acceptor_nonce: &[u8; 32]) -> [u8; 32] {
+fn proof(key: &Key, role: Role, hello: &Hello, acceptor_nonce: &[u8; 32]) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(&key.0);
     h.update(match role {
         Role::Connector => b"connector proof",
@@ -265,7 +270,7 @@ pub(crate) fn proof(key: &Key, role: Role, hello: &Hello, acceptor_nonce: &[u8; 
 }
 
 /// Whether `received` is `role`'s proof for this handshake, compared in constant time.
-pub(crate) fn verify(
+fn verify(
     key: &Key,
     role: Role,
     hello: &Hello,
@@ -273,6 +278,453 @@ pub(crate) fn verify(
     received: &[u8; 32],
 ) -> bool {
     blake3::Hash::from(proof(key, role, hello, acceptor_nonce)) == blake3::Hash::from(*received)
+}
+
+/// The ranks and connection a handshake is about: what a connector claims, and what an
+/// acceptor expects on the address it accepted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Link {
+    /// Ranks in the ring.
+    pub(crate) size: usize,
+    /// The rank that opens the connection.
+    pub(crate) connector: usize,
+    /// The rank that accepts it.
+    pub(crate) acceptor: usize,
+    /// Which of the acceptor's addresses (connection index) it is opened to.
+    pub(crate) index: usize,
+}
+
+/// Where a handshake stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It needs to send or receive more.
+    Pending,
+    /// The connection may carry the ring's traffic: the peer proved the key, or there is no
+    /// key to prove.
+    Established,
+    /// The connection must be dropped.
+    Rejected(Rejection),
+}
+
+/// Why a handshake failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    /// Who is at fault.
+    pub(crate) fault: Fault,
+    /// The rank the peer claimed to be, if it got that far (acceptor side only: a connector
+    /// knows whom it dialled).
+    pub(crate) claimed: Option<usize>,
+    /// What went wrong, as a sentence about the peer.
+    pub(crate) reason: String,
+}
+
+/// Who a failed handshake is blamed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The peer: it sent something that is not this handshake (garbage, or traffic from a
+    /// rank without a key), spoke another version, claimed to be another rank or connection,
+    /// or left mid-way.
+    Peer,
+    /// Neither side alone: both ran the handshake, but a proof did not verify, so the keys
+    /// differ. A rank cannot tell whose key is the odd one out.
+    Keys,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Peer => "the peer broke the handshake",
+            Fault::Keys => "the keys differ",
+        })
+    }
+}
+
+impl Rejection {
+    fn peer(claimed: Option<usize>, reason: impl Into<String>) -> Outcome {
+        Outcome::Rejected(Rejection {
+            fault: Fault::Peer,
+            claimed,
+            reason: reason.into(),
+        })
+    }
+
+    fn keys(claimed: Option<usize>, reason: impl Into<String>) -> Outcome {
+        Outcome::Rejected(Rejection {
+            fault: Fault::Keys,
+            claimed,
+            reason: reason.into(),
+        })
+    }
+}
+
+/// The interface both sides of the handshake share, in the order a caller drives it.
+pub(crate) trait Handshake {
+    /// Bytes to write now (empty if none). After [`Outcome::Rejected`] these are parting
+    /// bytes that let the peer learn why; write them once if they fit, and drop the
+    /// connection either way.
+    fn transmit(&self) -> &[u8];
+    /// `n` bytes of [`Handshake::transmit`] were written.
+    fn handle_sent(&mut self, n: usize);
+    /// How many bytes to read now, at most (0: none). Reading more would take bytes that
+    /// belong to the traffic after the handshake.
+    fn wants(&self) -> usize;
+    /// Bytes read from the peer; returns how many were taken (at most
+    /// [`Handshake::wants`]).
+    fn handle_recv(&mut self, bytes: &[u8]) -> usize;
+    /// The peer closed the connection (or reading from it failed).
+    fn handle_closed(&mut self);
+    /// Where the handshake stands.
+    fn outcome(&self) -> &Outcome;
+}
+
+/// Where a keyed connector is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnectorPhase {
+    /// Sending the hello, then reading the challenge.
+    Challenge,
+    /// Sending the proof, then reading the verdict.
+    Verdict,
+}
+
+/// The side that opened the connection: sends [`Hello`], checks the acceptor's
+/// [`Challenge`], sends its proof, reads the verdict.
+#[derive(Debug)]
+pub(crate) struct Connector {
+    key: Option<Key>,
+    hello: Hello,
+    phase: ConnectorPhase,
+    out: Vec<u8>,
+    sent: usize,
+    inbuf: [u8; Challenge::LEN],
+    got: usize,
+    outcome: Outcome,
+}
+
+impl Connector {
+    /// A connector for `link` with a fresh nonce; without a key, one that is already
+    /// established and sends nothing.
+    pub(crate) fn new(key: Option<Key>, link: Link) -> Result<Connector> {
+        let nonce = if key.is_some() { nonce()? } else { [0; 32] };
+        Connector::with_nonce(key, link, nonce)
+    }
+
+    /// A connector with a given nonce (tests and fuzzing, which need to be repeatable).
+    pub(crate) fn with_nonce(key: Option<Key>, link: Link, nonce: [u8; 32]) -> Result<Connector> {
+        let mut hello = Hello::new(link.size, link.connector, link.acceptor, link.index)?;
+        hello.nonce = nonce;
+        let (out, outcome) = match key {
+            Some(_) => (hello.encode().to_vec(), Outcome::Pending),
+            None => (Vec::new(), Outcome::Established),
+        };
+        Ok(Connector {
+            key,
+            hello,
+            phase: ConnectorPhase::Challenge,
+            out,
+            sent: 0,
+            inbuf: [0; Challenge::LEN],
+            got: 0,
+            outcome,
+        })
+    }
+
+    fn challenge_read(&mut self, key: &Key) {
+        let challenge = match Challenge::decode(&self.inbuf) {
+            Ok(c) => c,
+            Err(m) => {
+                self.outcome = Rejection::peer(None, format!("it sent {m}"));
+                return;
+            }
+        };
+        // Our proof goes out even if theirs is wrong, so that the acceptor can tell its
+        // operator that we did not prove the key either.
+        self.out = proof(key, Role::Connector, &self.hello, &challenge.nonce).to_vec();
+        self.sent = 0;
+        if !verify(
+            key,
+            Role::Acceptor,
+            &self.hello,
+            &challenge.nonce,
+            &challenge.proof,
+        ) {
+            self.outcome =
+                Rejection::keys(None, "it did not prove the key (the ranks' keys differ)");
+            return;
+        }
+        self.phase = ConnectorPhase::Verdict;
+        self.got = 0;
+    }
+}
+
+impl Handshake for Connector {
+    fn transmit(&self) -> &[u8] {
+        &self.out[self.sent..]
+    }
+
+    fn handle_sent(&mut self, n: usize) {
+        self.sent = (self.sent + n).min(self.out.len());
+    }
+
+    fn wants(&self) -> usize {
+        if self.outcome != Outcome::Pending || self.sent < self.out.len() {
+            return 0;
+        }
+        match self.phase {
+            ConnectorPhase::Challenge => Challenge::LEN - self.got,
+            ConnectorPhase::Verdict => 1 - self.got,
+        }
+    }
+
+    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
+        let (Some(key), n) = (self.key, self.wants().min(bytes.len())) else {
+            return 0;
+        };
+        if n == 0 {
+            return 0;
+        }
+        self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
+        self.got += n;
+        match self.phase {
+            ConnectorPhase::Challenge if self.got == Challenge::LEN => self.challenge_read(&key),
+            ConnectorPhase::Verdict if self.got == 1 => {
+                self.outcome = match self.inbuf[0] {
+                    1 => Outcome::Established,
+                    0 => Rejection::keys(None, "it refused this rank's proof"),
+                    _ => Rejection::peer(None, "it refused this rank's proof"),
+                };
+            }
+            _ => {}
+        }
+        n
+    }
+
+    fn handle_closed(&mut self) {
+        if self.outcome != Outcome::Pending {
+            return;
+        }
+        self.outcome = Rejection::peer(
+            None,
+            match self.phase {
+                ConnectorPhase::Challenge => {
+                    "closed the connection during the handshake (is the key set on every rank?)"
+                }
+                ConnectorPhase::Verdict => {
+                    "it closed the connection instead of accepting this rank's proof"
+                }
+            },
+        );
+    }
+
+    fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+}
+
+/// Where a keyed acceptor is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AcceptorPhase {
+    /// Reading the connector's hello.
+    Hello,
+    /// Sending the challenge.
+    Challenge(Hello),
+    /// Reading the connector's proof.
+    Proof(Hello),
+    /// Sending the verdict: whether the proof was right.
+    Verdict(Hello, bool),
+}
+
+/// The side that accepted the connection: reads [`Hello`] and checks that it comes from the
+/// rank and connection expected, sends its [`Challenge`], checks the connector's proof and
+/// sends the verdict.
+#[derive(Debug)]
+pub(crate) struct Acceptor {
+    key: Option<Key>,
+    expect: Link,
+    nonce: [u8; 32],
+    phase: AcceptorPhase,
+    inbuf: [u8; Hello::LEN],
+    got: usize,
+    out: [u8; Challenge::LEN],
+    out_len: usize,
+    sent: usize,
+    outcome: Outcome,
+}
+
+impl Acceptor {
+    /// An acceptor expecting `expect`, with a fresh nonce; without a key, one that is
+    /// already established and reads nothing.
+    pub(crate) fn new(key: Option<Key>, expect: Link) -> Result<Acceptor> {
+        let nonce = if key.is_some() { nonce()? } else { [0; 32] };
+        Ok(Acceptor::with_nonce(key, expect, nonce))
+    }
+
+    /// An acceptor with a given nonce (tests and fuzzing, which need to be repeatable).
+    pub(crate) fn with_nonce(key: Option<Key>, expect: Link, nonce: [u8; 32]) -> Acceptor {
+        Acceptor {
+            key,
+            expect,
+            nonce,
+            phase: AcceptorPhase::Hello,
+            inbuf: [0; Hello::LEN],
+            got: 0,
+            out: [0; Challenge::LEN],
+            out_len: 0,
+            sent: 0,
+            outcome: match key {
+                Some(_) => Outcome::Pending,
+                None => Outcome::Established,
+            },
+        }
+    }
+
+    fn hello_read(&mut self, key: &Key) {
+        let hello = match Hello::decode(&self.inbuf) {
+            Ok(h) => h,
+            Err(m) => {
+                self.outcome = Rejection::peer(None, format!("a client sent {m}"));
+                return;
+            }
+        };
+        let expect = &self.expect;
+        let fits = hello.size as usize == expect.size
+            && hello.from as usize == expect.connector
+            && hello.to as usize == expect.acceptor
+            && hello.index as usize == expect.index;
+        if !fits {
+            self.outcome = Rejection::peer(
+                Some(hello.from as usize),
+                format!(
+                    "a client introduced itself as rank {} of {} opening connection {} to rank {}, \
+                     but this address expects rank {} of {} opening connection {} to rank {}",
+                    hello.from,
+                    hello.size,
+                    hello.index,
+                    hello.to,
+                    expect.connector,
+                    expect.size,
+                    expect.index,
+                    expect.acceptor
+                ),
+            );
+            return;
+        }
+        let proof = proof(key, Role::Acceptor, &hello, &self.nonce);
+        self.out = Challenge {
+            nonce: self.nonce,
+            proof,
+        }
+        .encode();
+        self.out_len = Challenge::LEN;
+        self.sent = 0;
+        self.phase = AcceptorPhase::Challenge(hello);
+    }
+}
+
+/// The rejection of a client that left after saying who it is, without proving the key.
+fn gone(hello: &Hello) -> Outcome {
+    Rejection::peer(
+        Some(hello.from as usize),
+        format!(
+            "a client claiming to be rank {} closed the connection during the handshake (it did \
+             not prove the key)",
+            hello.from
+        ),
+    )
+}
+
+impl Handshake for Acceptor {
+    fn transmit(&self) -> &[u8] {
+        match self.phase {
+            AcceptorPhase::Challenge(_) | AcceptorPhase::Verdict(..)
+                if self.outcome == Outcome::Pending =>
+            {
+                &self.out[self.sent..self.out_len]
+            }
+            _ => &[],
+        }
+    }
+
+    fn handle_sent(&mut self, n: usize) {
+        if self.transmit().is_empty() {
+            return;
+        }
+        self.sent = (self.sent + n).min(self.out_len);
+        if self.sent < self.out_len {
+            return;
+        }
+        match self.phase {
+            AcceptorPhase::Challenge(hello) => {
+                self.phase = AcceptorPhase::Proof(hello);
+                self.got = 0;
+            }
+            AcceptorPhase::Verdict(_, true) => self.outcome = Outcome::Established,
+            AcceptorPhase::Verdict(hello, false) => {
+                self.outcome = Rejection::keys(
+                    Some(hello.from as usize),
+                    format!(
+                        "rank {} did not prove the key (the ranks' keys differ)",
+                        hello.from
+                    ),
+                );
+            }
+            AcceptorPhase::Hello | AcceptorPhase::Proof(_) => {}
+        }
+    }
+
+    fn wants(&self) -> usize {
+        if self.outcome != Outcome::Pending {
+            return 0;
+        }
+        match self.phase {
+            AcceptorPhase::Hello => Hello::LEN - self.got,
+            AcceptorPhase::Proof(_) => 32 - self.got,
+            AcceptorPhase::Challenge(_) | AcceptorPhase::Verdict(..) => 0,
+        }
+    }
+
+    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
+        let (Some(key), n) = (self.key, self.wants().min(bytes.len())) else {
+            return 0;
+        };
+        if n == 0 {
+            return 0;
+        }
+        self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
+        self.got += n;
+        match self.phase {
+            AcceptorPhase::Hello if self.got == Hello::LEN => self.hello_read(&key),
+            AcceptorPhase::Proof(hello) if self.got == 32 => {
+                let mut received = [0u8; 32];
+                received.copy_from_slice(&self.inbuf[..32]);
+                let ok = verify(&key, Role::Connector, &hello, &self.nonce, &received);
+                self.out[0] = u8::from(ok);
+                self.out_len = 1;
+                self.sent = 0;
+                self.phase = AcceptorPhase::Verdict(hello, ok);
+            }
+            _ => {}
+        }
+        n
+    }
+
+    fn handle_closed(&mut self) {
+        if self.outcome != Outcome::Pending {
+            return;
+        }
+        self.outcome = match &self.phase {
+            AcceptorPhase::Hello => Rejection::peer(
+                None,
+                "a client closed the connection before saying who it is",
+            ),
+            AcceptorPhase::Challenge(hello)
+            | AcceptorPhase::Proof(hello)
+            | AcceptorPhase::Verdict(hello, _) => gone(hello),
+        };
+    }
+
+    fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
 }
 
 #[cfg(test)]
@@ -342,5 +794,387 @@ mod tests {
             ..hello
         };
         assert!(!verify(&k, Role::Acceptor, &replayed, &n, &p));
+    }
+
+    /// A ring of 4 where rank 3 opens connection 1 to rank 0.
+    const LINK: Link = Link {
+        size: 4,
+        connector: 3,
+        acceptor: 0,
+        index: 1,
+    };
+    const SECRET: &str = "a shared secret of enough length";
+
+    fn pair(ck: Option<Key>, ak: Option<Key>, expect: Link) -> (Connector, Acceptor) {
+        (
+            Connector::with_nonce(ck, LINK, [1; 32]).unwrap(),
+            Acceptor::with_nonce(ak, expect, [2; 32]),
+        )
+    }
+
+    /// What each side wrote, over a whole conversation.
+    #[derive(Default)]
+    struct Wire {
+        from_connector: Vec<u8>,
+        from_acceptor: Vec<u8>,
+    }
+
+    /// Moves at most one chunk each way for `hs`; whether anything moved.
+    fn step(
+        hs: &mut dyn Handshake,
+        out: &mut Vec<u8>,
+        log: &mut Vec<u8>,
+        inq: &mut Vec<u8>,
+        chunk: &mut dyn FnMut() -> usize,
+    ) -> bool {
+        let mut moved = false;
+        let t = hs.transmit();
+        if !t.is_empty() {
+            let n = chunk().clamp(1, t.len());
+            out.extend_from_slice(&t[..n]);
+            log.extend_from_slice(&t[..n]);
+            hs.handle_sent(n);
+            moved = true;
+        }
+        if hs.wants() > 0 && !inq.is_empty() {
+            let n = chunk().clamp(1, inq.len());
+            let took = hs.handle_recv(&inq[..n]);
+            assert!(took <= n);
+            inq.drain(..took);
+            moved |= took > 0;
+        }
+        moved
+    }
+
+    /// Runs both sides against each other through in-memory pipes, delivering chunks of the
+    /// sizes `chunk` draws. A side that is done with a rejection drops the connection, so
+    /// the other then sees it closed, as over a socket.
+    fn converse(c: &mut Connector, a: &mut Acceptor, chunk: &mut dyn FnMut() -> usize) -> Wire {
+        let mut wire = Wire::default();
+        let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
+        for _ in 0..100_000 {
+            let moved = step(c, &mut to_a, &mut wire.from_connector, &mut to_c, chunk)
+                | step(a, &mut to_c, &mut wire.from_acceptor, &mut to_a, chunk);
+            if !moved {
+                break;
+            }
+        }
+        let rejected = |o: &Outcome| matches!(o, Outcome::Rejected(_));
+        if rejected(c.outcome()) {
+            a.handle_closed();
+        }
+        if rejected(a.outcome()) {
+            c.handle_closed();
+        }
+        wire
+    }
+
+    fn rejection(o: &Outcome) -> &Rejection {
+        match o {
+            Outcome::Rejected(r) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    fn whole(c: &mut Connector, a: &mut Acceptor) -> Wire {
+        converse(c, a, &mut || usize::MAX)
+    }
+
+    #[test]
+    fn keyed_handshake_sends_exactly_todays_bytes() {
+        let k = key(SECRET);
+        for size in [1, 2, 3, 7, usize::MAX] {
+            let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+            let wire = converse(&mut c, &mut a, &mut || size);
+            assert_eq!(c.outcome(), &Outcome::Established, "chunks of {size}");
+            assert_eq!(a.outcome(), &Outcome::Established, "chunks of {size}");
+            let hello = Hello {
+                size: 4,
+                from: 3,
+                to: 0,
+                index: 1,
+                nonce: [1; 32],
+            };
+            let mut expect_c = hello.encode().to_vec();
+            expect_c.extend(proof(&k, Role::Connector, &hello, &[2; 32]));
+            let mut expect_a = Challenge {
+                nonce: [2; 32],
+                proof: proof(&k, Role::Acceptor, &hello, &[2; 32]),
+            }
+            .encode()
+            .to_vec();
+            expect_a.push(1);
+            assert_eq!(wire.from_connector, expect_c);
+            assert_eq!(wire.from_acceptor, expect_a);
+            assert_eq!((c.transmit(), c.wants()), (&[][..], 0));
+            assert_eq!((a.transmit(), a.wants()), (&[][..], 0));
+        }
+    }
+
+    #[test]
+    fn unkeyed_sides_send_and_read_nothing() {
+        let (mut c, mut a) = pair(None, None, LINK);
+        for hs in [&mut c as &mut dyn Handshake, &mut a] {
+            assert_eq!(hs.outcome(), &Outcome::Established);
+            assert!(hs.transmit().is_empty());
+            assert_eq!(hs.wants(), 0);
+            // Whatever arrives is the ring's traffic, not the handshake's.
+            assert_eq!(hs.handle_recv(b"collective data"), 0);
+            hs.handle_closed();
+            assert_eq!(hs.outcome(), &Outcome::Established);
+        }
+    }
+
+    #[test]
+    fn reads_never_reach_past_the_handshake() {
+        let k = key(SECRET);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        let mut hello = c.transmit().to_vec();
+        c.handle_sent(hello.len());
+        hello.extend_from_slice(&[0xAB; 100]);
+        assert_eq!(a.handle_recv(&hello), Hello::LEN);
+        let mut challenge = a.transmit().to_vec();
+        a.handle_sent(challenge.len());
+        challenge.extend_from_slice(&[0xCD; 100]);
+        assert_eq!(c.handle_recv(&challenge), Challenge::LEN);
+        let mut proof = c.transmit().to_vec();
+        c.handle_sent(proof.len());
+        proof.extend_from_slice(&[0xEF; 100]);
+        assert_eq!(a.handle_recv(&proof), 32);
+        let verdict = a.transmit().to_vec();
+        a.handle_sent(1);
+        assert_eq!(c.handle_recv(&[verdict[0], 9, 9]), 1);
+        assert_eq!(c.outcome(), &Outcome::Established);
+        assert_eq!(a.outcome(), &Outcome::Established);
+    }
+
+    #[test]
+    fn a_connector_reads_nothing_before_its_hello_is_out() {
+        let k = key(SECRET);
+        let (mut c, _) = pair(Some(k), None, LINK);
+        assert_eq!(c.wants(), 0);
+        c.handle_sent(59);
+        assert_eq!(c.wants(), 0);
+        c.handle_sent(1);
+        assert_eq!(c.wants(), Challenge::LEN);
+    }
+
+    #[test]
+    fn different_keys_fail_on_both_sides() {
+        let (mut c, mut a) = pair(
+            Some(key(SECRET)),
+            Some(key("another secret of enough length")),
+            LINK,
+        );
+        whole(&mut c, &mut a);
+        let (rc, ra) = (rejection(c.outcome()), rejection(a.outcome()));
+        assert_eq!(rc.fault, Fault::Keys);
+        assert!(rc.reason.contains("did not prove the key"), "{}", rc.reason);
+        // The connector's parting proof still reached the acceptor, which names the rank.
+        assert_eq!((ra.fault, ra.claimed), (Fault::Keys, Some(3)));
+        assert!(
+            ra.reason.contains("rank 3 did not prove the key"),
+            "{}",
+            ra.reason
+        );
+    }
+
+    #[test]
+    fn a_wrong_proof_alone_is_refused_and_the_connector_told() {
+        let k = key(SECRET);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        let hello = c.transmit().to_vec();
+        c.handle_sent(hello.len());
+        a.handle_recv(&hello);
+        a.handle_sent(Challenge::LEN);
+        a.handle_recv(&[0; 32]);
+        assert_eq!(a.transmit(), &[0]);
+        assert_eq!(
+            a.outcome(),
+            &Outcome::Pending,
+            "rejected before the verdict is out"
+        );
+        a.handle_sent(1);
+        assert_eq!(rejection(a.outcome()).fault, Fault::Keys);
+        // The connector, on reading a zero verdict:
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        let hello = c.transmit().to_vec();
+        c.handle_sent(hello.len());
+        a.handle_recv(&hello);
+        c.handle_recv(a.transmit());
+        c.handle_sent(32);
+        c.handle_recv(&[0]);
+        let r = rejection(c.outcome());
+        assert_eq!(r.fault, Fault::Keys);
+        assert!(
+            r.reason.contains("refused this rank's proof"),
+            "{}",
+            r.reason
+        );
+    }
+
+    #[test]
+    fn a_verdict_that_is_not_a_verdict_is_the_peers_fault() {
+        let k = key(SECRET);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        let hello = c.transmit().to_vec();
+        c.handle_sent(hello.len());
+        a.handle_recv(&hello);
+        c.handle_recv(a.transmit());
+        c.handle_sent(32);
+        c.handle_recv(&[7]);
+        assert_eq!(rejection(c.outcome()).fault, Fault::Peer);
+    }
+
+    #[test]
+    fn wrong_rank_index_or_size_is_refused_naming_the_claim() {
+        let k = key(SECRET);
+        for expect in [
+            Link {
+                connector: 2,
+                ..LINK
+            },
+            Link {
+                acceptor: 1,
+                ..LINK
+            },
+            Link { index: 0, ..LINK },
+            Link { size: 5, ..LINK },
+        ] {
+            let (mut c, mut a) = pair(Some(k), Some(k), expect);
+            let wire = whole(&mut c, &mut a);
+            let r = rejection(a.outcome());
+            assert_eq!((r.fault, r.claimed), (Fault::Peer, Some(3)), "{expect:?}");
+            assert!(
+                r.reason
+                    .contains("introduced itself as rank 3 of 4 opening connection 1 to rank 0"),
+                "{}",
+                r.reason
+            );
+            assert!(
+                wire.from_acceptor.is_empty(),
+                "no challenge to a wrong claim"
+            );
+            // The connector sees the connection closed, waiting for the challenge.
+            let rc = rejection(c.outcome());
+            assert!(
+                rc.reason
+                    .contains("closed the connection during the handshake")
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_is_refused_on_either_side() {
+        let k = key(SECRET);
+        for (bytes, says) in [
+            (vec![0u8; 80], "not a nuvec handshake"),
+            (
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(4),
+                "not a nuvec handshake",
+            ),
+        ] {
+            let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+            assert_eq!(a.handle_recv(&bytes), Hello::LEN);
+            let r = rejection(a.outcome());
+            assert_eq!((r.fault, r.claimed), (Fault::Peer, None));
+            assert!(r.reason.contains(says), "{}", r.reason);
+            c.handle_sent(Hello::LEN);
+            assert_eq!(c.handle_recv(&bytes), Challenge::LEN);
+            let r = rejection(c.outcome());
+            assert_eq!(r.fault, Fault::Peer);
+            assert!(r.reason.contains(says), "{}", r.reason);
+            assert!(c.transmit().is_empty(), "no proof for garbage");
+        }
+        let mut v2 = Hello::new(4, 3, 0, 1).unwrap().encode();
+        v2[8] = 2;
+        let (_, mut a) = pair(Some(k), Some(k), LINK);
+        a.handle_recv(&v2);
+        assert!(
+            rejection(a.outcome())
+                .reason
+                .contains("handshake version 2")
+        );
+    }
+
+    #[test]
+    fn truncated_messages_are_refused_when_the_peer_leaves() {
+        let k = key(SECRET);
+        // A hello cut short.
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        a.handle_recv(&c.transmit()[..30]);
+        assert_eq!((a.outcome(), a.wants()), (&Outcome::Pending, 30));
+        a.handle_closed();
+        let r = rejection(a.outcome());
+        assert_eq!((r.fault, r.claimed), (Fault::Peer, None));
+        assert!(r.reason.contains("before saying who it is"), "{}", r.reason);
+        // A whole hello, then a proof cut short.
+        let (mut c2, mut a) = pair(Some(k), Some(k), LINK);
+        a.handle_recv(c2.transmit());
+        c2.handle_sent(Hello::LEN);
+        a.handle_sent(Challenge::LEN);
+        a.handle_recv(&[0; 31]);
+        a.handle_closed();
+        let r = rejection(a.outcome());
+        assert_eq!(r.claimed, Some(3));
+        assert!(r.reason.contains("claiming to be rank 3"), "{}", r.reason);
+        // A challenge cut short, and a missing verdict.
+        c.handle_sent(Hello::LEN);
+        c.handle_recv(&[0; 40]);
+        c.handle_closed();
+        assert!(
+            rejection(c.outcome())
+                .reason
+                .contains("during the handshake")
+        );
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        a.handle_recv(c.transmit());
+        c.handle_sent(Hello::LEN);
+        c.handle_recv(a.transmit());
+        c.handle_sent(32);
+        c.handle_closed();
+        let r = rejection(c.outcome());
+        assert!(r.reason.contains("instead of accepting"), "{}", r.reason);
+    }
+
+    #[test]
+    fn a_silent_stranger_or_an_unkeyed_peer_never_gets_in() {
+        let k = key(SECRET);
+        // Keyed acceptor, a client that connects and says nothing (or has no key: it sends
+        // no hello): the acceptor waits for the hello and the caller's deadline decides.
+        let (mut c, mut a) = pair(None, Some(k), LINK);
+        whole(&mut c, &mut a);
+        assert_eq!((a.outcome(), a.wants()), (&Outcome::Pending, Hello::LEN));
+        a.handle_closed();
+        assert_eq!(rejection(a.outcome()).fault, Fault::Peer);
+        // Keyed connector, an acceptor without a key: no challenge comes.
+        let (mut c, mut a) = pair(Some(k), None, LINK);
+        whole(&mut c, &mut a);
+        assert_eq!(c.outcome(), &Outcome::Pending);
+        assert_eq!(c.wants(), Challenge::LEN);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_chunking_gives_the_same_conversation(
+            sizes in proptest::collection::vec(1usize..100, 1..64),
+            same_key: bool,
+        ) {
+            let k = key(SECRET);
+            let other = if same_key { k } else { key("another secret of enough length") };
+            let (mut c0, mut a0) = pair(Some(k), Some(other), LINK);
+            let reference = whole(&mut c0, &mut a0);
+            let (mut c, mut a) = pair(Some(k), Some(other), LINK);
+            let mut i = 0;
+            let wire = converse(&mut c, &mut a, &mut || {
+                i += 1;
+                sizes[i % sizes.len()]
+            });
+            proptest::prop_assert_eq!(&wire.from_connector, &reference.from_connector);
+            proptest::prop_assert_eq!(&wire.from_acceptor, &reference.from_acceptor);
+            proptest::prop_assert_eq!(c.outcome(), c0.outcome());
+            proptest::prop_assert_eq!(a.outcome(), a0.outcome());
+            proptest::prop_assert_eq!(c.outcome() == &Outcome::Established, same_key);
+        }
     }
 }

@@ -123,6 +123,7 @@ pub mod jaccl;
 mod options;
 mod reduce;
 mod ring;
+mod tcp;
 mod verbose;
 
 pub use auth::KEY_VAR;

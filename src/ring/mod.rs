@@ -1,7 +1,7 @@
 //! MLX's TCP ring backend, byte-compatible with `mx.distributed`'s ring.
 //!
 //! - [`schedule`]: which bytes go where, step by step (the wire contract with MLX);
-//! - [`connect`]: forming the ring's connections;
+//! - [`bootstrap`]: forming the ring's connections;
 //! - [`transport`]: the sockets and the event loop that owns them;
 //! - [`engine`]: lanes that stream a schedule through the loop and fold data in;
 //! - [`staging`]: the page-aligned buffers reductions land in.
@@ -11,7 +11,7 @@
 //! and the thread holding the lock drives the event loop for the duration of its
 //! collective.
 
-mod connect;
+mod bootstrap;
 mod engine;
 pub(crate) mod schedule;
 mod staging;
@@ -70,7 +70,7 @@ impl Ring {
     /// `options.timeout` for the neighbours.
     pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Ring> {
         let timeout = options.timeout;
-        let transport = connect::connect(addrs, options)?;
+        let transport = bootstrap::connect(addrs, options)?;
         let staging = Staging::new(transport.connections())
             .map_err(|e| Error::local("mapping the ring's staging buffers", e))?;
         Ok(Ring {

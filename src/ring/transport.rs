@@ -34,34 +34,6 @@ const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
 /// neighbours to close (see [`Transport::abandon`]).
 const NOTICE_WAIT: Duration = Duration::from_millis(250);
 
-/// TCP keepalive: probe a connection idle for this long ...
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-/// ... every this often ...
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
-/// ... this many times before giving up.
-const KEEPALIVE_PROBES: u32 = 3;
-/// How long sent data (or a keepalive probe) may go unacknowledged before the kernel drops
-/// the connection, where the system has `TCP_USER_TIMEOUT`: the keepalive horizon
-/// (5 + 3 × 3 s), rounded up. Linux also counts a zero receive window against it, so a peer
-/// that stops reading while this rank has data queued for it is dropped after as long.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-const USER_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Turns on keepalive (and, on Linux, the user timeout), so that a peer whose host vanished
-/// (asleep, unplugged) is found within about 15 s even between collectives: the kernel
-/// marks the connection failed, and the next collective or health check sees it.
-fn keep_alive(stream: &TcpStream) -> io::Result<()> {
-    let socket = SockRef::from(stream);
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    socket.set_tcp_keepalive(&keepalive)?;
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
-    Ok(())
-}
-
 /// What every connection is registered for. On Linux that includes urgent data, which is
 /// how a failure notice announces itself.
 fn interest() -> Interest {
@@ -254,8 +226,7 @@ impl Transport {
         let connections = left.len();
         let mut conns = Vec::with_capacity(2 * connections);
         for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
-            stream.set_nodelay(true)?;
-            keep_alive(&stream)?;
+            crate::tcp::tune_established(&stream)?;
             poll.registry()
                 .register(&mut stream, Token(i), interest())?;
             conns.push(Conn {

@@ -1,0 +1,940 @@
+//! Forming the ring: listen on our addresses, connect to the right neighbour's, accept the
+//! left neighbour's connections, all at once on one poller.
+//!
+//! MLX forms the ring as a chain: ranks below `P-1` accept first and then connect; rank
+//! `P-1` connects first. Its acceptor binds one address at a time and accepts exactly one
+//! connection on each before binding the next, and its connector retries a refused
+//! connection after 1, 2, 4, 8 and 16 s. A rank that listens on all its addresses at once
+//! and connects concurrently, retrying refusals quickly until the deadline, fits into that
+//! chain in any position, next to MLX ranks or ours, so that is what this does.
+//!
+//! Without a key no bytes are exchanged: connection `i` pairs our `i`-th connection to the
+//! right neighbour with its `i`-th listening address, and whoever connects to our address
+//! `i` first is taken as the left neighbour's connection `i`, as in MLX. One difference: the
+//! address stays open until the ring has formed, and a connection that has already been
+//! closed by then (a port scanner) is passed over for the next one, so probing a forming
+//! ring's ports does not break it. A stranger that connects first and stays connected is
+//! still taken for the neighbour; only a key keeps strangers out.
+//!
+//! With a key (see [`crate::auth`]) every connection first runs the challenge-response.
+//! The listener then stays open until an authenticated connection for its address
+//! arrives: a client that fails the handshake (wrong key, no key, garbage, a scanner that
+//! connects and closes) is dropped and remembered for the error message, so it can neither
+//! join the ring nor keep the real neighbour out.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::transport::Transport;
+use crate::auth::{self, Handshake, Key, Link, Outcome};
+use crate::error::{Error, PeerOp, Result};
+use crate::hostfile::RingAddresses;
+use crate::options::Options;
+use crate::tcp::{self, SocketTuning};
+use crate::verbose::verbose;
+
+const CONTEXT: &str = "ring setup";
+
+/// The first retry of a refused connection; doubled after each refusal up to the cap.
+const FIRST_RETRY: Duration = Duration::from_millis(10);
+const MAX_RETRY: Duration = Duration::from_millis(250);
+
+/// How long an accepted connection must have been up before it may be taken, without a key.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// Tokens: listeners from 0, outgoing connections from `DIAL_BASE`, accepted candidates
+/// from `CANDIDATE_BASE`.
+const DIAL_BASE: usize = 1 << 16;
+const CANDIDATE_BASE: usize = 1 << 24;
+
+/// The most a handshake reads at once: its longest message.
+const HANDSHAKE_READ: usize = auth::Challenge::LEN;
+
+/// Forms this rank's part of the ring within `options.timeout`.
+pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transport> {
+    let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
+    let rank = addrs.rank;
+    verbose!(
+        rank,
+        "forming a ring of {} ({} connection(s) per neighbour{}): listening on {:?}, connecting to rank {} at {:?}",
+        addrs.size,
+        addrs.listen.len(),
+        if key.is_some() { ", authenticated" } else { "" },
+        addrs.listen,
+        addrs.right_rank(),
+        addrs.right
+    );
+    ffi::probes::register();
+    let started = Instant::now();
+    let tuning = SocketTuning::from_options(options);
+    let result = form(
+        addrs,
+        tuning,
+        key,
+        started + options.timeout,
+        options.timeout,
+    );
+    let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
+    let elapsed = started.elapsed().as_nanos() as u64;
+    ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
+    match &result {
+        Ok(_) => verbose!(rank, "ring formed in {:?}", started.elapsed()),
+        Err(e) => verbose!(
+            rank,
+            "forming the ring failed after {:?}: {e}",
+            started.elapsed()
+        ),
+    }
+    result
+}
+
+/// The setup loop: retries, accepts and handshakes until the ring is formed, a neighbour
+/// refused us, or `deadline` passes.
+fn form(
+    addrs: &RingAddresses,
+    tuning: SocketTuning,
+    key: Option<Key>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Transport> {
+    let mut setup = Setup::new(addrs, tuning, key)?;
+    loop {
+        setup.start_due_dials()?;
+        if setup.formed() {
+            return setup.finish();
+        }
+        if let Some(error) = setup.refused() {
+            return Err(error);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(setup.give_up(timeout));
+        }
+        let wake = setup.next_retry().unwrap_or(deadline).min(deadline);
+        match setup
+            .poll
+            .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::local("waiting to form the ring", e)),
+        }
+        let tokens: Vec<usize> = setup.events.iter().map(|e| e.token().0).collect();
+        for token in tokens {
+            if token < DIAL_BASE {
+                setup.accept(token)?;
+            } else if token < CANDIDATE_BASE {
+                setup.progress_dial(token - DIAL_BASE)?;
+            } else {
+                setup.progress_candidate(token - CANDIDATE_BASE)?;
+            }
+        }
+    }
+}
+
+/// Moves a handshake on as far as the socket allows now, reading no more than it wants.
+/// `Err` for an I/O error other than the peer closing (which the handshake is told of).
+fn pump(stream: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<()> {
+    let mut buf = [0u8; HANDSHAKE_READ];
+    loop {
+        match hs.outcome() {
+            Outcome::Pending => {}
+            Outcome::Established => return Ok(()),
+            Outcome::Rejected(_) => {
+                // Parting bytes let the peer learn why too; one try, since we are leaving.
+                if !hs.transmit().is_empty() {
+                    let _ = tcp::write_some(stream, hs.transmit());
+                }
+                return Ok(());
+            }
+        }
+        if !hs.transmit().is_empty() {
+            match tcp::write_some(stream, hs.transmit())? {
+                0 => return Ok(()),
+                n => {
+                    hs.handle_sent(n);
+                    continue;
+                }
+            }
+        }
+        let want = hs.wants().min(buf.len());
+        if want == 0 {
+            return Ok(());
+        }
+        match tcp::read_some(stream, &mut buf[..want])? {
+            None => return Ok(()),
+            Some(0) => hs.handle_closed(),
+            Some(n) => {
+                hs.handle_recv(&buf[..n]);
+            }
+        }
+    }
+}
+
+/// The wait before the next try of a connection that just failed after waiting `current`.
+fn next_backoff(current: Duration) -> Duration {
+    (current * 2).min(MAX_RETRY)
+}
+
+/// One outgoing connection to the right neighbour.
+enum Dial {
+    /// Waiting to (re)try at the instant.
+    Idle(Instant),
+    /// A non-blocking connect in flight.
+    Connecting(TcpStream),
+    /// Connected; running the connector's side of the handshake.
+    Handshake(TcpStream, Box<auth::Connector>),
+    /// Ready for the ring.
+    Up(TcpStream),
+    /// The neighbour answered but authentication failed; retrying cannot help.
+    Refused(String),
+}
+
+/// An accepted connection not yet taken into the ring.
+struct Candidate {
+    stream: TcpStream,
+    /// When it was accepted.
+    arrived: Instant,
+    /// The listening address (connection index) it arrived on.
+    slot: usize,
+    from: SocketAddr,
+    acceptor: auth::Acceptor,
+}
+
+/// What to do with an accepted connection, without a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    /// Leave it: too fresh to judge, behind an earlier one, or its address is taken.
+    Wait,
+    /// It is the left neighbour's connection for its address.
+    Take,
+    /// Its client already left (a port scanner): pass over it.
+    Drop,
+}
+
+/// MLX's rule without a key, made robust to port scanners: for each address, the first
+/// connection to arrive that is still open. `candidates` are in order of arrival, each with
+/// its address and age (`None` if already handled); `taken` says which addresses have their
+/// connection, and is updated. A connection is judged only once it has been up for
+/// [`SETTLE`], so that a scanner's close has time to arrive; until the first one of an
+/// address is judged, later ones on it wait. `closed` looks at candidate `id`'s socket and
+/// is asked only for the connections judged.
+fn choose_unkeyed(
+    candidates: &[Option<(usize, Duration)>],
+    taken: &mut [bool],
+    mut closed: impl FnMut(usize) -> bool,
+) -> Vec<Choice> {
+    let mut waiting = vec![false; taken.len()];
+    let mut choices = vec![Choice::Wait; candidates.len()];
+    for (id, candidate) in candidates.iter().enumerate() {
+        let Some(&(slot, age)) = candidate.as_ref() else {
+            continue;
+        };
+        let (Some(is_taken), Some(is_waiting)) = (taken.get(slot), waiting.get_mut(slot)) else {
+            continue;
+        };
+        if *is_taken || *is_waiting {
+            continue;
+        }
+        if age < SETTLE {
+            *is_waiting = true;
+            continue;
+        }
+        if closed(id) {
+            choices[id] = Choice::Drop;
+        } else {
+            choices[id] = Choice::Take;
+            taken[slot] = true;
+        }
+    }
+    choices
+}
+
+/// How an outgoing connection stands at the deadline.
+#[derive(Debug)]
+enum DialView<'a> {
+    Up,
+    /// Connected, handshake unfinished.
+    Handshaking,
+    Refused(&'a str),
+    /// Not connected; why the last try failed, if one did.
+    Down(Option<io::Error>),
+}
+
+/// Why a ring did not form by the deadline: the connection we could not open (naming the
+/// right neighbour and why), else the one that never arrived (naming the left neighbour, or
+/// the rank a rejected client claimed to be, and why). `filled[i]` says whether our address
+/// `i` has its connection; `rejected[i]` is the last client turned away there.
+fn timed_out(
+    addrs: &RingAddresses,
+    dials: Vec<DialView<'_>>,
+    filled: &[bool],
+    mut rejected: Vec<Option<(usize, SocketAddr, String)>>,
+    timeout: Duration,
+) -> Error {
+    let (left, right) = (addrs.left_rank(), addrs.right_rank());
+    for (i, dial) in dials.into_iter().enumerate() {
+        let addr = addrs.right.get(i).copied();
+        let auth = |reason: String| Error::Auth {
+            peer: right,
+            addr,
+            context: CONTEXT,
+            reason,
+        };
+        return match dial {
+            DialView::Up => continue,
+            DialView::Refused(reason) => auth(reason.to_string()),
+            DialView::Handshaking => auth(format!(
+                "it did not answer the handshake within {timeout:?} (is the key set on every \
+                 rank?)"
+            )),
+            DialView::Down(Some(e)) => Error::Io {
+                peer: right,
+                addr,
+                op: PeerOp::Connect,
+                context: "ring setup (retried until the timeout)",
+                source: e.into(),
+            },
+            DialView::Down(None) => Error::Timeout {
+                peer: right,
+                addr,
+                op: PeerOp::Connect,
+                context: CONTEXT,
+                after: timeout,
+            },
+        };
+    }
+    let i = filled.iter().position(|f| !f).unwrap_or(0);
+    let listen = addrs.listen.get(i).copied();
+    match rejected.get_mut(i).and_then(Option::take) {
+        Some((claimed, from, reason)) => Error::Auth {
+            peer: claimed,
+            addr: Some(from),
+            context: CONTEXT,
+            reason: match listen {
+                Some(at) => {
+                    format!("{reason}; no authenticated connection reached {at} within {timeout:?}")
+                }
+                None => reason,
+            },
+        },
+        None => Error::Timeout {
+            peer: left,
+            addr: listen,
+            op: PeerOp::Accept,
+            context: CONTEXT,
+            after: timeout,
+        },
+    }
+}
+
+struct Setup<'a> {
+    addrs: &'a RingAddresses,
+    tuning: SocketTuning,
+    key: Option<Key>,
+    poll: Poll,
+    events: Events,
+    listeners: Vec<Option<TcpListener>>,
+    dials: Vec<Dial>,
+    backoff: Vec<Duration>,
+    /// Why each outgoing connection last failed, for the error at the deadline.
+    dial_failures: Vec<Option<io::Error>>,
+    /// Accepted connections under handshake, by id (token - CANDIDATE_BASE).
+    candidates: Vec<Option<Candidate>>,
+    /// The left neighbour's connections, by index, once taken.
+    slots: Vec<Option<TcpStream>>,
+    /// Why clients on each of our addresses were turned away, for the error at the deadline.
+    rejected: Vec<Option<(usize, SocketAddr, String)>>,
+}
+
+impl<'a> Setup<'a> {
+    fn new(addrs: &'a RingAddresses, tuning: SocketTuning, key: Option<Key>) -> Result<Self> {
+        let poll = Poll::new().map_err(|e| Error::local("creating the ring's poller", e))?;
+        let mut listeners = Vec::with_capacity(addrs.listen.len());
+        for (i, &addr) in addrs.listen.iter().enumerate() {
+            let mut listener = tcp::listen(addr, &tuning).map_err(|e| {
+                Error::local(
+                    format!(
+                        "rank {} cannot listen on {addr} (its address {i})",
+                        addrs.rank
+                    ),
+                    e,
+                )
+            })?;
+            poll.registry()
+                .register(&mut listener, Token(i), Interest::READABLE)
+                .map_err(|e| Error::local("registering a listener", e))?;
+            listeners.push(Some(listener));
+        }
+        let now = Instant::now();
+        let c = addrs.listen.len();
+        Ok(Setup {
+            addrs,
+            tuning,
+            key,
+            poll,
+            events: Events::with_capacity(64),
+            listeners,
+            dials: (0..c).map(|_| Dial::Idle(now)).collect(),
+            backoff: vec![FIRST_RETRY; c],
+            dial_failures: (0..c).map(|_| None).collect(),
+            candidates: Vec::new(),
+            slots: (0..c).map(|_| None).collect(),
+            rejected: (0..c).map(|_| None).collect(),
+        })
+    }
+
+    fn formed(&mut self) -> bool {
+        if !self.dials.iter().all(|d| matches!(d, Dial::Up(_))) {
+            return false;
+        }
+        if self.key.is_none() {
+            self.take_unkeyed();
+        }
+        self.slots.iter().all(Option::is_some)
+    }
+
+    /// Without a key, takes for each address the connection [`choose_unkeyed`] picks and
+    /// closes the address; drops the ones whose clients already left.
+    fn take_unkeyed(&mut self) {
+        let now = Instant::now();
+        let seen: Vec<_> = self
+            .candidates
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .map(|c| (c.slot, now.saturating_duration_since(c.arrived)))
+            })
+            .collect();
+        let mut taken: Vec<bool> = self.slots.iter().map(Option::is_some).collect();
+        let candidates = &self.candidates;
+        let choices = choose_unkeyed(&seen, &mut taken, |id| {
+            candidates[id]
+                .as_ref()
+                .is_some_and(|c| tcp::closed_by_peer(&c.stream))
+        });
+        for (id, choice) in choices.into_iter().enumerate() {
+            if choice == Choice::Wait {
+                continue;
+            }
+            if let Some(mut c) = self.candidates[id].take() {
+                let _ = self.poll.registry().deregister(&mut c.stream);
+                if choice == Choice::Take {
+                    self.slots[c.slot] = Some(c.stream);
+                    self.close_listener(c.slot);
+                }
+            }
+        }
+    }
+
+    /// The authentication error to fail with, once a neighbour refused us and every one of
+    /// our addresses has either a connection or a rejected client. Waiting that long (not
+    /// failing at once) lets the left neighbour's handshake with us run, so that it, too,
+    /// learns that the keys differ instead of finding our port closed.
+    fn refused(&self) -> Option<Error> {
+        let i = self
+            .dials
+            .iter()
+            .position(|d| matches!(d, Dial::Refused(_)))?;
+        let settled =
+            (0..self.slots.len()).all(|s| self.slots[s].is_some() || self.rejected[s].is_some());
+        let Dial::Refused(reason) = &self.dials[i] else {
+            return None;
+        };
+        settled.then(|| Error::Auth {
+            peer: self.addrs.right_rank(),
+            addr: Some(self.addrs.right[i]),
+            context: CONTEXT,
+            reason: reason.clone(),
+        })
+    }
+
+    /// When the setup loop must look again without an event: a connection to retry, or an
+    /// unkeyed candidate whose settling time ends.
+    fn next_retry(&self) -> Option<Instant> {
+        let retries = self.dials.iter().filter_map(|d| match d {
+            Dial::Idle(at) => Some(*at),
+            _ => None,
+        });
+        let settling = self.candidates.iter().flatten().map(|c| c.arrived + SETTLE);
+        retries.chain(settling.filter(|_| self.key.is_none())).min()
+    }
+
+    /// Starts the outgoing connections whose retry time has come.
+    fn start_due_dials(&mut self) -> Result<()> {
+        let now = Instant::now();
+        for i in 0..self.dials.len() {
+            if !matches!(self.dials[i], Dial::Idle(at) if at <= now) {
+                continue;
+            }
+            match tcp::dial(self.addrs.right[i], &self.tuning) {
+                Ok(mut stream) => {
+                    self.poll
+                        .registry()
+                        .register(
+                            &mut stream,
+                            Token(DIAL_BASE + i),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
+                        .map_err(|e| Error::local("registering a connection", e))?;
+                    self.dials[i] = Dial::Connecting(stream);
+                }
+                Err(e) => self.retry(i, e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops outgoing connection `i` and schedules another attempt.
+    fn retry(&mut self, i: usize, why: io::Error) {
+        let old = std::mem::replace(
+            &mut self.dials[i],
+            Dial::Idle(Instant::now() + self.backoff[i]),
+        );
+        if let Dial::Connecting(mut s) | Dial::Handshake(mut s, _) = old {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        self.backoff[i] = next_backoff(self.backoff[i]);
+        verbose!(
+            self.addrs.rank,
+            "connection {i} to {} failed ({why}); retrying",
+            self.addrs.right[i]
+        );
+        self.dial_failures[i] = Some(why);
+    }
+
+    /// Moves outgoing connection `i` on: from connecting to the handshake (at once, as the
+    /// socket is writable then), and through the handshake to up or refused.
+    fn progress_dial(&mut self, i: usize) -> Result<()> {
+        if let Dial::Connecting(stream) = &self.dials[i] {
+            match tcp::dial_outcome(stream) {
+                Ok(false) => return Ok(()),
+                Ok(true) => {
+                    let link = Link {
+                        size: self.addrs.size,
+                        connector: self.addrs.rank,
+                        acceptor: self.addrs.right_rank(),
+                        index: i,
+                    };
+                    let hs = auth::Connector::new(self.key, link)?;
+                    if let Dial::Connecting(s) =
+                        std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now()))
+                    {
+                        self.dials[i] = Dial::Handshake(s, Box::new(hs));
+                    }
+                }
+                Err(e) => {
+                    self.retry(i, e);
+                    return Ok(());
+                }
+            }
+        }
+        let Dial::Handshake(stream, hs) = &mut self.dials[i] else {
+            return Ok(());
+        };
+        if let Err(e) = pump(stream, &mut **hs) {
+            self.retry(i, e);
+            return Ok(());
+        }
+        let next = match hs.outcome() {
+            Outcome::Pending => return Ok(()),
+            Outcome::Established => None,
+            Outcome::Rejected(r) => {
+                verbose!(
+                    self.addrs.rank,
+                    "connection {i} to {}: handshake failed ({}): {}",
+                    self.addrs.right[i],
+                    r.fault,
+                    r.reason
+                );
+                Some(r.reason.clone())
+            }
+        };
+        match (
+            std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now())),
+            next,
+        ) {
+            (Dial::Handshake(s, _), None) => self.dials[i] = Dial::Up(s),
+            // An authentication failure is final: the peer answered, and retrying cannot
+            // change its key.
+            (Dial::Handshake(mut s, _), Some(reason)) => {
+                let _ = self.poll.registry().deregister(&mut s);
+                self.dials[i] = Dial::Refused(reason);
+            }
+            (other, _) => self.dials[i] = other,
+        }
+        Ok(())
+    }
+
+    /// Takes what the listener for address `slot` has to offer.
+    fn accept(&mut self, slot: usize) -> Result<()> {
+        loop {
+            let Some(listener) = self.listeners[slot].as_mut() else {
+                return Ok(());
+            };
+            let (mut stream, from) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if tcp::is_transient_accept_error(&e) => continue,
+                Err(e) => {
+                    return Err(Error::Io {
+                        peer: self.addrs.left_rank(),
+                        addr: Some(self.addrs.listen[slot]),
+                        op: PeerOp::Accept,
+                        context: CONTEXT,
+                        source: e.into(),
+                    });
+                }
+            };
+            let id = self.candidates.len();
+            self.poll
+                .registry()
+                .register(
+                    &mut stream,
+                    Token(CANDIDATE_BASE + id),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .map_err(|e| Error::local("registering an accepted connection", e))?;
+            let expect = Link {
+                size: self.addrs.size,
+                connector: self.addrs.left_rank(),
+                acceptor: self.addrs.rank,
+                index: slot,
+            };
+            self.candidates.push(Some(Candidate {
+                stream,
+                arrived: Instant::now(),
+                slot,
+                from,
+                acceptor: auth::Acceptor::new(self.key, expect)?,
+            }));
+            self.progress_candidate(id)?;
+        }
+    }
+
+    fn close_listener(&mut self, slot: usize) {
+        if let Some(mut l) = self.listeners[slot].take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+    }
+
+    /// Moves an accepted connection's handshake on; takes it for its address once the
+    /// client proved the key, or turns it away. Without a key nothing is exchanged, and
+    /// [`Setup::take_unkeyed`] chooses.
+    fn progress_candidate(&mut self, id: usize) -> Result<()> {
+        if self.key.is_none() {
+            return Ok(());
+        }
+        let Some(Some(candidate)) = self.candidates.get_mut(id) else {
+            return Ok(());
+        };
+        if pump(&mut candidate.stream, &mut candidate.acceptor).is_err() {
+            // Any failure to read or write is the client leaving.
+            candidate.acceptor.handle_closed();
+        }
+        match candidate.acceptor.outcome() {
+            Outcome::Pending => Ok(()),
+            Outcome::Established => {
+                if let Some(mut c) = self.candidates[id].take() {
+                    let _ = self.poll.registry().deregister(&mut c.stream);
+                    if self.slots[c.slot].is_none() {
+                        self.slots[c.slot] = Some(c.stream);
+                        self.close_listener(c.slot);
+                    }
+                }
+                Ok(())
+            }
+            Outcome::Rejected(rejection) => {
+                let rejection = rejection.clone();
+                if let Some(mut c) = self.candidates[id].take() {
+                    let _ = self.poll.registry().deregister(&mut c.stream);
+                    verbose!(
+                        self.addrs.rank,
+                        "turned away a client from {} on {} ({}): {}",
+                        c.from,
+                        self.addrs.listen[c.slot],
+                        rejection.fault,
+                        rejection.reason
+                    );
+                    self.rejected[c.slot] = Some((
+                        rejection.claimed.unwrap_or(self.addrs.left_rank()),
+                        c.from,
+                        rejection.reason,
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Hands the formed connections to a transport.
+    fn finish(mut self) -> Result<Transport> {
+        let (left, right) = (self.addrs.left_rank(), self.addrs.right_rank());
+        for mut c in self.candidates.drain(..).flatten() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+        }
+        let left_conns: Vec<_> = self
+            .slots
+            .drain(..)
+            .zip(&self.addrs.listen)
+            .filter_map(|(stream, &addr)| stream.map(|s| (s, left, addr)))
+            .collect();
+        let mut right_conns = Vec::with_capacity(self.dials.len());
+        for (dial, &addr) in self.dials.drain(..).zip(&self.addrs.right) {
+            if let Dial::Up(mut stream) = dial {
+                self.poll
+                    .registry()
+                    .deregister(&mut stream)
+                    .map_err(|e| Error::local("re-registering a connection", e))?;
+                right_conns.push((stream, right, addr));
+            }
+        }
+        Transport::new(
+            self.poll,
+            self.addrs.rank,
+            self.addrs.size,
+            left_conns,
+            right_conns,
+        )
+        .map_err(|e| Error::local("setting up the ring's connections", e))
+    }
+
+    /// The error for a ring that did not form by the deadline (see [`timed_out`]).
+    fn give_up(mut self, timeout: Duration) -> Error {
+        let dials = self
+            .dials
+            .iter()
+            .zip(&mut self.dial_failures)
+            .map(|(dial, failure)| match dial {
+                Dial::Up(_) => DialView::Up,
+                Dial::Handshake(..) => DialView::Handshaking,
+                Dial::Refused(reason) => DialView::Refused(reason),
+                Dial::Idle(_) | Dial::Connecting(_) => DialView::Down(failure.take()),
+            })
+            .collect();
+        let filled: Vec<bool> = self.slots.iter().map(Option::is_some).collect();
+        timed_out(self.addrs, dials, &filled, self.rejected, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn refused_connections_back_off_from_10_ms_to_a_250_ms_cap() {
+        let mut wait = FIRST_RETRY;
+        let mut schedule = vec![wait];
+        for _ in 0..6 {
+            wait = next_backoff(wait);
+            schedule.push(wait);
+        }
+        let ms: Vec<u128> = schedule.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [10, 20, 40, 80, 160, 250, 250]);
+    }
+
+    /// `choose_unkeyed` over candidates given as (address, age, closed).
+    fn choose(candidates: &[Option<(usize, Duration, bool)>], taken: &mut [bool]) -> Vec<Choice> {
+        let seen: Vec<_> = candidates
+            .iter()
+            .map(|c| c.map(|(s, a, _)| (s, a)))
+            .collect();
+        choose_unkeyed(&seen, taken, |id| {
+            let (_, age, closed) = candidates[id].expect("asked about a missing candidate");
+            assert!(
+                age >= SETTLE,
+                "asked about candidate {id} before it settled"
+            );
+            closed
+        })
+    }
+
+    #[test]
+    fn unkeyed_takes_the_first_connection_still_open() {
+        use Choice::*;
+        let settled = 30 * MS;
+        // A scanner that connected and left, then the neighbour.
+        let mut taken = [false];
+        let c = [Some((0, settled, true)), Some((0, settled, false))];
+        assert_eq!(choose(&c, &mut taken), [Drop, Take]);
+        assert_eq!(taken, [true]);
+        // The first to arrive wins, even if a later one is open too.
+        let mut taken = [false];
+        let c = [Some((0, settled, false)), Some((0, settled, false))];
+        assert_eq!(choose(&c, &mut taken), [Take, Wait]);
+    }
+
+    #[test]
+    fn unkeyed_waits_for_the_first_arrival_to_settle() {
+        use Choice::*;
+        let mut taken = [false, false];
+        let c = [
+            Some((0, 5 * MS, false)),
+            Some((0, 30 * MS, false)),
+            Some((1, 30 * MS, false)),
+        ];
+        // Address 0 waits for its first client; address 1 does not wait for address 0.
+        assert_eq!(choose(&c, &mut taken), [Wait, Wait, Take]);
+        assert_eq!(taken, [false, true]);
+    }
+
+    #[test]
+    fn unkeyed_leaves_taken_and_unknown_addresses_alone() {
+        use Choice::*;
+        let mut taken = [true];
+        let c = [None, Some((0, 30 * MS, false)), Some((5, 30 * MS, false))];
+        assert_eq!(choose(&c, &mut taken), [Wait, Wait, Wait]);
+        assert_eq!(taken, [true]);
+    }
+
+    fn addrs() -> RingAddresses {
+        let a = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        RingAddresses {
+            rank: 1,
+            size: 3,
+            listen: vec![a(5001), a(5002)],
+            right: vec![a(6001), a(6002)],
+            local_ranks: 3,
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(3);
+
+    fn verdict(dials: Vec<DialView<'_>>, filled: &[bool], rejected: Option<&str>) -> Error {
+        let from = SocketAddr::from(([127, 0, 0, 9], 40000));
+        let rejected = vec![None, rejected.map(|r| (7, from, r.to_string()))];
+        timed_out(&addrs(), dials, filled, rejected, TIMEOUT)
+    }
+
+    #[test]
+    fn giving_up_names_the_right_neighbour_first() {
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        let e = verdict(
+            vec![DialView::Up, DialView::Down(Some(refused))],
+            &[false, false],
+            Some("ignored"),
+        );
+        assert!(
+            matches!(&e, Error::Io { peer: 2, addr: Some(a), op: PeerOp::Connect, .. } if a.port() == 6002),
+            "{e:?}"
+        );
+        let e = verdict(
+            vec![DialView::Handshaking, DialView::Up],
+            &[true, true],
+            None,
+        );
+        assert!(
+            matches!(&e, Error::Auth { peer: 2, reason, .. } if reason.contains("did not answer the handshake within 3s")),
+            "{e:?}"
+        );
+        let e = verdict(
+            vec![DialView::Refused("no"), DialView::Up],
+            &[true, true],
+            None,
+        );
+        assert!(
+            matches!(&e, Error::Auth { peer: 2, reason, .. } if reason == "no"),
+            "{e:?}"
+        );
+        let e = verdict(
+            vec![DialView::Down(None), DialView::Up],
+            &[true, true],
+            None,
+        );
+        assert!(
+            matches!(&e, Error::Timeout { peer: 2, op: PeerOp::Connect, after, .. } if *after == TIMEOUT),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn giving_up_then_names_the_missing_left_connection() {
+        let e = verdict(
+            vec![DialView::Up, DialView::Up],
+            &[true, false],
+            Some("a client sent garbage"),
+        );
+        assert!(
+            matches!(&e, Error::Auth { peer: 7, addr: Some(a), reason, .. }
+                if a.port() == 40000
+                    && reason.contains("a client sent garbage; no authenticated connection reached 127.0.0.1:5002")),
+            "{e:?}"
+        );
+        let e = verdict(vec![DialView::Up, DialView::Up], &[true, false], None);
+        assert!(
+            matches!(&e, Error::Timeout { peer: 0, addr: Some(a), op: PeerOp::Accept, .. } if a.port() == 5002),
+            "{e:?}"
+        );
+    }
+
+    /// Two loopback addresses nobody listens on (bound by the kernel, then released).
+    fn free_pair() -> [SocketAddr; 2] {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        [a.local_addr().unwrap(), b.local_addr().unwrap()]
+    }
+
+    fn ring_addrs(rank: usize, ports: [SocketAddr; 2]) -> RingAddresses {
+        RingAddresses {
+            rank,
+            size: 2,
+            listen: vec![ports[rank]],
+            right: vec![ports[1 - rank]],
+            local_ranks: 2,
+        }
+    }
+
+    fn start(
+        rank: usize,
+        ports: [SocketAddr; 2],
+        secret: &'static str,
+    ) -> std::thread::JoinHandle<Result<usize>> {
+        std::thread::spawn(move || {
+            let options = Options::default()
+                .timeout(Duration::from_secs(10))
+                .key(secret);
+            connect(&ring_addrs(rank, ports), &options).map(|t| t.connections())
+        })
+    }
+
+    #[test]
+    fn a_keyed_pair_forms_over_loopback_past_a_garbage_client() {
+        let ports = free_pair();
+        let rank0 = start(0, ports, "a shared secret of enough length");
+        // A client that gets to rank 0's address first and sends garbage, staying connected.
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut stranger = loop {
+            match std::net::TcpStream::connect(ports[0]) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < until => std::thread::sleep(MS),
+                Err(e) => panic!("rank 0 never listened: {e}"),
+            }
+        };
+        std::io::Write::write_all(&mut stranger, &[0x5A; 100]).unwrap();
+        let rank1 = start(1, ports, "a shared secret of enough length");
+        assert_eq!(rank0.join().unwrap().unwrap(), 1);
+        assert_eq!(rank1.join().unwrap().unwrap(), 1);
+        drop(stranger);
+    }
+
+    #[test]
+    fn a_pair_with_different_keys_fails_on_both_sides_naming_the_peer() {
+        let ports = free_pair();
+        let rank0 = start(0, ports, "a shared secret of enough length");
+        let rank1 = start(1, ports, "another secret of enough length!");
+        for (rank, handle) in [(0, rank0), (1, rank1)] {
+            let e = handle.join().unwrap().unwrap_err();
+            assert!(
+                matches!(&e, Error::Auth { peer, reason, .. }
+                    if *peer == 1 - rank && reason.contains("keys differ")),
+                "rank {rank}: {e}"
+            );
+        }
+    }
+}
