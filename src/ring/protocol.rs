@@ -509,3 +509,155 @@ fn scatter_target<'b>(
     };
     (recv, target)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::staging::Staging;
+
+    fn topo(rank: usize, size: usize) -> Topology {
+        Topology {
+            rank,
+            size,
+            connections: 1,
+        }
+    }
+
+    fn u32s(v: &[u32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn a_two_rank_all_sum_sends_reduces_forwards_and_overwrites() {
+        // Rank 0 of 2, 4 elements: segments of 8 bytes; direction Left sends segment 0 on
+        // connection 0 (left), receives segment 1 on connection 1 (right), then forwards the
+        // reduced segment 1 and overwrites segment 0 with the peer's result.
+        let mut lanes = Vec::new();
+        plan_all_reduce(&mut lanes, &topo(0, 2), ReduceOp::Sum, DType::U32, 4);
+        let [lane] = &mut lanes[..] else {
+            panic!("one lane below the split threshold")
+        };
+        assert_eq!((lane.tx(), lane.rx()), (0, 1));
+        let mut stages = Staging::for_tests(1, 64);
+        let stage = &mut stages.lanes[0];
+        let mut data = u32s(&[1, 2, 3, 4]);
+        let mut bufs = Buffers {
+            data: &mut data,
+            input: &[],
+        };
+        assert_eq!(lane.poll_transmit(&bufs, stage), Some(&u32s(&[1, 2])[..]));
+        lane.handle_sent(8);
+        // Step 1 forwards what step 0 receives: nothing of it is in yet.
+        assert_eq!(lane.poll_transmit(&bufs, stage), None);
+        assert_eq!(lane.waiting_on(), Some((1, PeerOp::Receive)));
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(target.len(), 8);
+        target.copy_from_slice(&u32s(&[30, 40]));
+        lane.handle_received(&mut bufs, stage, 8);
+        assert!(lane.take_progress());
+        assert_eq!(lane.poll_transmit(&bufs, stage), Some(&u32s(&[33, 44])[..]));
+        lane.handle_sent(8);
+        // The overwriting step lands in the caller's array.
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(target.len(), 8);
+        target.copy_from_slice(&u32s(&[11, 22]));
+        lane.handle_received(&mut bufs, stage, 8);
+        assert_eq!(lane.poll_transmit(&bufs, stage), None);
+        assert!(lane.poll_receive(&mut bufs, stage).is_none());
+        assert!(lane.finished());
+        assert_eq!(lane.waiting_on(), None);
+        assert_eq!(data, u32s(&[11, 22, 33, 44]));
+    }
+
+    #[test]
+    fn a_partial_element_waits_in_staging_and_only_folded_bytes_are_forwarded() {
+        let mut lanes = Vec::new();
+        plan_all_reduce(&mut lanes, &topo(0, 2), ReduceOp::Sum, DType::U32, 4);
+        let lane = &mut lanes[0];
+        // A receive buffer of 5 bytes: reads are cut short of a segment and of elements.
+        let mut stages = Staging::for_tests(1, 5);
+        let stage = &mut stages.lanes[0];
+        let mut data = u32s(&[1, 2, 3, 4]);
+        let mut bufs = Buffers {
+            data: &mut data,
+            input: &[],
+        };
+        let first = lane.poll_transmit(&bufs, stage).unwrap().len();
+        lane.handle_sent(first);
+        let incoming = u32s(&[0x0101_0101, 0x0202_0202]);
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(target.len(), 5);
+        target[..3].copy_from_slice(&incoming[..3]);
+        lane.handle_received(&mut bufs, stage, 3);
+        // Three bytes are no element: nothing is final, so nothing may be forwarded.
+        assert_eq!(lane.poll_transmit(&bufs, stage), None);
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(
+            target.len(),
+            2,
+            "the carried bytes keep their place in staging"
+        );
+        target.copy_from_slice(&incoming[3..5]);
+        lane.handle_received(&mut bufs, stage, 2);
+        // One whole element is folded and may go; the fifth byte waits at staging's start.
+        assert_eq!(
+            lane.poll_transmit(&bufs, stage),
+            Some(&u32s(&[0x0101_0104])[..])
+        );
+        lane.handle_sent(4);
+        assert_eq!(lane.poll_transmit(&bufs, stage), None);
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(target.len(), 3);
+        target.copy_from_slice(&incoming[5..]);
+        lane.handle_received(&mut bufs, stage, 3);
+        assert_eq!(
+            lane.poll_transmit(&bufs, stage),
+            Some(&u32s(&[0x0202_0206])[..])
+        );
+    }
+
+    #[test]
+    fn a_gather_forwards_exactly_the_bytes_that_arrived() {
+        // Rank 0 of 3, 4 bytes per rank: step 1 forwards the block step 0 receives.
+        let mut lanes = Vec::new();
+        plan_all_gather(&mut lanes, &topo(0, 3), 4);
+        let lane = &mut lanes[0];
+        let mut stages = Staging::for_tests(1, 8);
+        let stage = &mut stages.lanes[0];
+        let mut data = vec![7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mut bufs = Buffers {
+            data: &mut data,
+            input: &[],
+        };
+        assert_eq!(lane.poll_transmit(&bufs, stage), Some(&[7u8, 7, 7, 7][..]));
+        lane.handle_sent(4);
+        assert_eq!(lane.poll_transmit(&bufs, stage), None);
+        // Direction Left: rank 0 receives block 1 from its right neighbour.
+        let target = lane.poll_receive(&mut bufs, stage).unwrap();
+        assert_eq!(target.len(), 4);
+        target[..3].copy_from_slice(&[1, 2, 3]);
+        lane.handle_received(&mut bufs, stage, 3);
+        assert_eq!(lane.poll_transmit(&bufs, stage), Some(&[1u8, 2, 3][..]));
+        lane.handle_sent(2);
+        assert_eq!(lane.poll_transmit(&bufs, stage), Some(&[3u8][..]));
+    }
+
+    #[test]
+    fn stripes_follow_the_neighbour_and_skip_empty_pieces() {
+        let two = Topology {
+            rank: 1,
+            size: 3,
+            connections: 2,
+        };
+        assert_eq!((two.send_first(2), two.send_first(0)), (Some(2), Some(0)));
+        assert_eq!((two.recv_first(0), two.recv_first(2)), (Some(0), Some(2)));
+        assert_eq!(two.send_first(1), None);
+        let mut lanes = Vec::new();
+        plan_stripes(&mut lanes, &two, Work::Send, 2, 5000);
+        let conns: Vec<_> = lanes.iter().map(|l| (l.tx(), l.tx_peer)).collect();
+        assert_eq!(conns, [(2, 2), (3, 2)]);
+        plan_stripes(&mut lanes, &two, Work::Recv, 0, 1000);
+        assert_eq!(lanes.len(), 1, "one piece of at least 1024 bytes");
+        assert_eq!((lanes[0].rx(), lanes[0].rx_peer), (0, 0));
+    }
+}

@@ -290,8 +290,8 @@ fn step(net: &mut Net, r: usize, rank: &mut SimRank, l: usize, context: &'static
 mod tests {
     use super::super::protocol::{self, Work};
     use super::super::schedule::{MIN_SEND_SIZE, SMALL_PAD_BYTES};
-    use super::*;
     use super::Rng;
+    use super::*;
     use crate::element::DType;
     use crate::reduce::{ReduceOp, reduce_scalar};
     use proptest::prelude::*;
