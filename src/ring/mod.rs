@@ -3,7 +3,9 @@
 //! - [`schedule`]: which bytes go where, step by step (the wire contract with MLX);
 //! - [`bootstrap`]: forming the ring's connections;
 //! - [`transport`]: the sockets and the event loop that owns them;
-//! - [`engine`]: lanes that stream a schedule through the loop and fold data in;
+//! - [`protocol`]: the lanes of each collective as a state machine without I/O: which bytes
+//!   go out next, where arriving bytes land, how they are folded in;
+//! - [`engine`]: drives those lanes over the sockets, waiting on the event loop;
 //! - [`staging`]: the page-aligned buffers reductions land in.
 //!
 //! [`Ring`] ties them together behind [`Communicator`]. A group's state sits behind one
@@ -13,7 +15,10 @@
 
 mod bootstrap;
 mod engine;
+mod protocol;
 pub(crate) mod schedule;
+#[cfg(test)]
+mod sim;
 mod staging;
 mod transport;
 
@@ -21,8 +26,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use engine::{Buffers, Lane, Spin, Work};
-use schedule::{Direction, Layout, Pass, SMALL_PAD_BYTES};
+use engine::Spin;
+use protocol::{Buffers, Lane, Topology, Work};
+use schedule::SMALL_PAD_BYTES;
 use staging::Staging;
 use transport::{Transfer, Transport};
 
@@ -70,9 +76,20 @@ impl Ring {
     /// `options.timeout` for the neighbours.
     pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Ring> {
         let timeout = options.timeout;
-        let transport = bootstrap::connect(addrs, options)?;
-        let staging = Staging::new(transport.connections())
-            .map_err(|e| Error::local("mapping the ring's staging buffers", e))?;
+        let mut transport = bootstrap::connect(addrs, options)?;
+        let staging = Staging::new(transport.connections())?;
+        // The lane planners number connections as the transport does.
+        let topo = Topology {
+            rank: addrs.rank,
+            size: addrs.size,
+            connections: transport.connections(),
+        };
+        debug_assert!(
+            (0..topo.connections).all(|i| transport.left(i) == topo.left(i)
+                && transport.right(i) == topo.right(i)
+                && transport.conns()[topo.left(i)].peer == topo.left_rank()
+                && transport.conns()[topo.right(i)].peer == topo.right_rank())
+        );
         Ok(Ring {
             rank: addrs.rank,
             size: addrs.size,
@@ -148,28 +165,12 @@ impl Ring {
         result
     }
 
-    /// Adds the lanes of one MLX all-reduce over `elems` elements from byte `base`.
-    fn plan_all_reduce(&self, state: &mut State, op: ReduceOp, dtype: DType, elems: usize) {
-        let splits = schedule::reduce_splits(
-            elems * dtype.size(),
-            self.size,
-            state.transport.connections(),
-        );
-        state.lanes.clear();
-        for i in 0..splits {
-            let part = schedule::part(elems, splits, i);
-            let (pair, direction) = schedule::route(i);
-            let layout = Layout::split(
-                part.start * dtype.size(),
-                part.len(),
-                dtype.size(),
-                self.size,
-            );
-            let pass = Pass::all_reduce(self.rank, self.size, direction);
-            let (tx, rx) = lane_conns(&state.transport, pair, direction);
-            state
-                .lanes
-                .push(Lane::ring(Work::AllReduce(op, dtype), pass, layout, tx, rx));
+    /// The ring as the lane planners see it.
+    fn topology(&self, state: &State) -> Topology {
+        Topology {
+            rank: self.rank,
+            size: self.size,
+            connections: state.transport.connections(),
         }
     }
 }
@@ -258,14 +259,6 @@ fn error_kind(error: &Error) -> u8 {
     }
 }
 
-/// The connections a lane on connection pair `pair` writes to and reads from.
-fn lane_conns(transport: &Transport, pair: usize, direction: Direction) -> (usize, usize) {
-    match direction {
-        Direction::Left => (transport.left(pair), transport.right(pair)),
-        Direction::Right => (transport.right(pair), transport.left(pair)),
-    }
-}
-
 impl Communicator for Ring {
     fn rank(&self) -> usize {
         self.rank
@@ -289,7 +282,8 @@ impl Communicator for Ring {
         let elems = data.len() / esize;
         if elems >= self.size {
             let mut state = self.lock()?;
-            self.plan_all_reduce(&mut state, op, dtype, elems);
+            let topo = self.topology(&state);
+            protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
             let traced = Traced::reduce(op, dtype, data.len());
             return self.run(&mut state, &mut Buffers { data, input: &[] }, traced);
         }
@@ -311,13 +305,8 @@ impl Communicator for Ring {
         pad[..data.len()].copy_from_slice(data);
         let mut state = self.lock()?;
         let state = &mut *state;
-        let (tx, rx) = lane_conns(&state.transport, 0, Direction::Right);
-        let pass = Pass::all_reduce(self.rank, self.size, Direction::Right);
-        let layout = Layout::split(0, self.size, esize, self.size);
-        state.lanes.clear();
-        state
-            .lanes
-            .push(Lane::ring(Work::AllReduce(op, dtype), pass, layout, tx, rx));
+        let topo = self.topology(state);
+        protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
         self.run(
             state,
             &mut Buffers {
@@ -338,22 +327,8 @@ impl Communicator for Ring {
         let state = &mut *state;
         // Our own block is copied in locally; the ring fills the others.
         output[self.rank * nbytes..(self.rank + 1) * nbytes].copy_from_slice(input);
-        let splits = schedule::gather_splits(nbytes, state.transport.connections());
-        state.lanes.clear();
-        for i in 0..splits {
-            let part = schedule::part(nbytes, splits, i);
-            let (pair, direction) = schedule::route(i);
-            let layout = Layout::Strided {
-                offset: part.start,
-                len: part.len(),
-                stride: nbytes,
-            };
-            let pass = Pass::all_gather(self.rank, self.size, direction);
-            let (tx, rx) = lane_conns(&state.transport, pair, direction);
-            state
-                .lanes
-                .push(Lane::ring(Work::AllGather, pass, layout, tx, rx));
-        }
+        let topo = self.topology(state);
+        protocol::plan_all_gather(&mut state.lanes, &topo, nbytes);
         self.run(
             state,
             &mut Buffers {
@@ -374,27 +349,10 @@ impl Communicator for Ring {
         );
         let mut state = self.lock()?;
         let state = &mut *state;
-        let elems = chunk / esize;
-        let splits = schedule::reduce_splits(input.len(), self.size, state.transport.connections());
-        state.lanes.clear();
-        for i in 0..splits {
-            let part = schedule::part(elems, splits, i);
-            let (pair, direction) = schedule::route(i);
-            let layout = Layout::Strided {
-                offset: part.start * esize,
-                len: part.len() * esize,
-                stride: chunk,
-            };
-            let pass = Pass::reduce_scatter(self.rank, self.size, direction);
-            let (tx, rx) = lane_conns(&state.transport, pair, direction);
-            state.lanes.push(Lane::ring(
-                Work::ReduceScatter(ReduceOp::Sum, dtype),
-                pass,
-                layout,
-                tx,
-                rx,
-            ));
-        }
+        let topo = self.topology(state);
+        let piece = protocol::plan_sum_scatter(&mut state.lanes, &topo, dtype, chunk);
+        // Before any byte moves: a mapping failure here is local and leaves the group usable.
+        state.staging.reserve(piece)?;
         self.run(
             state,
             &mut Buffers {
@@ -413,16 +371,11 @@ impl Communicator for Ring {
     fn send(&self, data: &[u8], dst: usize) -> Result<()> {
         let mut state = self.lock()?;
         let state = &mut *state;
-        // MLX checks the right neighbour first, so with two ranks a send goes out on the
-        // connections this rank opened and arrives on the peer's accepted ones.
-        let first = if dst == self.right() {
-            state.transport.right(0)
-        } else if dst == self.left() {
-            state.transport.left(0)
-        } else {
+        let topo = self.topology(state);
+        let Some(first) = topo.send_first(dst) else {
             return Err(self.not_a_neighbour("send to", dst));
         };
-        self.plan_stripes(state, Work::Send, first, data.len());
+        protocol::plan_stripes(&mut state.lanes, &topo, Work::Send, first, data.len());
         self.run(
             state,
             &mut Buffers {
@@ -436,15 +389,11 @@ impl Communicator for Ring {
     fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
         let mut state = self.lock()?;
         let state = &mut *state;
-        // The mirror of `send`: the left neighbour first.
-        let first = if src == self.left() {
-            state.transport.left(0)
-        } else if src == self.right() {
-            state.transport.right(0)
-        } else {
+        let topo = self.topology(state);
+        let Some(first) = topo.recv_first(src) else {
             return Err(self.not_a_neighbour("receive from", src));
         };
-        self.plan_stripes(state, Work::Recv, first, data.len());
+        protocol::plan_stripes(&mut state.lanes, &topo, Work::Recv, first, data.len());
         let len = data.len();
         self.run(
             state,
@@ -494,21 +443,6 @@ impl Communicator for Ring {
 }
 
 impl Ring {
-    /// MLX's striping of a send or receive over the C connections starting at `first`.
-    fn plan_stripes(&self, state: &mut State, work: Work, first: usize, len: usize) {
-        let connections = state.transport.connections();
-        state.lanes.clear();
-        for i in 0..connections {
-            let range = schedule::stripe(len, connections, i);
-            if range.is_empty() {
-                break;
-            }
-            state
-                .lanes
-                .push(Lane::point(work, first + i, range.start, range.len()));
-        }
-    }
-
     fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
         let (left, right) = (self.left(), self.right());
         let neighbours = if left == right {
