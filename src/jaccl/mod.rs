@@ -91,7 +91,6 @@ pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::options::Options;
-use driver::Spin;
 use group::{Jaccl, Kind, Setup};
 use side_channel::SideChannel;
 
@@ -140,7 +139,7 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
         kind,
         classes: config.buffers,
         timeout: options.timeout,
-        spin: Spin::DEDICATED,
+        spin: driver::DEDICATED,
     };
     Ok(Group::new(Arc::new(Jaccl::form(
         setup, side, fabric, plan,

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp, Result};
 
 /// The context errors during set-up name.
@@ -396,7 +397,7 @@ impl SideChannel {
 fn peer_gone(peer: &Peer, me: usize, ranks: usize, context: &'static str) -> Error {
     if let Some(bytes) = peer.notice.get(..4) {
         let lost = decode_notice([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if lost < ranks && lost != me && lost != peer.rank {
+        if let Some(lost) = notice_names(lost, peer.rank, me, ranks) {
             return Error::Lost {
                 peer: lost,
                 via: peer.rank,

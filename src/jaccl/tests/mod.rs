@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::Spin;
+use super::driver;
 use super::emulated::{EmulatedFabric, Network};
 use super::frames::SizeClasses;
 use super::group::{Jaccl, Kind, Setup};
@@ -85,7 +85,7 @@ pub(super) fn form(
         kind: layout.kind,
         classes: layout.classes,
         timeout: layout.timeout,
-        spin: Spin::SHARED,
+        spin: driver::SHARED,
     };
     let jaccl = Arc::new(Jaccl::form(setup, side, fabric, plan)?);
     Ok((Group::new(jaccl.clone()), jaccl))
