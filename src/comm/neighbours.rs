@@ -30,7 +30,10 @@ impl Neighbours {
     /// Whether `peer` is the left or the right neighbour.
     #[cfg_attr(
         not(feature = "jaccl"),
-        allow(dead_code, reason = "the TCP ring picks its connection per neighbour instead")
+        allow(
+            dead_code,
+            reason = "the TCP ring picks its connection per neighbour instead"
+        )
     )]
     pub(crate) fn is_neighbour(self, peer: usize) -> bool {
         peer != self.rank && (peer == self.left() || peer == self.right())
@@ -39,7 +42,10 @@ impl Neighbours {
     /// `Ok` if `peer` is a neighbour; else [`Neighbours::refusal`].
     #[cfg_attr(
         not(feature = "jaccl"),
-        allow(dead_code, reason = "the TCP ring picks its connection per neighbour instead")
+        allow(
+            dead_code,
+            reason = "the TCP ring picks its connection per neighbour instead"
+        )
     )]
     pub(crate) fn check(self, what: &str, peer: usize, who: &str, why: &str) -> Result<()> {
         if self.is_neighbour(peer) {

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use memmap2::MmapMut;
 
+use super::bootstrap::{self, Destination, SideChannel};
 use super::buffers::BufferPlan;
 use super::driver::{self, Cx, Machine, Mem};
 use super::fabric::{Completion, Fabric};
 use super::frames::{PIPELINE, SizeClasses};
-use super::side_channel::{self, Destination, SideChannel};
 use super::{mesh, ring};
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
@@ -155,7 +155,7 @@ impl<F: Fabric> Jaccl<F> {
         let setup_error = |conn: usize, reason: String| Error::Rdma {
             peer: peers[conn],
             op: PeerOp::Connect,
-            context: side_channel::SETUP,
+            context: bootstrap::SETUP,
             reason,
         };
         let local = |fabric: &mut F, conn: usize| -> Result<Destination> {

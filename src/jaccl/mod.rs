@@ -64,6 +64,7 @@
 //! be noticed as a timeout (a later message may take its place first). All ranks must run the
 //! same class of macOS release (26.2, or 26.3 and later).
 
+mod bootstrap;
 mod buffers;
 mod config;
 mod driver;
@@ -75,7 +76,6 @@ mod group;
 mod mesh;
 mod reduce;
 mod ring;
-mod side_channel;
 #[cfg(test)]
 mod tests;
 mod verbs;
@@ -91,8 +91,8 @@ pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::options::Options;
+use bootstrap::SideChannel;
 use group::{Jaccl, Kind, Setup};
-use side_channel::SideChannel;
 
 /// Forms this rank's JACCL group from `config`, waiting at most `options.timeout` for the
 /// other ranks at every step. A configuration of one rank is the group of this process

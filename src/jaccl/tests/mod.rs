@@ -15,11 +15,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::bootstrap::SideChannel;
 use super::driver;
 use super::emulated::{EmulatedFabric, Network};
 use super::frames::SizeClasses;
 use super::group::{Jaccl, Kind, Setup};
-use super::side_channel::SideChannel;
 use crate::error::Result;
 use crate::group::Group;
 

@@ -1,5 +1,6 @@
-//! JACCL's side channel: the TCP star through rank 0 that the ranks use to exchange their
-//! queue-pair addresses, byte for byte as MLX 0.32.1's `TCPAllGather` and `SideChannel`.
+//! How JACCL's ranks find each other: the side channel, the TCP star through rank 0 that
+//! the ranks use to exchange their queue-pair addresses, byte for byte as MLX 0.32.1's
+//! `TCPAllGather` and `SideChannel`, and that is watched for lost ranks afterwards.
 //!
 //! # Bytes on the wire
 //!
@@ -898,7 +899,7 @@ mod tests {
             .map(|rank| {
                 let mut cmd = Command::new(&exe);
                 cmd.args([
-                    "jaccl::side_channel::tests::side_channel_across_real_processes",
+                    "jaccl::bootstrap::tests::side_channel_across_real_processes",
                     "--exact",
                     "--nocapture",
                     "--test-threads=1",
