@@ -113,6 +113,8 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     crate::reduce::simd_request_from_env()?;
     let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
     let formed = formed.get_or_insert_with(HashMap::new);
+    // A closed group is not handed out again: the next `init` forms a new one.
+    formed.retain(|_, group| !group.is_closed());
     if let Some(group) = formed.get(&backend) {
         set_default_group(group.clone());
         return Ok(group.clone());
@@ -147,15 +149,6 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     let group = Group::single();
     set_default_group(group.clone());
     Ok(group)
-}
-
-/// Removes a closed group from the cache, so that the next `init` forms a new one.
-pub(crate) fn forget(comm: &Arc<dyn crate::group::Communicator>) {
-    let same = |g: &Group| std::ptr::addr_eq(Arc::as_ptr(g.communicator()), Arc::as_ptr(comm));
-    let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(formed) = formed.as_mut() {
-        formed.retain(|_, g| !same(g));
-    }
 }
 
 /// The ring from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The inner `Err` is why the environment

@@ -5,58 +5,10 @@
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
+use crate::comm::Communicator;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
-
-/// What a backend implements: collectives on raw element bytes.
-///
-/// Every rank must call the same collectives in the same order with the same lengths, as in
-/// MLX; the wire carries no lengths or types. [`Group`] checks the arguments before calling
-/// these methods, so an implementation may assume:
-///
-/// - `all_reduce`: `data` holds whole elements of `dtype`;
-/// - `all_gather`: `output.len() == input.len() * size()`;
-/// - `sum_scatter`: `input.len() == output.len() * size()`, both whole elements of `dtype`;
-/// - `send`/`recv`: `dst`/`src` is in range and is not this rank.
-///
-/// A transport failure must leave the communicator failed: later calls return
-/// [`Error::Failed`].
-pub trait Communicator: Send + Sync + fmt::Debug {
-    /// This process's rank.
-    fn rank(&self) -> usize;
-
-    /// The number of ranks.
-    fn size(&self) -> usize;
-
-    /// The backend's name, for messages (`"ring"`, `"jaccl"`).
-    fn backend(&self) -> &'static str;
-
-    /// Reduces `data` in place across every rank.
-    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()>;
-
-    /// Concatenates every rank's `input` into `output`, in rank order.
-    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()>;
-
-    /// Sums `input` across ranks and keeps this rank's share, block `rank` of `size`.
-    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()>;
-
-    /// Sends `data` to rank `dst`, which receives it with `recv` of the same length.
-    fn send(&self, data: &[u8], dst: usize) -> Result<()>;
-
-    /// Receives exactly `data.len()` bytes from rank `src`.
-    fn recv(&self, data: &mut [u8], src: usize) -> Result<()>;
-
-    /// Returns once every rank has called it.
-    fn barrier(&self) -> Result<()>;
-
-    /// Checks that every connection is still up, without running a collective.
-    fn health(&self) -> Result<()>;
-
-    /// Releases the transport (connections, buffers). Later calls fail with
-    /// [`Error::GroupClosed`]. Closing twice is not an error.
-    fn close(&self) -> Result<()>;
-}
 
 /// A group of ranks that run collectives together. Cheap to clone; every clone is the same
 /// group. Collectives from several threads are run one at a time.
@@ -252,13 +204,12 @@ impl Group {
     ///
     /// None at present; the `Result` leaves room for backends whose teardown can fail.
     pub fn close(&self) -> Result<()> {
-        crate::backend::forget(&self.comm);
         self.comm.close()
     }
 
-    /// The communicator, to compare groups by identity.
-    pub(crate) fn communicator(&self) -> &Arc<dyn Communicator> {
-        &self.comm
+    /// Whether the group was closed; the backend cache drops closed groups.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.comm.is_closed()
     }
 
     fn check_peer(&self, what: &str, peer: usize) -> Result<()> {

@@ -112,6 +112,7 @@
 
 mod auth;
 mod backend;
+mod comm;
 mod element;
 mod error;
 #[doc(hidden)]
@@ -130,10 +131,11 @@ pub use auth::KEY_VAR;
 pub use backend::{
     Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
 };
+pub use comm::Communicator;
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, PeerOp, Result};
 pub use group::{
-    Communicator, Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
+    Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
     set_default_group, sum_scatter,
 };
 pub use half::{bf16, f16};

@@ -2,13 +2,14 @@
 //! collective uses and hands each completion to the state machine that posted the request.
 //!
 //! MLX runs each ring wire on its own thread and busy-polls forever. Here the algorithms are
-//! state machines ([`Machine`]) and one loop drives all of them, so the ring's wires progress
-//! side by side on the calling thread, and the wait between completions follows a policy:
-//! spin for a few microseconds (a peer on its own CPU answers in about that time over
-//! Thunderbolt), then yield the CPU, then sleep in short, growing naps on the side channel's
-//! poller, which wakes at once if a peer's side channel closes. Every wait is bounded: a
-//! collective that sees no completion for the group's timeout fails, naming the peer whose
-//! connection has been silent longest while work is outstanding on it.
+//! state machines ([`Machine`]) and [`comm::progress`](crate::comm::progress) drives all of
+//! them, so the ring's wires progress side by side on the calling thread, and the wait
+//! between completions follows a policy: spin for a few microseconds (a peer on its own CPU
+//! answers in about that time over Thunderbolt), then yield the CPU, then sleep in short,
+//! growing naps on the side channel's poller, which wakes at once if a peer's side channel
+//! closes. Every wait is bounded: a collective that sees no completion for the group's
+//! timeout fails, naming the peer [`blame`](crate::comm::progress::blame) picks from the
+//! work outstanding on each connection.
 //!
 //! Every completion's status is checked (MLX does not): a failed work request fails the
 //! collective with the device's message and the peer's rank.
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric};
 use super::frames::WorkTag;
+use crate::comm::progress::{self, Activity, Drive, Spin};
 use crate::error::{Error, PeerOp, Result};
 
 /// The memory a collective works on.
@@ -60,15 +62,6 @@ pub(crate) trait Machine {
     fn owns(&self, conn: usize) -> bool;
 }
 
-/// Outstanding work on one connection.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Pending {
-    sends: usize,
-    recvs: usize,
-    /// When the connection last completed something (or the collective started).
-    last: Instant,
-}
-
 /// What a machine works with: the fabric, the buffer plan, the group's staging memory, and
 /// the bookkeeping that lets errors name peers.
 pub(crate) struct Cx<'a> {
@@ -79,7 +72,8 @@ pub(crate) struct Cx<'a> {
     /// The peer rank of each connection.
     pub(crate) peers: &'a [usize],
     pub(crate) context: &'static str,
-    pending: &'a mut Vec<Pending>,
+    /// What is outstanding on each connection, for blame.
+    activity: &'a mut Activity,
 }
 
 impl<'a> Cx<'a> {
@@ -89,25 +83,16 @@ impl<'a> Cx<'a> {
         staging: &'a mut [u8],
         peers: &'a [usize],
         context: &'static str,
-        pending: &'a mut Vec<Pending>,
+        activity: &'a mut Activity,
     ) -> Self {
-        let now = Instant::now();
-        pending.clear();
-        pending.resize(
-            peers.len(),
-            Pending {
-                sends: 0,
-                recvs: 0,
-                last: now,
-            },
-        );
+        activity.start(peers.len());
         Cx {
             fabric,
             plan,
             staging,
             peers,
             context,
-            pending,
+            activity,
         }
     }
 
@@ -125,7 +110,7 @@ impl<'a> Cx<'a> {
         self.fabric
             .post_send(conn, buf, tag.encode())
             .map_err(|r| self.rdma_error(conn, PeerOp::Send, r))?;
-        self.pending[conn].sends += 1;
+        self.activity.posted(conn, PeerOp::Send);
         Ok(())
     }
 
@@ -134,7 +119,7 @@ impl<'a> Cx<'a> {
         self.fabric
             .post_recv(conn, buf, tag.encode())
             .map_err(|r| self.rdma_error(conn, PeerOp::Receive, r))?;
-        self.pending[conn].recvs += 1;
+        self.activity.posted(conn, PeerOp::Receive);
         Ok(())
     }
 
@@ -159,41 +144,22 @@ impl<'a> Cx<'a> {
 
     /// Whether work is outstanding with rank `peer`.
     fn waiting_on(&self, peer: usize) -> bool {
-        self.pending
+        self.peers
             .iter()
-            .zip(self.peers)
-            .any(|(p, &r)| r == peer && p.sends + p.recvs > 0)
+            .enumerate()
+            .any(|(conn, &r)| r == peer && self.activity.busy(conn))
     }
 
     fn completed(&mut self, c: &Completion, recv: bool) {
-        let p = &mut self.pending[c.conn];
-        if recv {
-            p.recvs = p.recvs.saturating_sub(1);
-        } else {
-            p.sends = p.sends.saturating_sub(1);
-        }
-        p.last = Instant::now();
+        let op = if recv { PeerOp::Receive } else { PeerOp::Send };
+        self.activity.completed(c.conn, op);
     }
 
-    /// The timeout error: the peer whose connection, with work outstanding, has been silent
-    /// longest (a lost peer completes nothing at all); a receive outstanding there is named
-    /// before a send.
+    /// The timeout error, naming the peer [`Activity::blame`] picks (a lost peer completes
+    /// nothing at all).
     fn timeout(&self, after: Duration) -> Error {
-        let blamed = self
-            .pending
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.sends + p.recvs > 0)
-            .min_by_key(|(_, p)| p.last);
-        let (peer, op) = match blamed {
-            Some((conn, p)) => (
-                self.peers[conn],
-                if p.recvs > 0 {
-                    PeerOp::Receive
-                } else {
-                    PeerOp::Send
-                },
-            ),
+        let (peer, op) = match self.activity.blame() {
+            Some(w) => (self.peers[w.conn], w.op),
             None => (self.peers.first().copied().unwrap_or(0), PeerOp::Receive),
         };
         Error::Timeout {
@@ -206,29 +172,18 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// How the loop waits for completions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Spin {
-    /// How long to poll without giving the CPU away.
-    pub(crate) eager: Duration,
-    /// How long to keep polling (yielding between polls) before sleeping.
-    pub(crate) total: Duration,
-}
+/// For ranks on machines of their own, as JACCL's are.
+pub(crate) const DEDICATED: Spin = Spin {
+    eager: Duration::from_micros(50),
+    total: Duration::from_micros(500),
+};
 
-impl Spin {
-    /// For ranks on machines of their own, as JACCL's are.
-    pub(crate) const DEDICATED: Spin = Spin {
-        eager: Duration::from_micros(50),
-        total: Duration::from_micros(500),
-    };
-
-    /// For ranks that share CPUs (tests): yield from the start.
-    #[cfg(test)]
-    pub(crate) const SHARED: Spin = Spin {
-        eager: Duration::ZERO,
-        total: Duration::from_micros(200),
-    };
-}
+/// For ranks that share CPUs (tests): yield from the start.
+#[cfg(test)]
+pub(crate) const SHARED: Spin = Spin {
+    eager: Duration::ZERO,
+    total: Duration::from_micros(200),
+};
 
 /// The first and longest nap once spinning is over.
 const NAP_MIN: Duration = Duration::from_micros(50);
@@ -253,8 +208,8 @@ pub(crate) trait Liveness {
 /// # Errors
 ///
 /// A post or completion failed ([`Error::Rdma`], naming the peer), no completion came for
-/// `timeout` ([`Error::Timeout`], naming the peer waited on longest), or the side channel
-/// reports a lost rank while nothing moves.
+/// `timeout` ([`Error::Timeout`], naming the peer [`Activity::blame`] picks), or the side
+/// channel reports a lost rank while nothing moves.
 pub(crate) fn run<M: Machine>(
     cx: &mut Cx<'_>,
     mem: &mut Mem<'_>,
@@ -267,17 +222,47 @@ pub(crate) fn run<M: Machine>(
     for m in machines.iter_mut() {
         m.start(cx, mem)?;
     }
-    let conns = cx.peers.len();
-    let owner: Vec<Option<usize>> = (0..conns)
+    let owner = (0..cx.peers.len())
         .map(|c| machines.iter().position(|m| m.owns(c)))
         .collect();
-    let mut idle_since: Option<Instant> = None;
-    let mut nap = NAP_MIN;
-    let mut loss: Option<Error> = None;
-    loop {
-        if machines.iter().all(Machine::finished) {
-            return Ok(());
-        }
+    let mut driver = Driver {
+        cx,
+        mem,
+        machines,
+        owner,
+        live,
+        completions,
+        nap: NAP_MIN,
+        loss: None,
+    };
+    progress::progress(&mut driver, timeout, spin)
+}
+
+/// One collective's machines, as [`progress::progress`] drives them.
+struct Driver<'d, 'a, 'm, M> {
+    cx: &'d mut Cx<'a>,
+    mem: &'d mut Mem<'m>,
+    machines: &'d mut [M],
+    /// The machine each connection's completions go to.
+    owner: Vec<Option<usize>>,
+    live: &'d mut dyn Liveness,
+    completions: &'d mut Vec<Completion>,
+    /// The next nap, growing from [`NAP_MIN`] to [`NAP_MAX`] while nothing moves.
+    nap: Duration,
+    /// A lost peer the side channel reported, returned if one more poll finds nothing.
+    loss: Option<Error>,
+}
+
+impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
+    fn advance(&mut self) -> Result<bool> {
+        let Driver {
+            cx,
+            mem,
+            machines,
+            owner,
+            completions,
+            ..
+        } = self;
         for (conn, owner) in owner.iter().enumerate() {
             if owner.is_some_and(|m| !machines[m].finished()) {
                 cx.fabric
@@ -302,49 +287,55 @@ pub(crate) fn run<M: Machine>(
             }
         }
         if progressed {
-            idle_since = None;
-            nap = NAP_MIN;
-            loss = None;
-            continue;
+            self.nap = NAP_MIN;
+            self.loss = None;
+            return Ok(true);
         }
-        if let Some(e) = loss.take() {
+        match self.loss.take() {
             // A peer's side channel closed and, polled once more since, nothing moved.
-            return Err(e);
+            Some(e) => Err(e),
+            None => Ok(false),
         }
-        let now = Instant::now();
-        let idle = now - *idle_since.get_or_insert(now);
-        if idle < spin.eager {
-            continue;
-        }
-        if idle < spin.total {
-            std::thread::yield_now();
-            continue;
-        }
-        if idle >= timeout {
-            // Before blaming the silent peer, look for a better explanation: a rank whose
-            // side channel closed (even one this rank does not wait on directly: in a ring,
-            // everyone waits on everyone in the end), or a failure notice from a rank that
-            // timed out on the rank that was really lost, which may take a moment to arrive.
-            let until = Instant::now() + (timeout / 4).min(DIAGNOSE);
-            loop {
-                live.check(cx.context, &|_| true)?;
-                if Instant::now() >= until {
-                    break;
-                }
-                live.sleep(NAP_MAX);
-            }
-            return Err(cx.timeout(timeout));
-        }
-        if let Err(e) = live.check(cx.context, &|rank| cx.waiting_on(rank)) {
+    }
+
+    fn finished(&self) -> bool {
+        self.machines.iter().all(Machine::finished)
+    }
+
+    fn wait(&mut self, until: Instant) -> Result<bool> {
+        let cx = &*self.cx;
+        if let Err(e) = self.live.check(cx.context, &|rank| cx.waiting_on(rank)) {
             // Look at the completion queues once more before failing: a peer that finished
             // and exited may have done so just after its last message arrived.
-            loss = Some(e);
-            continue;
+            self.loss = Some(e);
+            return Ok(true);
         }
-        let nap_now = nap.min(timeout - idle);
-        if !cx.fabric.wait(nap_now) {
-            live.sleep(nap_now);
+        let nap = self
+            .nap
+            .min(until.saturating_duration_since(Instant::now()));
+        if !self.cx.fabric.wait(nap) {
+            self.live.sleep(nap);
         }
-        nap = (nap * 2).min(NAP_MAX);
+        self.nap = (self.nap * 2).min(NAP_MAX);
+        // A nap is shorter than the deadline; the progress loop looks at the clock.
+        Ok(true)
+    }
+
+    fn stalled(&mut self, timeout: Duration) -> Error {
+        // Before blaming the silent peer, look for a better explanation: a rank whose side
+        // channel closed (even one this rank does not wait on directly: in a ring, everyone
+        // waits on everyone in the end), or a failure notice from a rank that timed out on
+        // the rank that was really lost, which may take a moment to arrive.
+        let until = Instant::now() + (timeout / 4).min(DIAGNOSE);
+        loop {
+            if let Err(e) = self.live.check(self.cx.context, &|_| true) {
+                return e;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            self.live.sleep(NAP_MAX);
+        }
+        self.cx.timeout(timeout)
     }
 }

@@ -31,10 +31,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use super::bootstrap::Destination;
 use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric, FabricResult, Pool, pack_wr, unpack_wr};
 use super::frames::PSN;
-use super::side_channel::Destination;
 
 /// A fault to inject into the `nth` message (from 0) a queue pair sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

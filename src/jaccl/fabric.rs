@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
+use super::bootstrap::Destination;
 use super::buffers::BufId;
-use super::side_channel::Destination;
 
 /// A fabric's own error text; the group turns it into an [`Error`](crate::Error) naming the
 /// peer.

@@ -15,20 +15,23 @@
 //! other nuvec ranks and is closed.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use memmap2::MmapMut;
 
+use super::bootstrap::{self, Destination, SideChannel};
 use super::buffers::BufferPlan;
-use super::driver::{self, Cx, Machine, Mem, Pending, Spin};
+use super::driver::{self, Cx, Machine, Mem};
 use super::fabric::{Completion, Fabric};
 use super::frames::{PIPELINE, SizeClasses};
-use super::side_channel::{self, Destination, SideChannel};
 use super::{mesh, ring};
+use crate::comm::Communicator;
+use crate::comm::neighbours::Neighbours;
+use crate::comm::progress::{Activity, Spin};
+use crate::comm::state::Guarded;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Result};
-use crate::group::Communicator;
 use crate::reduce::ReduceOp;
 
 /// How a group's connections are laid out.
@@ -49,8 +52,8 @@ impl Kind {
         match self {
             Kind::Mesh => (0..size).collect(),
             Kind::Ring { wires } => {
-                let left = (rank + size - 1) % size;
-                let right = (rank + 1) % size;
+                let n = Neighbours::new(rank, size);
+                let (left, right) = (n.left(), n.right());
                 (0..2 * wires)
                     .map(|c| if c < wires { left } else { right })
                     .collect()
@@ -82,11 +85,8 @@ struct State<F> {
     side: SideChannel,
     plan: BufferPlan,
     staging: MmapMut,
-    pending: Vec<Pending>,
+    activity: Activity,
     completions: Vec<Completion>,
-    failed: Option<Arc<Error>>,
-    /// Whether [`Communicator::close`] released the group.
-    closed: bool,
 }
 
 /// One rank's end of a JACCL group over fabric `F`.
@@ -98,7 +98,7 @@ pub(crate) struct Jaccl<F> {
     timeout: Duration,
     spin: Spin,
     peers: Vec<usize>,
-    state: Mutex<State<F>>,
+    state: Guarded<State<F>>,
 }
 
 impl<F> fmt::Debug for Jaccl<F> {
@@ -155,7 +155,7 @@ impl<F: Fabric> Jaccl<F> {
         let setup_error = |conn: usize, reason: String| Error::Rdma {
             peer: peers[conn],
             op: PeerOp::Connect,
-            context: side_channel::SETUP,
+            context: bootstrap::SETUP,
             reason,
         };
         let local = |fabric: &mut F, conn: usize| -> Result<Destination> {
@@ -193,8 +193,8 @@ impl<F: Fabric> Jaccl<F> {
                     .collect::<Result<Vec<_>>>()?;
                 let all_left = side.all_gather_records(&left_info)?;
                 let all_right = side.all_gather_records(&right_info)?;
-                let left = (rank + size - 1) % size;
-                let right = (rank + 1) % size;
+                let n = Neighbours::new(rank, size);
+                let (left, right) = (n.left(), n.right());
                 let mismatch = |conn: usize, peer: usize, theirs: usize| {
                     setup_error(
                         conn,
@@ -236,28 +236,19 @@ impl<F: Fabric> Jaccl<F> {
             timeout: setup.timeout,
             spin: setup.spin,
             peers,
-            state: Mutex::new(State {
+            state: Guarded::new(State {
                 fabric: Some(fabric),
                 side,
                 plan,
                 staging,
-                pending: Vec::new(),
+                activity: Activity::default(),
                 completions: Vec::new(),
-                failed: None,
-                closed: false,
             }),
         })
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, State<F>>> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.closed {
-            return Err(Error::GroupClosed);
-        }
-        match &state.failed {
-            Some(error) => Err(Error::Failed(error.clone())),
-            None => Ok(state),
-        }
+        self.state.lock()
     }
 
     /// Runs `machines` over `mem`; a transport error fails the group.
@@ -273,15 +264,13 @@ impl<F: Fabric> Jaccl<F> {
             side,
             plan,
             staging,
-            pending,
+            activity,
             completions,
-            failed,
-            ..
         } = state;
         let Some(fabric) = fabric.as_mut() else {
             return Err(Error::GroupClosed);
         };
-        let mut cx = Cx::new(fabric, plan, staging, &self.peers, context, pending);
+        let mut cx = Cx::new(fabric, plan, staging, &self.peers, context, activity);
         let result = driver::run(
             &mut cx,
             mem,
@@ -293,31 +282,34 @@ impl<F: Fabric> Jaccl<F> {
         );
         match result {
             Err(error) if error.is_fatal() => {
-                *failed = Some(Arc::new(error.clone()));
                 side.abandon(error.peer());
-                Err(error)
+                Err(self.state.fail(error))
             }
             other => other,
         }
     }
 
+    fn neighbours(&self) -> Neighbours {
+        Neighbours::new(self.rank, self.size)
+    }
+
     fn left(&self) -> usize {
-        (self.rank + self.size - 1) % self.size
+        self.neighbours().left()
     }
 
     fn right(&self) -> usize {
-        (self.rank + 1) % self.size
+        self.neighbours().right()
     }
 
-    fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
-        Error::invalid(format!(
-            "rank {} cannot {what} rank {peer}: a JACCL ring connects only neighbours (ranks \
-             {} and {}), as MLX's jaccl-ring does; use a mesh (a device file connecting every \
-             pair, without MLX_JACCL_RING) to reach any rank",
-            self.rank,
-            self.left(),
-            self.right()
-        ))
+    /// `Ok` if `peer` is a neighbour in ring mode.
+    fn check_neighbour(&self, what: &str, peer: usize) -> Result<()> {
+        self.neighbours().check(
+            what,
+            peer,
+            "a JACCL ring",
+            ", as MLX's jaccl-ring does; use a mesh (a device file connecting every pair, \
+             without MLX_JACCL_RING) to reach any rank",
+        )
     }
 }
 
@@ -478,9 +470,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 self.run(&mut state, &mut m, &mut mem, "send")
             }
             Kind::Ring { wires } => {
-                if dst != self.left() && dst != self.right() {
-                    return Err(self.not_a_neighbour("send to", dst));
-                }
+                self.check_neighbour("send to", dst)?;
                 if data.is_empty() {
                     return Ok(());
                 }
@@ -505,9 +495,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 self.run(&mut state, &mut m, &mut mem, "recv")
             }
             Kind::Ring { wires } => {
-                if src != self.left() && src != self.right() {
-                    return Err(self.not_a_neighbour("receive from", src));
-                }
+                self.check_neighbour("receive from", src)?;
                 if len == 0 {
                     return Ok(());
                 }
@@ -524,15 +512,17 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     fn close(&self) -> Result<()> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.closed {
-            state.closed = true;
+        self.state.close(|state| {
             // Queue pairs and registrations go first (the fabric's drop orders them), then
             // the side channel, which the other ranks see close.
             state.fabric = None;
             state.side.abandon(None);
-        }
+        });
         Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.state.is_closed()
     }
 
     fn health(&self) -> Result<()> {
@@ -540,9 +530,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         match state.side.check("health check") {
             Ok(()) => Ok(()),
             Err(error) => {
-                state.failed = Some(Arc::new(error.clone()));
                 state.side.abandon(error.peer());
-                Err(error)
+                Err(self.state.fail(error))
             }
         }
     }

@@ -64,6 +64,7 @@
 //! be noticed as a timeout (a later message may take its place first). All ranks must run the
 //! same class of macOS release (26.2, or 26.3 and later).
 
+mod bootstrap;
 mod buffers;
 mod config;
 mod driver;
@@ -74,7 +75,6 @@ mod frames;
 mod group;
 mod mesh;
 mod ring;
-mod side_channel;
 #[cfg(test)]
 mod tests;
 mod verbs;
@@ -90,9 +90,8 @@ pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::options::Options;
-use driver::Spin;
+use bootstrap::SideChannel;
 use group::{Jaccl, Kind, Setup};
-use side_channel::SideChannel;
 
 /// Forms this rank's JACCL group from `config`, waiting at most `options.timeout` for the
 /// other ranks at every step. A configuration of one rank is the group of this process
@@ -139,7 +138,7 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
         kind,
         classes: config.buffers,
         timeout: options.timeout,
-        spin: Spin::DEDICATED,
+        spin: driver::DEDICATED,
     };
     Ok(Group::new(Arc::new(Jaccl::form(
         setup, side, fabric, plan,

@@ -26,10 +26,10 @@ use ffi::verbs::{
     ACCESS_JACCL, Completion as VerbsCompletion, Connection, FrameBuffer, QueueSizes,
 };
 
+use super::bootstrap::{Destination, SETUP};
 use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric, FabricResult, FrameMemory, Pool, pack_wr, unpack_wr};
 use super::frames::{CQ_ENTRIES, MAX_RECV_WR, MAX_SEND_WR, PSN};
-use super::side_channel::{Destination, SETUP};
 use crate::error::{Error, PeerOp, Result};
 
 /// Verbs ports count from 1; Thunderbolt devices have one.

@@ -23,7 +23,6 @@ mod staging;
 mod transport;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use engine::Spin;
@@ -32,9 +31,11 @@ use schedule::SMALL_PAD_BYTES;
 use staging::Staging;
 use transport::{Transfer, Transport};
 
+use crate::comm::Communicator;
+use crate::comm::neighbours::Neighbours;
+use crate::comm::state::Guarded;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Result};
-use crate::group::Communicator;
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::reduce::ReduceOp;
@@ -47,7 +48,7 @@ pub(crate) struct Ring {
     size: usize,
     timeout: Duration,
     spin: Spin,
-    state: Mutex<State>,
+    state: Guarded<State>,
 }
 
 struct State {
@@ -55,10 +56,6 @@ struct State {
     staging: Staging,
     /// The lanes of the collective in flight; kept so their storage is reused.
     lanes: Vec<Lane>,
-    /// The transport error that failed the group, returned (wrapped) by every later call.
-    failed: Option<Arc<Error>>,
-    /// Whether [`Communicator::close`] released the transport.
-    closed: bool,
 }
 
 impl fmt::Debug for Ring {
@@ -95,36 +92,29 @@ impl Ring {
             size: addrs.size,
             timeout,
             spin: Spin::for_local_ranks(options.spin, addrs.local_ranks),
-            state: Mutex::new(State {
+            state: Guarded::new(State {
                 transport,
                 staging,
                 lanes: Vec::new(),
-                failed: None,
-                closed: false,
             }),
         })
     }
 
+    fn neighbours(&self) -> Neighbours {
+        Neighbours::new(self.rank, self.size)
+    }
+
     fn left(&self) -> usize {
-        (self.rank + self.size - 1) % self.size
+        self.neighbours().left()
     }
 
     fn right(&self) -> usize {
-        (self.rank + 1) % self.size
+        self.neighbours().right()
     }
 
     /// The group's state, or the error that failed it.
-    fn lock(&self) -> Result<MutexGuard<'_, State>> {
-        // A panic while holding the lock can only come from a bug in this crate; the state
-        // is still consistent enough to report errors from, so take it over.
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.closed {
-            return Err(Error::GroupClosed);
-        }
-        match &state.failed {
-            Some(error) => Err(Error::Failed(error.clone())),
-            None => Ok(state),
-        }
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.state.lock()
     }
 
     /// Runs the lanes in `state.lanes` over `bufs`; a transport error fails the group.
@@ -134,8 +124,6 @@ impl Ring {
             transport,
             staging,
             lanes,
-            failed,
-            ..
         } = state;
         let ranks = self.size as u64;
         // Timestamps only in builds with probes: without them this is free.
@@ -150,7 +138,7 @@ impl Ring {
             self.spin,
             traced.context,
         ) {
-            Err(error) if error.is_fatal() => Err(fail(transport, failed, error)),
+            Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
             result => result,
         };
         let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
@@ -225,7 +213,7 @@ impl Traced {
 
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
-fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error) -> Error {
+fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Error {
     let rank = transport.rank();
     verbose!(rank, "collective failed: {error}");
     ffi::probes::error(
@@ -242,8 +230,7 @@ fn fail(transport: &mut Transport, failed: &mut Option<Arc<Error>>, error: Error
         error => error,
     };
     verbose!(rank, "the group is failed: {error}");
-    *failed = Some(Arc::new(error.clone()));
-    error
+    group.fail(error)
 }
 
 /// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
@@ -409,14 +396,16 @@ impl Communicator for Ring {
     }
 
     fn close(&self) -> Result<()> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.closed {
-            state.closed = true;
+        self.state.close(|state| {
             state.transport.close();
             state.staging.lanes.clear();
             state.lanes = Vec::new();
-        }
+        });
         Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.state.is_closed()
     }
 
     fn health(&self) -> Result<()> {
@@ -431,12 +420,7 @@ impl Communicator for Ring {
             break;
         }
         match found {
-            Some(error) => {
-                let State {
-                    transport, failed, ..
-                } = &mut *state;
-                Err(fail(transport, failed, error))
-            }
+            Some(error) => Err(fail(&mut state.transport, &self.state, error)),
             None => Ok(()),
         }
     }
@@ -444,16 +428,7 @@ impl Communicator for Ring {
 
 impl Ring {
     fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
-        let (left, right) = (self.left(), self.right());
-        let neighbours = if left == right {
-            format!("rank {left}")
-        } else {
-            format!("ranks {left} and {right}")
-        };
-        Error::invalid(format!(
-            "rank {} cannot {what} rank {peer}: the ring backend connects only neighbours \
-             ({neighbours}), as MLX's ring does",
-            self.rank
-        ))
+        self.neighbours()
+            .refusal(what, peer, "the ring backend", ", as MLX's ring does")
     }
 }

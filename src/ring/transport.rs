@@ -21,6 +21,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use socket2::SockRef;
 
+use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp};
 
 /// At most this many bytes per `read`/`write` call: macOS rejects lengths above `INT_MAX`.
@@ -120,7 +121,7 @@ impl Conn {
         }
         if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
             let lost = usize::from(byte);
-            if lost < self.ranks && lost != self.me && lost != self.peer {
+            if let Some(lost) = notice_names(lost, self.peer, self.me, self.ranks) {
                 self.notice = Some(lost);
             }
         }

@@ -15,11 +15,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::Spin;
+use super::bootstrap::SideChannel;
+use super::driver;
 use super::emulated::{EmulatedFabric, Network};
 use super::frames::SizeClasses;
 use super::group::{Jaccl, Kind, Setup};
-use super::side_channel::SideChannel;
 use crate::error::Result;
 use crate::group::Group;
 
@@ -85,7 +85,7 @@ pub(super) fn form(
         kind: layout.kind,
         classes: layout.classes,
         timeout: layout.timeout,
-        spin: Spin::SHARED,
+        spin: driver::SHARED,
     };
     let jaccl = Arc::new(Jaccl::form(setup, side, fabric, plan)?);
     Ok((Group::new(jaccl.clone()), jaccl))

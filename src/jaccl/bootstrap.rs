@@ -1,5 +1,6 @@
-//! JACCL's side channel: the TCP star through rank 0 that the ranks use to exchange their
-//! queue-pair addresses, byte for byte as MLX 0.32.1's `TCPAllGather` and `SideChannel`.
+//! How JACCL's ranks find each other: the side channel, the TCP star through rank 0 that
+//! the ranks use to exchange their queue-pair addresses, byte for byte as MLX 0.32.1's
+//! `TCPAllGather` and `SideChannel`, and that is watched for lost ranks afterwards.
 //!
 //! # Bytes on the wire
 //!
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp, Result};
 
 /// The context errors during set-up name.
@@ -396,7 +398,7 @@ impl SideChannel {
 fn peer_gone(peer: &Peer, me: usize, ranks: usize, context: &'static str) -> Error {
     if let Some(bytes) = peer.notice.get(..4) {
         let lost = decode_notice([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if lost < ranks && lost != me && lost != peer.rank {
+        if let Some(lost) = notice_names(lost, peer.rank, me, ranks) {
             return Error::Lost {
                 peer: lost,
                 via: peer.rank,
@@ -897,7 +899,7 @@ mod tests {
             .map(|rank| {
                 let mut cmd = Command::new(&exe);
                 cmd.args([
-                    "jaccl::side_channel::tests::side_channel_across_real_processes",
+                    "jaccl::bootstrap::tests::side_channel_across_real_processes",
                     "--exact",
                     "--nocapture",
                     "--test-threads=1",
