@@ -100,7 +100,7 @@
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | the ring | if present, logs forming and failures to stderr (`[ring] rank R: ...`) |
 //!
-//! [`config::env`] names every variable, JACCL's included; [`config`] also writes the ring's
+//! [`config::env`](mod@config::env) names every variable, JACCL's included; [`config`] also writes the ring's
 //! hostfile and JACCL's device file as `mlx.launch` does.
 //!
 //! # SIMD

@@ -1,9 +1,9 @@
 //! Every environment variable the library reads, named and documented here once, and the
 //! typed reading of each. Errors name the variable and what is wrong with its value.
 //!
-//! The readers take a [`Lookup`] rather than reading the process environment themselves, so
-//! that tests (and the round trip with the launcher's writer) can hand them a map:
-//! [`process`] is the lookup `init` uses.
+//! The readers (crate-internal) take a lookup function rather than reading the process
+//! environment themselves, so that tests, and the round trip with the launcher's writer, can
+//! hand them a map; `init` passes the process environment.
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! How ranks are configured, in one place: the environment variables `mlx.launch` (or
-//! `nuvec launch`) sets and this crate reads ([`env`]), the ring's hostfile ([`hostfile`])
+//! `nuvec launch`) sets and this crate reads ([`env`](mod@env)), the ring's hostfile ([`hostfile`])
 //! and JACCL's device file ([`devices`]).
 //!
 //! This module is the only part of the crate that reads the environment or parses these
