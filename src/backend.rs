@@ -3,20 +3,17 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
+use crate::config::env;
 use crate::error::{Error, Result};
 use crate::group::{Group, set_default_group};
 use crate::hostfile;
 use crate::options::Options;
 use crate::ring::Ring;
 
-/// The variable naming the ring's hostfile, as `mlx.launch` sets it.
-pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
-/// The variable holding this process's rank, as `mlx.launch` sets it.
-pub const RANK_VAR: &str = "MLX_RANK";
+pub use crate::config::env::{HOSTFILE_VAR, RANK_VAR};
 
 /// A distributed backend, named as in `mx.distributed.init(backend=...)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,7 +107,7 @@ static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
 /// (the error names the file and what is wrong), or a neighbour that cannot be reached within
 /// the timeout (the error names it).
 pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
-    crate::reduce::simd_request_from_env()?;
+    env::simd_request(&env::process)?;
     let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
     let formed = formed.get_or_insert_with(HashMap::new);
     // A closed group is not handed out again: the next `init` forms a new one.
@@ -155,29 +152,14 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
 /// does not describe a ring (not an error unless `strict`); the outer one is a failure to
 /// form the ring it describes.
 fn ring_from_env() -> Result<std::result::Result<Group, String>> {
-    let hostfile = std::env::var_os(HOSTFILE_VAR);
-    let rank = std::env::var_os(RANK_VAR);
-    let (Some(hostfile), Some(rank)) = (&hostfile, &rank) else {
-        let show = |v: &Option<std::ffi::OsString>| {
-            v.as_ref()
-                .map(|s| format!("{:?}", s.to_string_lossy()))
-                .unwrap_or_else(|| "unset".into())
-        };
-        return Ok(Err(format!(
-            "both {RANK_VAR} and {HOSTFILE_VAR} must be set (as mlx.launch sets them), but \
-             {RANK_VAR} is {} and {HOSTFILE_VAR} is {}",
-            show(&rank),
-            show(&hostfile)
-        )));
+    let launch = match env::ring_launch(&env::process)? {
+        Ok(launch) => launch,
+        Err(reason) => return Ok(Err(reason)),
     };
-    let rank_text = rank.to_string_lossy();
-    let rank: usize = rank_text.trim().parse().map_err(|_| Error::Environment {
-        var: RANK_VAR,
-        reason: format!("{rank_text:?} is not a rank (a whole number from 0)"),
-    })?;
-    let options = Options::from_env()?;
+    let rank = launch.rank;
+    let options = env::options(&env::process)?;
     options.validate()?;
-    let path = Path::new(hostfile);
+    let path = launch.hostfile.as_path();
     let nodes = hostfile::read(path)?;
     let addrs = hostfile::resolve(&nodes, rank, path)?;
     if addrs.size == 1 {
@@ -195,7 +177,7 @@ fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
     if let Some(missing) = config.missing() {
         return Ok(Err(missing));
     }
-    let options = Options::from_env()?;
+    let options = env::options(&env::process)?;
     crate::jaccl::init(&config, &options).map(Ok)
 }
 

@@ -100,6 +100,9 @@
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | the ring | if present, logs forming and failures to stderr (`[ring] rank R: ...`) |
 //!
+//! [`config::env`](mod@config::env) names every variable, JACCL's included; [`config`] also writes the ring's
+//! hostfile and JACCL's device file as `mlx.launch` does.
+//!
 //! # SIMD
 //!
 //! Reductions use the widest SIMD kernels the CPU supports (AVX-512, AVX2, NEON), chosen
@@ -113,12 +116,14 @@
 mod auth;
 mod backend;
 mod comm;
+pub mod config;
 mod element;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod group;
-mod hostfile;
+// The ring reaches the hostfile's reader by its old path.
+use config::hostfile;
 #[cfg(feature = "jaccl")]
 pub mod jaccl;
 mod options;
@@ -142,10 +147,7 @@ pub use half::{bf16, f16};
 pub use options::{Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
 pub use reduce::{ReduceOp, simd_level};
 
-/// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
-/// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`] rejects a
-/// value that names no level. See [`simd_level`].
-pub const SIMD_VAR: &str = ffi::simd::SIMD_VAR;
+pub use config::env::SIMD_VAR;
 
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the
 /// API.

@@ -4,20 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::auth::{KEY_VAR, Secret};
+use crate::auth::Secret;
 use crate::error::{Error, Result};
-
-/// The variable [`init`](crate::init) reads the timeout from, in seconds.
-pub const TIMEOUT_VAR: &str = "NUVEC_DISTRIBUTED_TIMEOUT";
-
-/// The variable [`init`](crate::init) reads [`Options::tcp_congestion`] from.
-pub const TCP_CONGESTION_VAR: &str = "NUVEC_DISTRIBUTED_TCP_CONGESTION";
-
-/// The variable [`init`](crate::init) reads [`Options::socket_buffer`] from, in bytes.
-pub const SOCKET_BUFFER_VAR: &str = "NUVEC_DISTRIBUTED_SOCKET_BUFFER";
-
-/// The variable [`init`](crate::init) reads [`Options::spin`] from, in microseconds.
-pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
+// The environment's names for these options; `config::env` reads them.
+pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
 
 /// Options of [`init_with`](crate::init_with).
 #[derive(Clone)]
@@ -115,52 +105,6 @@ impl Options {
         self
     }
 
-    /// Options from the environment: [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`],
-    /// [`SOCKET_BUFFER_VAR`], [`SPIN_VAR`], [`KEY_VAR`].
-    pub(crate) fn from_env() -> Result<Self> {
-        let mut options = Options::default();
-        if let Some(secret) = std::env::var_os(KEY_VAR).filter(|s| !s.is_empty()) {
-            options.key = Some(Secret::new(secret.as_encoded_bytes()));
-            if let Some(Err(e)) = options.key.as_ref().map(Secret::key) {
-                return Err(Error::Environment {
-                    var: KEY_VAR,
-                    reason: e.to_string(),
-                });
-            }
-        }
-        if let Some(text) = std::env::var_os(TIMEOUT_VAR) {
-            options.timeout = parse_timeout(&text.to_string_lossy())?;
-        }
-        if let Some(text) = std::env::var_os(TCP_CONGESTION_VAR) {
-            let name = text.to_string_lossy().trim().to_string();
-            if !name.is_empty() {
-                options.tcp_congestion = Some(name);
-            }
-        }
-        if let Some(text) = std::env::var_os(SPIN_VAR).filter(|t| !t.is_empty()) {
-            let text = text.to_string_lossy();
-            let micros = text.trim().parse::<u64>().map_err(|_| Error::Environment {
-                var: SPIN_VAR,
-                reason: format!("{text:?} is not a whole number of microseconds"),
-            })?;
-            options.spin = Duration::from_micros(micros);
-        }
-        if let Some(text) = std::env::var_os(SOCKET_BUFFER_VAR).filter(|t| !t.is_empty()) {
-            let text = text.to_string_lossy();
-            let bytes = text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&b| b > 0)
-                .ok_or_else(|| Error::Environment {
-                    var: SOCKET_BUFFER_VAR,
-                    reason: format!("{text:?} is not a positive number of bytes"),
-                })?;
-            options.socket_buffer = Some(bytes);
-        }
-        Ok(options)
-    }
-
     /// Checks values a caller may have set by hand.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.timeout.is_zero() {
@@ -178,35 +122,5 @@ impl Options {
             secret.key()?;
         }
         Ok(())
-    }
-}
-
-fn parse_timeout(text: &str) -> Result<Duration> {
-    let bad = |why: &str| Error::Environment {
-        var: TIMEOUT_VAR,
-        reason: format!("{text:?} {why}"),
-    };
-    let seconds: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| bad("is not a number of seconds"))?;
-    if seconds.is_nan() || seconds <= 0.0 {
-        return Err(bad("must be more than zero seconds"));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad("is too large"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timeouts_parse_as_seconds() {
-        assert_eq!(parse_timeout("2.5").unwrap(), Duration::from_millis(2500));
-        assert_eq!(parse_timeout(" 30 ").unwrap(), Duration::from_secs(30));
-        for bad in ["", "abc", "0", "-1", "NaN", "1e300"] {
-            let e = parse_timeout(bad).unwrap_err().to_string();
-            assert!(e.contains(TIMEOUT_VAR), "{e}");
-        }
     }
 }

@@ -6,15 +6,12 @@
 
 use std::sync::OnceLock;
 
-/// MLX's variable.
-pub const MLX_VAR: &str = "MLX_RING_VERBOSE";
-/// Ours.
-pub const NUVEC_VAR: &str = "NUVEC_DISTRIBUTED_VERBOSE";
+use crate::config::env;
 
-/// Whether logging is on (read once).
+/// Whether logging is on ([`env::verbose`], read once).
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(MLX_VAR).is_some() || std::env::var_os(NUVEC_VAR).is_some())
+    *ON.get_or_init(|| env::verbose(&env::process))
 }
 
 /// Logs a line for `rank` if logging is on. The message is only built when it is.

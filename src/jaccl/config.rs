@@ -24,19 +24,15 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use super::frames::{MESH_MAX_RANKS, RING_MAX_CONNECTIONS, SizeClasses};
+use crate::config::{devices, env};
 use crate::error::{Error, Result};
 
-/// The variables holding this process's rank, in lookup order.
-pub const RANK_VARS: [&str; 2] = ["JACCL_RANK", "MLX_RANK"];
-/// The variables naming the device file, in lookup order.
-pub const DEVICES_VARS: [&str; 2] = ["JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"];
-/// The variables holding the coordinator's `ip:port`, in lookup order.
-pub const COORDINATOR_VARS: [&str; 2] = ["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"];
-/// The variables that, when present with any value, prefer the ring, in lookup order.
-pub const RING_VARS: [&str; 2] = ["JACCL_RING", "MLX_JACCL_RING"];
+// The variables are named (and read) in `config::env`; these are their names here.
+pub use crate::config::env::{
+    JACCL_COORDINATOR_VARS as COORDINATOR_VARS, JACCL_DEVICES_VARS as DEVICES_VARS,
+    JACCL_RANK_VARS as RANK_VARS, JACCL_RING_VARS as RING_VARS,
+};
 
 /// The name errors use for a device matrix built in code rather than read from a file.
 const IN_CODE: &str = "<devices passed in code>";
@@ -56,14 +52,10 @@ impl DeviceMatrix {
     ///
     /// [`Error::Config`] naming the file and, for a malformed file, the row or cell.
     pub fn from_file(path: &Path) -> Result<DeviceMatrix> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
-            path: path.to_path_buf(),
-            reason: match e.kind() {
-                std::io::ErrorKind::NotFound => "the device file does not exist".into(),
-                _ => format!("the device file cannot be read: {e}"),
-            },
-        })?;
-        Self::parse(&text, path)
+        Ok(DeviceMatrix {
+            cells: devices::read(path)?,
+            source: path.to_path_buf(),
+        })
     }
 
     /// Parses a device file's text; `source` names it in errors.
@@ -72,69 +64,8 @@ impl DeviceMatrix {
     ///
     /// As [`DeviceMatrix::from_file`].
     pub fn parse(text: &str, source: &Path) -> Result<DeviceMatrix> {
-        let fail = |reason: String| Error::Config {
-            path: source.to_path_buf(),
-            reason,
-        };
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| fail(format!("the device file is not valid JSON: {e}")))?;
-        let Value::Array(rows) = value else {
-            return Err(fail(format!(
-                "the device file must be a JSON array with one row per rank, not {}",
-                kind(&value)
-            )));
-        };
-        let size = rows.len();
-        let mut cells = Vec::with_capacity(size);
-        for (rank, row) in rows.iter().enumerate() {
-            let Value::Array(row) = row else {
-                return Err(fail(format!(
-                    "row {rank} (rank {rank}) is {}, not an array of {size} cells",
-                    kind(row)
-                )));
-            };
-            if row.len() != size {
-                return Err(fail(format!(
-                    "row {rank} (rank {rank}) has {} cells but the file has {size} rows: each \
-                     row lists how that rank reaches every rank, itself included (null)",
-                    row.len()
-                )));
-            }
-            let mut names_row = Vec::with_capacity(size);
-            for (peer, cell) in row.iter().enumerate() {
-                let at = || format!("cell [{rank}][{peer}] (how rank {rank} reaches rank {peer})");
-                let names = match cell {
-                    Value::Null => Vec::new(),
-                    Value::String(name) => vec![name.clone()],
-                    Value::Array(items) => items
-                        .iter()
-                        .enumerate()
-                        .map(|(i, item)| match item {
-                            Value::String(name) => Ok(name.clone()),
-                            other => Err(fail(format!(
-                                "{}: entry {i} is {}, not a device name",
-                                at(),
-                                kind(other)
-                            ))),
-                        })
-                        .collect::<Result<_>>()?,
-                    other => {
-                        return Err(fail(format!(
-                            "{} is {}: expected null, a device name or a list of device names",
-                            at(),
-                            kind(other)
-                        )));
-                    }
-                };
-                if names.iter().any(String::is_empty) {
-                    return Err(fail(format!("{} names an empty device", at())));
-                }
-                names_row.push(names);
-            }
-            cells.push(names_row);
-        }
         Ok(DeviceMatrix {
-            cells,
+            cells: devices::parse(text, source)?,
             source: source.to_path_buf(),
         })
     }
@@ -342,22 +273,16 @@ impl Config {
     /// A rank that is not a whole number, an unreadable or malformed device file, or a bad
     /// size-class override.
     pub fn from_env() -> Result<Config> {
-        let rank = match lookup(&RANK_VARS) {
-            None => 0,
-            Some((var, text)) => text.trim().parse().map_err(|_| Error::Environment {
-                var,
-                reason: format!("{text:?} is not a rank (a whole number from 0)"),
-            })?,
-        };
-        let devices = match lookup(&DEVICES_VARS) {
+        let launch = env::jaccl_launch(&env::process)?;
+        let devices = match &launch.devices {
             None => None,
-            Some((_, path)) => Some(DeviceMatrix::from_file(Path::new(&path))?),
+            Some(path) => Some(DeviceMatrix::from_file(path)?),
         };
         Ok(Config {
-            rank,
-            coordinator: lookup(&COORDINATOR_VARS).map(|(_, v)| v),
+            rank: launch.rank,
+            coordinator: launch.coordinator,
             devices,
-            prefer_ring: lookup(&RING_VARS).is_some(),
+            prefer_ring: launch.prefer_ring,
             buffers: SizeClasses::detect()?,
         })
     }
@@ -493,25 +418,6 @@ impl Config {
             .map_err(|e| bad(format!("cannot resolve {host:?}: {e}")))?
             .find(SocketAddr::is_ipv4)
             .ok_or_else(|| bad(format!("{host:?} has no IPv4 address")))
-    }
-}
-
-/// The first variable of `names` that is set, with its value.
-fn lookup(names: &[&'static str]) -> Option<(&'static str, String)> {
-    names
-        .iter()
-        .find_map(|&name| std::env::var_os(name).map(|v| (name, v.to_string_lossy().into_owned())))
-}
-
-/// A JSON value's kind, for messages.
-fn kind(value: &Value) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("the boolean {b}"),
-        Value::Number(n) => format!("the number {n}"),
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
     }
 }
 

@@ -43,7 +43,7 @@ pub const MESH_MAX_RANKS: usize = 8;
 pub const RING_MAX_CONNECTIONS: usize = 4;
 
 /// The variable that overrides the size classes: `small` (macOS 26.2) or `large` (26.3+).
-pub const BUFFERS_VAR: &str = "NUVEC_JACCL_BUFFERS";
+pub use crate::config::env::JACCL_BUFFERS_VAR as BUFFERS_VAR;
 
 /// Which message sizes the ranks use: a property of the macOS release, which every rank of a
 /// group must share.
@@ -64,8 +64,8 @@ impl SizeClasses {
     ///
     /// [`BUFFERS_VAR`] holds something other than `small` or `large`.
     pub fn detect() -> crate::Result<SizeClasses> {
-        if let Some(value) = std::env::var_os(BUFFERS_VAR) {
-            return value.to_string_lossy().parse();
+        if let Some(classes) = crate::config::env::jaccl_buffers(&crate::config::env::process)? {
+            return Ok(classes);
         }
         Ok(Self::for_os_release(macos_release()))
     }

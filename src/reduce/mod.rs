@@ -114,25 +114,6 @@ pub fn simd_level() -> &'static str {
     ffi::simd::active().name()
 }
 
-/// The level [`SIMD_VAR`](ffi::simd::SIMD_VAR) asks for: checked by `init`, so that a typo
-/// is an error rather than a silently ignored setting.
-pub(crate) fn simd_request_from_env() -> Result<(), Error> {
-    match std::env::var_os(ffi::simd::SIMD_VAR) {
-        None => Ok(()),
-        Some(value) => check_simd_request(&value.to_string_lossy()),
-    }
-}
-
-/// A value of `NUVEC_DISTRIBUTED_SIMD` as [`simd_request_from_env`] judges it.
-fn check_simd_request(value: &str) -> Result<(), Error> {
-    ffi::simd::parse_request(value)
-        .map(|_| ())
-        .map_err(|reason| Error::Environment {
-            var: ffi::simd::SIMD_VAR,
-            reason,
-        })
-}
-
 /// `ffi::simd`'s name for a reduction.
 pub(crate) const fn simd_op(op: ReduceOp) -> ffi::simd::Op {
     match op {
@@ -399,29 +380,6 @@ mod tests {
         let mut acc = vec![1u8, 0, 0, 0, 9];
         reduce_into(ReduceOp::Sum, DType::U32, &mut acc, &[2, 0, 0, 0, 9]);
         assert_eq!(acc, [3, 0, 0, 0, 9]);
-    }
-
-    #[test]
-    fn a_simd_request_naming_no_level_is_an_environment_error() {
-        let err = check_simd_request("avx1024").unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Environment {
-                    var: "NUVEC_DISTRIBUTED_SIMD",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("NUVEC_DISTRIBUTED_SIMD") && text.contains("\"avx1024\""),
-            "{text}"
-        );
-        for ok in ["", "scalar", "avx2", "AVX512", " neon "] {
-            assert!(check_simd_request(ok).is_ok(), "{ok:?}");
-        }
     }
 
     #[test]

@@ -104,14 +104,6 @@ impl Ring {
         Neighbours::new(self.rank, self.size)
     }
 
-    fn left(&self) -> usize {
-        self.neighbours().left()
-    }
-
-    fn right(&self) -> usize {
-        self.neighbours().right()
-    }
-
     /// The group's state, or the error that failed it.
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
         self.state.lock()

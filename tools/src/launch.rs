@@ -25,6 +25,11 @@ use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
 use std::sync::Mutex;
 
+use nuvec_distributed::config::devices::{self, DeviceCell};
+use nuvec_distributed::config::env::{
+    COORDINATOR_VAR, DEVICES_VAR, HOSTFILE_VAR, JACCL_RING_VAR, RANK_VAR, RING_VERBOSE_VAR,
+};
+use nuvec_distributed::config::hostfile;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -100,6 +105,17 @@ pub enum RdmaCell {
     Device(String),
     /// Several devices (several cables).
     Devices(Vec<String>),
+}
+
+impl RdmaCell {
+    /// The cell as the device file writes it: in the form the hostfile gave it.
+    fn written(cell: &Option<RdmaCell>) -> DeviceCell<'_> {
+        match cell {
+            None => DeviceCell::None,
+            Some(RdmaCell::Device(name)) => DeviceCell::Device(name),
+            Some(RdmaCell::Devices(names)) => DeviceCell::Devices(names),
+        }
+    }
 }
 
 /// One host of a hostfile, in rank order.
@@ -363,15 +379,15 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
             let addresses =
                 ring_addresses(&hosts.hosts, spec.starting_port, spec.connections_per_ip)?;
             if spec.verbose {
-                entries.push("MLX_RING_VERBOSE=1".into());
+                entries.push(format!("{RING_VERBOSE_VAR}=1"));
             }
             // mlx.launch writes nothing into the hostfile for a single host.
             let text = if addresses.len() > 1 {
-                python_json(&addresses)
+                hostfile::to_json(&addresses)
             } else {
                 String::new()
             };
-            vec![("MLX_HOSTFILE".to_string(), text)]
+            vec![(HOSTFILE_VAR.to_string(), text)]
         }
         Backend::Jaccl | Backend::JacclRing => {
             let Some(coordinator) = hosts.hosts[0].ips.first() else {
@@ -397,14 +413,18 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
                 }
             }
             entries.push(format!(
-                "MLX_JACCL_COORDINATOR={coordinator}:{}",
+                "{COORDINATOR_VAR}={coordinator}:{}",
                 spec.starting_port
             ));
             if backend == Backend::JacclRing {
-                entries.push("MLX_JACCL_RING=1".into());
+                entries.push(format!("{JACCL_RING_VAR}=1"));
             }
-            let rows: Vec<&Vec<Option<RdmaCell>>> = hosts.hosts.iter().map(|h| &h.rdma).collect();
-            vec![("MLX_IBV_DEVICES".to_string(), python_json(&rows))]
+            let rows: Vec<Vec<DeviceCell<'_>>> = hosts
+                .hosts
+                .iter()
+                .map(|h| h.rdma.iter().map(RdmaCell::written).collect())
+                .collect();
+            vec![(DEVICES_VAR.to_string(), devices::to_json(&rows))]
         }
     };
     let mut env = Vec::new();
@@ -494,7 +514,7 @@ impl Plan {
                 shell_quote(content)
             ));
         }
-        s.push_str(&format!("export MLX_RANK={rank}; "));
+        s.push_str(&format!("export {RANK_VAR}={rank}; "));
         let command: Vec<String> = self.command.iter().map(|a| shell_quote(a)).collect();
         s.push_str(&format!("exec {}", command.join(" ")));
         s
@@ -551,62 +571,6 @@ pub fn shell_quote(s: &str) -> String {
         return s.into();
     }
     format!("'{}'", s.replace('\'', "'\"'\"'"))
-}
-
-/// Serialises `value` as Python's `json.dumps` does by default: `", "` between items,
-/// `": "` after keys, and everything outside printable ASCII escaped as `\uXXXX`.
-pub fn python_json<T: Serialize + ?Sized>(value: &T) -> String {
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
-    value
-        .serialize(&mut ser)
-        .expect("serialising plain data into memory cannot fail");
-    String::from_utf8(out).expect("the formatter writes ASCII")
-}
-
-/// serde_json's compact output with Python's separators and `ensure_ascii`.
-struct PythonFormatter;
-
-impl serde_json::ser::Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-
-    fn begin_object_key<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-
-    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        w.write_all(b": ")
-    }
-
-    fn write_string_fragment<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        fragment: &str,
-    ) -> io::Result<()> {
-        // serde_json has already escaped quotes, backslashes and control characters the way
-        // Python does; Python also escapes DEL and everything beyond ASCII.
-        for c in fragment.chars() {
-            if (' '..='~').contains(&c) {
-                w.write_all(&[c as u8])?;
-            } else {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    write!(w, "\\u{unit:04x}")?;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Finds `count` consecutive free ports on 127.0.0.1, below Linux's ephemeral range so that
@@ -932,21 +896,6 @@ mod tests {
             )
             .is_err()
         );
-    }
-
-    #[test]
-    fn python_json_matches_json_dumps() {
-        // Expected strings are Python 3's json.dumps of the same values.
-        let v: Value = serde_json::from_str(
-            r#"{"a": [1, 2.5, null, true], "b": "q\"\\\n\t\u007f\u00e9\ud83d\ude00/"}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            python_json(&v),
-            r#"{"a": [1, 2.5, null, true], "b": "q\"\\\n\t\u007f\u00e9\ud83d\ude00/"}"#
-        );
-        assert_eq!(python_json(&Vec::<Vec<String>>::new()), "[]");
-        assert_eq!(python_json(&vec![Vec::<String>::new()]), "[[]]");
     }
 
     #[test]

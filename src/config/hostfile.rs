@@ -11,6 +11,8 @@
 //! host may be a name, and only IPv4 is used. Entries of ranks other than this one and its
 //! right neighbour only set the ring's size; they are checked for form but not resolved, so
 //! placeholders for unreachable hosts work as they do with MLX.
+//!
+//! [`to_json`] writes a hostfile as `mlx.launch` does.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
@@ -52,7 +54,7 @@ impl RingAddresses {
 /// The name errors use for addresses passed to `init_with` rather than read from a file.
 pub(crate) const IN_CODE: &str = "<addresses passed to init_with>";
 
-/// Reads a hostfile into per-rank address strings, checking its shape.
+/// Reads a hostfile into per-rank address strings, checking its shape. Errors name the file.
 pub(crate) fn read(path: &Path) -> Result<Vec<Vec<String>>> {
     let fail = |reason: String| Error::Config {
         path: path.to_path_buf(),
@@ -253,6 +255,20 @@ fn lookup(address: &str) -> std::result::Result<SocketAddr, String> {
 /// The path used in errors for addresses from code.
 pub(crate) fn in_code() -> PathBuf {
     PathBuf::from(IN_CODE)
+}
+
+/// A hostfile's text for `nodes` (per rank, its `"host:port"` addresses), byte for byte as
+/// `mlx.launch` writes it: Python's `json.dumps` (`", "` between items, everything outside
+/// printable ASCII escaped). [`init`](crate::init) reads it back.
+///
+/// `mlx.launch` writes an empty file instead for a single host, which `init` refuses; that
+/// choice is the launcher's, so this function always writes the list.
+pub fn to_json(nodes: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    super::push_python_list(&mut out, nodes, |out, addresses| {
+        super::push_python_list(out, addresses, |out, a| super::push_python_string(out, a));
+    });
+    out
 }
 
 #[cfg(test)]
