@@ -33,13 +33,6 @@
 //! Failure notices (a failing rank naming the rank it lost, to peers not next to it) are
 //! read by each transport; [`notice_names`] is the rule for which ranks a notice may name.
 
-// Without `jaccl`, only the ring could use the loop, and its driver moves onto it when the
-// sans-IO ring lands (issue 9); until then the loop is JACCL's and the tests'.
-#![cfg_attr(
-    not(feature = "jaccl"),
-    allow(dead_code, reason = "the ring's driver is not on the loop yet")
-)]
-
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, PeerOp, Result};
@@ -61,10 +54,6 @@ pub(crate) struct Spin {
 impl Spin {
     /// The policy for a rank that shares this machine with `local_ranks` ranks (itself
     /// included): eager only if every rank can have a CPU of its own.
-    #[allow(
-        dead_code,
-        reason = "the ring's driver takes it from here once its run loop is on `progress`"
-    )]
     pub(crate) fn for_local_ranks(total: Duration, local_ranks: usize) -> Spin {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         let eager = if local_ranks <= cpus {
@@ -175,11 +164,19 @@ pub(crate) fn blame(waits: impl IntoIterator<Item = Wait>) -> Option<Wait> {
 /// Per-connection bookkeeping for [`blame`], for a driver that posts requests and sees them
 /// complete (JACCL): how many of each are outstanding and when each connection last
 /// completed something.
+#[cfg_attr(
+    not(feature = "jaccl"),
+    allow(dead_code, reason = "only JACCL posts requests and sees them complete")
+)]
 #[derive(Debug, Default)]
 pub(crate) struct Activity {
     conns: Vec<Outstanding>,
 }
 
+#[cfg_attr(
+    not(feature = "jaccl"),
+    allow(dead_code, reason = "only JACCL posts requests and sees them complete")
+)]
 #[derive(Clone, Copy, Debug)]
 struct Outstanding {
     sends: usize,
@@ -187,6 +184,10 @@ struct Outstanding {
     last: Instant,
 }
 
+#[cfg_attr(
+    not(feature = "jaccl"),
+    allow(dead_code, reason = "only JACCL posts requests and sees them complete")
+)]
 impl Activity {
     /// Starts a collective on `conns` connections, nothing outstanding, all heard from now.
     pub(crate) fn start(&mut self, conns: usize) {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
 use super::transport::{Transfer, Transport};
+use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
 use crate::error::{Error, PeerOp, Result};
 
 /// Moves as many bytes of `lane` as the sockets take. Returns whether anything moved.
@@ -61,75 +62,69 @@ fn pump(
     }
 }
 
-/// How a collective that cannot move waits before it blocks in the poller.
-///
-/// Waking a thread that sleeps on another CPU costs ~100 µs on the 2-vCPU VMs this was
-/// measured on, against a ~10 µs round trip, so a collective first retries its transfers
-/// for a while. Ranks that share CPUs must not spin, or they starve the peer they wait for:
-/// there, every retry yields the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Spin {
-    /// How long to retry before blocking.
-    pub(crate) total: Duration,
-    /// How long to retry without yielding first.
-    pub(crate) eager: Duration,
+/// How often a collective that keeps moving bytes still looks at the poller.
+const REFRESH: Duration = Duration::from_millis(1);
+
+/// One collective in flight: the lanes, the memory they work on and the sockets, as
+/// [`progress`] drives them.
+struct Collective<'t, 'l, 'b, 'd> {
+    transport: &'t mut Transport,
+    lanes: &'l mut [Lane],
+    bufs: &'b mut Buffers<'d>,
+    stages: &'l mut [LaneStage],
+    context: &'static str,
 }
 
-impl Spin {
-    /// The policy for a rank that shares this machine with `local_ranks` ranks (itself
-    /// included): eager only if every rank can have a CPU of its own.
-    pub(crate) fn for_local_ranks(total: Duration, local_ranks: usize) -> Spin {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let eager = if local_ranks <= cpus {
-            Duration::from_micros(10)
-        } else {
-            Duration::ZERO
-        };
-        Spin {
-            total,
-            eager: eager.min(total),
+impl Drive for Collective<'_, '_, '_, '_> {
+    fn advance(&mut self) -> Result<bool> {
+        let mut progressed = false;
+        for (lane, stage) in self.lanes.iter_mut().zip(self.stages.iter_mut()) {
+            progressed |= pump(lane, self.transport, self.bufs, stage, self.context)?;
+        }
+        Ok(progressed)
+    }
+
+    fn finished(&self) -> bool {
+        self.lanes.iter().all(Lane::finished)
+    }
+
+    fn assume_ready(&mut self) {
+        // Poll by retrying the transfers themselves: a read that finds the peer's bytes
+        // costs one system call, where asking the poller first costs two.
+        self.transport.assume_ready();
+    }
+
+    fn wait(&mut self, until: Instant) -> Result<bool> {
+        self.transport
+            .wait(until)
+            .map_err(|e| Error::local("waiting for the ring's sockets", e))
+    }
+
+    /// The suspect is chosen by [`blame`] from what each lane waits on and when its
+    /// connection last received. Failing then leaves a notice naming the suspect on the
+    /// other connections, and a rank that receives its neighbour's notice while closing
+    /// reports the rank it names instead (see `ring::fail`): a rank next to the stalled one
+    /// names it directly, and its other neighbour learns it from that notice. Two or more
+    /// hops away, a rank may name the neighbour it waited for.
+    fn stalled(&mut self, timeout: Duration) -> Error {
+        let transport = &mut *self.transport;
+        let waits = self.lanes.iter().filter_map(Lane::waiting_on);
+        let suspect = blame(waits.map(|(conn, op)| Wait {
+            conn,
+            op,
+            last: transport.conn(conn).last_receive(),
+        }));
+        let (index, op) = suspect.map_or((0, PeerOp::Receive), |w| (w.conn, w.op));
+        let conn = transport.conn(index);
+        Error::Timeout {
+            peer: conn.peer,
+            addr: Some(conn.addr),
+            op,
+            context: self.context,
+            after: timeout,
         }
     }
 }
-
-/// The error for a collective in which nothing moved for `timeout`.
-///
-/// When one rank stalls (stopped, swapped out, stuck elsewhere), every rank waiting on it,
-/// directly or through others, times out at about the same moment, so "the peer I was
-/// waiting for" is right only for the stalled rank's neighbours. The suspect is the
-/// connection this rank waits to receive on that has been silent longest (the stalled rank
-/// went silent first; the others forwarded what they had before blocking). Failing then
-/// leaves a notice naming the suspect on the other connections, and a rank that receives
-/// its neighbour's notice while closing reports the rank it names instead (see
-/// `ring::fail`): a rank next to the stalled one names it directly, and its other
-/// neighbour learns it from that notice. Two or more hops away, a rank may name the
-/// neighbour it waited for.
-fn stall_verdict(
-    transport: &mut Transport,
-    lanes: &[Lane],
-    timeout: Duration,
-    context: &'static str,
-) -> Error {
-    let waiting: Vec<(usize, PeerOp)> = lanes.iter().filter_map(Lane::waiting_on).collect();
-    let (index, op) = waiting
-        .iter()
-        .filter(|(_, op)| *op == PeerOp::Receive)
-        .min_by_key(|(i, _)| transport.conn(*i).last_receive())
-        .or_else(|| waiting.first())
-        .copied()
-        .unwrap_or((0, PeerOp::Receive));
-    let conn = transport.conn(index);
-    Error::Timeout {
-        peer: conn.peer,
-        addr: Some(conn.addr),
-        op,
-        context,
-        after: timeout,
-    }
-}
-
-/// How often a collective that keeps moving bytes still looks at the poller.
-const REFRESH: Duration = Duration::from_millis(1);
 
 /// Drives `lanes` until all are finished, waiting on the poller when none can move.
 ///
@@ -144,45 +139,12 @@ pub(crate) fn run(
     spin: Spin,
     context: &'static str,
 ) -> Result<()> {
-    let mut deadline: Option<Instant> = None;
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        let mut progressed = false;
-        let mut finished = true;
-        for (lane, stage) in lanes.iter_mut().zip(stages.iter_mut()) {
-            progressed |= pump(lane, transport, bufs, stage, context)?;
-            finished &= lane.finished();
-        }
-        if finished {
-            return Ok(());
-        }
-        if progressed {
-            // Only a pass that moved nothing may block: a lane pumped earlier in this pass
-            // may have become ready since (a refresh inside a later lane's pump can have
-            // taken the poller's event for it).
-            deadline = None;
-            idle_since = None;
-            continue;
-        }
-        let now = Instant::now();
-        let idle = now - *idle_since.get_or_insert(now);
-        if idle < spin.total {
-            // Poll by retrying the transfers themselves: a read that finds the peer's bytes
-            // costs one system call, where asking the poller first costs two. Past the
-            // first microseconds (in which a peer on its own CPU answers), give the CPU
-            // away on every retry, for ranks that share one.
-            if idle >= spin.eager {
-                std::thread::yield_now();
-            }
-            transport.assume_ready();
-            continue;
-        }
-        let due = *deadline.get_or_insert_with(|| now + timeout);
-        let woke = transport
-            .wait(due)
-            .map_err(|e| Error::local("waiting for the ring's sockets", e))?;
-        if !woke {
-            return Err(stall_verdict(transport, lanes, timeout, context));
-        }
-    }
+    let mut collective = Collective {
+        transport,
+        lanes,
+        bufs,
+        stages,
+        context,
+    };
+    progress(&mut collective, timeout, spin)
 }

@@ -25,7 +25,7 @@ mod transport;
 use std::fmt;
 use std::time::Duration;
 
-use engine::Spin;
+use crate::comm::progress::Spin;
 use protocol::{Buffers, Lane, Topology, Work};
 use schedule::SMALL_PAD_BYTES;
 use staging::Staging;
