@@ -7,6 +7,10 @@
 //! once, in `ffi::simd::portable`, which [`scalar`] wraps with this crate's types; the SIMD
 //! kernels of `ffi::simd` compute the same bytes faster where the CPU has them, and
 //! [`reduce_scalar_with`] is the portable path used wherever they do not.
+//!
+//! JACCL's sums are the ring's: on Macs with native `bf16` arithmetic MLX's JACCL keeps a NaN
+//! sum's payload where its software path, and this crate, produce `0x7FC0`; NaN payloads
+//! aside the sums are identical.
 
 use std::fmt;
 use std::str::FromStr;
