@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs every fuzz target, growing fuzz/corpus/; fails if a target crashes.
+# Runs every fuzz target; fails if a target crashes.
 #
-#   tools/fuzz.sh [RUNS] [TARGET...]          RUNS executions per target (default 1 000 000)
-#   tools/fuzz.sh --seconds N [TARGET...]     N seconds per target (tools/test.sh's smoke run)
+#   tools/fuzz.sh [RUNS] [TARGET...]          RUNS executions per target (default 1 000 000),
+#                                             adding what it finds to fuzz/corpus/
+#   tools/fuzz.sh --seconds N [TARGET...]     N seconds per target, starting from the corpus
+#                                             and seeds but leaving them as they are
+#                                             (tools/test.sh's smoke run)
 #
 # Installs cargo-fuzz when missing (`cargo install --locked`, from crates.io). cargo-fuzz
 # builds with AddressSanitizer through `-Zsanitizer`, a nightly flag; our machines have one
@@ -12,20 +15,24 @@
 # without any of this.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
+smoke=false
 if [ "${1:-}" = --seconds ]; then
-  limit=(-max_total_time="${2:?--seconds needs a number}"); what="${2} s"; shift 2
+  limit=(-max_total_time="${2:?--seconds needs a number}"); what="${2} s"; smoke=true; shift 2
 else
   limit=(-runs="${1:-1000000}"); what="${1:-1000000} runs"; shift || true
 fi
 targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(hostfile handshake)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
-log=$(mktemp); trap 'rm -f "$log"' EXIT
+log=$(mktemp); scratch=$(mktemp -d); trap 'rm -rf "$log" "$scratch"' EXIT
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
+  # libFuzzer adds new inputs to the first corpus directory only.
+  dirs=("corpus/$t" "seeds/$t")
+  $smoke && { mkdir -p "$scratch/$t"; dirs=("$scratch/$t" "${dirs[@]}"); }
   echo "== $t: $what"
   status=0
-  cargo fuzz run "$t" "corpus/$t" "seeds/$t" -- "${limit[@]}" -max_len=2048 >"$log" 2>&1 || status=$?
+  cargo fuzz run "$t" "${dirs[@]}" -- "${limit[@]}" -max_len=2048 >"$log" 2>&1 || status=$?
   grep -E "^#[0-9]+ +DONE|^Done" "$log" || true
   if [ "$status" -ne 0 ]; then
     # A crash, a leak or a build failure: libFuzzer's report is at the end of its output.
