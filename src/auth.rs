@@ -1068,7 +1068,11 @@ mod tests {
     fn garbage_is_refused_on_either_side() {
         let k = key(SECRET);
         for (bytes, says) in [
-            (vec![0u8; 80], "not a nuvec handshake"),
+            // What a rank without a key sends: the ring's traffic, here zeros.
+            (
+                vec![0u8; 80],
+                "not a nuvec handshake (is the key set on every rank?)",
+            ),
             (
                 b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(4),
                 "not a nuvec handshake",

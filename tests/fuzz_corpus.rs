@@ -35,3 +35,17 @@ fn hostfile_inputs_never_panic() {
 fn handshake_inputs_never_panic() {
     replay("handshake", nuvec_distributed::fuzzing::handshake);
 }
+
+/// A few thousand random conversations on every `cargo test`, beyond the stored inputs:
+/// cheap, and the same every run (a fixed seed), so a failure can be replayed.
+#[test]
+fn random_handshake_conversations_never_panic() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(0x6e75_7665_6352_4e47);
+    for _ in 0..3000 {
+        let len = rng.random_range(0..400);
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        nuvec_distributed::fuzzing::handshake(&data);
+    }
+}

@@ -21,6 +21,10 @@
 //! arrives: a client that fails the handshake (wrong key, no key, garbage, a scanner that
 //! connects and closes) is dropped and remembered for the error message, so it can neither
 //! join the ring nor keep the real neighbour out.
+//!
+//! This module decides only when to dial, accept, retry, choose and give up. The
+//! handshake's bytes and checks are [`crate::auth`]'s machines, which [`pump`] feeds from
+//! the sockets; the sockets and their options are [`crate::tcp`]'s.
 
 use std::io;
 use std::net::SocketAddr;
