@@ -18,7 +18,7 @@ use crate::reduce::ReduceOp;
 /// What a backend implements: collectives on raw element bytes.
 ///
 /// Every rank must call the same collectives in the same order with the same lengths, as in
-/// MLX; the wire carries no lengths or types. [`Group`] checks the arguments before calling
+/// MLX; the wire carries no lengths or types. [`Group`](crate::Group) checks the arguments before calling
 /// these methods, so an implementation may assume:
 ///
 /// - `all_reduce`: `data` holds whole elements of `dtype`;
