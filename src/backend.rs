@@ -95,7 +95,7 @@ static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
 ///
 /// A backend initialised before returns the same group. Without the environment a backend
 /// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]; for JACCL a device file and a
-/// coordinator, see [`jaccl::Config::from_env`](crate::jaccl::Config::from_env)) the result
+/// coordinator, see `jaccl::Config::from_env` (feature `jaccl`)) the result
 /// is the group of this process alone, or with `strict` an error naming the missing
 /// variables. Once the environment is present, any failure to form the group is an error,
 /// strict or not. [`Backend::Any`] tries the ring, then JACCL, as MLX's `any` does (MLX

@@ -73,8 +73,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "lints, default features"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "docs"
+step "docs, all features and default features"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 msrv=$(sed -n 's/^rust-version = "\([0-9.]*\)"$/\1/p' Cargo.toml)
 [[ "$msrv" =~ ^[0-9]+\.[0-9]+$ ]] && msrv=$msrv.0

@@ -4,7 +4,7 @@
 //! `src/reduce/scalar.rs` is a typed wrapper over these functions (it adds only what needs the
 //! `half` crate, which this crate does not depend on: the `f16` conversions), so the same code
 //! is the root's scalar fallback, the oracle the SIMD kernels are tested against bit for bit,
-//! and, through [`reduce`], the body of the loops the compiler vectorises. The intrinsic
+//! and, through the module's `reduce`, the body of the loops the compiler vectorises. The intrinsic
 //! kernels of `x86_64.rs` cannot call these functions lane by lane; each of them says which
 //! rule it implements and is tested against it.
 //!
