@@ -1,10 +1,25 @@
 //! The crate's one error type, sorted by whose fault a failure is.
 //!
-//! Transport failures ([`Error::Io`], [`Error::Closed`], [`Error::Rdma`], [`Error::Timeout`])
-//! always name the peer rank and what this rank was doing with it, because "connection
-//! reset" alone tells a user with eight Macs nothing. After one of them the group is failed: every later call
-//! returns [`Error::Failed`] at once, carrying the original error. Argument errors
-//! ([`Error::InvalidArgument`]) leave the group usable.
+//! Every [`Error`] belongs to one [`Fault`] class ([`Error::fault`]), which says who failed
+//! and so what to do about it:
+//!
+//! | class | variants | what happened | what to do |
+//! |---|---|---|---|
+//! | [`Fault::PeerFailed`] | [`Io`](Error::Io), [`Closed`](Error::Closed), [`Lost`](Error::Lost), [`Timeout`](Error::Timeout), [`Rdma`](Error::Rdma) | a peer died, closed, went silent past the timeout, or its link failed | close the group, find out what happened to the named rank, form a new group (retry) |
+//! | [`Fault::PeerMisbehaved`] | [`PeerMisbehaved`](Error::PeerMisbehaved) | a peer sent bytes the protocol does not allow | close and re-form; if it persists, the peer runs another program or version |
+//! | [`Fault::PeerIncompatible`] | [`Auth`](Error::Auth), [`PeerIncompatible`](Error::PeerIncompatible) | a peer cannot work with this rank: another key, version, or group size | fix the configuration of one side (key, version, hostfile), then re-form |
+//! | [`Fault::Local`] | [`Local`](Error::Local), [`Bug`](Error::Bug) | this machine failed (a port, memory, the poller), or this crate has a bug | fix the resource (or report the bug); the group, if any, is failed |
+//! | [`Fault::Misuse`] | [`InvalidArgument`](Error::InvalidArgument), [`Unsupported`](Error::Unsupported) | the call was wrong: lengths, ranks, an operation the backend lacks | fix the code; the group stays usable |
+//! | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
+//! | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
+//! | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
+//! | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed) | the group was closed | form a new one |
+//!
+//! Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
+//! is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
+//! rank tell the others that the peer was lost: a local failure or a bug never blames a peer.
+//! After a peer's failure, misbehaviour or incompatibility, or a bug, the group is failed
+//! ([`Error::is_fatal`]), and every later call returns [`Error::Failed`] at once.
 
 use std::fmt;
 use std::io;
@@ -154,6 +169,44 @@ pub enum Error {
         after: Duration,
     },
 
+    /// A peer sent bytes its protocol does not allow (a side-channel record out of range, a
+    /// rank claimed twice): it runs another program, another version, or has a bug.
+    #[error("rank {peer}{}: protocol violation during {context}: {reason}", fmt_addr(*addr))]
+    PeerMisbehaved {
+        /// The peer's rank (as it claimed, when it claimed one).
+        peer: usize,
+        /// The address involved, when there is one.
+        addr: Option<SocketAddr>,
+        /// The collective or setup phase.
+        context: &'static str,
+        /// What it sent.
+        reason: String,
+    },
+
+    /// A peer cannot work with this rank: another protocol version, group size or wire. (A
+    /// different key is [`Error::Auth`].)
+    #[error("rank {peer}{}: incompatible during {context}: {reason}", fmt_addr(*addr))]
+    PeerIncompatible {
+        /// The peer's rank.
+        peer: usize,
+        /// The address involved, when there is one.
+        addr: Option<SocketAddr>,
+        /// The collective or setup phase.
+        context: &'static str,
+        /// What differs.
+        reason: String,
+    },
+
+    /// A bug in this crate: an internal invariant did not hold. It names no peer, because
+    /// none is at fault; please report it.
+    #[error("internal error (a bug in nuvec-distributed) during {context}: {what}")]
+    Bug {
+        /// The collective or setup phase.
+        context: &'static str,
+        /// The invariant that failed.
+        what: String,
+    },
+
     /// A local system resource failed: binding a listening address, creating the poller,
     /// mapping staging memory.
     #[error("{what}: {source}")]
@@ -191,7 +244,69 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
     addr.map(|a| format!(" ({a})")).unwrap_or_default()
 }
 
+/// Whose fault an [`Error`] is: the classes of the module's table, with what to do about
+/// each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// A peer failed: lost, closed, timed out, or its link failed. Re-form the group.
+    PeerFailed,
+    /// A peer broke the protocol. Re-form; check what runs on that rank.
+    PeerMisbehaved,
+    /// A peer is incompatible: another key, version or group size. Fix the configuration.
+    PeerIncompatible,
+    /// This machine failed, or this crate has a bug. Fix the resource or report the bug.
+    Local,
+    /// The API was misused. Fix the call; the group stays usable.
+    Misuse,
+    /// The configuration (environment, hostfile, device file) is unusable. Fix it.
+    Config,
+    /// The backend cannot be used here. Pick another or build with its feature.
+    Unavailable,
+    /// The group failed earlier. Close it and form a new one.
+    FailedEarlier,
+    /// The group was closed. Form a new one.
+    Closed,
+}
+
 impl Error {
+    /// Whose fault this error is (see the module docs' table).
+    ///
+    /// ```
+    /// use nuvec_distributed::{Error, Fault};
+    /// let e = Error::InvalidArgument("all_gather: the output holds 3 elements".into());
+    /// assert_eq!(e.fault(), Fault::Misuse);
+    /// assert!(!e.is_fatal());
+    /// ```
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. }
+            | Error::Closed { .. }
+            | Error::Lost { .. }
+            | Error::Timeout { .. }
+            | Error::Rdma { .. } => Fault::PeerFailed,
+            Error::PeerMisbehaved { .. } => Fault::PeerMisbehaved,
+            Error::Auth { .. } | Error::PeerIncompatible { .. } => Fault::PeerIncompatible,
+            Error::Local { .. } | Error::Bug { .. } => Fault::Local,
+            Error::InvalidArgument(_) | Error::Unsupported(_) => Fault::Misuse,
+            Error::Environment { .. } | Error::Config { .. } => Fault::Config,
+            Error::Unavailable { .. } => Fault::Unavailable,
+            Error::Failed(_) => Fault::FailedEarlier,
+            Error::GroupClosed => Fault::Closed,
+        }
+    }
+
+    /// The rank this error says was lost, if it is a peer failure: the only kind of error
+    /// after which a rank tells the others that a peer is gone. A peer that misbehaved or is
+    /// incompatible is named by [`Error::peer`] but not reported lost; a local failure names
+    /// no peer at all.
+    pub fn lost_peer(&self) -> Option<usize> {
+        match self.fault() {
+            Fault::PeerFailed => self.peer(),
+            _ => None,
+        }
+    }
+
     /// The peer rank this error names, if it is a transport error (or a group failure caused
     /// by one).
     pub fn peer(&self) -> Option<usize> {
@@ -200,6 +315,8 @@ impl Error {
             | Error::Closed { peer, .. }
             | Error::Lost { peer, .. }
             | Error::Auth { peer, .. }
+            | Error::PeerMisbehaved { peer, .. }
+            | Error::PeerIncompatible { peer, .. }
             | Error::Rdma { peer, .. }
             | Error::Timeout { peer, .. } => Some(*peer),
             Error::Failed(inner) => inner.peer(),
@@ -207,18 +324,15 @@ impl Error {
         }
     }
 
-    /// Whether this error leaves the group unusable (a transport failure), as opposed to a
-    /// mistake in the arguments of one call.
+    /// Whether this error leaves the group unusable: a peer failed, misbehaved or is
+    /// incompatible, this crate hit a bug, or the group had failed already. A misused call,
+    /// a configuration error, a closed group, and a local resource that could not be had
+    /// before any byte moved (staging memory for a large `sum_scatter`) leave it usable.
     pub fn is_fatal(&self) -> bool {
         matches!(
-            self,
-            Error::Io { .. }
-                | Error::Closed { .. }
-                | Error::Lost { .. }
-                | Error::Rdma { .. }
-                | Error::Timeout { .. }
-                | Error::Failed(_)
-        )
+            self.fault(),
+            Fault::PeerFailed | Fault::PeerMisbehaved | Fault::PeerIncompatible | Fault::FailedEarlier
+        ) || matches!(self, Error::Bug { .. })
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
@@ -230,5 +344,73 @@ impl Error {
             what: what.into(),
             source: Arc::new(source),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> Arc<io::Error> {
+        Arc::new(io::Error::from(io::ErrorKind::ConnectionReset))
+    }
+
+    #[test]
+    fn only_a_peer_failure_reports_the_peer_lost() {
+        let failed = [
+            Error::Io {
+                peer: 1,
+                addr: None,
+                op: PeerOp::Receive,
+                context: "all_sum",
+                source: io(),
+            },
+            Error::Closed {
+                peer: 1,
+                op: PeerOp::Send,
+                context: "all_sum",
+            },
+            Error::Timeout {
+                peer: 1,
+                addr: None,
+                op: PeerOp::Receive,
+                context: "all_sum",
+                after: Duration::from_secs(1),
+            },
+        ];
+        for e in &failed {
+            assert_eq!(e.fault(), Fault::PeerFailed, "{e}");
+            assert_eq!(e.lost_peer(), Some(1), "{e}");
+            assert!(e.is_fatal(), "{e}");
+        }
+        let misbehaved = Error::PeerMisbehaved {
+            peer: 2,
+            addr: None,
+            context: "jaccl setup",
+            reason: "nonsense".into(),
+        };
+        assert_eq!(misbehaved.fault(), Fault::PeerMisbehaved);
+        assert_eq!(misbehaved.peer(), Some(2), "named");
+        assert_eq!(misbehaved.lost_peer(), None, "but not reported lost");
+        assert!(misbehaved.is_fatal());
+
+        let local = Error::local("mapping staging memory", io::Error::other("no memory"));
+        assert_eq!(local.fault(), Fault::Local);
+        assert_eq!((local.peer(), local.lost_peer()), (None, None));
+        let bug = Error::Bug {
+            context: "all_sum",
+            what: "a buffer is missing".into(),
+        };
+        assert_eq!((bug.fault(), bug.peer(), bug.lost_peer()), (Fault::Local, None, None));
+        assert!(bug.is_fatal(), "a bug leaves the group in an unknown state");
+
+        let earlier = Error::Failed(Arc::new(failed[0].clone()));
+        assert_eq!(earlier.fault(), Fault::FailedEarlier);
+        assert_eq!(earlier.peer(), Some(1));
+        assert_eq!(earlier.lost_peer(), None, "reported when it happened, not again");
+        assert_eq!(Error::GroupClosed.fault(), Fault::Closed);
+        assert!(!Error::GroupClosed.is_fatal());
+        let misuse = Error::invalid("lengths");
+        assert_eq!((misuse.fault(), misuse.is_fatal()), (Fault::Misuse, false));
     }
 }

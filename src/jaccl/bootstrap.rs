@@ -253,10 +253,11 @@ impl SideChannel {
             .iter()
             .enumerate()
             .map(|(rank, &c)| {
-                usize::try_from(c).map_err(|_| {
-                    Error::invalid(format!(
-                        "rank {rank} announced {c} queue-pair records on the JACCL side channel"
-                    ))
+                usize::try_from(c).map_err(|_| Error::PeerMisbehaved {
+                    peer: rank,
+                    addr: None,
+                    context: SETUP,
+                    reason: format!("it announced {c} queue-pair records on the side channel"),
                 })
             })
             .collect::<Result<_>>()?;
@@ -509,18 +510,24 @@ fn accept_all(size: usize, addr: SocketAddr, timeout: Duration) -> Result<Vec<Pe
         let slot = usize::try_from(rank)
             .ok()
             .filter(|&r| (1..size).contains(&r))
-            .ok_or_else(|| {
-                Error::invalid(format!(
+            .ok_or_else(|| Error::Environment {
+                var: crate::RANK_VAR,
+                reason: format!(
                     "a client at {from} joined the JACCL side channel as rank {rank}, but the \
-                     group has ranks 1 to {} besides rank 0",
-                    size - 1
-                ))
+                     group has ranks 1 to {} besides rank 0: check {} on every host",
+                    size - 1,
+                    crate::RANK_VAR
+                ),
             })?;
         if slots[slot - 1].is_some() {
-            return Err(Error::invalid(format!(
-                "two clients joined the JACCL side channel as rank {slot} (the second from \
-                 {from}): check MLX_RANK on every host"
-            )));
+            return Err(Error::Environment {
+                var: crate::RANK_VAR,
+                reason: format!(
+                    "two clients joined the JACCL side channel as rank {slot} (the second from \
+                     {from}): check {} on every host",
+                    crate::RANK_VAR
+                ),
+            });
         }
         peer.rank = slot;
         slots[slot - 1] = Some(peer);
@@ -970,7 +977,7 @@ mod tests {
                 matches!(error, Error::Closed { peer: 3, .. }),
                 "rank 0: {error}"
             );
-            sc.abandon(error.peer());
+            sc.abandon(error.lost_peer());
         } else {
             assert!(
                 matches!(

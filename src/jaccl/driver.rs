@@ -123,16 +123,14 @@ impl<'a> Cx<'a> {
         Ok(())
     }
 
-    /// The bytes of buffer `buf`, used with `conn` (named if the buffer is not available,
-    /// which would be a bug in an algorithm).
+    /// The bytes of buffer `buf`, used with `conn`. A buffer that is not available is a bug
+    /// in an algorithm, never the peer's fault: it names no peer.
     pub(crate) fn buffer(&mut self, conn: usize, buf: BufId) -> Result<&mut [u8]> {
-        let peer = self.peers[conn];
         let context = self.context;
-        self.fabric.buffer(buf).map_err(|reason| Error::Rdma {
-            peer,
-            op: PeerOp::Send,
+        let peer = self.peers[conn];
+        self.fabric.buffer(buf).map_err(|reason| Error::Bug {
             context,
-            reason: format!("internal: {reason}"),
+            what: format!("a JACCL buffer for rank {peer} is not available: {reason}"),
         })
     }
 

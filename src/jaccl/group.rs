@@ -282,7 +282,7 @@ impl<F: Fabric> Jaccl<F> {
         );
         match result {
             Err(error) if error.is_fatal() => {
-                side.abandon(error.peer());
+                side.abandon(error.lost_peer());
                 Err(self.state.fail(error))
             }
             other => other,
@@ -530,7 +530,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         match state.side.check("health check") {
             Ok(()) => Ok(()),
             Err(error) => {
-                state.side.abandon(error.peer());
+                state.side.abandon(error.lost_peer());
                 Err(self.state.fail(error))
             }
         }

@@ -213,7 +213,7 @@ fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Erro
         error_kind(&error),
     );
     let error = transport.diagnose(error);
-    transport.abandon(error.peer());
+    transport.abandon(error.lost_peer());
     // A stall is judged on timing; a notice that arrived while this rank was closing
     // still names the rank better than the suspicion did (the notices this rank sent
     // cannot be taken back, but its own report can be right).
@@ -226,7 +226,8 @@ fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Erro
 }
 
 /// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
-/// 5 authentication, 0 anything else.
+/// 5 authentication, 6 protocol violation, 7 incompatible peer, 8 local or a bug,
+/// 0 anything else.
 fn error_kind(error: &Error) -> u8 {
     match error {
         Error::Io { .. } => 1,
@@ -234,6 +235,9 @@ fn error_kind(error: &Error) -> u8 {
         Error::Lost { .. } => 3,
         Error::Timeout { .. } => 4,
         Error::Auth { .. } => 5,
+        Error::PeerMisbehaved { .. } => 6,
+        Error::PeerIncompatible { .. } => 7,
+        Error::Local { .. } | Error::Bug { .. } => 8,
         _ => 0,
     }
 }
