@@ -331,7 +331,10 @@ impl Error {
     pub fn is_fatal(&self) -> bool {
         matches!(
             self.fault(),
-            Fault::PeerFailed | Fault::PeerMisbehaved | Fault::PeerIncompatible | Fault::FailedEarlier
+            Fault::PeerFailed
+                | Fault::PeerMisbehaved
+                | Fault::PeerIncompatible
+                | Fault::FailedEarlier
         ) || matches!(self, Error::Bug { .. })
     }
 
@@ -401,13 +404,20 @@ mod tests {
             context: "all_sum",
             what: "a buffer is missing".into(),
         };
-        assert_eq!((bug.fault(), bug.peer(), bug.lost_peer()), (Fault::Local, None, None));
+        assert_eq!(
+            (bug.fault(), bug.peer(), bug.lost_peer()),
+            (Fault::Local, None, None)
+        );
         assert!(bug.is_fatal(), "a bug leaves the group in an unknown state");
 
         let earlier = Error::Failed(Arc::new(failed[0].clone()));
         assert_eq!(earlier.fault(), Fault::FailedEarlier);
         assert_eq!(earlier.peer(), Some(1));
-        assert_eq!(earlier.lost_peer(), None, "reported when it happened, not again");
+        assert_eq!(
+            earlier.lost_peer(),
+            None,
+            "reported when it happened, not again"
+        );
         assert_eq!(Error::GroupClosed.fault(), Fault::Closed);
         assert!(!Error::GroupClosed.is_fatal());
         let misuse = Error::invalid("lengths");
