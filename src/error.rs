@@ -1,25 +1,6 @@
 //! The crate's one error type, sorted by whose fault a failure is.
 //!
-//! Every [`Error`] belongs to one [`Fault`] class ([`Error::fault`]), which says who failed
-//! and so what to do about it:
-//!
-//! | class | variants | what happened | what to do |
-//! |---|---|---|---|
-//! | [`Fault::PeerFailed`] | [`Io`](Error::Io), [`Closed`](Error::Closed), [`Lost`](Error::Lost), [`Timeout`](Error::Timeout), [`Rdma`](Error::Rdma) | a peer died, closed, went silent past the timeout, or its link failed | close the group, find out what happened to the named rank, form a new group (retry) |
-//! | [`Fault::PeerMisbehaved`] | [`PeerMisbehaved`](Error::PeerMisbehaved) | a peer sent bytes the protocol does not allow | close and re-form; if it persists, the peer runs another program or version |
-//! | [`Fault::PeerIncompatible`] | [`Auth`](Error::Auth), [`PeerIncompatible`](Error::PeerIncompatible) | a peer cannot work with this rank: another key, version, or group size | fix the configuration of one side (key, version, hostfile), then re-form |
-//! | [`Fault::Local`] | [`Local`](Error::Local), [`Bug`](Error::Bug) | this machine failed (a port, memory, the poller), or this crate has a bug | fix the resource (or report the bug); the group, if any, is failed |
-//! | [`Fault::Misuse`] | [`InvalidArgument`](Error::InvalidArgument), [`Unsupported`](Error::Unsupported) | the call was wrong: lengths, ranks, an operation the backend lacks | fix the code; the group stays usable |
-//! | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
-//! | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
-//! | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
-//! | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed) | the group was closed | form a new one |
-//!
-//! Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
-//! is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
-//! rank tell the others that the peer was lost: a local failure or a bug never blames a peer.
-//! After a peer's failure, misbehaviour or incompatibility, or a bug, the group is failed
-//! ([`Error::is_fatal`]), and every later call returns [`Error::Failed`] at once.
+//! See [`Fault`] for the classes, with a table of what to do about each.
 
 use std::fmt;
 use std::io;
@@ -244,8 +225,25 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
     addr.map(|a| format!(" ({a})")).unwrap_or_default()
 }
 
-/// Whose fault an [`Error`] is: the classes of the module's table, with what to do about
-/// each.
+/// Whose fault an [`Error`] is ([`Error::fault`]): who failed, and so what to do about it.
+///
+/// | class | variants | what happened | what to do |
+/// |---|---|---|---|
+/// | [`Fault::PeerFailed`] | [`Io`](Error::Io), [`Closed`](Error::Closed), [`Lost`](Error::Lost), [`Timeout`](Error::Timeout), [`Rdma`](Error::Rdma) | a peer died, closed, went silent past the timeout, or its link failed | close the group, find out what happened to the named rank, form a new group (retry) |
+/// | [`Fault::PeerMisbehaved`] | [`PeerMisbehaved`](Error::PeerMisbehaved) | a peer sent bytes the protocol does not allow | close and re-form; if it persists, the peer runs another program or version |
+/// | [`Fault::PeerIncompatible`] | [`Auth`](Error::Auth), [`PeerIncompatible`](Error::PeerIncompatible) | a peer cannot work with this rank: another key, version, or group size | fix the configuration of one side (key, version, hostfile), then re-form |
+/// | [`Fault::Local`] | [`Local`](Error::Local), [`Bug`](Error::Bug) | this machine failed (a port, memory, the poller), or this crate has a bug | fix the resource, or report the bug; a bug fails the group, a resource refused before any byte moved does not |
+/// | [`Fault::Misuse`] | [`InvalidArgument`](Error::InvalidArgument), [`Unsupported`](Error::Unsupported) | the call was wrong: lengths, ranks, an operation the backend lacks | fix the code; the group stays usable |
+/// | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
+/// | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
+/// | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
+/// | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed) | the group was closed | form a new one |
+///
+/// Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
+/// is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
+/// rank tell the others that the peer was lost: a local failure or a bug never blames a peer.
+/// After a peer's failure, misbehaviour or incompatibility, or a bug, the group is failed
+/// ([`Error::is_fatal`]), and every later call returns [`Error::Failed`] at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fault {

@@ -66,8 +66,8 @@
 //!   ([`Error::InvalidArgument`]) leave the group usable.
 //! - **Whose fault**: [`Error::fault`] sorts every error into a [`Fault`] class (a peer
 //!   failed, misbehaved or is incompatible; a local failure or a bug; misuse;
-//!   configuration; unavailable; failed earlier; closed), and the `error` module's table
-//!   says what to do about each. Only a peer failure makes a rank tell the others that a
+//!   configuration; unavailable; failed earlier; closed), and its documentation has a
+//!   table of what to do about each. Only a peer failure makes a rank tell the others that a
 //!   peer was lost.
 //! - **Liveness between collectives**: every connection has TCP keepalive (5 s idle, 3 s
 //!   interval, 3 probes) and, on Linux, a 15 s `TCP_USER_TIMEOUT`, so a host that sleeps or
