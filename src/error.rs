@@ -37,6 +37,57 @@ impl fmt::Display for PeerOp {
     }
 }
 
+/// The phase of a group's life an error happened in: forming it, one of its collectives, or a
+/// health check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Forming a ring: listening, dialling, the handshake.
+    RingSetup,
+    /// Forming a JACCL group: the side channel and the queue pairs.
+    JacclSetup,
+    /// An `all_sum` (and `barrier`, which is one).
+    AllSum,
+    /// An `all_max`.
+    AllMax,
+    /// An `all_min`.
+    AllMin,
+    /// An `all_gather`.
+    AllGather,
+    /// A `sum_scatter`.
+    SumScatter,
+    /// A `send`.
+    Send,
+    /// A `recv`.
+    Recv,
+    /// [`Group::health`](crate::Group::health).
+    HealthCheck,
+}
+
+impl Phase {
+    /// The phase's name in messages: the collective's name as in MLX, or the setup step.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Phase::RingSetup => "ring setup",
+            Phase::JacclSetup => "jaccl setup",
+            Phase::AllSum => "all_sum",
+            Phase::AllMax => "all_max",
+            Phase::AllMin => "all_min",
+            Phase::AllGather => "all_gather",
+            Phase::SumScatter => "sum_scatter",
+            Phase::Send => "send",
+            Phase::Recv => "recv",
+            Phase::HealthCheck => "health check",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Everything that can go wrong in this crate.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -75,7 +126,7 @@ pub enum Error {
         /// What this rank was doing.
         op: PeerOp,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// The operating system's error.
         #[source]
         source: Arc<io::Error>,
@@ -90,7 +141,7 @@ pub enum Error {
         /// What this rank was doing.
         op: PeerOp,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
     },
 
     /// A rank that is not this rank's neighbour was lost. The neighbour that noticed first
@@ -104,7 +155,7 @@ pub enum Error {
         /// The neighbour that reported it.
         via: usize,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
     },
 
     /// Authenticating a connection with the pre-shared key failed: the peer did not prove
@@ -116,7 +167,7 @@ pub enum Error {
         /// The address involved.
         addr: Option<SocketAddr>,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// What went wrong.
         reason: String,
     },
@@ -130,7 +181,7 @@ pub enum Error {
         /// What this rank was doing (`Connect` for queue-pair set-up).
         op: PeerOp,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// What the device or library reported.
         reason: String,
     },
@@ -145,7 +196,7 @@ pub enum Error {
         /// What this rank was waiting for.
         op: PeerOp,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// How long it waited.
         after: Duration,
     },
@@ -159,7 +210,7 @@ pub enum Error {
         /// The address involved, when there is one.
         addr: Option<SocketAddr>,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// What it sent.
         reason: String,
     },
@@ -173,7 +224,7 @@ pub enum Error {
         /// The address involved, when there is one.
         addr: Option<SocketAddr>,
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// What differs.
         reason: String,
     },
@@ -183,7 +234,7 @@ pub enum Error {
     #[error("internal error (a bug in nuvec-distributed) during {context}: {what}")]
     Bug {
         /// The collective or setup phase.
-        context: &'static str,
+        context: Phase,
         /// The invariant that failed.
         what: String,
     },
@@ -363,19 +414,19 @@ mod tests {
                 peer: 1,
                 addr: None,
                 op: PeerOp::Receive,
-                context: "all_sum",
+                context: Phase::AllSum,
                 source: io(),
             },
             Error::Closed {
                 peer: 1,
                 op: PeerOp::Send,
-                context: "all_sum",
+                context: Phase::AllSum,
             },
             Error::Timeout {
                 peer: 1,
                 addr: None,
                 op: PeerOp::Receive,
-                context: "all_sum",
+                context: Phase::AllSum,
                 after: Duration::from_secs(1),
             },
         ];
@@ -387,7 +438,7 @@ mod tests {
         let misbehaved = Error::PeerMisbehaved {
             peer: 2,
             addr: None,
-            context: "jaccl setup",
+            context: Phase::JacclSetup,
             reason: "nonsense".into(),
         };
         assert_eq!(misbehaved.fault(), Fault::PeerMisbehaved);
@@ -399,7 +450,7 @@ mod tests {
         assert_eq!(local.fault(), Fault::Local);
         assert_eq!((local.peer(), local.lost_peer()), (None, None));
         let bug = Error::Bug {
-            context: "all_sum",
+            context: Phase::AllSum,
             what: "a buffer is missing".into(),
         };
         assert_eq!(

@@ -143,7 +143,7 @@ pub use backend::{
 };
 pub use comm::Communicator;
 pub use element::{Complex64, DType, Element};
-pub use error::{Error, Fault, PeerOp, Result};
+pub use error::{Error, Fault, PeerOp, Phase, Result};
 pub use group::{
     Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
     set_default_group, sum_scatter,

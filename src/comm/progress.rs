@@ -324,7 +324,7 @@ mod tests {
                 peer: self.peers[w.conn],
                 addr: None,
                 op: w.op,
-                context: "all_sum",
+                context: crate::error::Phase::AllSum,
                 after: timeout,
             }
         }

@@ -103,7 +103,7 @@ mod tests {
         Error::Closed {
             peer,
             op: PeerOp::Receive,
-            context: "all_sum",
+            context: crate::error::Phase::AllSum,
         }
     }
 

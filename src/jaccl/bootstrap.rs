@@ -42,10 +42,10 @@ use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::comm::progress::notice_names;
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 
 /// The context errors during set-up name.
-pub(crate) const SETUP: &str = "jaccl setup";
+pub(crate) const SETUP: Phase = Phase::JacclSetup;
 
 /// The size of a [`Destination`] record on the wire.
 pub(crate) const DESTINATION_BYTES: usize = 32;
@@ -322,7 +322,7 @@ impl SideChannel {
     ///
     /// [`Error::Lost`] when a peer's notice names another lost rank, [`Error::Closed`] when a
     /// peer is gone (or gave up on this rank), during `context`.
-    pub(crate) fn check(&mut self, context: &'static str) -> Result<()> {
+    pub(crate) fn check(&mut self, context: Phase) -> Result<()> {
         self.check_needed(context, &|_| true)
     }
 
@@ -335,7 +335,7 @@ impl SideChannel {
     /// As [`SideChannel::check`].
     pub(crate) fn check_needed(
         &mut self,
-        context: &'static str,
+        context: Phase,
         needed: &dyn Fn(usize) -> bool,
     ) -> Result<()> {
         let me = self.rank;
@@ -396,7 +396,7 @@ impl SideChannel {
 
 /// The error for a peer that closed its side channel: the rank its notice names, if it left
 /// one that names a third rank; else the peer itself.
-fn peer_gone(peer: &Peer, me: usize, ranks: usize, context: &'static str) -> Error {
+fn peer_gone(peer: &Peer, me: usize, ranks: usize, context: Phase) -> Error {
     if let Some(bytes) = peer.notice.get(..4) {
         let lost = decode_notice([bytes[0], bytes[1], bytes[2], bytes[3]]);
         if let Some(lost) = notice_names(lost, peer.rank, me, ranks) {
@@ -955,7 +955,7 @@ mod tests {
         sc.barrier().unwrap();
         sc.start_watching().unwrap();
         if rank == 3 {
-            sc.check("test").unwrap();
+            sc.check(Phase::HealthCheck).unwrap();
             println!("SIDE-CHANNEL-OK");
             std::process::exit(0);
         }
@@ -963,7 +963,7 @@ mod tests {
         // expects exactly that.
         let deadline = Instant::now() + T;
         let error = loop {
-            if let Err(e) = sc.check("test") {
+            if let Err(e) = sc.check(Phase::HealthCheck) {
                 break e;
             }
             assert!(

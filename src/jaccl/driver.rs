@@ -20,7 +20,7 @@ use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric};
 use super::frames::WorkTag;
 use crate::comm::progress::{self, Activity, Drive, Spin};
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 
 /// The memory a collective works on.
 pub(crate) struct Mem<'a> {
@@ -71,7 +71,7 @@ pub(crate) struct Cx<'a> {
     pub(crate) staging: &'a mut [u8],
     /// The peer rank of each connection.
     pub(crate) peers: &'a [usize],
-    pub(crate) context: &'static str,
+    pub(crate) context: Phase,
     /// What is outstanding on each connection, for blame.
     activity: &'a mut Activity,
 }
@@ -82,7 +82,7 @@ impl<'a> Cx<'a> {
         plan: &'a BufferPlan,
         staging: &'a mut [u8],
         peers: &'a [usize],
-        context: &'static str,
+        context: Phase,
         activity: &'a mut Activity,
     ) -> Self {
         activity.start(peers.len());
@@ -195,7 +195,7 @@ const DIAGNOSE: Duration = Duration::from_millis(250);
 pub(crate) trait Liveness {
     /// Fails if a rank for which `needed` is true is known to be gone. (A rank that finished
     /// its part of a collective and exited is not a failure for ranks that no longer need it.)
-    fn check(&mut self, context: &'static str, needed: &dyn Fn(usize) -> bool) -> Result<()>;
+    fn check(&mut self, context: Phase, needed: &dyn Fn(usize) -> bool) -> Result<()>;
 
     /// Sleeps up to `wait`, waking early when a peer's status may have changed.
     fn sleep(&mut self, wait: Duration);

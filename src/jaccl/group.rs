@@ -31,7 +31,7 @@ use crate::comm::neighbours::Neighbours;
 use crate::comm::progress::{Activity, Spin};
 use crate::comm::state::Guarded;
 use crate::element::DType;
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::ReduceOp;
 
 /// How a group's connections are laid out.
@@ -114,7 +114,7 @@ impl<F> fmt::Debug for Jaccl<F> {
 }
 
 impl super::driver::Liveness for SideChannel {
-    fn check(&mut self, context: &'static str, needed: &dyn Fn(usize) -> bool) -> Result<()> {
+    fn check(&mut self, context: Phase, needed: &dyn Fn(usize) -> bool) -> Result<()> {
         self.check_needed(context, needed)
     }
 
@@ -257,7 +257,7 @@ impl<F: Fabric> Jaccl<F> {
         state: &mut State<F>,
         machines: &mut [M],
         mem: &mut Mem<'_>,
-        context: &'static str,
+        context: Phase,
     ) -> Result<()> {
         let State {
             fabric,
@@ -327,7 +327,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let context = op.collective();
+        let context = op.phase();
         debug_assert!(
             data.len().is_multiple_of(dtype.size()),
             "Group checks whole elements"
@@ -396,7 +396,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: &str = "all_gather";
+        const CONTEXT: Phase = Phase::AllGather;
         let n = input.len();
         debug_assert_eq!(output.len(), n * self.size, "Group checks the lengths");
         let mut state = self.lock()?;
@@ -421,7 +421,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: &str = "sum_scatter";
+        const CONTEXT: Phase = Phase::SumScatter;
         debug_assert!(
             output.len().is_multiple_of(dtype.size()) && input.len() == output.len() * self.size,
             "Group checks the lengths"
@@ -467,7 +467,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     return Ok(());
                 }
                 let mut m = [mesh::Send::new(dst, self.classes, data.len())];
-                self.run(&mut state, &mut m, &mut mem, "send")
+                self.run(&mut state, &mut m, &mut mem, Phase::Send)
             }
             Kind::Ring { wires } => {
                 self.check_neighbour("send to", dst)?;
@@ -477,7 +477,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 // Towards the left neighbour in direction 1 (with two ranks, always).
                 let mut s =
                     ring::stripes(false, dst == self.left(), wires, self.classes, data.len());
-                self.run(&mut state, &mut s, &mut mem, "send")
+                self.run(&mut state, &mut s, &mut mem, Phase::Send)
             }
         }
     }
@@ -492,7 +492,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     return Ok(());
                 }
                 let mut m = [mesh::Recv::new(src, self.classes, len)];
-                self.run(&mut state, &mut m, &mut mem, "recv")
+                self.run(&mut state, &mut m, &mut mem, Phase::Recv)
             }
             Kind::Ring { wires } => {
                 self.check_neighbour("receive from", src)?;
@@ -501,7 +501,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 }
                 // From the right neighbour in direction 1 (with two ranks, always).
                 let mut s = ring::stripes(true, src == self.right(), wires, self.classes, len);
-                self.run(&mut state, &mut s, &mut mem, "recv")
+                self.run(&mut state, &mut s, &mut mem, Phase::Recv)
             }
         }
     }
@@ -527,7 +527,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
 
     fn health(&self) -> Result<()> {
         let mut state = self.lock()?;
-        match state.side.check("health check") {
+        match state.side.check(Phase::HealthCheck) {
             Ok(()) => Ok(()),
             Err(error) => {
                 state.side.abandon(error.lost_peer());

@@ -44,10 +44,15 @@ impl ReduceOp {
 
     /// The collective's name: `"all_sum"`, `"all_max"`, `"all_min"`.
     pub const fn collective(self) -> &'static str {
+        self.phase().name()
+    }
+
+    /// The collective as a [`Phase`](crate::Phase), for errors.
+    pub(crate) const fn phase(self) -> crate::error::Phase {
         match self {
-            ReduceOp::Sum => "all_sum",
-            ReduceOp::Max => "all_max",
-            ReduceOp::Min => "all_min",
+            ReduceOp::Sum => crate::error::Phase::AllSum,
+            ReduceOp::Max => crate::error::Phase::AllMax,
+            ReduceOp::Min => crate::error::Phase::AllMin,
         }
     }
 }

@@ -35,13 +35,13 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::transport::Transport;
 use crate::auth::{self, Handshake, Key, Link, Outcome};
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::tcp::{self, SocketTuning};
 use crate::verbose::verbose;
 
-const CONTEXT: &str = "ring setup";
+const CONTEXT: Phase = Phase::RingSetup;
 
 /// The first retry of a refused connection; doubled after each refusal up to the cap.
 const FIRST_RETRY: Duration = Duration::from_millis(10);
@@ -300,7 +300,7 @@ fn timed_out(
                 peer: right,
                 addr,
                 op: PeerOp::Connect,
-                context: "ring setup (retried until the timeout)",
+                context: CONTEXT,
                 source: e.into(),
             },
             DialView::Down(None) => Error::Timeout {

@@ -11,7 +11,7 @@ use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
 use super::transport::{Transfer, Transport};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 
 /// Moves as many bytes of `lane` as the sockets take. Returns whether anything moved.
 fn pump(
@@ -19,7 +19,7 @@ fn pump(
     transport: &mut Transport,
     bufs: &mut Buffers<'_>,
     stage: &mut LaneStage,
-    context: &'static str,
+    context: Phase,
 ) -> Result<bool> {
     let mut any = false;
     let mut refreshed = Instant::now();
@@ -72,7 +72,7 @@ struct Collective<'t, 'l, 'b, 'd> {
     lanes: &'l mut [Lane],
     bufs: &'b mut Buffers<'d>,
     stages: &'l mut [LaneStage],
-    context: &'static str,
+    context: Phase,
 }
 
 impl Drive for Collective<'_, '_, '_, '_> {
@@ -137,7 +137,7 @@ pub(crate) fn run(
     stages: &mut [LaneStage],
     timeout: Duration,
     spin: Spin,
-    context: &'static str,
+    context: Phase,
 ) -> Result<()> {
     let mut collective = Collective {
         transport,

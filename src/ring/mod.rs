@@ -35,7 +35,7 @@ use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
 use crate::comm::state::Guarded;
 use crate::element::DType;
-use crate::error::{Error, PeerOp, Result};
+use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::reduce::ReduceOp;
@@ -161,7 +161,7 @@ struct Traced {
     op: u8,
     dtype: u8,
     bytes: u64,
-    context: &'static str,
+    context: Phase,
 }
 
 impl Traced {
@@ -189,11 +189,11 @@ impl Traced {
             op: code,
             dtype: Self::dtype(dtype),
             bytes: bytes as u64,
-            context: op.collective(),
+            context: op.phase(),
         }
     }
 
-    fn bytes(op: u8, context: &'static str, bytes: usize) -> Traced {
+    fn bytes(op: u8, context: Phase, bytes: usize) -> Traced {
         Traced {
             op,
             dtype: Self::BYTES,
@@ -256,7 +256,7 @@ impl Communicator for Ring {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let context = op.collective();
+        let context = op.phase();
         let esize = dtype.size();
         debug_assert!(
             data.len().is_multiple_of(esize),
@@ -303,7 +303,7 @@ impl Communicator for Ring {
     }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: &str = "all_gather";
+        const CONTEXT: Phase = Phase::AllGather;
         let nbytes = input.len();
         debug_assert_eq!(output.len(), nbytes * self.size, "Group checks the lengths");
         let mut state = self.lock()?;
@@ -323,7 +323,7 @@ impl Communicator for Ring {
     }
 
     fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: &str = "sum_scatter";
+        const CONTEXT: Phase = Phase::SumScatter;
         let chunk = output.len();
         let esize = dtype.size();
         debug_assert!(
@@ -365,7 +365,7 @@ impl Communicator for Ring {
                 data: &mut [],
                 input: data,
             },
-            Traced::bytes(Traced::SEND, "send", data.len()),
+            Traced::bytes(Traced::SEND, Phase::Send, data.len()),
         )
     }
 
@@ -381,7 +381,7 @@ impl Communicator for Ring {
         self.run(
             state,
             &mut Buffers { data, input: &[] },
-            Traced::bytes(Traced::RECV, "recv", len),
+            Traced::bytes(Traced::RECV, Phase::Recv, len),
         )
     }
 
@@ -409,8 +409,8 @@ impl Communicator for Ring {
         let mut found = None;
         for conn in state.transport.conns() {
             found = match conn.probe() {
-                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, "health check")),
-                Err(e) => Some(conn.failed(PeerOp::Receive, "health check", e)),
+                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, Phase::HealthCheck)),
+                Err(e) => Some(conn.failed(PeerOp::Receive, Phase::HealthCheck, e)),
                 Ok(_) => continue,
             };
             break;

@@ -13,7 +13,7 @@
 
 use super::protocol::{Buffers, Lane, Topology};
 use super::staging::Staging;
-use crate::error::{Error, PeerOp};
+use crate::error::{Error, PeerOp, Phase};
 
 /// SplitMix64: small, fast, and the same on every platform.
 #[derive(Clone, Debug)]
@@ -201,7 +201,7 @@ impl SimRank {
 
 /// Drives every rank until all are finished or failed, or none can move (a stall).
 /// Returns whether every rank finished without error.
-pub(crate) fn drive(net: &mut Net, ranks: &mut [SimRank], context: &'static str) -> bool {
+pub(crate) fn drive(net: &mut Net, ranks: &mut [SimRank], context: Phase) -> bool {
     let mut order: Vec<(usize, usize)> = Vec::new();
     loop {
         order.clear();
@@ -229,7 +229,7 @@ pub(crate) fn drive(net: &mut Net, ranks: &mut [SimRank], context: &'static str)
 }
 
 /// Tries one write and one read for lane `l` of rank `r`. Returns whether anything moved.
-fn step(net: &mut Net, r: usize, rank: &mut SimRank, l: usize, context: &'static str) -> bool {
+fn step(net: &mut Net, r: usize, rank: &mut SimRank, l: usize, context: Phase) -> bool {
     if rank.error.is_some() {
         return false;
     }
@@ -380,10 +380,7 @@ mod tests {
             })
             .collect();
         let mut net = Net::new(size, c, max_chunk(&mut rng, len), rng.next());
-        assert!(
-            drive(&mut net, &mut ranks, op.collective()),
-            "stalled or failed"
-        );
+        assert!(drive(&mut net, &mut ranks, op.phase()), "stalled or failed");
         for (r, rank) in ranks.iter().enumerate() {
             assert!(
                 rank.data[..elems * esize] == want[..],
@@ -409,7 +406,7 @@ mod tests {
             .collect();
         let mut net = Net::new(size, c, max_chunk(&mut rng, nbytes), rng.next());
         assert!(
-            drive(&mut net, &mut ranks, "all_gather"),
+            drive(&mut net, &mut ranks, Phase::AllGather),
             "stalled or failed"
         );
         for rank in &ranks {
@@ -440,7 +437,7 @@ mod tests {
             .collect();
         let mut net = Net::new(size, c, max_chunk(&mut rng, chunk * size), rng.next());
         assert!(
-            drive(&mut net, &mut ranks, "sum_scatter"),
+            drive(&mut net, &mut ranks, Phase::SumScatter),
             "stalled or failed"
         );
         for (r, rank) in ranks.iter().enumerate() {
@@ -469,7 +466,10 @@ mod tests {
             })
             .collect();
         let mut net = Net::new(size, c, max_chunk(&mut rng, len), rng.next());
-        assert!(drive(&mut net, &mut ranks, "send"), "stalled or failed");
+        assert!(
+            drive(&mut net, &mut ranks, Phase::Send),
+            "stalled or failed"
+        );
         assert!(
             ranks[dst].data == message,
             "rank {dst} received other bytes"
@@ -584,7 +584,7 @@ mod tests {
                     .collect()
             };
             let mut clean = Net::new(size, c, 512, 7);
-            assert!(drive(&mut clean, &mut fresh(), "all_sum"));
+            assert!(drive(&mut clean, &mut fresh(), Phase::AllSum));
             let mut seed = 11;
             for r in 0..size {
                 for i in 0..2 * c {
@@ -599,7 +599,7 @@ mod tests {
                     net.cut(r, i, at);
                     let (peer, _) = net.other_end(r, i);
                     assert!(
-                        !drive(&mut net, &mut ranks, "all_sum"),
+                        !drive(&mut net, &mut ranks, Phase::AllSum),
                         "cut at {at} went unseen"
                     );
                     let mut failed = 0;
@@ -636,7 +636,7 @@ mod tests {
                     r
                 })
                 .collect();
-            assert!(drive(&mut net, &mut ranks, "all_max"));
+            assert!(drive(&mut net, &mut ranks, Phase::AllMax));
             assert!(ranks.iter().all(|r| r.data.iter().all(|&b| b == 2)));
             net.rng.next()
         };

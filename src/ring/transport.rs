@@ -22,7 +22,7 @@ use mio::{Events, Interest, Poll, Token};
 use socket2::SockRef;
 
 use crate::comm::progress::notice_names;
-use crate::error::{Error, PeerOp};
+use crate::error::{Error, PeerOp, Phase};
 
 /// At most this many bytes per `read`/`write` call: macOS rejects lengths above `INT_MAX`.
 const MAX_IO_BYTES: usize = 1 << 30;
@@ -80,7 +80,7 @@ pub(crate) enum Transfer {
 impl Conn {
     /// The error for this peer closing the connection: the rank its failure notice names,
     /// if it left one, else the peer itself.
-    pub(crate) fn closed(&mut self, op: PeerOp, context: &'static str) -> Error {
+    pub(crate) fn closed(&mut self, op: PeerOp, context: Phase) -> Error {
         self.take_notice();
         match self.notice {
             Some(lost) => Error::Lost {
@@ -97,7 +97,7 @@ impl Conn {
     }
 
     /// The error for a failed system call on this connection.
-    pub(crate) fn failed(&self, op: PeerOp, context: &'static str, e: io::Error) -> Error {
+    pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
         Error::Io {
             peer: self.peer,
             addr: Some(self.addr),
@@ -382,7 +382,7 @@ impl Transport {
     }
 
     /// The error a failure notice already received makes, if one did.
-    pub(crate) fn notice(&self, context: &'static str) -> Option<Error> {
+    pub(crate) fn notice(&self, context: Phase) -> Option<Error> {
         self.conns.iter().find_map(|c| {
             c.notice.map(|lost| Error::Lost {
                 peer: lost,
