@@ -25,8 +25,11 @@
 //! # }
 //! ```
 //!
-//! Every rank must call the same collectives in the same order with the same lengths, as
-//! with MLX: neither backend's wire carries anything but element bytes.
+//! Every rank must call the same collectives in the same order with the same lengths, dtypes
+//! and ops, as with MLX: neither backend's wire carries anything but element bytes, so
+//! nothing can detect a mismatch. A rank that calls something else gets `Ok` with wrong
+//! data, and so does every later call on that group; close the group on every rank and form
+//! a new one.
 //!
 //! # Backends, against MLX's support matrix
 //!
