@@ -8,6 +8,7 @@
 pub mod anchors;
 pub mod bench;
 pub mod chart;
+pub mod guardian;
 pub mod launch;
 pub mod report;
 pub mod runner;
