@@ -7,6 +7,7 @@
 
 pub mod anchors;
 pub mod bench;
+pub mod chaos;
 pub mod chart;
 pub mod guardian;
 pub mod launch;
