@@ -86,7 +86,10 @@ struct ChaosRankArgs {
                   `ssh -tt HOST`. Output lines are prefixed with the rank. SIGINT, SIGTERM \
                   and SIGHUP are forwarded to every rank (a third one kills them). When a \
                   rank fails, the others are ended and nuvec launch exits with that rank's \
-                  status, naming it."
+                  status, naming it. If nuvec launch itself is killed (even with SIGKILL), \
+                  its ranks are killed too and its temporary files removed, by a guardian \
+                  process (and on Linux the parent-death signal); a remote rank's ssh is \
+                  ended, which hangs up its terminal."
 )]
 struct LaunchArgs {
     /// Repeat each host this many times (ranks per host).
