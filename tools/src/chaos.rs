@@ -712,6 +712,12 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
             Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(Duration::from_millis(10)),
         }
     }
+    // A survivor that printed its verdict but did not exit (stuck tearing down) hangs too.
+    let hung: Vec<usize> = survivors
+        .iter()
+        .copied()
+        .filter(|&r| !ranks[r].reap())
+        .collect();
     // Whatever is still running (the victim, hung survivors) is ended; then the output is
     // complete.
     for p in &mut ranks {
@@ -748,7 +754,14 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         let end = mine.iter().rev().find(|l| {
             l.text == "DONE" || l.text.starts_with("FAIL ") || l.text.starts_with("BAD ")
         });
-        let (verdict, note) = judge(round, fault_at, in_time, &stderr, end.copied());
+        let (mut verdict, mut note) = judge(round, fault_at, in_time, &stderr, end.copied());
+        if hung.contains(&rank) && verdict < Verdict::Hang {
+            note = format!(
+                "did not exit; its verdict line: {}",
+                end.map_or("none", |l| l.text.as_str())
+            );
+            verdict = Verdict::Hang;
+        }
         if verdict != Verdict::Correct {
             notes.push(format!("rank {rank}: {verdict:?}: {note}"));
             if options.verbose {
