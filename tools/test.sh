@@ -17,7 +17,8 @@
 # - the whole suite, release, all features; then, with default features, the release
 #   integration tests whose code the features change (the ring's collectives, where the
 #   probes compile in or out, and the README example);
-# - the tests that need root: network namespaces, and the probes under bpftrace;
+# - the tests that need root: network namespaces, and the probes under bpftrace; between
+#   them a short chaos run (tools/chaos.sh 5: faults injected into rings, blame checked);
 # - a short fuzz run of every target (tools/fuzz.sh, which installs cargo-fuzz if missing).
 # Each step prints its time; the last lines sum them up.
 #
@@ -114,6 +115,12 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add nuvec-probe-$$
 else
   echo "NOT RUN: tests/netns.rs needs root and a working 'ip netns' (iproute2); this machine has neither or refuses"
 fi
+
+# Rings of 3 to 5 ranks, one rank killed, stopped, cut off or late per round; every survivor
+# must name it in time. As root the cut-link faults run too (network namespaces), else the
+# run says they were skipped. About 5 s a round.
+step "chaos run, 5 rounds (tools/chaos.sh 5)"
+tools/chaos.sh 5
 
 step "probes under bpftrace (needs root and bpftrace; fails if they cannot attach)"
 if [ "$(id -u)" = 0 ] && command -v bpftrace >/dev/null; then

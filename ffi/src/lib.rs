@@ -9,6 +9,7 @@
 //!   without `unsafe`.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
+//! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
 //!   assembly.
 //! - `verbs` (feature `verbs`): the RDMA verbs API, loaded at run time, behind wrappers that
@@ -17,6 +18,7 @@
 pub mod alloc;
 pub mod net;
 pub mod probes;
+pub mod process;
 pub mod simd;
 #[cfg(feature = "verbs")]
 pub mod verbs;

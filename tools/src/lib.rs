@@ -7,7 +7,9 @@
 
 pub mod anchors;
 pub mod bench;
+pub mod chaos;
 pub mod chart;
+pub mod guardian;
 pub mod launch;
 pub mod report;
 pub mod runner;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Measurement, Op, Sweep};
+use nuvec_tools::chaos;
 use nuvec_tools::chart;
 use nuvec_tools::launch::{self, Backend, HostList, LaunchSpec};
 use nuvec_tools::report::{self, NuvecRun, Report};
@@ -30,6 +31,50 @@ enum Command {
     Launch(LaunchArgs),
     /// Measure collectives across local ranks on loopback.
     Bench(BenchArgs),
+    /// Fault injection rounds (tools/chaos.sh): rings of 3 to 5 local ranks, one killed,
+    /// stopped, cut off or late in each round; checks who the survivors blame.
+    #[command(hide = true)]
+    Chaos(ChaosArgs),
+    /// Internal: one rank of a chaos round.
+    #[command(hide = true)]
+    ChaosRank(ChaosRankArgs),
+}
+
+/// `nuvec chaos [N]`.
+#[derive(Args)]
+struct ChaosArgs {
+    /// Rounds to run.
+    #[arg(default_value_t = 100)]
+    rounds: usize,
+    /// The first round's seed (each round prints its own; `1 --seed S` replays round S).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The ranks' timeout in seconds (NUVEC_DISTRIBUTED_TIMEOUT).
+    #[arg(long, default_value_t = 1.5)]
+    timeout: f64,
+    /// Collectives per round.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(3..))]
+    steps: u32,
+    /// Print the ranks' output for rounds that are not correct.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// `nuvec chaos-rank`: what the chaos driver starts for each rank.
+#[derive(Args)]
+struct ChaosRankArgs {
+    /// The round's seed.
+    #[arg(long)]
+    seed: u64,
+    /// Collectives in the loop.
+    #[arg(long)]
+    steps: usize,
+    /// Pause before this step (a late rank).
+    #[arg(long, requires = "late_ms")]
+    late_at: Option<usize>,
+    /// How long to pause, in milliseconds.
+    #[arg(long, requires = "late_at")]
+    late_ms: Option<u64>,
 }
 
 /// The flags of `mlx.launch` for the ring and JACCL backends.
@@ -41,7 +86,10 @@ enum Command {
                   `ssh -tt HOST`. Output lines are prefixed with the rank. SIGINT, SIGTERM \
                   and SIGHUP are forwarded to every rank (a third one kills them). When a \
                   rank fails, the others are ended and nuvec launch exits with that rank's \
-                  status, naming it."
+                  status, naming it. If nuvec launch itself is killed (even with SIGKILL), \
+                  its ranks are killed too and its temporary files removed, by a guardian \
+                  process (and on Linux the parent-death signal); a remote rank's ssh is \
+                  ended, which hangs up its terminal."
 )]
 struct LaunchArgs {
     /// Repeat each host this many times (ranks per host).
@@ -167,6 +215,49 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch(args),
         Command::Bench(args) if args.worker => bench_worker(&args),
         Command::Bench(args) => bench_launch(&args),
+        Command::Chaos(args) => chaos(&args),
+        Command::ChaosRank(args) => ExitCode::from(chaos::rank(&chaos::RankPlan {
+            seed: args.seed,
+            steps: args.steps,
+            late: args.late_at.zip(args.late_ms.map(Duration::from_millis)),
+        })),
+    }
+}
+
+fn chaos(args: &ChaosArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe.to_string_lossy().into_owned(),
+        Err(e) => {
+            eprintln!("nuvec chaos: cannot find this program: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        eprintln!(
+            "nuvec chaos: --timeout {}: seconds, more than 0",
+            args.timeout
+        );
+        return ExitCode::FAILURE;
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() ^ u64::from(d.subsec_nanos()))
+            .unwrap_or(1)
+    });
+    let summary = chaos::run(&chaos::Options {
+        rounds: args.rounds,
+        seed,
+        timeout: Duration::from_secs_f64(args.timeout),
+        steps: args.steps as usize,
+        rank_program: vec![exe, "chaos-rank".into()],
+        verbose: args.verbose,
+    });
+    print!("{summary}");
+    if summary.failures() > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

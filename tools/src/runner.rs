@@ -9,6 +9,9 @@
 //! have not been reaped yet: a PID stays reserved until its zombie is waited for, and the
 //! launcher waits for its children only in the loop that also signals them, so it never
 //! signals a PID that could have been reused.
+//!
+//! Ranks die with the launcher even when it is killed and cannot end them: see
+//! [`crate::guardian`] (every system) and the parent-death signal (Linux).
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp};
 
+use crate::guardian::Guardian;
 use crate::launch::{PIDFILE_MARKER, Plan, remote_kill_command, ssh_command};
 
 /// One process to start.
@@ -211,7 +215,7 @@ pub fn run_plan(plan: &Plan, options: &RunOptions) -> Result<Outcome, LaunchErro
     }
     log(format!("running {:?}", plan.command));
     let jobs = jobs(plan, &launcher_cwd, files.path())?;
-    let outcome = run_jobs(jobs, options);
+    let outcome = run_jobs_removing(jobs, options, Some(files.path()));
     drop(files);
     outcome
 }
@@ -407,7 +411,29 @@ pub fn interrupted() -> bool {
 /// The signal handlers cannot be installed, or a job cannot be started (those already
 /// started are ended first).
 pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchError> {
+    run_jobs_removing(jobs, options, None)
+}
+
+/// [`run_jobs`], where the launch's temporary `folder` is removed by the guardian if the
+/// launcher dies. Jobs die with the launcher, however it dies: on Linux each gets the
+/// parent-death signal (SIGKILL), and everywhere a [`Guardian`] kills their process groups.
+fn run_jobs_removing(
+    jobs: Vec<Job>,
+    options: &RunOptions,
+    folder: Option<&Path>,
+) -> Result<Outcome, LaunchError> {
     let watch = Watch::get().map_err(LaunchError::Prepare)?;
+    let mut guardian = match Guardian::start(folder) {
+        Ok(guardian) => Some(guardian),
+        Err(e) => {
+            eprintln!(
+                "[{}] warning: cannot start the guardian process ({e}): if this launcher is \
+                 killed, its ranks may outlive it",
+                options.name
+            );
+            None
+        }
+    };
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut running: Vec<Running> = Vec::with_capacity(jobs.len());
     let mut inputs: Vec<mpsc::Sender<Vec<u8>>> = Vec::new();
@@ -423,6 +449,9 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        // The spawning thread is the one that supervises until every job is reaped, so the
+        // parent-death signal (tied to the thread on Linux) fires only when the launcher dies.
+        ffi::process::kill_when_parent_dies(&mut job.command);
         let mut child = match job.command.spawn() {
             Ok(child) => child,
             Err(source) => {
@@ -431,6 +460,9 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
                     r.signal(Signal::SIGKILL, &mut helpers);
                     let _ = r.child.wait();
                 }
+                if let Some(guardian) = guardian {
+                    guardian.dismiss();
+                }
                 return Err(LaunchError::Spawn {
                     rank: job.rank,
                     program: job.command.get_program().to_string_lossy().into_owned(),
@@ -438,6 +470,9 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
                 });
             }
         };
+        if let Some(guardian) = &mut guardian {
+            guardian.watch(child.id());
+        }
         if options.verbose {
             eprintln!(
                 "[{}] rank {} started on {} (pid {})",
@@ -507,7 +542,10 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
         // Detached: it may block on the launcher's stdin after the launch ends.
         thread::spawn(move || broadcast_stdin(inputs));
     }
-    let outcome = supervise(&mut running, watch, options);
+    let outcome = supervise(&mut running, watch, options, guardian.as_mut());
+    if let Some(guardian) = guardian {
+        guardian.dismiss();
+    }
     // Output still in the pipes is copied before returning; a process that inherited a
     // rank's output and lives on must not hold the launcher, so the wait is bounded.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -521,7 +559,12 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
 }
 
 /// Waits for every job, forwarding signals and ending the others after a failure.
-fn supervise(running: &mut [Running], watch: &Watch, options: &RunOptions) -> Outcome {
+fn supervise(
+    running: &mut [Running],
+    watch: &Watch,
+    options: &RunOptions,
+    mut guardian: Option<&mut Guardian>,
+) -> Outcome {
     let mut outcome: Option<Outcome> = None;
     let mut ended: Vec<usize> = Vec::new();
     let mut helpers: Vec<Child> = Vec::new();
@@ -559,6 +602,9 @@ fn supervise(running: &mut [Running], watch: &Watch, options: &RunOptions) -> Ou
                 continue;
             };
             r.status = Some(status);
+            if let Some(guardian) = guardian.as_deref_mut() {
+                guardian.forget(r.child.id());
+            }
             exited_now = true;
             if options.verbose {
                 eprintln!("[{}] rank {} exited: {status}", options.name, r.rank);

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Fault injection: N rounds (default 100), each a ring of 3 to 5 local ranks running random
+# collectives (4 B to 8 MiB, results checked) while one rank is killed (-9), stopped
+# (SIGSTOP), cut off (its link set down between network namespaces; needs root and `ip
+# netns`, skipped and said so otherwise) or late (within the timeout: all must succeed).
+# Every survivor must name the faulted rank within timeout + 2 s (see tools/src/chaos.rs).
+#
+#   tools/chaos.sh [N] [--seed S] [--timeout SECONDS] [--steps K] [--verbose]
+#
+# Each round prints its seed; `tools/chaos.sh 1 --seed S` replays that round. Prints the
+# counts (rounds, correct verdicts, wrong blame, wrong results, late verdicts, hangs, panics)
+# and exits non-zero if any round was not correct.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet -p nuvec-tools --bin nuvec
+exec "${CARGO_TARGET_DIR:-target}/release/nuvec" chaos "$@"
