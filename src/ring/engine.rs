@@ -11,6 +11,7 @@ use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
 use super::transport::{Transfer, Transport};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
+use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
 /// Moves as many bytes of `lane` as the sockets take. Returns whether anything moved.
@@ -73,6 +74,7 @@ struct Collective<'t, 'l, 'b, 'd> {
     bufs: &'b mut Buffers<'d>,
     stages: &'l mut [LaneStage],
     context: Phase,
+    closed: &'l CloseFlag,
 }
 
 impl Drive for Collective<'_, '_, '_, '_> {
@@ -106,6 +108,13 @@ impl Drive for Collective<'_, '_, '_, '_> {
     /// reports the rank it names instead (see `ring::fail`): a rank next to the stalled one
     /// names it directly, and its other neighbour learns it from that notice. Two or more
     /// hops away, a rank may name the neighbour it waited for.
+    fn aborted(&self) -> Option<Error> {
+        // The close that raised the flag also woke the poller (see `Ring::connect`).
+        self.closed.is_set().then_some(Error::Aborted {
+            context: self.context,
+        })
+    }
+
     fn stalled(&mut self, timeout: Duration) -> Error {
         let transport = &mut *self.transport;
         let waits = self.lanes.iter().filter_map(Lane::waiting_on);
@@ -129,7 +138,12 @@ impl Drive for Collective<'_, '_, '_, '_> {
 /// Drives `lanes` until all are finished, waiting on the poller when none can move.
 ///
 /// `stages` holds at least one staging buffer per lane. A peer that lets `timeout` pass
-/// without moving a byte fails the collective with an error naming it.
+/// without moving a byte fails the collective with an error naming it; a raised `closed`
+/// ends it with [`Error::Aborted`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument distinct"
+)]
 pub(crate) fn run(
     transport: &mut Transport,
     lanes: &mut [Lane],
@@ -138,6 +152,7 @@ pub(crate) fn run(
     timeout: Duration,
     spin: Spin,
     context: Phase,
+    closed: &CloseFlag,
 ) -> Result<()> {
     let mut collective = Collective {
         transport,
@@ -145,6 +160,7 @@ pub(crate) fn run(
         bufs,
         stages,
         context,
+        closed,
     };
     progress(&mut collective, timeout, spin)
 }
