@@ -701,3 +701,54 @@ fn close_from_another_thread_aborts_an_8_mib_all_sum_p3() {
         2 << 20,
     );
 }
+
+/// Every rank loops on 64 MiB all_sums that keep moving; rank 0 closes its group from
+/// another thread mid-stream. Its loop must end within 1 s of the close (`Aborted`, or
+/// `GroupClosed` if the close fell between two calls), and the peers name rank 0.
+#[test]
+fn close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2() {
+    let name = "close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2";
+    let outputs = Launch::new(2, 1).timeout(10.0).run(name, |g| {
+        g.barrier().unwrap();
+        let closer = (g.rank() == 0).then(|| {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let closed_at = Instant::now();
+                g.close().unwrap();
+                closed_at
+            })
+        });
+        let mut data = vec![1.0f32; 16 << 20];
+        let mut calls = 0;
+        let error = loop {
+            match g.all_sum(&mut data) {
+                Ok(()) => calls += 1,
+                Err(e) => break e,
+            }
+        };
+        let ended = Instant::now();
+        let Some(closer) = closer else {
+            println!("PEER {error} after {calls} calls");
+            assert_eq!(error.peer(), Some(0), "{error}");
+            return;
+        };
+        let closed_at = closer.join().unwrap();
+        let took = ended.saturating_duration_since(closed_at);
+        println!("ABORT {error} {took:?} after close(), after {calls} calls");
+        assert!(
+            matches!(error, Error::Aborted { .. } | Error::GroupClosed),
+            "{error}"
+        );
+        assert!(ended >= closed_at, "ended before the close: {error}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    });
+    for o in outputs.iter().flatten() {
+        assert!(o.finished(), "{o}");
+        println!(
+            "rank {}: {}",
+            o.rank,
+            o.lines("ABORT ").join("") + &o.lines("PEER ").join("")
+        );
+    }
+}

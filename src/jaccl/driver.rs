@@ -340,8 +340,8 @@ impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
             if let Err(e) = self.live.check(self.cx.context, &|_| true) {
                 return e;
             }
-            // A close from another thread must not wait for the diagnosis; the progress
-            // loop then reports the close instead of the stall.
+            // A close from another thread must not wait for the diagnosis: the stall still
+            // stands (the deadline passed first), named by the timing rule alone.
             if Instant::now() >= until || self.closed.is_set() {
                 break;
             }

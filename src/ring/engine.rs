@@ -21,6 +21,7 @@ fn pump(
     bufs: &mut Buffers<'_>,
     stage: &mut LaneStage,
     context: Phase,
+    closed: &CloseFlag,
 ) -> Result<bool> {
     let mut any = false;
     let mut refreshed = Instant::now();
@@ -59,6 +60,10 @@ fn pump(
                 .refresh()
                 .map_err(|e| Error::local("polling the ring's sockets", e))?;
             refreshed = Instant::now();
+            // Nor does it return to the progress loop's check of the close flag.
+            if closed.is_set() {
+                return Err(Error::Aborted { context });
+            }
         }
     }
 }
@@ -81,7 +86,14 @@ impl Drive for Collective<'_, '_, '_, '_> {
     fn advance(&mut self) -> Result<bool> {
         let mut progressed = false;
         for (lane, stage) in self.lanes.iter_mut().zip(self.stages.iter_mut()) {
-            progressed |= pump(lane, self.transport, self.bufs, stage, self.context)?;
+            progressed |= pump(
+                lane,
+                self.transport,
+                self.bufs,
+                stage,
+                self.context,
+                self.closed,
+            )?;
         }
         Ok(progressed)
     }
