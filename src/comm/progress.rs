@@ -533,7 +533,7 @@ mod tests {
         let mut f = Fake::new(vec![], 1);
         f.activity.posted(0, PeerOp::Receive);
         let closer = close_later(&f, Duration::from_millis(10));
-        let e = progress(&mut f, Duration::from_millis(60), NO_SPIN).unwrap_err();
+        let e = progress(&mut f, Duration::from_millis(300), NO_SPIN).unwrap_err();
         closer.join().unwrap();
         assert!(matches!(e, Error::Aborted { .. }), "{e}");
     }

@@ -60,7 +60,7 @@ fn pump(
                 .refresh()
                 .map_err(|e| Error::local("polling the ring's sockets", e))?;
             refreshed = Instant::now();
-            // Nor does it return to the progress loop's check of the close flag.
+            // Such a lane never reaches the progress loop's check of the close flag either.
             if closed.is_set() {
                 return Err(Error::Aborted { context });
             }
@@ -114,12 +114,6 @@ impl Drive for Collective<'_, '_, '_, '_> {
             .map_err(|e| Error::local("waiting for the ring's sockets", e))
     }
 
-    /// The suspect is chosen by [`blame`] from what each lane waits on and when its
-    /// connection last received. Failing then leaves a notice naming the suspect on the
-    /// other connections, and a rank that receives its neighbour's notice while closing
-    /// reports the rank it names instead (see `ring::fail`): a rank next to the stalled one
-    /// names it directly, and its other neighbour learns it from that notice. Two or more
-    /// hops away, a rank may name the neighbour it waited for.
     fn aborted(&self) -> Option<Error> {
         // The close that raised the flag also woke the poller (see `Ring::connect`).
         self.closed.is_set().then_some(Error::Aborted {
@@ -127,6 +121,12 @@ impl Drive for Collective<'_, '_, '_, '_> {
         })
     }
 
+    /// The suspect is chosen by [`blame`] from what each lane waits on and when its
+    /// connection last received. Failing then leaves a notice naming the suspect on the
+    /// other connections, and a rank that receives its neighbour's notice while closing
+    /// reports the rank it names instead (see `ring::fail`): a rank next to the stalled one
+    /// names it directly, and its other neighbour learns it from that notice. Two or more
+    /// hops away, a rank may name the neighbour it waited for.
     fn stalled(&mut self, timeout: Duration) -> Error {
         let transport = &mut *self.transport;
         let waits = self.lanes.iter().filter_map(Lane::waiting_on);

@@ -87,8 +87,8 @@ impl Ring {
                 && transport.conns()[topo.left(i)].peer == topo.left_rank()
                 && transport.conns()[topo.right(i)].peer == topo.right_rank())
         );
-        // A close from another thread wakes a collective blocked on the poller; a failed
-        // wake-up (the eventfd full, say) leaves it to notice the flag at its next wake.
+        // A close from another thread wakes a collective blocked on the poller. Should the
+        // wake-up fail, the collective still sees the flag at its next event or deadline.
         let waker = transport.waker();
         Ok(Ring {
             rank: addrs.rank,

@@ -295,8 +295,9 @@ impl Transport {
         &mut self.conns
     }
 
-    /// Blocks until some connection may have become ready, or until `deadline`. Returns
-    /// `false` if the deadline passed with nothing ready.
+    /// Blocks until some connection may have become ready, a close from another thread
+    /// fires the [`Waker`], or `deadline`. Returns `false` if the deadline passed with
+    /// nothing ready.
     pub(crate) fn wait(&mut self, deadline: Instant) -> io::Result<bool> {
         let now = Instant::now();
         if now >= deadline {
