@@ -254,6 +254,16 @@ pub enum Error {
     #[error("the group was closed; form a new one (init_with) to communicate again")]
     GroupClosed,
 
+    /// The collective was interrupted: the group was closed by another thread during
+    /// `context` ([`Group::close`](crate::Group::close) from any thread aborts a collective
+    /// in flight). No peer failed and none is blamed; the peers see this rank close its
+    /// connections. Form a new group to communicate again.
+    #[error("{context}: aborted: the group was closed by another thread during the call")]
+    Aborted {
+        /// The collective that was interrupted.
+        context: Phase,
+    },
+
     /// The group failed earlier; the original error is inside. Close it and form a new one.
     #[error("the group failed earlier and cannot be used: {0}")]
     Failed(Arc<Error>),
@@ -288,7 +298,7 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 /// | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
 /// | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
 /// | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
-/// | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed) | the group was closed | form a new one |
+/// | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed), [`Aborted`](Error::Aborted) | the group was closed (by another thread during the call, for `Aborted`) | form a new one |
 ///
 /// Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
 /// is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
@@ -341,7 +351,7 @@ impl Error {
             Error::Environment { .. } | Error::Config { .. } => Fault::Config,
             Error::Unavailable { .. } => Fault::Unavailable,
             Error::Failed(_) => Fault::FailedEarlier,
-            Error::GroupClosed => Fault::Closed,
+            Error::GroupClosed | Error::Aborted { .. } => Fault::Closed,
         }
     }
 
@@ -469,6 +479,18 @@ mod tests {
         );
         assert_eq!(Error::GroupClosed.fault(), Fault::Closed);
         assert!(!Error::GroupClosed.is_fatal());
+        let aborted = Error::Aborted {
+            context: Phase::AllGather,
+        };
+        assert_eq!(
+            (aborted.fault(), aborted.is_fatal(), aborted.lost_peer()),
+            (Fault::Closed, false, None),
+            "an abort blames nobody"
+        );
+        assert!(
+            aborted.to_string().contains("all_gather") && aborted.to_string().contains("closed"),
+            "{aborted}"
+        );
         let misuse = Error::invalid("lengths");
         assert_eq!((misuse.fault(), misuse.is_fatal()), (Fault::Misuse, false));
     }

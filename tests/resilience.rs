@@ -611,3 +611,144 @@ fn a_chosen_congestion_control_forms_a_ring() {
         assert!(x.iter().all(|&v| v == 2));
     });
 }
+
+// Abort from another thread (issue 10 item 6) ------------------------------------------
+
+/// Rank 0 runs an all_sum of `elems` f32 that its peers join only after it gave up. About
+/// 200 ms in, another thread of rank 0 checks `health` (which must not wait for the
+/// collective) and closes the group: the all_sum must return `Aborted` within 100 ms of
+/// the close (asserted under 1 s, for a loaded machine; the figure is printed), every later
+/// call `GroupClosed`, and the process must exit cleanly. The late peers then find rank 0
+/// gone and name it: nobody failed, so no notice may name anyone else.
+fn abort_from_another_thread(name: &str, size: usize, elems: usize) {
+    let launch = Launch::new(size, 1).timeout(10.0);
+    let Some(running) = launch.start(name, |g| {
+        g.barrier().unwrap();
+        if g.rank() != 0 {
+            testing::wait_for_parent();
+            let start = Instant::now();
+            let error = g
+                .all_sum(&mut vec![1.0f32; elems])
+                .expect_err("rank 0 closed the group");
+            println!("PEER {error} after {:?}", start.elapsed());
+            assert_eq!(error.peer(), Some(0), "{error}");
+            assert!(start.elapsed() < Duration::from_secs(5), "{error}");
+            return;
+        }
+        let closer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let start = Instant::now();
+                let health = g.health();
+                let health_took = start.elapsed();
+                let closed_at = Instant::now();
+                g.close().unwrap();
+                (health, health_took, closed_at, closed_at.elapsed())
+            })
+        };
+        let mut data = vec![1.0f32; elems];
+        let result = g.all_sum(&mut data);
+        let returned = Instant::now();
+        let (health, health_took, closed_at, close_took) = closer.join().unwrap();
+        let error = result.expect_err("the all_sum was aborted");
+        let abort_took = returned.saturating_duration_since(closed_at);
+        println!(
+            "ABORT returned {abort_took:?} after close(); close() took {close_took:?}, \
+             health() {health_took:?}: {error}"
+        );
+        assert!(
+            matches!(
+                error,
+                Error::Aborted {
+                    context: nuvec_distributed::Phase::AllSum
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(error.fault(), nuvec_distributed::Fault::Closed);
+        assert!(returned >= closed_at, "returned before the close: {error}");
+        assert!(abort_took < Duration::from_secs(1), "{abort_took:?}");
+        assert!(close_took < Duration::from_secs(1), "{close_took:?}");
+        assert!(health_took < Duration::from_secs(1), "{health_took:?}");
+        health.expect("nobody failed: health reports the group fine while a call runs");
+        assert!(matches!(g.barrier(), Err(Error::GroupClosed)));
+        assert!(matches!(g.health(), Err(Error::GroupClosed)));
+        g.close().expect("closing twice is no error");
+        mark("closed");
+    }) else {
+        return;
+    };
+    running.wait_for(0, "closed", Duration::from_secs(60));
+    running.release();
+    let outputs = running.finish();
+    testing::assert_all_finished(&outputs);
+    for o in &outputs {
+        println!("rank {}: {}", o.rank, o.stdout.trim());
+    }
+}
+
+#[test]
+fn close_from_another_thread_aborts_a_small_all_sum_p3() {
+    abort_from_another_thread("close_from_another_thread_aborts_a_small_all_sum_p3", 3, 1);
+}
+
+#[test]
+fn close_from_another_thread_aborts_an_8_mib_all_sum_p3() {
+    abort_from_another_thread(
+        "close_from_another_thread_aborts_an_8_mib_all_sum_p3",
+        3,
+        2 << 20,
+    );
+}
+
+/// Every rank loops on 64 MiB all_sums that keep moving; rank 0 closes its group from
+/// another thread mid-stream. Its loop must end within 1 s of the close (`Aborted`, or
+/// `GroupClosed` if the close fell between two calls), and the peers name rank 0.
+#[test]
+fn close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2() {
+    let name = "close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2";
+    let outputs = Launch::new(2, 1).timeout(10.0).run(name, |g| {
+        g.barrier().unwrap();
+        let closer = (g.rank() == 0).then(|| {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let closed_at = Instant::now();
+                g.close().unwrap();
+                closed_at
+            })
+        });
+        let mut data = vec![1.0f32; 16 << 20];
+        let mut calls = 0;
+        let error = loop {
+            match g.all_sum(&mut data) {
+                Ok(()) => calls += 1,
+                Err(e) => break e,
+            }
+        };
+        let ended = Instant::now();
+        let Some(closer) = closer else {
+            println!("PEER {error} after {calls} calls");
+            assert_eq!(error.peer(), Some(0), "{error}");
+            return;
+        };
+        let closed_at = closer.join().unwrap();
+        let took = ended.saturating_duration_since(closed_at);
+        println!("ABORT {error} {took:?} after close(), after {calls} calls");
+        assert!(
+            matches!(error, Error::Aborted { .. } | Error::GroupClosed),
+            "{error}"
+        );
+        assert!(ended >= closed_at, "ended before the close: {error}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+    });
+    for o in outputs.iter().flatten() {
+        assert!(o.finished(), "{o}");
+        println!(
+            "rank {}: {}",
+            o.rank,
+            o.lines("ABORT ").join("") + &o.lines("PEER ").join("")
+        );
+    }
+}

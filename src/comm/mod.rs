@@ -56,11 +56,14 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
 
-    /// Checks that every connection is still up, without running a collective.
+    /// Checks that every connection is still up, without running a collective. Must not
+    /// wait for a collective running on another thread.
     fn health(&self) -> Result<()>;
 
     /// Releases the transport (connections, buffers). Later calls fail with
-    /// [`Error::GroupClosed`]. Closing twice is not an error.
+    /// [`Error::GroupClosed`]. Closing twice is not an error. Callable from any thread: a
+    /// collective in flight must return [`Error::Aborted`] promptly rather than hold the
+    /// close up.
     fn close(&self) -> Result<()>;
 
     /// Whether [`Communicator::close`] was called. `init`'s cache of formed groups asks

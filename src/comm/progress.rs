@@ -28,7 +28,10 @@
 //!   (`Ok(true)`) after a shorter nap of its own;
 //! - `stalled(timeout)`: the error for the silence, naming the peer. Feed [`blame`] what
 //!   each connection waits on ([`Wait`]: a receive or a send, and when the connection last
-//!   heard from its peer), or keep an [`Activity`] tracker up to date and ask it.
+//!   heard from its peer), or keep an [`Activity`] tracker up to date and ask it;
+//! - `aborted()`: whether the group was closed from another thread (the group's
+//!   [`CloseFlag`](super::state::CloseFlag)); a `wait` that can block for long must be
+//!   woken by that close too.
 //!
 //! Failure notices (a failing rank naming the rank it lost, to peers not next to it) are
 //! read by each transport; [`notice_names`] is the rule for which ranks a notice may name.
@@ -94,19 +97,30 @@ pub(crate) trait Drive {
 
     /// The error for a collective in which nothing moved for `timeout`.
     fn stalled(&mut self, timeout: Duration) -> Error;
+
+    /// [`Error::Aborted`] if the group was closed from another thread (its
+    /// [`CloseFlag`](super::state::CloseFlag) is raised), else `None`. Asked once per round
+    /// of the loop, so it must be cheap: one atomic load. A driver whose `wait` can block
+    /// for long must also be woken by the close (the ring's poller has a waker for it).
+    fn aborted(&self) -> Option<Error>;
 }
 
 /// Drives `driver` until it finishes.
 ///
 /// # Errors
 ///
-/// What the driver's `advance` or `wait` return, or its `stalled` error once nothing moved
-/// for `timeout`.
+/// What the driver's `advance` or `wait` return, its `stalled` error once nothing moved
+/// for `timeout`, or its `aborted` error as soon as the group is closed from another thread
+/// (checked on every round: after each pass, spin retry and wake-up). A collective whose
+/// bytes all moved returns `Ok` even if the close came meanwhile.
 pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) -> Result<()> {
     let mut idle_since: Option<Instant> = None;
     loop {
         if driver.finished() {
             return Ok(());
+        }
+        if let Some(aborted) = driver.aborted() {
+            return Err(aborted);
         }
         if driver.advance()? {
             // Only a pass that moved nothing may block: a lane advanced earlier in this
@@ -129,7 +143,8 @@ pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) 
         }
         let deadline = since + timeout;
         if now >= deadline || !driver.wait(deadline)? {
-            return Err(driver.stalled(timeout));
+            // A close that woke the wait at the deadline is still a close, not a stall.
+            return Err(driver.aborted().unwrap_or_else(|| driver.stalled(timeout)));
         }
     }
 }
@@ -273,6 +288,8 @@ mod tests {
         nap: Option<Duration>,
         activity: Activity,
         peers: Vec<usize>,
+        /// Set by another thread to close the group.
+        closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl Fake {
@@ -288,6 +305,7 @@ mod tests {
                 nap: None,
                 activity,
                 peers: vec![4, 5, 6],
+                closed: Default::default(),
             }
         }
     }
@@ -328,6 +346,22 @@ mod tests {
                 after: timeout,
             }
         }
+        fn aborted(&self) -> Option<Error> {
+            self.closed
+                .load(std::sync::atomic::Ordering::Acquire)
+                .then_some(Error::Aborted {
+                    context: crate::error::Phase::AllSum,
+                })
+        }
+    }
+
+    /// Closes `f`'s group from another thread after `after`.
+    fn close_later(f: &Fake, after: Duration) -> std::thread::JoinHandle<()> {
+        let closed = f.closed.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            closed.store(true, std::sync::atomic::Ordering::Release);
+        })
     }
 
     const NO_SPIN: Spin = Spin {
@@ -446,6 +480,77 @@ mod tests {
         assert!(matches!(e, Error::Timeout { peer: 4, .. }), "{e}");
         assert_eq!(f.waits, 0);
         assert!(start.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_close_ends_a_spinning_collective() {
+        // Spins for up to 10 s without ever waiting: only the per-round check can end it.
+        let mut f = Fake::new(vec![], 1);
+        f.activity.posted(0, PeerOp::Receive);
+        let spin = Spin {
+            total: Duration::from_secs(10),
+            eager: Duration::ZERO,
+        };
+        let closer = close_later(&f, Duration::from_millis(50));
+        let start = Instant::now();
+        let e = progress(&mut f, Duration::from_secs(20), spin).unwrap_err();
+        closer.join().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(f.waits, 0);
+    }
+
+    #[test]
+    fn a_close_ends_a_waiting_collective_without_a_stall() {
+        let mut f = Fake::new(vec![], 1);
+        f.nap = Some(Duration::from_millis(5));
+        f.activity.posted(0, PeerOp::Receive);
+        let closer = close_later(&f, Duration::from_millis(50));
+        let start = Instant::now();
+        let e = progress(&mut f, Duration::from_secs(20), NO_SPIN).unwrap_err();
+        closer.join().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            f.waits >= 2,
+            "it waited before the close ({} waits)",
+            f.waits
+        );
+    }
+
+    #[test]
+    fn a_close_at_the_deadline_is_reported_as_a_close() {
+        // The wait sleeps to the deadline and reports nothing; the group was closed
+        // meanwhile.
+        let mut f = Fake::new(vec![], 1);
+        f.activity.posted(0, PeerOp::Receive);
+        let closer = close_later(&f, Duration::from_millis(10));
+        let e = progress(&mut f, Duration::from_millis(300), NO_SPIN).unwrap_err();
+        closer.join().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_closed_group_moves_nothing_but_a_finished_collective_stands() {
+        let mut f = Fake::new(vec![true], 1);
+        f.closed.store(true, std::sync::atomic::Ordering::Release);
+        let e = progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap_err();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+        assert_eq!(f.calls, 0, "nothing is moved after the close");
+
+        // Once every byte moved, the result stands, closed or not.
+        let mut f = Fake::new(vec![true], 1);
+        progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap();
+        f.closed.store(true, std::sync::atomic::Ordering::Release);
+        progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap();
     }
 
     #[test]

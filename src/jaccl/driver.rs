@@ -20,6 +20,7 @@ use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric};
 use super::frames::WorkTag;
 use crate::comm::progress::{self, Activity, Drive, Spin};
+use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
 /// The memory a collective works on.
@@ -207,7 +208,13 @@ pub(crate) trait Liveness {
 ///
 /// A post or completion failed ([`Error::Rdma`], naming the peer), no completion came for
 /// `timeout` ([`Error::Timeout`], naming the peer [`Activity::blame`] picks), or the side
-/// channel reports a lost rank while nothing moves.
+/// channel reports a lost rank while nothing moves; [`Error::Aborted`] once `closed` is
+/// raised. Naps are at most [`NAP_MAX`] and the progress loop checks the flag after each, so
+/// a close from another thread needs no wake-up of its own.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument distinct"
+)]
 pub(crate) fn run<M: Machine>(
     cx: &mut Cx<'_>,
     mem: &mut Mem<'_>,
@@ -216,6 +223,7 @@ pub(crate) fn run<M: Machine>(
     timeout: Duration,
     spin: Spin,
     completions: &mut Vec<Completion>,
+    closed: &CloseFlag,
 ) -> Result<()> {
     for m in machines.iter_mut() {
         m.start(cx, mem)?;
@@ -232,6 +240,7 @@ pub(crate) fn run<M: Machine>(
         completions,
         nap: NAP_MIN,
         loss: None,
+        closed,
     };
     progress::progress(&mut driver, timeout, spin)
 }
@@ -249,6 +258,8 @@ struct Driver<'d, 'a, 'm, M> {
     nap: Duration,
     /// A lost peer the side channel reported, returned if one more poll finds nothing.
     loss: Option<Error>,
+    /// Raised when the group is closed from another thread.
+    closed: &'d CloseFlag,
 }
 
 impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
@@ -329,11 +340,19 @@ impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
             if let Err(e) = self.live.check(self.cx.context, &|_| true) {
                 return e;
             }
-            if Instant::now() >= until {
+            // A close from another thread must not wait for the diagnosis: the stall still
+            // stands (the deadline passed first), named by the timing rule alone.
+            if Instant::now() >= until || self.closed.is_set() {
                 break;
             }
             self.live.sleep(NAP_MAX);
         }
         self.cx.timeout(timeout)
+    }
+
+    fn aborted(&self) -> Option<Error> {
+        self.closed.is_set().then_some(Error::Aborted {
+            context: self.cx.context,
+        })
     }
 }

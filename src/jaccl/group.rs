@@ -279,6 +279,7 @@ impl<F: Fabric> Jaccl<F> {
             self.timeout,
             self.spin,
             completions,
+            self.state.close_flag(),
         );
         match result {
             Err(error) if error.is_fatal() => {
@@ -512,6 +513,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     fn close(&self) -> Result<()> {
+        // No interrupt to install: a collective in flight naps at most a millisecond at a
+        // time and checks the close flag after every nap (see `driver::run`).
         self.state.close(|state| {
             // Queue pairs and registrations go first (the fabric's drop orders them), then
             // the side channel, which the other ranks see close.
@@ -525,8 +528,13 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         self.state.is_closed()
     }
 
+    /// Checks the side channel when no collective runs. While one runs on another thread it
+    /// does not wait for it: it reports what the group already knows (closed, failed) and
+    /// otherwise `Ok`, since the collective itself watches the side channel.
     fn health(&self) -> Result<()> {
-        let mut state = self.lock()?;
+        let Some(mut state) = self.state.try_lock()? else {
+            return Ok(());
+        };
         match state.side.check(Phase::HealthCheck) {
             Ok(()) => Ok(()),
             Err(error) => {

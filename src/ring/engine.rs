@@ -11,6 +11,7 @@ use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
 use super::transport::{Transfer, Transport};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
+use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
 /// Moves as many bytes of `lane` as the sockets take. Returns whether anything moved.
@@ -20,6 +21,7 @@ fn pump(
     bufs: &mut Buffers<'_>,
     stage: &mut LaneStage,
     context: Phase,
+    closed: &CloseFlag,
 ) -> Result<bool> {
     let mut any = false;
     let mut refreshed = Instant::now();
@@ -58,6 +60,10 @@ fn pump(
                 .refresh()
                 .map_err(|e| Error::local("polling the ring's sockets", e))?;
             refreshed = Instant::now();
+            // Such a lane never reaches the progress loop's check of the close flag either.
+            if closed.is_set() {
+                return Err(Error::Aborted { context });
+            }
         }
     }
 }
@@ -73,13 +79,21 @@ struct Collective<'t, 'l, 'b, 'd> {
     bufs: &'b mut Buffers<'d>,
     stages: &'l mut [LaneStage],
     context: Phase,
+    closed: &'l CloseFlag,
 }
 
 impl Drive for Collective<'_, '_, '_, '_> {
     fn advance(&mut self) -> Result<bool> {
         let mut progressed = false;
         for (lane, stage) in self.lanes.iter_mut().zip(self.stages.iter_mut()) {
-            progressed |= pump(lane, self.transport, self.bufs, stage, self.context)?;
+            progressed |= pump(
+                lane,
+                self.transport,
+                self.bufs,
+                stage,
+                self.context,
+                self.closed,
+            )?;
         }
         Ok(progressed)
     }
@@ -98,6 +112,13 @@ impl Drive for Collective<'_, '_, '_, '_> {
         self.transport
             .wait(until)
             .map_err(|e| Error::local("waiting for the ring's sockets", e))
+    }
+
+    fn aborted(&self) -> Option<Error> {
+        // The close that raised the flag also woke the poller (see `Ring::connect`).
+        self.closed.is_set().then_some(Error::Aborted {
+            context: self.context,
+        })
     }
 
     /// The suspect is chosen by [`blame`] from what each lane waits on and when its
@@ -129,7 +150,12 @@ impl Drive for Collective<'_, '_, '_, '_> {
 /// Drives `lanes` until all are finished, waiting on the poller when none can move.
 ///
 /// `stages` holds at least one staging buffer per lane. A peer that lets `timeout` pass
-/// without moving a byte fails the collective with an error naming it.
+/// without moving a byte fails the collective with an error naming it; a raised `closed`
+/// ends it with [`Error::Aborted`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument distinct"
+)]
 pub(crate) fn run(
     transport: &mut Transport,
     lanes: &mut [Lane],
@@ -138,6 +164,7 @@ pub(crate) fn run(
     timeout: Duration,
     spin: Spin,
     context: Phase,
+    closed: &CloseFlag,
 ) -> Result<()> {
     let mut collective = Collective {
         transport,
@@ -145,6 +172,7 @@ pub(crate) fn run(
         bufs,
         stages,
         context,
+        closed,
     };
     progress(&mut collective, timeout, spin)
 }

@@ -87,6 +87,9 @@ impl Ring {
                 && transport.conns()[topo.left(i)].peer == topo.left_rank()
                 && transport.conns()[topo.right(i)].peer == topo.right_rank())
         );
+        // A close from another thread wakes a collective blocked on the poller. Should the
+        // wake-up fail, the collective still sees the flag at its next event or deadline.
+        let waker = transport.waker();
         Ok(Ring {
             rank: addrs.rank,
             size: addrs.size,
@@ -96,6 +99,9 @@ impl Ring {
                 transport,
                 staging,
                 lanes: Vec::new(),
+            })
+            .on_close(move || {
+                let _ = waker.wake();
             }),
         })
     }
@@ -129,6 +135,7 @@ impl Ring {
             self.timeout,
             self.spin,
             traced.context,
+            self.state.close_flag(),
         ) {
             Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
             result => result,
@@ -404,8 +411,13 @@ impl Communicator for Ring {
         self.state.is_closed()
     }
 
+    /// Probes the connections when no collective runs. While one runs on another thread it
+    /// does not wait for it: it reports what the group already knows (closed, failed) and
+    /// otherwise `Ok`, since the collective itself is watching the connections.
     fn health(&self) -> Result<()> {
-        let mut state = self.lock()?;
+        let Some(mut state) = self.state.try_lock()? else {
+            return Ok(());
+        };
         let mut found = None;
         for conn in state.transport.conns() {
             found = match conn.probe() {

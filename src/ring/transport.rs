@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::SockRef;
 
 use crate::comm::progress::notice_names;
@@ -34,6 +34,10 @@ const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
 /// How long a failing rank spends leaving its failure notices and waiting for its
 /// neighbours to close (see [`Transport::abandon`]).
 const NOTICE_WAIT: Duration = Duration::from_millis(250);
+
+/// The poller token of the [`Waker`] that [`Group::close`](crate::Group::close) from another
+/// thread uses to end a wait (connections are numbered from 0).
+const WAKE: Token = Token(usize::MAX);
 
 /// What every connection is registered for. On Linux that includes urgent data, which is
 /// how a failure notice announces itself.
@@ -211,6 +215,8 @@ pub(crate) struct Transport {
     events: Events,
     conns: Vec<Conn>,
     connections: usize,
+    /// Wakes a thread blocked in [`Transport::wait`]; registered once, fired by a close.
+    waker: Arc<Waker>,
 }
 
 impl Transport {
@@ -225,6 +231,7 @@ impl Transport {
         right: Vec<(TcpStream, usize, SocketAddr)>,
     ) -> io::Result<Self> {
         let connections = left.len();
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
         let mut conns = Vec::with_capacity(2 * connections);
         for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
             crate::tcp::tune_established(&stream)?;
@@ -248,7 +255,14 @@ impl Transport {
             events: Events::with_capacity(64),
             conns,
             connections,
+            waker,
         })
+    }
+
+    /// What ends a [`Transport::wait`] from another thread: waking it makes the wait
+    /// return `true` (something may have changed), so the caller looks at its flags.
+    pub(crate) fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
     }
 
     /// This rank.
@@ -281,8 +295,9 @@ impl Transport {
         &mut self.conns
     }
 
-    /// Blocks until some connection may have become ready, or until `deadline`. Returns
-    /// `false` if the deadline passed with nothing ready.
+    /// Blocks until some connection may have become ready, a close from another thread
+    /// fires the [`Waker`], or `deadline`. Returns `false` if the deadline passed with
+    /// nothing ready.
     pub(crate) fn wait(&mut self, deadline: Instant) -> io::Result<bool> {
         let now = Instant::now();
         if now >= deadline {
@@ -364,6 +379,10 @@ impl Transport {
         }
         let mut any = false;
         for event in self.events.iter() {
+            if event.token() == WAKE {
+                any = true;
+                continue;
+            }
             let Some(conn) = self.conns.get_mut(event.token().0) else {
                 continue;
             };

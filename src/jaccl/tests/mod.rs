@@ -7,6 +7,7 @@
 //!   independently from the reference;
 //! - `faults`: failed and lost messages, lost ranks and timeouts end in errors naming the peer.
 
+mod abort;
 mod collectives;
 mod faults;
 mod frames;
