@@ -264,8 +264,19 @@ pub fn panels(report: &Report) -> Vec<Panel> {
                 Quantity::Latency => ("median latency", SeriesLabelPosition::UpperLeft),
                 Quantity::Bandwidth => ("bus bandwidth", SeriesLabelPosition::LowerRight),
             };
+            // An all-reduce panel names the calls it shows (all_sum, all_max...).
+            let mut calls: Vec<String> = Vec::new();
+            for (_, redop) in &kinds {
+                let call = match redop {
+                    Some(r) if op == Op::AllSum => format!("all_{r}"),
+                    _ => op.name().to_string(),
+                };
+                if !calls.contains(&call) {
+                    calls.push(call);
+                }
+            }
             out.push(Panel {
-                title: format!("{op}: {title}"),
+                title: format!("{}: {title}", calls.join(", ")),
                 quantity,
                 series: lines,
                 legend,
@@ -697,6 +708,7 @@ mod tests {
             .iter()
             .map(|s| s.label.clone())
             .collect();
+        assert_eq!(panels(&report)[1].title, "all_sum, all_max: bus bandwidth");
         assert_eq!(
             labels[..4],
             [

@@ -451,6 +451,7 @@ fn progress_bar(args: &BenchArgs, ranks: usize, cases: usize) -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_prefix(ranks.to_string());
+    bar.set_message("starting the ranks");
     bar.enable_steady_tick(Duration::from_millis(100));
     bar
 }
