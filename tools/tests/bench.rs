@@ -110,7 +110,7 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
 
     let svg = std::fs::read_to_string(&chart).unwrap();
     for text in [
-        "all_sum: median latency",
+        "all_sum, all_min: median latency",
         "sendrecv: bus bandwidth",
         "nuvec n=2",
         "nuvec n=3",
@@ -130,6 +130,41 @@ fn a_missing_anchors_folder_is_named() {
     );
     // Nothing was measured before the check.
     assert!(!out.stdout.contains("nuvec, 2 ranks"));
+}
+
+#[test]
+fn every_dtype_collective_and_reduction_comes_out_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let dtypes: Vec<&str> = nuvec_tools::bench::DTYPES
+        .iter()
+        .map(|d| d.name())
+        .collect();
+    let out = bench(&[
+        "-n",
+        "3",
+        "--collectives",
+        "all_sum,all_gather,sum_scatter,sendrecv",
+        "--op",
+        "sum,max,min",
+        "--dtype",
+        &dtypes.join(","),
+        "--sizes",
+        "24",
+        "--iters",
+        "5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ms = report["nuvec"][0]["measurements"].as_array().unwrap();
+    // all_sum: 14 dtypes × 3 reductions; all_gather, sum_scatter, sendrecv: 14 each.
+    assert_eq!(ms.len(), 14 * 3 + 14 * 3);
+    for m in ms {
+        assert_eq!(m["wrong"], 0, "{m}");
+        assert!(m["count"].as_u64().unwrap() >= 3, "{m}");
+    }
 }
 
 #[test]
