@@ -1,18 +1,21 @@
 //! `cargo bench --bench collectives`: the collective sweep across local ranks.
 //!
 //! The bench binary starts itself as the ranks of a ring on loopback (with `MLX_HOSTFILE`
-//! and `MLX_RANK`, as `mlx.launch` would) and rank 0 prints min, median, p99 and max latency
-//! and algorithm and bus bandwidth per size, for 2, 3 and 4 ranks. `nuvec bench` runs the
-//! same sweep with more options; see `tools/src/bench.rs` for the methodology.
+//! and `MLX_RANK`, as `mlx.launch` would) and rank 0 prints the table `nuvec bench` prints
+//! (nccl-tests' columns, under the same header), for 2, 3 and 4 ranks. `nuvec bench` runs
+//! the same sweep with more options; see `tools/src/bench.rs` for the methodology.
 //!
-//! Environment: `NUVEC_BENCH_RANKS` (default `2,3,4`), `NUVEC_BENCH_OPS` (default
-//! `all_sum,all_gather,sum_scatter,sendrecv`), `NUVEC_BENCH_TARGET_MS` (default 500),
-//! `NUVEC_BENCH_JSON` (a directory to write `collectives-n<N>.json` into).
+//! Environment: `NUVEC_BENCH_RANKS` (default `2,3,4`), `NUVEC_BENCH_COLLECTIVES` (default
+//! `all_sum,all_gather,sum_scatter,sendrecv`; `NUVEC_BENCH_OPS` is its old name),
+//! `NUVEC_BENCH_OP` (reductions, default `sum`), `NUVEC_BENCH_DTYPE` (default `float32`),
+//! `NUVEC_BENCH_TARGET_MS` (default 500), `NUVEC_BENCH_JSON` (a directory to write
+//! `collectives-n<N>.json` into).
 
 use std::time::Duration;
 
-use nuvec_tools::bench::{self, Op, Sweep};
+use nuvec_tools::bench::{self, Op, RedOp, Sweep};
 use nuvec_tools::launch;
+use nuvec_tools::report::{self, Header, NuvecRun};
 use nuvec_tools::runner::{self, Outcome, RunOptions};
 
 const WORKER: &str = "NUVEC_BENCH_WORKER";
@@ -37,18 +40,36 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") && std::env::var_os(WORKER).is_none() {
         return;
     }
-    let ops: Vec<Op> = env_list("NUVEC_BENCH_OPS", "all_sum,all_gather,sum_scatter,sendrecv");
+    let collectives = if std::env::var_os("NUVEC_BENCH_COLLECTIVES").is_some() {
+        "NUVEC_BENCH_COLLECTIVES"
+    } else {
+        "NUVEC_BENCH_OPS"
+    };
+    let ops: Vec<Op> = env_list(collectives, "all_sum,all_gather,sum_scatter,sendrecv");
+    let redops: Vec<RedOp> = env_list("NUVEC_BENCH_OP", "sum");
+    let dtypes = std::env::var("NUVEC_BENCH_DTYPE")
+        .unwrap_or_else(|_| "float32".into())
+        .split(',')
+        .map(|s| bench::parse_dtype(s).unwrap_or_else(|e| panic!("NUVEC_BENCH_DTYPE: {e}")))
+        .collect();
     let target_ms: u64 = env_list("NUVEC_BENCH_TARGET_MS", "500")[0];
     if std::env::var_os(WORKER).is_some() {
         let group = nuvec_distributed::init(true).expect("the ring forms");
         let sweep = Sweep {
             ops,
+            redops,
+            dtypes,
             target: Duration::from_millis(target_ms),
             ..Sweep::default()
         };
         let measurements = bench::run(&group, &sweep).expect("the sweep runs");
         if group.rank() == 0 {
-            bench::print_table(&measurements);
+            let run = NuvecRun {
+                ranks: group.size(),
+                measurements,
+            };
+            print!("{}", report::nuvec_tables(&run));
+            let measurements = run.measurements;
             if let Some(dir) = std::env::var_os("NUVEC_BENCH_JSON") {
                 let path =
                     std::path::Path::new(&dir).join(format!("collectives-n{}.json", group.size()));
@@ -56,8 +77,8 @@ fn main() {
                     .unwrap();
             }
             assert!(
-                measurements.iter().all(|m| m.correct),
-                "some results were wrong"
+                measurements.iter().all(|m| m.correct()),
+                "some results were wrong (see the #wrong column)"
             );
         }
         return;
@@ -70,6 +91,7 @@ fn main() {
         name: "cargo bench".into(),
         ..RunOptions::default()
     };
+    print!("{}", Header::detect(1).text());
     for ranks in env_list::<usize>("NUVEC_BENCH_RANKS", "2,3,4") {
         let port = launch::free_port_block(ranks).expect("free ports on 127.0.0.1");
         let mut plan = launch::local_ring(ranks, 1, port, command.clone()).expect("a plan");

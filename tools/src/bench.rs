@@ -2,36 +2,40 @@
 //!
 //! Methodology (the same as `../shared/anchors/mlx_bench.py`, so figures compare):
 //!
-//! - per size: a barrier, warm-up iterations, then rank 0 picks an iteration count from the
-//!   warm-up time (about `target` seconds of timed iterations, within `min_iters..=max_iters`)
-//!   and every rank learns it through an all_sum, so all ranks run the same count;
+//! - per case (collective, dtype, reduction, size): a barrier, warm-up iterations, then
+//!   rank 0 picks an iteration count from the warm-up time (about `target` seconds of timed
+//!   iterations, within `min_iters..=max_iters`) and every rank learns it through an
+//!   all_sum, so all ranks run the same count;
 //! - each iteration is timed on its own; each rank computes its min, median, p99 and max;
 //!   the reported median is the largest rank's median (the slowest rank sets the pace);
-//! - sizes are bytes per rank. all_sum: algorithm bandwidth = size / t, bus bandwidth =
-//!   algbw · 2(n−1)/n (as nccl-tests). all_gather: algbw = n·size / t, busbw =
-//!   algbw · (n−1)/n. sum_scatter: size is the input, algbw = size / t, busbw =
-//!   algbw · (n−1)/n. sendrecv: a ping-pong between ranks 0 and 1, latency is half the
-//!   round trip, algbw = busbw = size / latency;
-//! - every result is checked exactly (integer-valued f32) before and after the timed
-//!   iterations. Timed all_sums run on zeros, so the in-place result stays exact however
-//!   many iterations run.
+//! - sizes are bytes per rank, a whole number of elements. all_sum (and all_max, all_min):
+//!   algorithm bandwidth = size / t, bus bandwidth = algbw · 2(n−1)/n (as nccl-tests).
+//!   all_gather: algbw = n·size / t, busbw = algbw · (n−1)/n. sum_scatter: size is the
+//!   input, algbw = size / t, busbw = algbw · (n−1)/n. sendrecv: a ping-pong between ranks
+//!   0 and 1, latency is half the round trip, algbw = busbw = size / latency;
+//! - every result is checked exactly, element by element, before and after the timed
+//!   iterations, on every rank: the inputs are small integers, exact in every dtype and in
+//!   any sum of the ranks, so the expected value of each element is known. `wrong` counts
+//!   the elements that differ, over both checks and all ranks (nccl-tests' `#wrong`).
+//!   Timed iterations run on zeros, so an in-place result stays the same however many
+//!   iterations run.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::{Group, Result};
+use nuvec_distributed::{Complex64, DType, Element, Group, ReduceOp, Result, bf16, f16};
 use serde::{Deserialize, Serialize};
 
 /// A collective the sweep measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// `all_sum` of f32.
+    /// The all-reduce: `all_sum`, or `all_max` / `all_min` with another [`RedOp`].
     AllSum,
-    /// `all_gather` of f32.
+    /// `all_gather`.
     AllGather,
-    /// `sum_scatter` of f32.
+    /// `sum_scatter` (sum only).
     SumScatter,
     /// Ping-pong `send`/`recv` between ranks 0 and 1.
     #[serde(rename = "sendrecv")]
@@ -39,6 +43,9 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every collective, in the order tables list them.
+    pub const ALL: [Op; 4] = [Op::AllSum, Op::AllGather, Op::SumScatter, Op::SendRecv];
+
     /// The op's name, as on the command line and in JSON.
     pub fn name(self) -> &'static str {
         match self {
@@ -47,6 +54,11 @@ impl Op {
             Op::SumScatter => "sum_scatter",
             Op::SendRecv => "sendrecv",
         }
+    }
+
+    /// Whether the collective reduces (and so has a [`RedOp`]).
+    pub fn reduces(self) -> bool {
+        matches!(self, Op::AllSum | Op::SumScatter)
     }
 }
 
@@ -60,12 +72,140 @@ impl FromStr for Op {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        [Op::AllSum, Op::AllGather, Op::SumScatter, Op::SendRecv]
+        Op::ALL
             .into_iter()
-            .find(|op| op.name() == s)
+            .find(|op| op.name() == s.trim())
             .ok_or_else(|| {
                 format!("unknown op {s:?}: expected all_sum, all_gather, sum_scatter or sendrecv")
             })
+    }
+}
+
+/// The reduction of an all-reduce (nccl-tests' `redop`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedOp {
+    /// `all_sum`.
+    Sum,
+    /// `all_max`.
+    Max,
+    /// `all_min`.
+    Min,
+}
+
+impl RedOp {
+    /// Every reduction.
+    pub const ALL: [RedOp; 3] = [RedOp::Sum, RedOp::Max, RedOp::Min];
+
+    /// Its name, as on the command line, in JSON and in the `redop` column.
+    pub fn name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Max => "max",
+            RedOp::Min => "min",
+        }
+    }
+
+    fn reduce_op(self) -> ReduceOp {
+        match self {
+            RedOp::Sum => ReduceOp::Sum,
+            RedOp::Max => ReduceOp::Max,
+            RedOp::Min => ReduceOp::Min,
+        }
+    }
+
+    /// The expected result of reducing `values` (small integers) this way.
+    fn expect(self, values: impl Iterator<Item = i64>) -> i64 {
+        match self {
+            RedOp::Sum => values.sum(),
+            RedOp::Max => values.max().unwrap_or(0),
+            RedOp::Min => values.min().unwrap_or(0),
+        }
+    }
+}
+
+impl fmt::Display for RedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for RedOp {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        RedOp::ALL
+            .into_iter()
+            .find(|op| op.name() == s.trim())
+            .ok_or_else(|| format!("unknown reduction {s:?}: expected sum, max or min"))
+    }
+}
+
+/// The dtypes the sweep measures: all 14 of MLX's, by name here so that a dtype the
+/// library adds later is refused rather than measured as another.
+pub const DTYPES: [DType; 14] = [
+    DType::Bool,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+    DType::Complex64,
+];
+
+/// Parses a dtype: MLX's name (`float32`, `bfloat16`, `complex64`, ...) or Rust's
+/// (`f32`, `bf16`, `u8`, ...).
+///
+/// # Errors
+///
+/// A name of neither kind, with the names there are.
+pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+    let s = s.trim();
+    let rust = |d: DType| match d {
+        DType::Bool => "bool",
+        DType::U8 => "u8",
+        DType::U16 => "u16",
+        DType::U32 => "u32",
+        DType::U64 => "u64",
+        DType::I8 => "i8",
+        DType::I16 => "i16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::Complex64 => "c64",
+        _ => d.name(),
+    };
+    DTYPES
+        .into_iter()
+        .find(|&d| d.name() == s || rust(d) == s)
+        .ok_or_else(|| {
+            let names: Vec<&str> = DTYPES.iter().map(|d| d.name()).collect();
+            format!("unknown dtype {s:?}: expected one of {}", names.join(", "))
+        })
+}
+
+/// Serde for a [`DType`], by MLX's name.
+mod dtype_name {
+    use nuvec_distributed::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let name = String::deserialize(d)?;
+        super::parse_dtype(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -74,7 +214,11 @@ impl FromStr for Op {
 pub struct Sweep {
     /// Collectives, in order.
     pub ops: Vec<Op>,
-    /// Bytes per rank, in order; multiples of 4.
+    /// Reductions of the all-reduce; sum_scatter runs when `Sum` is among them.
+    pub redops: Vec<RedOp>,
+    /// Element types, in order (of [`DTYPES`]; others are left out).
+    pub dtypes: Vec<DType>,
+    /// Bytes per rank, in order; each is rounded down to whole elements, at least one.
     pub sizes: Vec<usize>,
     /// Timed seconds to aim for per size.
     pub target: Duration,
@@ -102,6 +246,8 @@ impl Default for Sweep {
     fn default() -> Self {
         Self {
             ops: vec![Op::AllSum],
+            redops: vec![RedOp::Sum],
+            dtypes: vec![DType::F32],
             sizes: DEFAULT_SIZES.to_vec(),
             target: Duration::from_millis(1000),
             warmup: 20,
@@ -111,15 +257,85 @@ impl Default for Sweep {
     }
 }
 
-/// One measured (op, size): what rank 0 reports.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// One thing the sweep measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    /// The collective.
+    pub op: Op,
+    /// Its reduction, for those that reduce.
+    pub redop: Option<RedOp>,
+    /// The element type.
+    pub dtype: DType,
+    /// Bytes per rank, as asked for.
+    pub bytes: usize,
+}
+
+impl Case {
+    /// Elements per rank: `bytes` in whole elements, at least one.
+    pub fn count(&self) -> usize {
+        (self.bytes / self.dtype.size()).max(1)
+    }
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.op, self.dtype)?;
+        if let Some(redop) = self.redop {
+            write!(f, " {redop}")?;
+        }
+        write!(f, " {}", human(self.bytes))
+    }
+}
+
+impl Sweep {
+    /// Every case, in the order they run and are reported: per collective, per dtype, per
+    /// reduction, every size. sendrecv is left out on a group of one (`ranks` < 2).
+    pub fn cases(&self, ranks: usize) -> Vec<Case> {
+        let mut out = Vec::new();
+        for &op in &self.ops {
+            if op == Op::SendRecv && ranks < 2 {
+                continue;
+            }
+            let redops: Vec<Option<RedOp>> = match op {
+                Op::AllSum => self.redops.iter().copied().map(Some).collect(),
+                // The library scatters sums only.
+                Op::SumScatter if self.redops.contains(&RedOp::Sum) => vec![Some(RedOp::Sum)],
+                Op::SumScatter => Vec::new(),
+                Op::AllGather | Op::SendRecv => vec![None],
+            };
+            for &dtype in self.dtypes.iter().filter(|d| DTYPES.contains(d)) {
+                for &redop in &redops {
+                    for &bytes in &self.sizes {
+                        out.push(Case {
+                            op,
+                            redop,
+                            dtype,
+                            bytes,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One measured case: what rank 0 reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
     /// The collective.
     pub op: Op,
+    /// Its reduction (`None` for all_gather and sendrecv).
+    pub redop: Option<RedOp>,
+    /// The element type.
+    #[serde(with = "dtype_name")]
+    pub dtype: DType,
     /// Ranks in the group.
     pub ranks: usize,
-    /// Bytes per rank.
+    /// Bytes per rank (sum_scatter: its input, whole blocks of `ranks`).
     pub bytes: usize,
+    /// Elements per rank, of `bytes`.
+    pub count: usize,
     /// Timed iterations.
     pub iters: usize,
     /// Fastest iteration on any rank, µs.
@@ -134,8 +350,15 @@ pub struct Measurement {
     pub algbw_gbs: f64,
     /// Bus bandwidth at the median, GB/s.
     pub busbw_gbs: f64,
-    /// Whether every checked result was exact.
-    pub correct: bool,
+    /// Elements that differed from the expected value, over both checks and every rank.
+    pub wrong: u64,
+}
+
+impl Measurement {
+    /// Whether every checked element was exact.
+    pub fn correct(&self) -> bool {
+        self.wrong == 0
+    }
 }
 
 /// Runs the sweep on `group`. Every rank must call it with the same sweep; the result is
@@ -145,26 +368,122 @@ pub struct Measurement {
 ///
 /// Any collective's error.
 pub fn run(group: &Group, sweep: &Sweep) -> Result<Vec<Measurement>> {
+    run_with(group, sweep, |_, _| {})
+}
+
+/// [`run`], calling `starting(index, case)` before each case (for a progress display).
+///
+/// # Errors
+///
+/// Any collective's error.
+pub fn run_with(
+    group: &Group,
+    sweep: &Sweep,
+    mut starting: impl FnMut(usize, &Case),
+) -> Result<Vec<Measurement>> {
     let mut out = Vec::new();
-    for &op in &sweep.ops {
-        if op == Op::SendRecv && group.size() < 2 {
-            continue;
-        }
-        for &bytes in &sweep.sizes {
-            out.push(measure(group, sweep, op, bytes)?);
-        }
+    for (i, case) in sweep.cases(group.size()).iter().enumerate() {
+        starting(i, case);
+        out.push(measure_case(group, sweep, case)?);
     }
     Ok(out)
 }
 
-fn measure(group: &Group, sweep: &Sweep, op: Op, bytes: usize) -> Result<Measurement> {
+fn measure_case(group: &Group, sweep: &Sweep, case: &Case) -> Result<Measurement> {
+    match case.dtype {
+        DType::Bool => measure::<bool>(group, sweep, case),
+        DType::U8 => measure::<u8>(group, sweep, case),
+        DType::U16 => measure::<u16>(group, sweep, case),
+        DType::U32 => measure::<u32>(group, sweep, case),
+        DType::U64 => measure::<u64>(group, sweep, case),
+        DType::I8 => measure::<i8>(group, sweep, case),
+        DType::I16 => measure::<i16>(group, sweep, case),
+        DType::I32 => measure::<i32>(group, sweep, case),
+        DType::I64 => measure::<i64>(group, sweep, case),
+        DType::F16 => measure::<f16>(group, sweep, case),
+        DType::BF16 => measure::<bf16>(group, sweep, case),
+        DType::F32 => measure::<f32>(group, sweep, case),
+        DType::F64 => measure::<f64>(group, sweep, case),
+        // DType is non-exhaustive, but cases() holds only DTYPES, whose last is complex64.
+        _ => measure::<Complex64>(group, sweep, case),
+    }
+}
+
+/// An element type the sweep can fill with small integers and check exactly.
+pub trait Sample: Element + PartialEq {
+    /// `v` (a small integer, 0..=127) in this type. `bool` is `v != 0`, so its sum (or) and
+    /// max (or) and min (and) come out of the integer ones; complex64 is `v - vi`, whose
+    /// lexicographic max and min are those of `v`.
+    fn small(v: i64) -> Self;
+}
+
+macro_rules! int_sample {
+    ($($t:ty),*) => {$(
+        impl Sample for $t {
+            fn small(v: i64) -> Self {
+                v as $t
+            }
+        }
+    )*};
+}
+int_sample!(u8, u16, u32, u64, i8, i16, i32, i64);
+
+impl Sample for bool {
+    fn small(v: i64) -> Self {
+        v != 0
+    }
+}
+impl Sample for f16 {
+    fn small(v: i64) -> Self {
+        f16::from_f32(v as f32)
+    }
+}
+impl Sample for bf16 {
+    fn small(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+}
+impl Sample for f32 {
+    fn small(v: i64) -> Self {
+        v as f32
+    }
+}
+impl Sample for f64 {
+    fn small(v: i64) -> Self {
+        v as f64
+    }
+}
+impl Sample for Complex64 {
+    fn small(v: i64) -> Self {
+        Complex64::new(v as f32, -(v as f32))
+    }
+}
+
+/// The input value of element `i` on rank `r` of `n`: an integer in `0..=m`, with `m` small
+/// enough that a sum over `n` ranks stays within `i8` (and so is exact in every dtype,
+/// bfloat16's 8-bit significand included). Neighbouring ranks always differ, so a
+/// misplaced block or an unreduced value shows.
+pub fn input(i: usize, r: usize, n: usize) -> i64 {
+    let m = (127 / n.max(1)).clamp(1, 10);
+    ((i * 7 + r) % (m + 1)) as i64
+}
+
+/// How many of `got` differ from `expected(j)`.
+pub fn count_wrong<T: Sample>(got: &[T], expected: impl Fn(usize) -> i64) -> u64 {
+    got.iter()
+        .enumerate()
+        .filter(|&(j, x)| *x != T::small(expected(j)))
+        .count() as u64
+}
+
+fn measure<T: Sample>(group: &Group, sweep: &Sweep, case: &Case) -> Result<Measurement> {
     let (rank, n) = (group.rank(), group.size());
-    let elems = (bytes / 4).max(1);
-    let mut work = Work::new(op, elems, rank, n);
+    let op = case.op;
+    let mut work = Work::<T>::new(case, rank, n);
 
     group.barrier()?;
-    let correct_before = work.verify(group)?;
-    let warmup = if bytes >= 16 << 20 {
+    let wrong_before = work.verify(group)?;
+    let warmup = if case.bytes >= 16 << 20 {
         (sweep.warmup / 5).max(2)
     } else {
         sweep.warmup
@@ -182,6 +501,8 @@ fn measure(group: &Group, sweep: &Sweep, op: Op, bytes: usize) -> Result<Measure
         .unwrap_or_default()
         .max(Duration::from_nanos(100));
     let wanted = (sweep.target.as_secs_f64() / per_iter.as_secs_f64()) as u64;
+    // Rank 0 alone decides, and every rank learns its count: no rank's own timer may set
+    // a loop count, or the ranks would run different numbers of collectives.
     let mut iters = [if rank == 0 {
         wanted.clamp(sweep.min_iters as u64, sweep.max_iters as u64)
     } else {
@@ -197,20 +518,29 @@ fn measure(group: &Group, sweep: &Sweep, op: Op, bytes: usize) -> Result<Measure
         work.step(group)?;
         times.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let correct_after = work.verify(group)?;
+    let wrong_after = work.verify(group)?;
 
     if op == Op::SendRecv {
         // A ping-pong iteration is a round trip: report one way.
         times.iter_mut().for_each(|t| *t /= 2.0);
     }
     times.sort_by(f64::total_cmp);
-    let pick = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    let (first, last) = match (times.first(), times.last()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => (0.0, 0.0),
+    };
+    let pick = |q: f64| {
+        times
+            .get(((times.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
     let mine = [
-        times[0],
+        first,
         pick(0.5),
         pick(0.99),
-        times[times.len() - 1],
-        f64::from(u8::from(correct_before && correct_after)),
+        last,
+        (wrong_before + wrong_after) as f64,
     ];
     let mut all = vec![0.0f64; mine.len() * n];
     group.all_gather(&mine, &mut all)?;
@@ -224,70 +554,72 @@ fn measure(group: &Group, sweep: &Sweep, op: Op, bytes: usize) -> Result<Measure
             .map(|(_, s)| *s)
     };
     let median_us = active().map(|s| s[1]).fold(0.0, f64::max);
-    let seconds = median_us / 1e6;
-    let nf = n as f64;
-    let (algbw, busbw) = match op {
-        Op::AllSum => (
-            bytes as f64 / seconds,
-            bytes as f64 / seconds * 2.0 * (nf - 1.0) / nf,
-        ),
-        Op::AllGather => (
-            nf * bytes as f64 / seconds,
-            bytes as f64 / seconds * (nf - 1.0),
-        ),
-        Op::SumScatter => (
-            bytes as f64 / seconds,
-            bytes as f64 / seconds * (nf - 1.0) / nf,
-        ),
-        Op::SendRecv => (bytes as f64 / seconds, bytes as f64 / seconds),
-    };
+    let bytes = work.bytes();
+    let (algbw, busbw) = bandwidths(op, n, bytes, median_us);
     Ok(Measurement {
         op,
+        redop: case.redop,
+        dtype: case.dtype,
         ranks: n,
         bytes,
+        count: bytes / case.dtype.size(),
         iters,
         min_us: active().map(|s| s[0]).fold(f64::INFINITY, f64::min),
         median_us,
         p99_us: active().map(|s| s[2]).fold(0.0, f64::max),
         max_us: active().map(|s| s[3]).fold(0.0, f64::max),
-        algbw_gbs: algbw / 1e9,
-        busbw_gbs: busbw / 1e9,
-        correct: ranks.iter().all(|s| s[4] == 1.0),
+        algbw_gbs: algbw,
+        busbw_gbs: busbw,
+        wrong: ranks.iter().map(|s| s[4] as u64).sum(),
     })
 }
 
-/// The buffers of one (op, size) and how to run and check one iteration.
-struct Work {
+/// Algorithm and bus bandwidth, GB/s, of `op` moving `bytes` per rank across `n` ranks in
+/// `median_us` (see the module's docs); zero when no time was measured.
+pub fn bandwidths(op: Op, n: usize, bytes: usize, median_us: f64) -> (f64, f64) {
+    if median_us <= 0.0 || !median_us.is_finite() {
+        return (0.0, 0.0);
+    }
+    let rate = bytes as f64 / (median_us / 1e6) / 1e9;
+    let nf = n as f64;
+    match op {
+        Op::AllSum => (rate, rate * 2.0 * (nf - 1.0) / nf),
+        Op::AllGather => (nf * rate, rate * (nf - 1.0)),
+        Op::SumScatter => (rate, rate * (nf - 1.0) / nf),
+        Op::SendRecv => (rate, rate),
+    }
+}
+
+/// The buffers of one case and how to run and check one iteration.
+struct Work<T> {
     op: Op,
+    redop: RedOp,
     rank: usize,
     n: usize,
     /// all_sum: the in-place array; sendrecv: the message.
-    data: Vec<f32>,
+    data: Vec<T>,
     /// all_gather / sum_scatter input.
-    input: Vec<f32>,
+    input: Vec<T>,
     /// all_gather / sum_scatter output.
-    output: Vec<f32>,
+    output: Vec<T>,
 }
 
-/// The verification value of element `i` on rank `r`: exact in f32 for any sum of a few
-/// ranks.
-fn value(i: usize, r: usize) -> f32 {
-    (i % 251) as f32 + 1000.0 * r as f32
-}
-
-impl Work {
-    fn new(op: Op, elems: usize, rank: usize, n: usize) -> Self {
-        let (data, input, output) = match op {
-            Op::AllSum | Op::SendRecv => (vec![0.0; elems], Vec::new(), Vec::new()),
-            Op::AllGather => (Vec::new(), vec![0.0; elems], vec![0.0; elems * n]),
+impl<T: Sample> Work<T> {
+    fn new(case: &Case, rank: usize, n: usize) -> Self {
+        let elems = case.count();
+        let zero = T::small(0);
+        let (data, input, output) = match case.op {
+            Op::AllSum | Op::SendRecv => (vec![zero; elems], Vec::new(), Vec::new()),
+            Op::AllGather => (Vec::new(), vec![zero; elems], vec![zero; elems * n]),
             // Size is the input per rank; it must split into n blocks.
             Op::SumScatter => {
                 let per = elems.div_ceil(n);
-                (Vec::new(), vec![0.0; per * n], vec![0.0; per])
+                (Vec::new(), vec![zero; per * n], vec![zero; per])
             }
         };
         Self {
-            op,
+            op: case.op,
+            redop: case.redop.unwrap_or(RedOp::Sum),
             rank,
             n,
             data,
@@ -296,9 +628,14 @@ impl Work {
         }
     }
 
+    /// Bytes per rank actually moved: the data, or the input.
+    fn bytes(&self) -> usize {
+        (self.data.len() + self.input.len()) * size_of::<T>()
+    }
+
     fn step(&mut self, g: &Group) -> Result<()> {
         match self.op {
-            Op::AllSum => g.all_sum(&mut self.data),
+            Op::AllSum => g.all_reduce(self.redop.reduce_op(), &mut self.data),
             Op::AllGather => g.all_gather(&self.input, &mut self.output),
             Op::SumScatter => g.sum_scatter(&self.input, &mut self.output),
             Op::SendRecv => match self.rank {
@@ -315,66 +652,57 @@ impl Work {
         }
     }
 
-    /// Runs one iteration on known values and checks the result exactly; leaves the
-    /// buffers zeroed for the timed iterations.
-    fn verify(&mut self, g: &Group) -> Result<bool> {
-        let (r, n) = (self.rank, self.n);
-        let ok = match self.op {
+    /// Runs one iteration on known values and counts the elements of the result that are
+    /// wrong; leaves the buffers zeroed for the timed iterations.
+    fn verify(&mut self, g: &Group) -> Result<u64> {
+        let (r, n, redop) = (self.rank, self.n, self.redop);
+        let fill = |buf: &mut [T]| {
+            buf.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = T::small(input(i, r, n)));
+        };
+        let wrong = match self.op {
             Op::AllSum => {
-                self.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = value(i, r));
-                g.all_sum(&mut self.data)?;
-                let ranks: f32 = (0..n).map(|q| 1000.0 * q as f32).sum();
-                self.data
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &x)| x == (i % 251) as f32 * n as f32 + ranks)
+                fill(&mut self.data);
+                self.step(g)?;
+                count_wrong(&self.data, |i| redop.expect((0..n).map(|q| input(i, q, n))))
             }
             Op::AllGather => {
-                self.input
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = value(i, r));
-                g.all_gather(&self.input, &mut self.output)?;
+                fill(&mut self.input);
+                self.step(g)?;
                 let k = self.input.len();
-                self.output
-                    .iter()
-                    .enumerate()
-                    .all(|(j, &x)| x == value(j % k, j / k))
+                count_wrong(&self.output, |j| input(j % k, j / k, n))
             }
             Op::SumScatter => {
-                self.input
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = value(i, r));
-                g.sum_scatter(&self.input, &mut self.output)?;
+                fill(&mut self.input);
+                self.step(g)?;
                 let k = self.output.len();
-                let ranks: f32 = (0..n).map(|q| 1000.0 * q as f32).sum();
-                self.output
-                    .iter()
-                    .enumerate()
-                    .all(|(j, &x)| x == ((r * k + j) % 251) as f32 * n as f32 + ranks)
+                count_wrong(&self.output, |j| {
+                    RedOp::Sum.expect((0..n).map(|q| input(r * k + j, q, n)))
+                })
             }
             Op::SendRecv => {
-                self.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = value(i, 0));
+                // Each rank starts from its own values: rank 1 must end with rank 0's, and
+                // rank 0 must get them back.
+                fill(&mut self.data);
                 self.step(g)?;
-                r > 1 || self.data.iter().enumerate().all(|(i, &x)| x == value(i, 0))
+                if r > 1 {
+                    0
+                } else {
+                    count_wrong(&self.data, |i| input(i, 0, n))
+                }
             }
         };
-        self.data.fill(0.0);
-        self.input.fill(0.0);
-        Ok(ok)
+        let zero = T::small(0);
+        self.data.fill(zero);
+        self.input.fill(zero);
+        Ok(wrong)
     }
 }
 
 /// A human-readable size: `4 B`, `8 KiB`, `64 MiB`.
 pub fn human(bytes: usize) -> String {
-    for (unit, div) in [("MiB", 1 << 20), ("KiB", 1 << 10)] {
+    for (unit, div) in [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
         if bytes >= div && bytes.is_multiple_of(div) {
             return format!("{} {unit}", bytes / div);
         }
@@ -382,41 +710,147 @@ pub fn human(bytes: usize) -> String {
     format!("{bytes} B")
 }
 
-/// A latency in µs, or ms above 1000 µs.
+/// A latency in µs, always µs (a table column never mixes units): two decimals below
+/// 100 µs, one below 10 ms, none above, as nccl-tests prints its time column.
 pub fn micros(us: f64) -> String {
-    if us >= 1000.0 {
-        format!("{:.2} ms", us / 1000.0)
+    if us >= 10_000.0 {
+        format!("{us:.0}")
+    } else if us >= 100.0 {
+        format!("{us:.1}")
     } else {
-        format!("{us:.1} µs")
+        format!("{us:.2}")
     }
 }
 
-/// Prints the measurements as a table, one per op.
-pub fn print_table(measurements: &[Measurement]) {
-    let mut last = None;
-    for m in measurements {
-        if last != Some(m.op) {
-            println!(
-                "\n{} (n={}), latency per rank: median of each rank, the slowest rank's",
-                m.op, m.ranks
-            );
-            println!(
-                "{:>8} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6} {:>3}",
-                "size", "min", "median", "p99", "max", "algbw", "busbw", "iters", "ok"
-            );
-            last = Some(m.op);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_parse_by_mlx_and_rust_names() {
+        assert_eq!(parse_dtype("bfloat16"), Ok(DType::BF16));
+        assert_eq!(parse_dtype("bf16"), Ok(DType::BF16));
+        assert_eq!(parse_dtype("complex64"), Ok(DType::Complex64));
+        assert_eq!(parse_dtype("c64"), Ok(DType::Complex64));
+        assert_eq!(parse_dtype(" uint8"), Ok(DType::U8));
+        assert_eq!(DTYPES, DType::ALL);
+        for d in DTYPES {
+            assert_eq!(parse_dtype(d.name()), Ok(d), "{d}");
         }
-        println!(
-            "{:>8} {:>10} {:>10} {:>10} {:>10} {:>8.3}G {:>8.3}G {:>6} {:>3}",
-            human(m.bytes),
-            micros(m.min_us),
-            micros(m.median_us),
-            micros(m.p99_us),
-            micros(m.max_us),
-            m.algbw_gbs,
-            m.busbw_gbs,
-            m.iters,
-            if m.correct { "yes" } else { "NO" }
+        let err = parse_dtype("float8").unwrap_err();
+        assert!(err.contains("float8") && err.contains("bfloat16"), "{err}");
+    }
+
+    #[test]
+    fn ops_and_reductions_parse() {
+        assert_eq!("max".parse::<RedOp>(), Ok(RedOp::Max));
+        assert!("prod".parse::<RedOp>().unwrap_err().contains("prod"));
+        assert_eq!("sum_scatter".parse::<Op>(), Ok(Op::SumScatter));
+        assert!("alltoall".parse::<Op>().is_err());
+    }
+
+    #[test]
+    fn cases_cover_each_op_dtype_and_reduction() {
+        let sweep = Sweep {
+            ops: vec![Op::AllSum, Op::AllGather, Op::SumScatter, Op::SendRecv],
+            redops: vec![RedOp::Max, RedOp::Sum],
+            dtypes: vec![DType::BF16, DType::F64],
+            sizes: vec![4, 1024],
+            ..Sweep::default()
+        };
+        let cases = sweep.cases(2);
+        // all_sum: 2 dtypes × 2 reductions × 2 sizes; the others 2 × 2 each.
+        assert_eq!(cases.len(), 8 + 4 + 4 + 4);
+        assert_eq!(
+            cases[0],
+            Case {
+                op: Op::AllSum,
+                redop: Some(RedOp::Max),
+                dtype: DType::BF16,
+                bytes: 4
+            }
         );
+        assert_eq!(cases[2].redop, Some(RedOp::Sum));
+        assert!(
+            cases
+                .iter()
+                .filter(|c| c.op == Op::SumScatter)
+                .all(|c| c.redop == Some(RedOp::Sum))
+        );
+        assert!(
+            cases
+                .iter()
+                .filter(|c| !c.op.reduces())
+                .all(|c| c.redop.is_none())
+        );
+        // A 4-byte size holds one float64 all the same.
+        assert_eq!(cases[4].dtype, DType::F64);
+        assert_eq!(cases[4].count(), 1);
+        // No sum among the reductions: no sum_scatter; one rank: no sendrecv.
+        let max_only = Sweep {
+            redops: vec![RedOp::Min],
+            ..sweep
+        };
+        let cases = max_only.cases(1);
+        assert!(!cases.iter().any(|c| c.op == Op::SumScatter));
+        assert!(!cases.iter().any(|c| c.op == Op::SendRecv));
+    }
+
+    #[test]
+    fn inputs_stay_exact_and_differ_between_neighbours() {
+        for n in [1, 2, 3, 8, 13, 64, 200] {
+            for i in 0..50 {
+                let total: i64 = (0..n).map(|r| input(i, r, n)).sum();
+                assert!(total <= 127, "n={n} i={i}: {total}");
+                if n > 1 {
+                    assert_ne!(input(i, 0, n), input(i, 1, n));
+                }
+            }
+        }
+        // Sums of that size are exact in the narrowest float.
+        assert_eq!(bf16::small(127).to_f32(), 127.0);
+    }
+
+    #[test]
+    fn wrong_elements_are_counted() {
+        let expected = |j: usize| RedOp::Sum.expect((0..3).map(|q| input(j, q, 3)));
+        let mut got: Vec<bf16> = (0..100).map(|j| bf16::small(expected(j))).collect();
+        assert_eq!(count_wrong(&got, expected), 0);
+        got[3] = bf16::small(expected(3) + 1);
+        got[97] = bf16::small(-1);
+        assert_eq!(count_wrong(&got, expected), 2);
+        // An unreduced result (rank 0's own input) is wrong wherever the others add to it.
+        let own: Vec<f32> = (0..100).map(|j| input(j, 0, 3) as f32).collect();
+        let missed = (0..100).filter(|&j| expected(j) != input(j, 0, 3)).count() as u64;
+        assert!(missed > 50);
+        assert_eq!(count_wrong(&own, expected), missed);
+        // bool: a sum is an or, min an and.
+        let max = |j: usize| RedOp::Min.expect([0, 1].into_iter().map(|q| (j + q) as i64 % 2));
+        assert_eq!(count_wrong(&[false, false], max), 0);
+        assert_eq!(count_wrong(&[true, false], max), 1);
+        // complex64: a sign slip in the imaginary part is wrong.
+        let c = [Complex64::new(3.0, 3.0)];
+        assert_eq!(count_wrong(&c, |_| 3), 1);
+    }
+
+    #[test]
+    fn bandwidths_follow_nccl_tests() {
+        let (alg, bus) = bandwidths(Op::AllSum, 4, 1_000_000, 1000.0);
+        assert!((alg - 1.0).abs() < 1e-12 && (bus - 1.5).abs() < 1e-12);
+        let (alg, bus) = bandwidths(Op::AllGather, 4, 1_000_000, 1000.0);
+        assert!((alg - 4.0).abs() < 1e-12 && (bus - 3.0).abs() < 1e-12);
+        assert_eq!(bandwidths(Op::SendRecv, 2, 10, 0.0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn sizes_and_times_keep_one_unit() {
+        assert_eq!(human(4), "4 B");
+        assert_eq!(human(8 << 10), "8 KiB");
+        assert_eq!(human(3 << 20), "3 MiB");
+        assert_eq!(human(1536), "1536 B");
+        // µs whatever the size: never "ms".
+        assert_eq!(micros(12.345), "12.35");
+        assert_eq!(micros(1234.56), "1234.6");
+        assert_eq!(micros(81234.4), "81234");
     }
 }

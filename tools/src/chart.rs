@@ -1,26 +1,59 @@
 //! Charts of a `nuvec bench` run, drawn with plotters' SVG backend: per op, median latency
-//! against size and bus bandwidth against size (both log-log), one line per system and rank
-//! count, the raw TCP limits dashed.
+//! against size and bus bandwidth against size (both log-log), one line per system, rank
+//! count (and dtype or reduction when several ran), the raw TCP limits dashed.
+//!
+//! Each system has its own colour and marker (nuvec blue circles, MLX vermilion triangles,
+//! MPI green squares; the Okabe–Ito palette, which stays distinct for colour-blind
+//! readers); further lines of a system take the palette's other colours. Ticks sit on
+//! powers of two (sizes, "4 B", "1 KiB") and of ten (times and rates, "1 µs", "1 ms",
+//! "100 MB/s").
 
 use std::path::Path;
 
+use nuvec_distributed::DType;
 use plotters::coord::Shift;
+use plotters::coord::combinators::BindKeyPoints;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
-use crate::bench::Op;
+use crate::bench::{Op, RedOp};
 use crate::report::Report;
+
+/// How a series marks its points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    /// nuvec.
+    Circle,
+    /// MLX's ring.
+    Triangle,
+    /// Open MPI.
+    Square,
+}
 
 /// One line of a chart.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
     /// The legend's text, e.g. `nuvec n=2`.
     pub label: String,
+    /// Who measured it: `nuvec`, `mlx`, `mpi` or `tcp`.
+    pub system: &'static str,
     /// (bytes per rank, value), in size order; only positive values.
     pub points: Vec<(f64, f64)>,
     /// A limit (drawn dashed, without markers) rather than a measurement.
     pub limit: bool,
-    /// Its colour.
+    /// Its colour, set by [`panels`].
     pub color: (u8, u8, u8),
+    /// Its marker (none for limits).
+    pub marker: Option<Marker>,
+}
+
+/// What a panel's y axis shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quantity {
+    /// Median latency, µs.
+    Latency,
+    /// Bus bandwidth, GB/s.
+    Bandwidth,
 }
 
 /// One chart: a title, what its y axis shows, and its lines.
@@ -28,28 +61,57 @@ pub struct Series {
 pub struct Panel {
     /// The caption.
     pub title: String,
-    /// The y axis's description.
-    pub y_desc: String,
+    /// What the y axis shows (its ticks' units follow).
+    pub quantity: Quantity,
     /// The lines.
     pub series: Vec<Series>,
     /// Where the legend goes: where the lines are not (they rise with size).
     pub legend: SeriesLabelPosition,
 }
 
-/// Colours per system, one shade per rank count (by position in the run).
-fn color(system: &str, index: usize) -> (u8, u8, u8) {
-    let shades: &[(u8, u8, u8)] = match system {
-        "nuvec" => &[
-            (31, 119, 180),
-            (8, 48, 107),
-            (107, 174, 214),
-            (66, 146, 198),
-        ],
-        "mlx" => &[(255, 127, 14), (166, 54, 3), (253, 174, 107), (230, 85, 13)],
-        "mpi" => &[(44, 160, 44), (0, 68, 27), (116, 196, 118), (35, 139, 69)],
-        _ => &[(90, 90, 90), (150, 150, 150)],
-    };
-    shades[index % shades.len()]
+/// The first line of each system.
+fn base_color(system: &str) -> Option<(u8, u8, u8)> {
+    match system {
+        "nuvec" => Some((0, 114, 178)),
+        "mlx" => Some((213, 94, 0)),
+        "mpi" => Some((0, 158, 115)),
+        "tcp" => Some((96, 96, 96)),
+        _ => None,
+    }
+}
+
+/// Colours for further lines, none near another system's.
+const SPARE: [(u8, u8, u8); 5] = [
+    (204, 121, 167),
+    (230, 159, 0),
+    (0, 0, 0),
+    (140, 81, 10),
+    (86, 180, 233),
+];
+
+fn marker(system: &str) -> Option<Marker> {
+    match system {
+        "nuvec" => Some(Marker::Circle),
+        "mlx" => Some(Marker::Triangle),
+        "mpi" => Some(Marker::Square),
+        _ => None,
+    }
+}
+
+/// Gives each series its colour: a system's first line its own, every further line (of
+/// any system) the next spare one, so no two lines of a panel share a colour until the
+/// spares run out.
+fn assign_colors(series: &mut [Series]) {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut spare = SPARE.iter().cycle();
+    for s in series.iter_mut() {
+        let base = base_color(s.system).filter(|_| s.limit || !seen.contains(&s.system));
+        s.color = match base {
+            Some(c) => c,
+            None => *spare.next().unwrap_or(&(0, 0, 0)),
+        };
+        seen.push(s.system);
+    }
 }
 
 fn positive(points: impl IntoIterator<Item = (usize, f64)>) -> Vec<(f64, f64)> {
@@ -60,6 +122,17 @@ fn positive(points: impl IntoIterator<Item = (usize, f64)>) -> Vec<(f64, f64)> {
         .collect();
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     out
+}
+
+fn series(label: String, system: &'static str, points: Vec<(f64, f64)>) -> Series {
+    Series {
+        label,
+        system,
+        points,
+        limit: false,
+        color: (0, 0, 0),
+        marker: marker(system),
+    }
 }
 
 /// The panels of `report`: for each op nuvec measured, latency then bandwidth.
@@ -74,41 +147,68 @@ pub fn panels(report: &Report) -> Vec<Panel> {
     for op in ops {
         let mut latency = Vec::new();
         let mut bandwidth = Vec::new();
-        for (i, run) in report.nuvec.iter().enumerate() {
-            let ms = run.measurements.iter().filter(|m| m.op == op);
-            let label = format!("nuvec n={}", run.ranks);
-            latency.push(Series {
-                label: label.clone(),
-                points: positive(ms.clone().map(|m| (m.bytes, m.median_us))),
-                limit: false,
-                color: color("nuvec", i),
-            });
-            bandwidth.push(Series {
-                label,
-                points: positive(ms.map(|m| (m.bytes, m.busbw_gbs))),
-                limit: false,
-                color: color("nuvec", i),
-            });
+        // The (dtype, reduction) kinds nuvec measured; a label names them when they vary
+        // or are not the anchors' (float32, sum).
+        let mut kinds: Vec<(DType, Option<RedOp>)> = Vec::new();
+        for m in report.nuvec.iter().flat_map(|r| &r.measurements) {
+            if m.op == op && !kinds.contains(&(m.dtype, m.redop)) {
+                kinds.push((m.dtype, m.redop));
+            }
+        }
+        let name_dtype = kinds.iter().any(|k| k.0 != DType::F32);
+        let name_redop = kinds.iter().any(|k| k.1 != kinds[0].1)
+            || kinds
+                .iter()
+                .any(|k| !matches!(k.1, None | Some(RedOp::Sum)));
+        for run in &report.nuvec {
+            for &(dtype, redop) in &kinds {
+                let ms = run
+                    .measurements
+                    .iter()
+                    .filter(|m| m.op == op && m.dtype == dtype && m.redop == redop);
+                if ms.clone().next().is_none() {
+                    continue;
+                }
+                let mut label = format!("nuvec n={}", run.ranks);
+                if name_dtype {
+                    label.push_str(&format!(" {dtype}"));
+                }
+                if let Some(redop) = redop.filter(|_| name_redop) {
+                    label.push_str(&format!(" {redop}"));
+                }
+                latency.push(series(
+                    label.clone(),
+                    "nuvec",
+                    positive(ms.clone().map(|m| (m.bytes, m.median_us))),
+                ));
+                bandwidth.push(series(
+                    label,
+                    "nuvec",
+                    positive(ms.map(|m| (m.bytes, m.busbw_gbs))),
+                ));
+            }
         }
         for (system, runs) in [("mlx", &report.mlx), ("mpi", &report.mpi)] {
-            for (i, run) in runs.iter().enumerate() {
+            for run in runs {
                 let ps = run.points.iter().filter(|p| p.op == op);
                 if ps.clone().next().is_none() {
                     continue;
                 }
-                let label = format!("{system} n={}", run.ranks);
-                latency.push(Series {
-                    label: label.clone(),
-                    points: positive(ps.clone().map(|p| (p.bytes, p.median_us))),
-                    limit: false,
-                    color: color(system, i),
-                });
-                bandwidth.push(Series {
+                let label = if name_dtype {
+                    format!("{system} n={} float32", run.ranks)
+                } else {
+                    format!("{system} n={}", run.ranks)
+                };
+                latency.push(series(
+                    label.clone(),
+                    system,
+                    positive(ps.clone().map(|p| (p.bytes, p.median_us))),
+                ));
+                bandwidth.push(series(
                     label,
-                    points: positive(ps.map(|p| (p.bytes, p.busbw_gbs))),
-                    limit: false,
-                    color: color(system, i),
-                });
+                    system,
+                    positive(ps.map(|p| (p.bytes, p.busbw_gbs))),
+                ));
             }
         }
         if let Some(limits) = &report.limits {
@@ -122,15 +222,14 @@ pub fn panels(report: &Report) -> Vec<Panel> {
                 (p.bytes, v)
             }));
             if !points.is_empty() {
+                let label = if one_way {
+                    "raw TCP one way"
+                } else {
+                    "raw TCP round trip"
+                };
                 latency.push(Series {
-                    label: if one_way {
-                        "raw TCP one way".into()
-                    } else {
-                        "raw TCP round trip".into()
-                    },
-                    points,
                     limit: true,
-                    color: color("tcp", 0),
+                    ..series(label.into(), "tcp", points)
                 });
             }
             // The stream is measured at one size; as a limit it holds across the chart.
@@ -144,55 +243,132 @@ pub fn panels(report: &Report) -> Vec<Panel> {
                 sizes.iter().copied().reduce(f64::max),
             ) && stream.gbps_per_direction > 0.0
             {
+                let level = stream.gbps_per_direction;
                 bandwidth.push(Series {
-                    label: "raw TCP both ways, per direction".into(),
-                    points: vec![
-                        (lo, stream.gbps_per_direction),
-                        (hi, stream.gbps_per_direction),
-                    ],
                     limit: true,
-                    color: color("tcp", 1),
+                    ..series(
+                        "raw TCP both ways, per direction".into(),
+                        "tcp",
+                        vec![(lo, level), (hi, level)],
+                    )
                 });
             }
         }
-        latency.retain(|s| !s.points.is_empty());
-        bandwidth.retain(|s| !s.points.is_empty());
-        out.push(Panel {
-            title: format!("{op}: median latency"),
-            y_desc: "µs".into(),
-            series: latency,
-            legend: SeriesLabelPosition::UpperLeft,
-        });
-        out.push(Panel {
-            title: format!("{op}: bus bandwidth"),
-            y_desc: "GB/s".into(),
-            series: bandwidth,
-            legend: SeriesLabelPosition::LowerRight,
-        });
+        for (quantity, mut lines) in [
+            (Quantity::Latency, latency),
+            (Quantity::Bandwidth, bandwidth),
+        ] {
+            lines.retain(|s| !s.points.is_empty());
+            assign_colors(&mut lines);
+            let (title, legend) = match quantity {
+                Quantity::Latency => ("median latency", SeriesLabelPosition::UpperLeft),
+                Quantity::Bandwidth => ("bus bandwidth", SeriesLabelPosition::LowerRight),
+            };
+            // An all-reduce panel names the calls it shows (all_sum, all_max...).
+            let mut calls: Vec<String> = Vec::new();
+            for (_, redop) in &kinds {
+                let call = match redop {
+                    Some(r) if op == Op::AllSum => format!("all_{r}"),
+                    _ => op.name().to_string(),
+                };
+                if !calls.contains(&call) {
+                    calls.push(call);
+                }
+            }
+            out.push(Panel {
+                title: format!("{}: {title}", calls.join(", ")),
+                quantity,
+                series: lines,
+                legend,
+            });
+        }
     }
     out
 }
 
-/// A size on the x axis: bytes, KiB or MiB.
+/// A size on the x axis, in binary units: `4 B`, `1 KiB`, `1.5 KiB`, `64 MiB`.
 fn axis_bytes(x: f64) -> String {
-    let (v, unit) = if x >= (1 << 20) as f64 {
+    let (v, unit) = if x >= (1 << 30) as f64 {
+        (x / (1 << 30) as f64, "GiB")
+    } else if x >= (1 << 20) as f64 {
         (x / (1 << 20) as f64, "MiB")
     } else if x >= 1024.0 {
         (x / 1024.0, "KiB")
     } else {
         (x, "B")
     };
-    let text = format!("{v:.1}");
-    format!("{} {unit}", text.trim_end_matches(".0"))
+    format!("{} {unit}", short(v))
 }
 
-/// A value on a log axis with as many decimals as its size needs.
-fn axis_value(y: f64) -> String {
-    if y <= 0.0 || !y.is_finite() {
-        return format!("{y}");
+/// A number with at most three decimals and no trailing zeros.
+fn short(v: f64) -> String {
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    text.to_string()
+}
+
+/// A latency tick (the axis is in µs): `1 µs`, `10 µs`, `1 ms`, `2 s`.
+fn axis_latency(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{} s", short(us / 1e6))
+    } else if us >= 1e3 {
+        format!("{} ms", short(us / 1e3))
+    } else {
+        format!("{} µs", short(us))
     }
-    let decimals = (-y.log10().floor()).max(0.0) as usize;
-    format!("{y:.decimals$}")
+}
+
+/// A bandwidth tick (the axis is in GB/s): `1 GB/s`, `100 MB/s`, `10 kB/s`.
+fn axis_bandwidth(gbs: f64) -> String {
+    if gbs >= 1.0 {
+        format!("{} GB/s", short(gbs))
+    } else if gbs >= 1e-3 {
+        format!("{} MB/s", short(gbs * 1e3))
+    } else if gbs >= 1e-6 {
+        format!("{} kB/s", short(gbs * 1e6))
+    } else {
+        format!("{} B/s", short(gbs * 1e9))
+    }
+}
+
+/// Ticks on powers of two between `lo` and `hi`: every `step`-th exponent, the smallest
+/// step of 1, 2, 5, 10 that gives at most `most` ticks (steps that divide 10 keep 1 KiB and
+/// 1 MiB among them).
+fn size_ticks(lo: f64, hi: f64, most: usize) -> Vec<f64> {
+    let (first, last) = (lo.log2().ceil() as i32, hi.log2().floor() as i32);
+    for step in [1, 2, 5, 10, 20] {
+        let ticks: Vec<f64> = (first..=last)
+            .filter(|e| e.rem_euclid(step) == 0)
+            .map(|e| 2f64.powi(e))
+            .collect();
+        if ticks.len() <= most {
+            return ticks;
+        }
+    }
+    vec![lo, hi]
+}
+
+/// A decade-aligned range holding `lo..hi` with room around the points.
+fn decade_range(lo: f64, hi: f64) -> (f64, f64) {
+    let lo = 10f64.powi((lo / 1.3).log10().floor() as i32);
+    let hi = 10f64.powi((hi * 1.3).log10().ceil() as i32);
+    (lo, if hi > lo { hi } else { lo * 10.0 })
+}
+
+/// Ticks on powers of ten within `lo..=hi`; with fewer than three decades, 2 and 5 of each
+/// too.
+fn decade_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let (first, last) = (lo.log10().round() as i32, hi.log10().round() as i32);
+    let fine = last - first < 3;
+    let mut ticks = Vec::new();
+    for e in first..=last {
+        let base = 10f64.powi(e);
+        ticks.push(base);
+        if fine && e < last {
+            ticks.extend([2.0 * base, 5.0 * base]);
+        }
+    }
+    ticks
 }
 
 fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Result<(), String> {
@@ -210,25 +386,37 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
         .map_err(|e| err(&e))?;
         return Ok(());
     };
-    let y_lo = all().map(|p| p.1).reduce(f64::min).unwrap_or(1.0);
-    let y_hi = all().map(|p| p.1).reduce(f64::max).unwrap_or(1.0);
+    let (y_lo, y_hi) = decade_range(
+        all().map(|p| p.1).reduce(f64::min).unwrap_or(1.0),
+        all().map(|p| p.1).reduce(f64::max).unwrap_or(1.0),
+    );
+    let (x_lo, x_hi) = (x_lo / 1.5, x_hi * 1.5);
     let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, ("sans-serif", 18))
+        .caption(&panel.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(70)
+        .y_label_area_size(80)
         .build_cartesian_2d(
-            // Sizes are powers of two: so are the ticks.
-            (x_lo / 1.5..x_hi * 1.5).log_scale().base(2.0),
-            (y_lo / 2.0..y_hi * 2.0).log_scale(),
+            (x_lo..x_hi)
+                .log_scale()
+                .with_key_points(size_ticks(x_lo, x_hi, 9)),
+            (y_lo..y_hi)
+                .log_scale()
+                .with_key_points(decade_ticks(y_lo, y_hi)),
         )
         .map_err(|e| err(&e))?;
+    let (y_desc, y_label): (&str, fn(f64) -> String) = match panel.quantity {
+        Quantity::Latency => ("median latency", axis_latency),
+        Quantity::Bandwidth => ("bus bandwidth", axis_bandwidth),
+    };
     chart
         .configure_mesh()
         .x_desc("bytes per rank")
-        .y_desc(&panel.y_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
         .x_label_formatter(&|x| axis_bytes(*x))
-        .y_label_formatter(&|y| axis_value(*y))
+        .y_label_formatter(&|y| y_label(*y))
         .draw()
         .map_err(|e| err(&e))?;
     for s in &panel.series {
@@ -241,18 +429,58 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
             chart.draw_series(LineSeries::new(s.points.clone(), style))
         }
         .map_err(|e| err(&e))?;
-        drawn
-            .label(s.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        if !s.limit {
-            chart
-                .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(&e))?;
+        // The legend shows the line with its marker, so a series is found by either.
+        let line = move |(x, y): (i32, i32)| {
+            EmptyElement::at((x, y)) + PathElement::new(vec![(0, 0), (24, 0)], style)
+        };
+        match s.marker {
+            None => {
+                drawn.label(s.label.as_str()).legend(move |(x, y)| {
+                    DashedPathElement::new(vec![(x, y), (x + 24, y)], 6, 4, style)
+                });
+                // Crosses on a limit's measured points: a limit of one point still shows.
+                if s.points.len() == 1 {
+                    chart
+                        .draw_series(s.points.iter().map(|&p| Cross::new(p, 5, style)))
+                        .map_err(|e| err(&e))?;
+                }
+            }
+            Some(Marker::Circle) => {
+                drawn
+                    .label(s.label.as_str())
+                    .legend(move |c| line(c) + Circle::new((12, 0), 4, color.filled()));
+                chart
+                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                    .map_err(|e| err(&e))?;
+            }
+            Some(Marker::Triangle) => {
+                drawn
+                    .label(s.label.as_str())
+                    .legend(move |c| line(c) + TriangleMarker::new((12, 0), 6, color.filled()));
+                chart
+                    .draw_series(
+                        s.points
+                            .iter()
+                            .map(|&p| TriangleMarker::new(p, 6, color.filled())),
+                    )
+                    .map_err(|e| err(&e))?;
+            }
+            Some(Marker::Square) => {
+                let square =
+                    move |d: i32| Rectangle::new([(d - 4, -4), (d + 4, 4)], color.filled());
+                drawn
+                    .label(s.label.as_str())
+                    .legend(move |c| line(c) + square(12));
+                chart
+                    .draw_series(s.points.iter().map(|&p| EmptyElement::at(p) + square(0)))
+                    .map_err(|e| err(&e))?;
+            }
         }
     }
     chart
         .configure_series_labels()
         .position(panel.legend.clone())
+        .label_font(("sans-serif", 13))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -313,8 +541,11 @@ mod tests {
                 .iter()
                 .map(|&bytes| Measurement {
                     op: Op::AllSum,
+                    redop: Some(RedOp::Sum),
+                    dtype: DType::F32,
                     ranks,
                     bytes,
+                    count: bytes / 4,
                     iters: 10,
                     min_us: 5.0,
                     median_us: scale * (10.0 + bytes as f64 / 1000.0),
@@ -322,11 +553,12 @@ mod tests {
                     max_us: 60.0,
                     algbw_gbs: bytes as f64 / 1e4,
                     busbw_gbs: bytes as f64 / 1e4 / scale,
-                    correct: true,
+                    wrong: 0,
                 })
                 .collect(),
         };
         Report {
+            header: None,
             nuvec: vec![nuvec(2, 1.0), nuvec(3, 1.5)],
             mlx: vec![AnchorRun {
                 system: "mlx-ring".into(),
@@ -390,6 +622,9 @@ mod tests {
     #[test]
     fn the_svg_draws_both_series() {
         let svg = render_svg(&panels(&report())).unwrap();
+        if let Some(path) = std::env::var_os("NUVEC_CHART_SAMPLE") {
+            std::fs::write(path, &svg).unwrap();
+        }
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         assert!(svg.len() > 5000);
         for text in [
@@ -407,11 +642,19 @@ mod tests {
         // One line per series and panel: 4 latency lines and 4 bandwidth lines (one dashed
         // limit is drawn as many short segments).
         assert!(svg.matches("<polyline").count() >= 8);
-        // nuvec's colour and MLX's both appear.
-        assert!(
-            svg.contains("#1F77B4") && svg.contains("#FF7F0E"),
-            "colours missing"
-        );
+        // nuvec's colour and MLX's both appear, and so does the colour given to nuvec's
+        // second rank count.
+        for colour in ["#0072B2", "#D55E00", "#CC79A7"] {
+            assert!(svg.contains(colour), "no {colour} in the SVG");
+        }
+        // Ticks carry their units.
+        for tick in ["1 KiB", "1 MiB", "10 µs", "1 ms", "100 MB/s", "1 GB/s"] {
+            assert!(
+                svg.contains(&format!("\n{tick}\n")),
+                "no tick {tick:?} in the SVG"
+            );
+        }
+        assert!(!svg.contains("\n100000\n"));
     }
 
     #[test]
@@ -426,13 +669,94 @@ mod tests {
     }
 
     #[test]
-    fn axis_labels() {
+    fn each_system_has_its_colour_and_marker() {
+        let panels = panels(&report());
+        let lat = &panels[0].series;
+        let colours: Vec<(u8, u8, u8)> = lat.iter().map(|s| s.color).collect();
+        assert_eq!(
+            colours,
+            [(0, 114, 178), (204, 121, 167), (213, 94, 0), (96, 96, 96)]
+        );
+        let markers: Vec<Option<Marker>> = lat.iter().map(|s| s.marker).collect();
+        assert_eq!(
+            markers,
+            [
+                Some(Marker::Circle),
+                Some(Marker::Circle),
+                Some(Marker::Triangle),
+                None
+            ]
+        );
+        // Two runs of one system never share a colour (nor that of another system).
+        let mut distinct = colours.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), colours.len());
+    }
+
+    #[test]
+    fn labels_name_dtype_and_reduction_when_they_vary() {
+        let mut report = report();
+        let mut max = report.nuvec[0].measurements.clone();
+        for m in &mut max {
+            m.redop = Some(RedOp::Max);
+            m.dtype = DType::BF16;
+        }
+        report.nuvec[0].measurements.extend(max);
+        let labels: Vec<String> = panels(&report)[0]
+            .series
+            .iter()
+            .map(|s| s.label.clone())
+            .collect();
+        assert_eq!(panels(&report)[1].title, "all_sum, all_max: bus bandwidth");
+        assert_eq!(
+            labels[..4],
+            [
+                "nuvec n=2 float32 sum",
+                "nuvec n=2 bfloat16 max",
+                "nuvec n=3 float32 sum",
+                "mlx n=2 float32"
+            ]
+        );
+    }
+
+    #[test]
+    fn tick_labels() {
         assert_eq!(axis_bytes(4.0), "4 B");
         assert_eq!(axis_bytes(1024.0), "1 KiB");
         assert_eq!(axis_bytes(1536.0), "1.5 KiB");
         assert_eq!(axis_bytes((64 << 20) as f64), "64 MiB");
-        assert_eq!(axis_value(100.0), "100");
-        assert_eq!(axis_value(0.05), "0.05");
-        assert_eq!(axis_value(0.0001), "0.0001");
+        assert_eq!(axis_latency(1.0), "1 µs");
+        assert_eq!(axis_latency(10.0), "10 µs");
+        assert_eq!(axis_latency(1000.0), "1 ms");
+        assert_eq!(axis_latency(2e5), "200 ms");
+        assert_eq!(axis_latency(1e7), "10 s");
+        assert_eq!(axis_latency(0.5), "0.5 µs");
+        assert_eq!(axis_bandwidth(1.0), "1 GB/s");
+        assert_eq!(axis_bandwidth(0.1), "100 MB/s");
+        assert_eq!(axis_bandwidth(0.00001), "10 kB/s");
+        assert_eq!(axis_bandwidth(20.0), "20 GB/s");
+    }
+
+    #[test]
+    fn ticks_fall_on_powers() {
+        // 4 B to 64 MiB: every fifth power of two, which holds 1 KiB and 1 MiB.
+        let ticks = size_ticks(4.0 / 1.5, (64 << 20) as f64 * 1.5, 9);
+        let labels: Vec<String> = ticks.iter().map(|&t| axis_bytes(t)).collect();
+        assert_eq!(labels, ["32 B", "1 KiB", "32 KiB", "1 MiB", "32 MiB"]);
+        // 4 B to 8 KiB: every second one.
+        let ticks = size_ticks(4.0 / 1.5, 8192.0 * 1.5, 9);
+        let labels: Vec<String> = ticks.iter().map(|&t| axis_bytes(t)).collect();
+        assert_eq!(labels, ["4 B", "16 B", "64 B", "256 B", "1 KiB", "4 KiB"]);
+        // A narrow range ticks every power.
+        assert_eq!(size_ticks(3.0, 40.0, 9), [4.0, 8.0, 16.0, 32.0]);
+        // Decades, with 2 and 5 between when there are few.
+        assert_eq!(decade_range(12.0, 50_000.0), (1.0, 1e5));
+        assert_eq!(decade_ticks(10.0, 1e5), [10.0, 100.0, 1e3, 1e4, 1e5]);
+        assert_eq!(
+            decade_ticks(0.1, 10.0),
+            [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+        );
+        assert_eq!(decade_range(0.5, 0.5), (0.1, 1.0));
     }
 }

@@ -4,17 +4,21 @@
 //! would (the same hostfile, `MLX_HOSTFILE` and `MLX_RANK`), `nuvec bench -n 2` measures
 //! collectives across local ranks started the same way.
 
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use nuvec_distributed::DType;
 use nuvec_tools::anchors::{self, Anchors, Wanted};
-use nuvec_tools::bench::{self, Measurement, Op, Sweep};
+use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
 use nuvec_tools::chart;
 use nuvec_tools::launch::{self, Backend, HostList, LaunchSpec};
-use nuvec_tools::report::{self, NuvecRun, Report};
+use nuvec_tools::report::{self, Header, NuvecRun, Report};
 use nuvec_tools::runner::{self, RunOptions};
 
 /// Start and measure nuvec-distributed rings.
@@ -131,11 +135,15 @@ struct LaunchArgs {
 
 #[derive(Args, Clone)]
 #[command(
-    after_help = "The sweep's methodology is that of the anchors' mlx_bench.py (see \
-                  tools/src/bench.rs). With --mlx, --mpi or --limits the anchors run in the \
-                  same invocation and a comparison follows: latency ratios are anchor / \
-                  nuvec (above 1: nuvec is faster; for raw TCP, the share of the floor \
-                  reached), bandwidth is nuvec's bus bandwidth / raw TCP both ways at once."
+    after_help = "The output is nccl-tests': per collective, size (bytes per rank), count \
+                  (elements per rank), type, redop, time (the slowest rank's median, µs), \
+                  algbw and busbw (GB/s) and #wrong (elements that differed from the \
+                  expected result, on any rank). The sweep's methodology is that of the \
+                  anchors' mlx_bench.py (see tools/src/bench.rs). With --mlx, --mpi or \
+                  --limits the anchors run in the same invocation (float32 sums: their \
+                  sweeps') and a comparison follows: latency ratios are anchor / nuvec \
+                  (above 1: nuvec is faster; for raw TCP, the share of the floor reached), \
+                  bandwidth is nuvec's bus bandwidth / raw TCP both ways at once."
 )]
 struct BenchArgs {
     /// Ranks to start on this machine; a comma-separated list sweeps each (e.g. 2,3,4).
@@ -147,10 +155,25 @@ struct BenchArgs {
     /// The ring's first port (default: a free block of ports).
     #[arg(short = 'p', long)]
     starting_port: Option<u16>,
-    /// Collectives to measure, comma-separated: all_sum, all_gather, sum_scatter, sendrecv.
-    #[arg(long, value_delimiter = ',', default_value = "all_sum")]
-    ops: Vec<Op>,
-    /// Bytes per rank, comma-separated; suffixes K and M (binary) allowed.
+    /// Collectives to measure, comma-separated: all_sum (the all-reduce: see --op),
+    /// all_gather, sum_scatter, sendrecv.
+    #[arg(
+        long,
+        visible_alias = "ops",
+        value_delimiter = ',',
+        default_value = "all_sum"
+    )]
+    collectives: Vec<Op>,
+    /// Reductions of the all-reduce, comma-separated: sum (all_sum), max (all_max), min
+    /// (all_min). sum_scatter runs with sum only.
+    #[arg(long, value_delimiter = ',', default_value = "sum")]
+    op: Vec<RedOp>,
+    /// Element types, comma-separated: bool, uint8, uint16, uint32, uint64, int8, int16,
+    /// int32, int64, float16, bfloat16, float32, float64, complex64 (or f16, bf16, u8...).
+    #[arg(long, value_delimiter = ',', default_value = "float32", value_parser = bench::parse_dtype)]
+    dtype: Vec<DType>,
+    /// Bytes per rank, comma-separated; suffixes K and M (binary) allowed. Each must be
+    /// whole elements of every --dtype (the default sizes take at least one element).
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Option<Vec<usize>>,
     /// Timed milliseconds to aim for per size.
@@ -183,9 +206,15 @@ struct BenchArgs {
     /// this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     chart: Option<PathBuf>,
+    /// No progress line on stderr (there is none either when stderr is not a terminal).
+    #[arg(short = 'q', long)]
+    quiet: bool,
     /// Internal: run as one rank of a ring started by `nuvec bench`.
     #[arg(long, hide = true)]
     worker: bool,
+    /// Internal: where a worker's rank 0 notes each case it starts.
+    #[arg(long, hide = true)]
+    progress: Option<PathBuf>,
     /// Internal: where a worker's rank 0 writes its measurements as JSON.
     #[arg(long, hide = true)]
     results: Option<PathBuf>,
@@ -200,12 +229,10 @@ fn parse_size(s: &str) -> Result<usize, String> {
     let n: usize = digits
         .parse()
         .map_err(|_| format!("{s:?} is not a size (e.g. 4, 8K, 64M)"))?;
-    let bytes = n * scale;
-    if bytes == 0 || !bytes.is_multiple_of(4) {
-        return Err(format!(
-            "{s:?}: sizes are whole f32 elements, a positive multiple of 4 bytes"
-        ));
-    }
+    let bytes = n
+        .checked_mul(scale)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{s:?}: sizes are a positive number of bytes"))?;
     Ok(bytes)
 }
 
@@ -315,7 +342,9 @@ fn launch(args: LaunchArgs) -> ExitCode {
 /// The sweep the options describe.
 fn sweep(args: &BenchArgs) -> Sweep {
     let sweep = Sweep {
-        ops: args.ops.clone(),
+        ops: args.collectives.clone(),
+        redops: args.op.clone(),
+        dtypes: args.dtype.clone(),
         sizes: args
             .sizes
             .clone()
@@ -357,13 +386,35 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     {
         return Err(format!("--chart {}: charts are SVG files", chart.display()));
     }
+    for &bytes in args.sizes.iter().flatten() {
+        if let Some(d) = args.dtype.iter().find(|d| !bytes.is_multiple_of(d.size())) {
+            return Err(format!(
+                "--sizes {bytes}: not a whole number of {d} elements ({} bytes each)",
+                d.size()
+            ));
+        }
+    }
     let sweep = sweep(args);
+    if sweep.cases(2).is_empty() {
+        return Err("nothing to measure: sum_scatter reduces with sum only (see --op)".into());
+    }
+    let anchor_ops = anchors::has_anchor_ops(&sweep);
+    if (args.mlx || args.mpi)
+        && !(args.dtype.contains(&DType::F32)
+            && (args.op.contains(&RedOp::Sum) || !sweep.ops.contains(&Op::AllSum)))
+    {
+        return Err(
+            "--mlx and --mpi run the anchors' sweeps, which are float32 sums: add float32 to \
+             --dtype and sum to --op"
+                .into(),
+        );
+    }
     let wanted = Wanted {
-        mlx: args.mlx && anchors::has_anchor_ops(&sweep),
-        mpi: args.mpi && anchors::has_anchor_ops(&sweep),
+        mlx: args.mlx && anchor_ops,
+        mpi: args.mpi && anchor_ops,
         limits: args.limits,
     };
-    if (args.mlx || args.mpi) && !anchors::has_anchor_ops(&sweep) {
+    if (args.mlx || args.mpi) && !anchor_ops {
         eprintln!("nuvec bench: MLX's and MPI's sweeps have no sum_scatter; they are skipped");
     }
     let anchors = if wanted.mlx || wanted.mpi || wanted.limits {
@@ -373,23 +424,29 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     } else {
         None
     };
-    let mut report = Report::default();
+    let header = Header::detect(args.connections);
+    print!("{}", header.text());
+    let mut report = Report {
+        header: Some(header),
+        ..Report::default()
+    };
     if let Some(anchors) = anchors.as_ref().filter(|_| wanted.limits) {
         println!("\n== raw TCP on loopback (tcp_pingpong spin, tcp_stream bidir) ==");
         let limits = anchors.run_limits(&sweep)?;
         for p in &limits.pingpong {
             println!(
-                "ping-pong {:>8}: round trip median {}, p10 {}, p90 {} ({} iterations)",
+                "ping-pong {:>8}: round trip median {:.2} µs, p10 {:.2} µs, p90 {:.2} µs \
+                 ({} iterations)",
                 bench::human(p.bytes),
-                bench::micros(p.rtt_median_us),
-                bench::micros(p.rtt_p10_us),
-                bench::micros(p.rtt_p90_us),
+                p.rtt_median_us,
+                p.rtt_p10_us,
+                p.rtt_p90_us,
                 p.iters
             );
         }
         if let Some(s) = &limits.stream {
             println!(
-                "stream {} both ways: {:.3} GB/s per direction (median of {}, best {:.3})",
+                "stream {} both ways: {:.3} GB/s per direction (median of {}, best {:.3} GB/s)",
                 bench::human(s.bytes),
                 s.gbps_per_direction,
                 s.reps,
@@ -402,19 +459,24 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         if runner::interrupted() {
             return Err("interrupted".into());
         }
-        println!("\n== nuvec, {ranks} ranks ==");
-        report.nuvec.push(NuvecRun {
+        let run = NuvecRun {
             ranks,
             measurements: run_nuvec(args, ranks)?,
-        });
+        };
+        print!("{}", report::nuvec_tables(&run));
+        report.nuvec.push(run);
         if let Some(anchors) = &anchors {
             if wanted.mlx {
                 println!("\n== MLX ring (mlx.launch), {ranks} ranks ==");
-                report.mlx.push(anchors.run_mlx(ranks, &sweep)?);
+                let run = anchors.run_mlx(ranks, &sweep)?;
+                print!("{}", report::anchor_tables(&run));
+                report.mlx.push(run);
             }
             if wanted.mpi {
                 println!("\n== Open MPI over TCP (mpirun), {ranks} ranks ==");
-                report.mpi.push(anchors.run_mpi(ranks, &sweep)?);
+                let run = anchors.run_mpi(ranks, &sweep)?;
+                print!("{}", report::anchor_tables(&run));
+                report.mpi.push(run);
             }
         }
     }
@@ -422,6 +484,19 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     if report.has_anchors() {
         print!("{}", report::comparison_table(&report.comparison));
     }
+    let nuvec_wrong: Vec<String> = report
+        .nuvec
+        .iter()
+        .flat_map(|r| &r.measurements)
+        .filter(|m| !m.correct())
+        .map(|m| {
+            let redop = m.redop.map(|r| format!(" {r}")).unwrap_or_default();
+            format!(
+                "n={} {} {}{redop} {} B: {} elements",
+                m.ranks, m.op, m.dtype, m.bytes, m.wrong
+            )
+        })
+        .collect();
     let wrong: Vec<String> = report
         .mlx
         .iter()
@@ -442,10 +517,57 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         chart::write_chart(path, &report)?;
         println!("chart: {}", path.display());
     }
+    if !nuvec_wrong.is_empty() {
+        return Err(format!(
+            "nuvec's results were wrong: {}",
+            nuvec_wrong.join(", ")
+        ));
+    }
     if !wrong.is_empty() {
         return Err(format!("anchor results were wrong: {}", wrong.join(", ")));
     }
     Ok(())
+}
+
+/// The progress line of a run of `cases`, on stderr; hidden with --quiet or when stderr is
+/// not a terminal (a log file gets the tables alone).
+fn progress_bar(args: &BenchArgs, ranks: usize, cases: usize) -> ProgressBar {
+    if args.quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(cases as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} nuvec, {prefix} ranks [{bar:24}] {pos}/{len} {wide_msg} {elapsed}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(ranks.to_string());
+    bar.set_message("starting the ranks");
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+/// Follows rank 0's progress file until `stop`: each line is the index of the case it
+/// started.
+fn follow_progress(path: &Path, cases: &[Case], bar: &ProgressBar, stop: &AtomicBool) {
+    let mut shown = None;
+    while !stop.load(Ordering::Relaxed) {
+        let last = std::fs::read_to_string(path).ok().and_then(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse::<usize>().ok())
+                .next_back()
+        });
+        if let Some(i) = last
+            && shown != Some(i)
+        {
+            bar.set_position(i as u64);
+            if let Some(case) = cases.get(i) {
+                bar.set_message(case.to_string());
+            }
+            shown = Some(i);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Starts `ranks` workers (this program again) through the launcher and returns what rank
@@ -459,7 +581,7 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String>
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let results = dir.path().join(format!("nuvec-n{ranks}.json"));
     let mut command = vec![exe.to_string_lossy().into_owned(), "bench".into()];
-    command.extend(worker_args(args, &results));
+    command.extend(worker_args(args, &results, &dir.path().join("progress")));
     let plan =
         launch::local_ring(ranks, args.connections, port, command).map_err(|e| e.to_string())?;
     let options = RunOptions {
@@ -468,7 +590,18 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String>
         name: "nuvec bench".into(),
         ..RunOptions::default()
     };
-    let outcome = runner::run_plan(&plan, &options).map_err(|e| e.to_string())?;
+    let cases = sweep(args).cases(ranks);
+    let progress = dir.path().join("progress");
+    let bar = progress_bar(args, ranks, cases.len());
+    let stop = AtomicBool::new(false);
+    let outcome = std::thread::scope(|scope| {
+        scope.spawn(|| follow_progress(&progress, &cases, &bar, &stop));
+        let outcome = runner::run_plan(&plan, &options);
+        stop.store(true, Ordering::Relaxed);
+        outcome
+    });
+    bar.finish_and_clear();
+    let outcome = outcome.map_err(|e| e.to_string())?;
     if let Some(message) = outcome.message() {
         return Err(format!("{ranks} ranks: {message}"));
     }
@@ -477,16 +610,20 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String>
     serde_json::from_str(&text).map_err(|e| format!("{ranks} ranks: reading the results: {e}"))
 }
 
-/// The arguments a worker rank gets: the sweep, as given, and where to write results.
-fn worker_args(args: &BenchArgs, results: &std::path::Path) -> Vec<String> {
+/// The arguments a worker rank gets: the sweep, as given, and where to write results and
+/// progress.
+fn worker_args(args: &BenchArgs, results: &Path, progress: &Path) -> Vec<String> {
+    let names = |names: Vec<&str>| names.join(",");
     let mut out = vec![
         "--worker".into(),
-        "--ops".into(),
-        args.ops
-            .iter()
-            .map(|o| o.name())
-            .collect::<Vec<_>>()
-            .join(","),
+        "--collectives".into(),
+        names(args.collectives.iter().map(|o| o.name()).collect()),
+        "--op".into(),
+        names(args.op.iter().map(|o| o.name()).collect()),
+        "--dtype".into(),
+        names(args.dtype.iter().map(|d| d.name()).collect()),
+        "--progress".into(),
+        progress.to_string_lossy().into_owned(),
         "--target-ms".into(),
         args.target_ms.to_string(),
         "--results".into(),
@@ -521,26 +658,116 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let measurements = match bench::run(&group, &sweep(args)) {
+    // Rank 0 notes each case it starts for the launcher's progress line; a note that
+    // cannot be written costs only the display.
+    let mut notes = args
+        .progress
+        .as_ref()
+        .filter(|_| group.rank() == 0)
+        .and_then(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .ok()
+        });
+    let measurements = match bench::run_with(&group, &sweep(args), |i, _| {
+        if let Some(file) = notes.as_mut() {
+            use std::io::Write;
+            let _ = writeln!(file, "{i}");
+        }
+    }) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("nuvec bench: rank {}: {e}", group.rank());
             return ExitCode::FAILURE;
         }
     };
+    // Rank 0 hands its results to the launcher, which prints them (wrong results too:
+    // the table shows them, and the launcher fails after it).
     if group.rank() == 0 {
-        bench::print_table(&measurements);
-        if let Some(path) = &args.results {
-            let text = serde_json::to_string_pretty(&measurements).unwrap_or_default();
-            if let Err(e) = std::fs::write(path, text) {
-                eprintln!("nuvec bench: writing {}: {e}", path.display());
-                return ExitCode::FAILURE;
+        match &args.results {
+            Some(path) => {
+                let text = serde_json::to_string_pretty(&measurements).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("nuvec bench: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
             }
-        }
-        if measurements.iter().any(|m| !m.correct) {
-            eprintln!("nuvec bench: some results were wrong (see the ok column)");
-            return ExitCode::FAILURE;
+            None => print!(
+                "{}",
+                report::nuvec_tables(&NuvecRun {
+                    ranks: group.size(),
+                    measurements
+                })
+            ),
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench_args(args: &[&str]) -> Result<BenchArgs, String> {
+        let argv = ["nuvec", "bench"].iter().chain(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Bench(args) => Ok(args),
+            _ => Err("not bench".into()),
+        }
+    }
+
+    #[test]
+    fn dtype_and_op_parse_as_lists() {
+        let args = bench_args(&["--dtype", "bfloat16,f16,complex64", "--op", "sum,max"]).unwrap();
+        assert_eq!(args.dtype, [DType::BF16, DType::F16, DType::Complex64]);
+        assert_eq!(args.op, [RedOp::Sum, RedOp::Max]);
+        // Defaults: float32 sums of all_sum; --ops still names the collectives.
+        let args = bench_args(&["--ops", "all_sum,sendrecv"]).unwrap();
+        assert_eq!(args.dtype, [DType::F32]);
+        assert_eq!(args.op, [RedOp::Sum]);
+        assert_eq!(args.collectives, [Op::AllSum, Op::SendRecv]);
+        // Every dtype by its MLX name.
+        let all: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+        let args = bench_args(&["--dtype", &all.join(",")]).unwrap();
+        assert_eq!(args.dtype, DType::ALL);
+        let err = bench_args(&["--dtype", "float8"]).err().unwrap();
+        assert!(err.contains("float8") && err.contains("bfloat16"), "{err}");
+        let err = bench_args(&["--op", "prod"]).err().unwrap();
+        assert!(
+            err.contains("prod") && err.contains("sum, max or min"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn workers_get_the_same_sweep() {
+        let args = bench_args(&[
+            "--collectives",
+            "all_sum,all_gather",
+            "--dtype",
+            "bf16,int8",
+            "--op",
+            "min",
+            "--sizes",
+            "4,8K",
+            "--iters",
+            "7",
+        ])
+        .unwrap();
+        let argv = worker_args(&args, Path::new("/r.json"), Path::new("/p"));
+        let mut full = vec!["bench"];
+        full.extend(argv.iter().map(String::as_str));
+        let worker = bench_args(&full[1..]).unwrap();
+        assert!(worker.worker);
+        assert_eq!(worker.progress.as_deref(), Some(Path::new("/p")));
+        let (a, b) = (sweep(&args), sweep(&worker));
+        assert_eq!(a.cases(2), b.cases(2));
+        assert_eq!((b.min_iters, b.max_iters), (7, 7));
+        assert_eq!(b.dtypes, [DType::BF16, DType::I8]);
+    }
 }

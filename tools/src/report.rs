@@ -1,6 +1,7 @@
-//! What `nuvec bench` reports when it ran anchors too: per op and rank count, nuvec's
-//! median latency and bus bandwidth beside MLX's ring, Open MPI over TCP and the raw TCP
-//! limits, with ratios, and one JSON document with everything.
+//! What `nuvec bench` reports: a header saying where and how it measured, nccl-tests'
+//! table for each system measured (nuvec and the anchors), and, when anchors ran too, per
+//! op and rank count nuvec's median latency and bus bandwidth beside MLX's ring, Open MPI
+//! over TCP and the raw TCP limits, with ratios; and one JSON document with everything.
 //!
 //! Ratios: for latency, anchor / nuvec (above 1, nuvec is faster) — for the TCP limit that
 //! is the share of the floor reached (1 is at the floor); for bandwidth, nuvec's bus
@@ -13,10 +14,285 @@
 
 use std::collections::BTreeSet;
 
+use nuvec_distributed::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::anchors::{AnchorRun, Limits};
-use crate::bench::{Measurement, Op, human, micros};
+use crate::bench::{Measurement, Op, RedOp, human, micros};
+
+/// Where and how a run measured: printed above the tables, kept in the JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// The host's name.
+    pub host: String,
+    /// The CPU model and how many CPUs this process may use.
+    pub cpu: String,
+    /// The kernel: its name and release.
+    pub kernel: String,
+    /// The SIMD level reductions use (`nuvec_distributed::simd_level`).
+    pub simd: String,
+    /// The bytes on the wire: `mlx`, MLX's ring format.
+    pub wire: String,
+    /// What carries them: `tcp`.
+    pub transport: String,
+    /// Connections between neighbouring ranks.
+    pub connections: usize,
+    /// The TCP congestion control of those connections, and where it comes from.
+    pub congestion: String,
+}
+
+impl Header {
+    /// This machine's header for a ring of `connections` connections per neighbour, with
+    /// the congestion control the ranks will use (they inherit this environment).
+    pub fn detect(connections: usize) -> Self {
+        let uname = nix::sys::utsname::uname().ok();
+        let text = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
+            uname
+                .as_ref()
+                .map(|u| f(u).to_string_lossy().into_owned())
+                .unwrap_or_else(|| "unknown".into())
+        };
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let congestion_var = nuvec_distributed::TCP_CONGESTION_VAR;
+        let congestion = match std::env::var(congestion_var) {
+            Ok(name) if !name.trim().is_empty() => format!("{} ({congestion_var})", name.trim()),
+            _ => match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+                Ok(name) if !name.trim().is_empty() => {
+                    format!("{} (system default)", name.trim())
+                }
+                _ => "system default".into(),
+            },
+        };
+        Self {
+            host: text(|u| u.nodename()),
+            cpu: format!("{} ({cpus} CPUs)", cpu_model()),
+            kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
+            simd: nuvec_distributed::simd_level().into(),
+            wire: "mlx".into(),
+            transport: "tcp".into(),
+            connections,
+            congestion,
+        }
+    }
+
+    /// The header as comment lines, as nccl-tests starts its output.
+    pub fn text(&self) -> String {
+        let fields = [
+            ("host", self.host.clone()),
+            ("cpu", self.cpu.clone()),
+            ("kernel", self.kernel.clone()),
+            ("simd", self.simd.clone()),
+            ("wire", self.wire.clone()),
+            ("transport", self.transport.clone()),
+            ("connections", format!("{} per neighbour", self.connections)),
+            ("congestion", self.congestion.clone()),
+        ];
+        fields
+            .iter()
+            .map(|(k, v)| format!("# {k:<12} {v}\n"))
+            .collect()
+    }
+}
+
+/// The CPU's model name, or `unknown`.
+fn cpu_model() -> String {
+    let linux = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| matches!(k.trim(), "model name" | "Model" | "cpu model"))
+                .map(|(_, v)| v.trim().to_string())
+        });
+    let macos = || {
+        std::process::Command::new("sysctl")
+            .args(["-n", "machdep.cpu.brand_string"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    linux
+        .or_else(macos)
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// One row of nccl-tests' table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    /// Bytes per rank.
+    pub bytes: usize,
+    /// Elements per rank.
+    pub count: usize,
+    /// The dtype's name.
+    pub dtype: String,
+    /// The reduction, or `none`.
+    pub redop: String,
+    /// The median, µs.
+    pub time_us: f64,
+    /// Algorithm bandwidth, GB/s.
+    pub algbw_gbs: f64,
+    /// Bus bandwidth, GB/s.
+    pub busbw_gbs: f64,
+    /// Wrong elements; `None` when a system said its results were wrong without counting.
+    pub wrong: Option<u64>,
+}
+
+impl From<&Measurement> for Line {
+    fn from(m: &Measurement) -> Self {
+        Self {
+            bytes: m.bytes,
+            count: m.count,
+            dtype: m.dtype.name().into(),
+            redop: m.redop.map_or("none", RedOp::name).into(),
+            time_us: m.median_us,
+            algbw_gbs: m.algbw_gbs,
+            busbw_gbs: m.busbw_gbs,
+            wrong: Some(m.wrong),
+        }
+    }
+}
+
+/// The columns: size (B), count (elements), type, redop, time (µs), algbw and busbw
+/// (GB/s), #wrong — as nccl-tests prints them.
+fn columns(cells: [&str; 8]) -> String {
+    let [size, count, dtype, redop, time, algbw, busbw, wrong] = cells;
+    format!(
+        "{size:>12} {count:>12} {dtype:>10} {redop:>6} {time:>10} {algbw:>8} {busbw:>8} {wrong:>7}"
+    )
+}
+
+/// One table: the title, the column heads, a row per line and the totals.
+pub fn table(title: &str, lines: &[Line]) -> String {
+    let head = |cells: [&str; 8]| {
+        // The first column is right-aligned, so its first character is always free.
+        let mut line = columns(cells);
+        line.replace_range(..1, "#");
+        line.trim_end().to_string()
+    };
+    let mut out = format!("# {title}\n");
+    out.push_str(&head([
+        "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+    ]));
+    out.push('\n');
+    out.push_str(&head([
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "(µs)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+    ]));
+    out.push('\n');
+    for l in lines {
+        let wrong = l.wrong.map_or(">0".into(), |w| w.to_string());
+        out.push_str(&columns([
+            &l.bytes.to_string(),
+            &l.count.to_string(),
+            &l.dtype,
+            &l.redop,
+            &micros(l.time_us),
+            &format!("{:.2}", l.algbw_gbs),
+            &format!("{:.2}", l.busbw_gbs),
+            &wrong,
+        ]));
+        out.push('\n');
+    }
+    if !lines.is_empty() {
+        let avg = lines.iter().map(|l| l.busbw_gbs).sum::<f64>() / lines.len() as f64;
+        let wrong: Option<u64> = lines.iter().map(|l| l.wrong).sum();
+        let verdict = match wrong {
+            Some(0) => "0 (OK)".to_string(),
+            Some(n) => format!("{n} (FAILED)"),
+            None => "some (FAILED)".to_string(),
+        };
+        out.push_str(&format!("# wrong elements    : {verdict}\n"));
+        out.push_str(&format!("# avg bus bandwidth : {avg:.3} GB/s\n"));
+    }
+    out
+}
+
+/// The library calls a table of `op` covers, e.g. `all_sum, all_max`, in the order given.
+fn calls(op: Op, redops: &[&'static str]) -> String {
+    if op != Op::AllSum {
+        return op.name().into();
+    }
+    let names: Vec<String> = redops.iter().map(|r| format!("all_{r}")).collect();
+    if names.is_empty() {
+        op.name().into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// nuvec's tables for one rank count, one per collective.
+pub fn nuvec_tables(run: &NuvecRun) -> String {
+    let mut out = String::new();
+    for op in Op::ALL {
+        let ms: Vec<&Measurement> = run.measurements.iter().filter(|m| m.op == op).collect();
+        if ms.is_empty() {
+            continue;
+        }
+        let mut redops: Vec<&str> = Vec::new();
+        for name in ms.iter().filter_map(|m| m.redop.map(RedOp::name)) {
+            if !redops.contains(&name) {
+                redops.push(name);
+            }
+        }
+        let lines: Vec<Line> = ms.into_iter().map(Line::from).collect();
+        out.push('\n');
+        out.push_str(&table(
+            &format!("nuvec, {} ranks: {}", run.ranks, calls(op, &redops)),
+            &lines,
+        ));
+    }
+    out
+}
+
+/// An anchor's tables, one per collective: its sweeps are float32, and sum for all_sum.
+pub fn anchor_tables(run: &AnchorRun) -> String {
+    let mut out = String::new();
+    let version = run
+        .version
+        .as_deref()
+        .map(|v| format!(" {v}"))
+        .unwrap_or_default();
+    for op in Op::ALL {
+        let lines: Vec<Line> = run
+            .points
+            .iter()
+            .filter(|p| p.op == op)
+            .map(|p| Line {
+                bytes: p.bytes,
+                count: p.bytes / DType::F32.size(),
+                dtype: DType::F32.name().into(),
+                redop: if op.reduces() { "sum" } else { "none" }.into(),
+                time_us: p.median_us,
+                algbw_gbs: p.algbw_gbs,
+                busbw_gbs: p.busbw_gbs,
+                // The anchors check every element and say only whether all were exact.
+                wrong: p.correct.then_some(0),
+            })
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        out.push('\n');
+        out.push_str(&table(
+            &format!(
+                "{}{version}, {} ranks: {}",
+                run.system,
+                run.ranks,
+                op.name()
+            ),
+            &lines,
+        ));
+    }
+    out
+}
 
 /// nuvec's sweep for one number of ranks.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -65,6 +341,8 @@ pub struct Row {
 /// Everything one `nuvec bench` run measured.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Report {
+    /// Where and how it was measured.
+    pub header: Option<Header>,
     /// nuvec, per rank count.
     pub nuvec: Vec<NuvecRun>,
     /// MLX's ring, per rank count.
@@ -89,8 +367,9 @@ impl Report {
     }
 }
 
-/// One row per nuvec measurement, with what the anchors measured at the same op, ranks and
-/// size.
+/// One row per nuvec measurement the anchors can be set beside (float32, and sum for the
+/// all-reduce: what their sweeps measure), with what they measured at the same op, ranks
+/// and size.
 pub fn compare(
     nuvec: &[NuvecRun],
     mlx: &[AnchorRun],
@@ -106,7 +385,9 @@ pub fn compare(
                 .and_then(|r| r.point(m.op, m.bytes))
                 .cloned()
         };
-        for m in &run.measurements {
+        let comparable =
+            |m: &&Measurement| m.dtype == DType::F32 && matches!(m.redop, None | Some(RedOp::Sum));
+        for m in run.measurements.iter().filter(comparable) {
             let mlx = find(mlx, m);
             let mpi = find(mpi, m);
             let tcp = limits.and_then(|l| l.pingpong(m.bytes)).map(|p| {
@@ -162,7 +443,8 @@ pub fn comparison_table(rows: &[Row]) -> String {
             .collect();
         let op = group[0].op;
         out.push_str(&format!(
-            "\n{op}, {ranks} ranks: median latency and bus bandwidth (GB/s) against the anchors\n"
+            "\n{op}, {ranks} ranks, float32: median latency (µs) and bus bandwidth (GB/s) against \
+             the anchors\n"
         ));
         let mut head = format!("{:>8} {:>10}", "size", "nuvec");
         if mlx {
@@ -276,8 +558,11 @@ mod tests {
     ) -> Measurement {
         Measurement {
             op,
+            redop: op.reduces().then_some(RedOp::Sum),
+            dtype: DType::F32,
             ranks,
             bytes,
+            count: bytes / 4,
             iters: 100,
             min_us: median_us,
             median_us,
@@ -285,7 +570,7 @@ mod tests {
             max_us: median_us,
             algbw_gbs: busbw_gbs,
             busbw_gbs,
-            correct: true,
+            wrong: 0,
         }
     }
 
@@ -303,6 +588,7 @@ mod tests {
 
     fn sample() -> Report {
         let mut report = Report {
+            header: None,
             nuvec: vec![NuvecRun {
                 ranks: 2,
                 measurements: vec![
@@ -391,5 +677,132 @@ mod tests {
         assert_eq!(back.comparison, report.comparison);
         assert_eq!(back.mlx, report.mlx);
         assert!(text.contains("\"op\":\"sendrecv\""), "{text}");
+    }
+
+    #[test]
+    fn only_float32_sums_are_compared() {
+        let mut report = sample();
+        let mut bf16 = measurement(Op::AllSum, 2, 4, 9.0, 0.0004);
+        bf16.dtype = DType::BF16;
+        let mut max = measurement(Op::AllSum, 2, 4, 9.0, 0.0004);
+        max.redop = Some(RedOp::Max);
+        report.nuvec[0].measurements.extend([bf16, max]);
+        report.compare();
+        assert_eq!(report.comparison.len(), 3);
+    }
+
+    #[test]
+    fn tables_have_nccl_tests_columns_in_one_unit_each() {
+        let mut run = sample().nuvec.remove(0);
+        run.measurements[1].median_us = 81_234.4;
+        run.measurements[1].algbw_gbs = 0.826;
+        run.measurements[1].busbw_gbs = 0.826;
+        let text = nuvec_tables(&run);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[1], "# nuvec, 2 ranks: all_sum", "{text}");
+        let heads = [
+            "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+        ];
+        let words: Vec<&str> = lines[2]
+            .trim_start_matches('#')
+            .split_whitespace()
+            .collect();
+        assert_eq!(words, heads);
+        let units: Vec<&str> = lines[3]
+            .trim_start_matches('#')
+            .split_whitespace()
+            .collect();
+        assert_eq!(units, ["(B)", "(elements)", "(µs)", "(GB/s)", "(GB/s)"]);
+        // Every row lines up with the heads: the last character of each column matches.
+        let ends = |l: &str| -> Vec<usize> {
+            let c: Vec<char> = l.chars().collect();
+            (2..=c.len())
+                .filter(|&i| c[i - 1] != ' ' && c.get(i).is_none_or(|&x| x == ' '))
+                .collect()
+        };
+        assert_eq!(ends(lines[4]), ends(lines[2]), "{text}");
+        assert_eq!(ends(lines[5]), ends(lines[2]), "{text}");
+        let row: Vec<&str> = lines[4].split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["4", "1", "float32", "sum", "10.00", "0.00", "0.00", "0"]
+        );
+        // Milliseconds stay in µs; bandwidth in GB/s with two decimals.
+        let row: Vec<&str> = lines[5].split_whitespace().collect();
+        assert_eq!(row[3..], ["sum", "81234", "0.83", "0.83", "0"]);
+        assert!(!text.contains(" ms") && !text.contains("G "), "{text}");
+        assert!(text.contains("# wrong elements    : 0 (OK)"), "{text}");
+        // sendrecv has its own table, with no reduction.
+        let send = text.lines().find(|l| l.contains("sendrecv")).unwrap();
+        assert_eq!(send, "# nuvec, 2 ranks: sendrecv");
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().nth(3) == Some("none"))
+        );
+    }
+
+    #[test]
+    fn wrong_elements_show_in_the_table() {
+        let mut run = sample().nuvec.remove(0);
+        run.measurements[0].wrong = 7;
+        run.measurements[0].redop = Some(RedOp::Max);
+        let text = nuvec_tables(&run);
+        // The calls in the order measured.
+        assert!(
+            text.contains("# nuvec, 2 ranks: all_max, all_sum"),
+            "{text}"
+        );
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
+        let row = text.lines().find(|l| l.contains(" max ")).unwrap();
+        assert!(row.ends_with(" 7"), "{row}");
+        assert!(text.contains("# wrong elements    : 7 (FAILED)"), "{text}");
+        // An anchor that only says "wrong" shows as such.
+        let mut mlx = sample().mlx.remove(0);
+        mlx.points[0].correct = false;
+        let text = anchor_tables(&mlx);
+        assert!(
+            text.contains("# mlx-ring 0.32.4, 2 ranks: all_sum"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["4", "1", "float32", "sum", "60.00", "0.00", "0.00", ">0"]
+        );
+        assert!(text.contains("some (FAILED)"), "{text}");
+    }
+
+    #[test]
+    fn the_header_names_every_field() {
+        let header = Header::detect(2);
+        assert_eq!(
+            (header.wire.as_str(), header.transport.as_str()),
+            ("mlx", "tcp")
+        );
+        assert_eq!(header.simd, nuvec_distributed::simd_level());
+        assert!(!header.host.is_empty() && !header.kernel.is_empty());
+        let text = header.text();
+        for key in [
+            "host",
+            "cpu",
+            "kernel",
+            "simd",
+            "wire",
+            "transport",
+            "connections",
+            "congestion",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("# {key} "))),
+                "{key}:\n{text}"
+            );
+        }
+        assert!(text.contains("# connections  2 per neighbour"), "{text}");
+        let json = serde_json::to_value(&header).unwrap();
+        assert_eq!(json["connections"], 2);
+        assert_eq!(json["wire"], "mlx");
     }
 }

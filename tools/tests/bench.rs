@@ -33,6 +33,10 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
         "2,3",
         "--ops",
         "all_sum,sendrecv",
+        "--dtype",
+        "float32,int8",
+        "--op",
+        "sum,min",
         "--sizes",
         "4,8K",
         "--iters",
@@ -49,11 +53,25 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
         out.status,
         out.stderr
     );
-    // Rank 0's tables, unprefixed, for both rank counts.
+    // The header, then nccl-tests' tables, unprefixed, for both rank counts.
+    assert!(stdout.starts_with("# host "), "{stdout}");
+    assert!(stdout.contains("# wire         mlx"), "{stdout}");
     assert!(
-        stdout.contains("all_sum (n=2)") && stdout.contains("sendrecv (n=3)"),
+        stdout.contains("# nuvec, 2 ranks: all_sum, all_min")
+            && stdout.contains("# nuvec, 3 ranks: sendrecv"),
         "{stdout}"
     );
+    let row = stdout
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .take(4)
+                .eq(["8192", "8192", "int8", "min"])
+        })
+        .unwrap_or_else(|| panic!("no int8 min row at 8 KiB:\n{stdout}"));
+    assert!(row.ends_with(" 0"), "{row}");
+    // The progress line is for terminals only.
+    assert!(!out.stderr.contains("ranks ["), "{}", out.stderr);
     assert!(
         !stdout.contains("[0] "),
         "bench output is not prefixed:\n{stdout}"
@@ -65,24 +83,34 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
     for (run, ranks) in runs.iter().zip([2, 3]) {
         assert_eq!(run["ranks"], ranks);
         let ms = run["measurements"].as_array().unwrap();
-        assert_eq!(ms.len(), 4, "two ops at two sizes");
+        // all_sum: 2 dtypes × 2 reductions × 2 sizes; sendrecv: 2 dtypes × 2 sizes.
+        assert_eq!(ms.len(), 12);
         for m in ms {
             assert_eq!(m["ranks"], ranks);
             assert_eq!(m["iters"], 30);
-            assert_eq!(m["correct"], true);
+            assert_eq!(m["wrong"], 0);
             assert!(m["median_us"].as_f64().unwrap() > 0.0);
         }
-        assert_eq!(ms[2]["op"], "sendrecv");
+        assert_eq!(
+            (&ms[2]["redop"], &ms[2]["dtype"]),
+            (&"min".into(), &"float32".into())
+        );
+        assert_eq!(
+            (&ms[8]["op"], &ms[8]["redop"]),
+            (&"sendrecv".into(), &Value::Null)
+        );
     }
-    // Without anchors, the comparison still has a row per measurement, with no anchor
-    // figures.
+    assert_eq!(report["header"]["wire"], "mlx");
+    assert_eq!(report["header"]["connections"], 1);
+    // Without anchors, the comparison still has a row per float32 sum (or sendrecv), with
+    // no anchor figures.
     let rows = report["comparison"].as_array().unwrap();
     assert_eq!(rows.len(), 8);
     assert!(rows.iter().all(|r| r["mlx_median_us"].is_null()));
 
     let svg = std::fs::read_to_string(&chart).unwrap();
     for text in [
-        "all_sum: median latency",
+        "all_sum, all_min: median latency",
         "sendrecv: bus bandwidth",
         "nuvec n=2",
         "nuvec n=3",
@@ -102,6 +130,52 @@ fn a_missing_anchors_folder_is_named() {
     );
     // Nothing was measured before the check.
     assert!(!out.stdout.contains("nuvec, 2 ranks"));
+}
+
+#[test]
+fn every_dtype_collective_and_reduction_comes_out_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let dtypes: Vec<&str> = nuvec_tools::bench::DTYPES
+        .iter()
+        .map(|d| d.name())
+        .collect();
+    let out = bench(&[
+        "-n",
+        "3",
+        "--collectives",
+        "all_sum,all_gather,sum_scatter,sendrecv",
+        "--op",
+        "sum,max,min",
+        "--dtype",
+        &dtypes.join(","),
+        "--sizes",
+        "24",
+        "--iters",
+        "5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ms = report["nuvec"][0]["measurements"].as_array().unwrap();
+    // all_sum: 14 dtypes × 3 reductions; all_gather, sum_scatter, sendrecv: 14 each.
+    assert_eq!(ms.len(), 14 * 3 + 14 * 3);
+    for m in ms {
+        assert_eq!(m["wrong"], 0, "{m}");
+        assert!(m["count"].as_u64().unwrap() >= 3, "{m}");
+    }
+}
+
+#[test]
+fn sizes_must_hold_whole_elements() {
+    let out = bench(&["--sizes", "4,6", "--dtype", "bfloat16,float32"]);
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("--sizes 6") && out.stderr.contains("float32"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
