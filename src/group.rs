@@ -15,8 +15,12 @@ use crate::reduce::ReduceOp;
 ///
 /// # Order, and threads
 ///
-/// Collectives on one group must be issued in the same order on every rank: the wire
-/// carries no tags, so the k-th call on one rank pairs with the k-th call on every other.
+/// Collectives on one group must be issued in the same order on every rank, with the same
+/// lengths, dtypes and ops: the wire carries no tags, so the k-th call on one rank pairs
+/// with the k-th call on every other. A mismatch (another collective, length, dtype or op)
+/// is not detected: it returns `Ok` with wrong data, and every later call on the group is
+/// wrong too, because the ranks no longer agree where one call's bytes end. Such a group
+/// cannot be put back in step: [`close`](Group::close) it on every rank and form a new one.
 ///
 /// A group may be used from several threads, but its collectives then run one at a time in
 /// whatever order the threads reach it, which differs from rank to rank: thread 0's call on
