@@ -50,8 +50,12 @@ pub(super) fn reduce_neon(
             let (b0, b1) = bf16_widen(load(b));
             store(a, bf16_narrow(vaddq_f32(a0, b0), vaddq_f32(a1, b1)));
         }),
-        (Elem::BF16, _, Semantics::Ring) => select::<false>(op, 2, acc, inc, |x, y| bf16_less(x, y)),
-        (Elem::BF16, _, Semantics::Jaccl) => select::<true>(op, 2, acc, inc, |x, y| bf16_less(x, y)),
+        (Elem::BF16, _, Semantics::Ring) => {
+            select::<false>(op, 2, acc, inc, |x, y| bf16_less(x, y))
+        }
+        (Elem::BF16, _, Semantics::Jaccl) => {
+            select::<true>(op, 2, acc, inc, |x, y| bf16_less(x, y))
+        }
         (Elem::Complex64, Op::Max | Op::Min, Semantics::Ring) => {
             select::<false>(op, 8, acc, inc, |x, y| complex_less(x, y))
         }

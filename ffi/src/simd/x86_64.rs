@@ -278,7 +278,10 @@ fn complex_select_avx512<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8
         } else {
             complex_less8(other, kept)
         };
-        store512(a, _mm512_castps_si512(_mm512_mask_blend_ps(take, kept, other)));
+        store512(
+            a,
+            _mm512_castps_si512(_mm512_mask_blend_ps(take, kept, other)),
+        );
     });
 }
 
