@@ -14,8 +14,12 @@
 //! Most kernels are the plain element loop of `portable.rs`, inlined into a function compiled
 //! for the level's instruction set so that the compiler vectorises it with that level's
 //! registers. Half precision needs conversions the compiler does not vectorise by itself
-//! (x86's F16C and AVX-512 `vcvtph2ps`/`vcvtps2ph`), and `bfloat16` can use AVX512-BF16's
-//! conversion: those are written with intrinsics in `x86_64.rs`.
+//! (x86's F16C and AVX-512 `vcvtph2ps`/`vcvtps2ph`, aarch64's FCVTL/FCVTN), `bfloat16` can
+//! use AVX512-BF16's conversion, and `complex64` max and min (whose element order spans two
+//! lanes) and float max and min (which the compiler turns into slow masked stores on x86) are
+//! selects: those are written with intrinsics in `x86_64.rs` and `aarch64.rs`. On aarch64
+//! the one level is NEON: its `f16` conversions are base ARMv8.0 instructions, so there is
+//! no optional feature to detect (see `aarch64.rs`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -42,7 +46,7 @@ pub enum Level {
     Avx2,
     /// x86_64 AVX-512 F, BW and VL (with AVX512-BF16 for `bfloat16` sums, where present).
     Avx512,
-    /// aarch64 NEON.
+    /// aarch64 NEON (baseline on aarch64, `f16` conversions included).
     Neon,
 }
 
