@@ -14,8 +14,12 @@
 //! Most kernels are the plain element loop of `portable.rs`, inlined into a function compiled
 //! for the level's instruction set so that the compiler vectorises it with that level's
 //! registers. Half precision needs conversions the compiler does not vectorise by itself
-//! (x86's F16C and AVX-512 `vcvtph2ps`/`vcvtps2ph`), and `bfloat16` can use AVX512-BF16's
-//! conversion: those are written with intrinsics in `x86_64.rs`.
+//! (x86's F16C and AVX-512 `vcvtph2ps`/`vcvtps2ph`, aarch64's FCVTL/FCVTN), `bfloat16` can
+//! use AVX512-BF16's conversion, and `complex64` max and min (whose element order spans two
+//! lanes) and float max and min (which the compiler turns into slow masked stores on x86) are
+//! selects: those are written with intrinsics in `x86_64.rs` and `aarch64.rs`. On aarch64
+//! the one level is NEON: its `f16` conversions are base ARMv8.0 instructions, so there is
+//! no optional feature to detect (see `aarch64.rs`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -42,7 +46,7 @@ pub enum Level {
     Avx2,
     /// x86_64 AVX-512 F, BW and VL (with AVX512-BF16 for `bfloat16` sums, where present).
     Avx512,
-    /// aarch64 NEON.
+    /// aarch64 NEON (baseline on aarch64, `f16` conversions included).
     Neon,
 }
 
@@ -352,6 +356,42 @@ pub fn covers(level: Level, semantics: Semantics, op: Op, elem: Elem) -> bool {
     reduce(level, semantics, op, elem, &mut [], &[])
 }
 
+// Shared by the intrinsic kernels of both instruction sets.
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// `(kept, other)` from `(acc, inc)`: [`Semantics::order`] with the semantics fixed at
+/// compile time (`INC_KEPT` is [`Semantics::Jaccl`]).
+#[inline(always)]
+fn order<const INC_KEPT: bool, T>(acc: T, inc: T) -> (T, T) {
+    if INC_KEPT { (inc, acc) } else { (acc, inc) }
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// Runs `block` over each whole `N`-byte block of the whole `size`-byte elements both slices
+/// have, then once over the elements left, zero-padded to a block, and writes back only
+/// those. (Padding lanes compute `0 op 0`, which raises nothing and is thrown away.)
+#[inline(always)]
+fn blocks<const N: usize>(
+    acc: &mut [u8],
+    inc: &[u8],
+    size: usize,
+    mut block: impl FnMut(&mut [u8; N], &[u8; N]),
+) {
+    let len = acc.len().min(inc.len()) / size * size;
+    let (acc_blocks, acc_rest) = acc[..len].as_chunks_mut::<N>();
+    let (inc_blocks, inc_rest) = inc[..len].as_chunks::<N>();
+    for (a, b) in acc_blocks.iter_mut().zip(inc_blocks) {
+        block(a, b);
+    }
+    if !acc_rest.is_empty() {
+        let (mut a, mut b) = ([0u8; N], [0u8; N]);
+        a[..acc_rest.len()].copy_from_slice(acc_rest);
+        b[..inc_rest.len()].copy_from_slice(inc_rest);
+        block(&mut a, &b);
+        acc_rest.copy_from_slice(&a[..acc_rest.len()]);
+    }
+}
+
 /// [`reduce`], with the choice of declining AVX512-BF16 (so that tests can check the kernel
 /// used without it on a machine that has it).
 #[cfg(target_arch = "x86_64")]
@@ -398,7 +438,12 @@ fn dispatch(
         return false;
     }
     match level {
-        Level::Neon => aarch64::reduce_neon(semantics, op, elem, acc, inc),
+        Level::Neon => {
+            // SAFETY: `reduce_neon` is compiled for `neon`, which is part of the baseline of
+            // every aarch64 target Rust has (`detect` offers `Neon` only where
+            // `cfg!(target_feature = "neon")` holds, and `is_available` just held).
+            unsafe { aarch64::reduce_neon(semantics, op, elem, acc, inc) }
+        }
         Level::Scalar | Level::Avx2 | Level::Avx512 => false,
     }
 }
@@ -600,9 +645,10 @@ mod tests {
         }
     }
 
-    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, result)`.
-    #[cfg(target_arch = "x86_64")]
-    const F16_CASES: [(Op, u16, u16, u16); 24] = [
+    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, result)`. Sums with a
+    /// NaN are [`F16_NAN_SUMS`], which differ between targets.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    const F16_CASES: [(Op, u16, u16, u16); 20] = [
         (Op::Sum, 0x3C00, 0x4000, 0x4200), // 1 + 2 = 3
         (Op::Sum, 0x6800, 0x3C00, 0x6800), // 2048 + 1: a tie, to even
         (Op::Sum, 0x6801, 0x3C00, 0x6802), // 2050 + 1: a tie, to even (up)
@@ -611,10 +657,6 @@ mod tests {
         (Op::Sum, 0x03FF, 0x0001, 0x0400), // into the normals
         (Op::Sum, 0x8000, 0x8000, 0x8000), // -0 + -0 = -0
         (Op::Sum, 0x8000, 0x0000, 0x0000), // -0 + 0 = 0
-        (Op::Sum, 0x7E00, 0x3C00, 0x7D00), // NaN: MLX's sign over 0x7D00
-        (Op::Sum, 0x3C00, 0xFE01, 0xFD00),
-        (Op::Sum, 0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
-        (Op::Sum, 0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
         (Op::Max, 0x3C00, 0x4000, 0x4000),
         (Op::Max, 0x4000, 0x3C00, 0x4000),
         (Op::Max, 0x7E00, 0x3C00, 0x7E00), // a NaN in acc stays
@@ -629,9 +671,29 @@ mod tests {
         (Op::Min, 0x0001, 0xFC00, 0xFC00),
     ];
 
+    /// `f16` sums with a NaN on x86: MLX's software half makes any NaN the sign over
+    /// 0x7D00.
+    #[cfg(target_arch = "x86_64")]
+    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
+        (Op::Sum, 0x7E00, 0x3C00, 0x7D00),
+        (Op::Sum, 0x3C00, 0xFE01, 0xFD00),
+        (Op::Sum, 0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
+        (Op::Sum, 0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
+    ];
+
+    /// `f16` sums with a NaN on aarch64, where MLX adds in native `float16_t`: the NaN
+    /// operand, quieted, with its payload; the default NaN (positive) for inf - inf.
+    #[cfg(target_arch = "aarch64")]
+    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
+        (Op::Sum, 0x7E00, 0x3C00, 0x7E00),
+        (Op::Sum, 0x3C00, 0xFE01, 0xFE01),
+        (Op::Sum, 0xFC01, 0x3C00, 0xFE01), // a signalling NaN is quieted
+        (Op::Sum, 0x7C00, 0xFC00, 0x7E00),
+    ];
+
     /// `f16` max and min with MLX's JACCL results, as bits: the incoming value wins on NaN
     /// and on equality. (Sums are [`F16_CASES`]'.)
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     const F16_JACCL_CASES: [(Op, u16, u16, u16); 14] = [
         (Op::Max, 0x3C00, 0x4000, 0x4000),
         (Op::Max, 0x4000, 0x3C00, 0x4000),
@@ -651,7 +713,7 @@ mod tests {
 
     /// Every level with an `f16` kernel gives the known results, at every length around the
     /// vector widths (so through the padded last block) and misaligned.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn f16_kernels_give_mlx_results_at_every_length() {
         let mut checked = 0;
@@ -665,7 +727,12 @@ mod tests {
                     (Semantics::Jaccl, Op::Max | Op::Min) => &F16_JACCL_CASES,
                     _ => &F16_CASES,
                 };
-                let cases: Vec<_> = table.iter().copied().filter(|c| c.0 == op).collect();
+                let cases: Vec<_> = table
+                    .iter()
+                    .chain(&F16_NAN_SUMS)
+                    .copied()
+                    .filter(|c| c.0 == op)
+                    .collect();
                 for n in 0..40 {
                     let case = |i: usize| cases[i % cases.len()];
                     let mut acc = vec![0xAAu8];
@@ -696,9 +763,99 @@ mod tests {
             }
         }
         // On x86_64 every AVX2 CPU has F16C in practice; without either, the root crate's
-        // scalar path is the only one and is tested there.
-        if is_available(Level::Avx2) && features().f16c {
+        // scalar path is the only one and is tested there. NEON always has a kernel.
+        if (is_available(Level::Avx2) && features().f16c) || is_available(Level::Neon) {
             assert!(checked >= 2 * 3 * 40, "{checked}");
+        }
+    }
+
+    /// `complex64` values whose order is decided by each rule of MLX's comparison: real
+    /// parts, then imaginary parts on equal real parts, NaN in either part, signed zeros.
+    const COMPLEX_VALUES: [(f32, f32); 10] = [
+        (1.0, 5.0),
+        (2.0, 0.0),
+        (1.0, 6.0),
+        (1.0, f32::NAN),
+        (f32::NAN, 0.0),
+        (0.0, 1.0),
+        (-0.0, 1.0),
+        (0.0, -0.0),
+        (f32::NEG_INFINITY, 3.0),
+        (-1.0, f32::INFINITY),
+    ];
+
+    /// Every level's `complex64` max and min give [`portable`]'s element, bit for bit, for
+    /// every pair of [`COMPLEX_VALUES`], at lengths through the padded last block and
+    /// misaligned, touching no byte outside the elements.
+    #[test]
+    fn complex_max_min_keep_whole_elements_in_mlx_order() {
+        let n = COMPLEX_VALUES.len();
+        let pairs: Vec<_> = (0..n * n)
+            .map(|i| (COMPLEX_VALUES[i / n], COMPLEX_VALUES[i % n]))
+            .collect();
+        let bytes = |c: (f32, f32)| [c.0.to_ne_bytes(), c.1.to_ne_bytes()].concat();
+        let parts = |b: &[u8]| {
+            let f = |i: usize| f32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+            (f(0), f(4))
+        };
+        for level in available() {
+            for semantics in Semantics::ALL {
+                for op in [Op::Max, Op::Min] {
+                    for start in [0, 3, 17, 60] {
+                        let chunk = &pairs[start..];
+                        let len = chunk.len().min(start + 5);
+                        let mut acc = vec![0xAAu8];
+                        let mut inc = vec![0x55u8];
+                        for &(a, b) in &chunk[..len] {
+                            acc.extend(bytes(a));
+                            inc.extend(bytes(b));
+                        }
+                        acc.push(0xAA);
+                        let end = acc.len() - 1;
+                        let before = acc.clone();
+                        let ran = reduce(
+                            level,
+                            semantics,
+                            op,
+                            Elem::Complex64,
+                            &mut acc[1..end],
+                            &inc[1..],
+                        );
+                        let what = format!("{level} {semantics:?} {op:?}");
+                        assert_eq!(ran, level != Level::Scalar, "{what}");
+                        if !ran {
+                            assert_eq!(acc, before, "{what}");
+                            continue;
+                        }
+                        assert_eq!((acc[0], acc[end]), (0xAA, 0xAA), "{what} len {len}");
+                        for i in 0..len {
+                            let at = 1 + 8 * i;
+                            let (a, b) = (&before[at..at + 8], &inc[at..at + 8]);
+                            let pick = match op {
+                                Op::Max => portable::max_by(
+                                    semantics,
+                                    (a, parts(a)),
+                                    (b, parts(b)),
+                                    |x, y| portable::complex_less(&x.1, &y.1),
+                                ),
+                                _ => portable::min_by(
+                                    semantics,
+                                    (a, parts(a)),
+                                    (b, parts(b)),
+                                    |x, y| portable::complex_less(&x.1, &y.1),
+                                ),
+                            };
+                            assert_eq!(
+                                &acc[at..at + 8],
+                                pick.0,
+                                "{what}: {:?} vs {:?}, element {i} of {len}",
+                                parts(a),
+                                parts(b)
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! `half` crate, which this crate does not depend on: the `f16` conversions), so the same code
 //! is the root's scalar fallback, the oracle the SIMD kernels are tested against bit for bit,
 //! and, through the module's `reduce`, the body of the loops the compiler vectorises. The intrinsic
-//! kernels of `x86_64.rs` cannot call these functions lane by lane; each of them says which
+//! kernels of `x86_64.rs` and `aarch64.rs` cannot call these functions lane by lane; each of them says which
 //! rule it implements and is tested against it.
 //!
 //! Every rule combines the accumulator `acc` (this rank's value) with `inc` (the value a peer

@@ -15,14 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Elem, Op, Semantics, features, portable};
-
-/// `(kept, other)` from `(acc, inc)`: [`Semantics::order`] with the semantics fixed at
-/// compile time (`INC_KEPT` is [`Semantics::Jaccl`]).
-#[inline(always)]
-fn order<const INC_KEPT: bool, T>(acc: T, inc: T) -> (T, T) {
-    if INC_KEPT { (inc, acc) } else { (acc, inc) }
-}
+use super::{Elem, Op, Semantics, blocks, features, order, portable};
 
 /// The AVX2 level: the plain loops, and `f16` through F16C where the CPU has it.
 #[target_feature(enable = "avx2")]
@@ -37,6 +30,13 @@ pub(super) fn reduce_avx2(
         match semantics {
             Semantics::Ring => float_select_avx2::<false>(op, elem, acc, inc),
             Semantics::Jaccl => float_select_avx2::<true>(op, elem, acc, inc),
+        }
+        return true;
+    }
+    if matches!((elem, op), (Elem::Complex64, Op::Max | Op::Min)) {
+        match semantics {
+            Semantics::Ring => complex_select_avx2::<false>(op, acc, inc),
+            Semantics::Jaccl => complex_select_avx2::<true>(op, acc, inc),
         }
         return true;
     }
@@ -70,6 +70,12 @@ pub(super) fn reduce_avx512(
         (Elem::F32 | Elem::F64, Op::Max | Op::Min, Semantics::Jaccl) => {
             float_select_avx512::<true>(op, elem, acc, inc)
         }
+        (Elem::Complex64, Op::Max | Op::Min, Semantics::Ring) => {
+            complex_select_avx512::<false>(op, acc, inc)
+        }
+        (Elem::Complex64, Op::Max | Op::Min, Semantics::Jaccl) => {
+            complex_select_avx512::<true>(op, acc, inc)
+        }
         (Elem::F16, _, _) => f16_avx512(semantics, op, acc, inc),
         (Elem::BF16, Op::Sum, _) if use_avx512bf16 && features().avx512bf16 => {
             // SAFETY: runtime detection found AVX512-BF16 (checked in the guard) and
@@ -80,31 +86,6 @@ pub(super) fn reduce_avx512(
         _ => return portable::reduce(semantics, op, elem, acc, inc),
     }
     true
-}
-
-/// Runs `block` over each whole `N`-byte block of the whole `size`-byte elements both slices
-/// have, then once over the elements left, zero-padded to a block, and writes back only
-/// those. (Padding lanes compute `0 op 0`, which raises nothing and is thrown away.)
-#[inline(always)]
-fn blocks<const N: usize>(
-    acc: &mut [u8],
-    inc: &[u8],
-    size: usize,
-    mut block: impl FnMut(&mut [u8; N], &[u8; N]),
-) {
-    let len = acc.len().min(inc.len()) / size * size;
-    let (acc_blocks, acc_rest) = acc[..len].as_chunks_mut::<N>();
-    let (inc_blocks, inc_rest) = inc[..len].as_chunks::<N>();
-    for (a, b) in acc_blocks.iter_mut().zip(inc_blocks) {
-        block(a, b);
-    }
-    if !acc_rest.is_empty() {
-        let (mut a, mut b) = ([0u8; N], [0u8; N]);
-        a[..acc_rest.len()].copy_from_slice(acc_rest);
-        b[..inc_rest.len()].copy_from_slice(inc_rest);
-        block(&mut a, &b);
-        acc_rest.copy_from_slice(&a[..acc_rest.len()]);
-    }
 }
 
 /// A 64-byte block as one vector.
@@ -241,6 +222,79 @@ fn float_select_avx512<const INC_KEPT: bool>(op: Op, elem: Elem, acc: &mut [u8],
         }),
         _ => unreachable!("float_select_avx512 is called for f32 and f64 max and min only"),
     }
+}
+
+// `complex64` max and min compare lexicographically, real part first
+// ([`portable::complex_less`]), and keep one operand's whole element: `other` replaces `kept`
+// only where the comparison is strict. Real parts are the even `f32` lanes, imaginary parts
+// the odd ones, so each element's decision is made from its two lanes' comparisons and then
+// applied to both lanes.
+
+/// `complex64` max or min with AVX, four elements at a time; the incoming value is the kept
+/// operand if `INC_KEPT`, else the accumulator.
+#[target_feature(enable = "avx2")]
+fn complex_select_avx2<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
+    blocks::<32>(acc, inc, 8, |a, b| {
+        let (kept, other) = order::<INC_KEPT, _>(
+            _mm256_castsi256_ps(load256(a)),
+            _mm256_castsi256_ps(load256(b)),
+        );
+        // Called for max and min only: anything but max is min.
+        let take = if op == Op::Max {
+            complex_less4(kept, other)
+        } else {
+            complex_less4(other, kept)
+        };
+        store256(a, _mm256_castps_si256(_mm256_blendv_ps(kept, other, take)));
+    });
+}
+
+/// All ones over the whole elements (both lanes) where `x < y` in MLX's complex order.
+#[target_feature(enable = "avx")]
+#[inline]
+fn complex_less4(x: __m256, y: __m256) -> __m256 {
+    let less = _mm256_cmp_ps::<_CMP_LT_OQ>(x, y);
+    let equal = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, y);
+    // MOVSLDUP copies each even (real) lane over the odd one after it, MOVSHDUP each odd
+    // (imaginary) lane over the even one before it.
+    let real_less = _mm256_moveldup_ps(less);
+    let real_equal = _mm256_moveldup_ps(equal);
+    let imag_less = _mm256_movehdup_ps(less);
+    _mm256_or_ps(real_less, _mm256_and_ps(real_equal, imag_less))
+}
+
+/// `complex64` max or min with AVX-512F, eight elements at a time, as
+/// [`complex_select_avx2`].
+#[target_feature(enable = "avx512f")]
+fn complex_select_avx512<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
+    blocks::<64>(acc, inc, 8, |a, b| {
+        let (kept, other) = order::<INC_KEPT, _>(
+            _mm512_castsi512_ps(load512(a)),
+            _mm512_castsi512_ps(load512(b)),
+        );
+        // Called for max and min only: anything but max is min.
+        let take = if op == Op::Max {
+            complex_less8(kept, other)
+        } else {
+            complex_less8(other, kept)
+        };
+        store512(
+            a,
+            _mm512_castps_si512(_mm512_mask_blend_ps(take, kept, other)),
+        );
+    });
+}
+
+/// The lanes of the whole elements where `x < y` in MLX's complex order, as a mask.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn complex_less8(x: __m512, y: __m512) -> __mmask16 {
+    let less = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, y);
+    let equal = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, y);
+    // Bit 2k is element k's real lane, bit 2k + 1 its imaginary one: decide on the even
+    // bits, then copy each decision to the odd bit above it.
+    let take = (less | (equal & (less >> 1))) & 0x5555;
+    take | (take << 1)
 }
 
 /// `f16` sum, max or min with F16C, eight lanes at a time.
