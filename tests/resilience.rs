@@ -611,3 +611,117 @@ fn a_chosen_congestion_control_forms_a_ring() {
         assert!(x.iter().all(|&v| v == 2));
     });
 }
+
+// Keys and environments (issue 10 items 4, 8, 10)
+
+/// A rank with a key next to one without, in both orientations at P = 2: both fail at
+/// once (well under the timeout), each naming the other and saying which side has no key;
+/// the rank without a key never returns the keyed peer's handshake as data.
+#[test]
+fn a_keyed_rank_next_to_an_unkeyed_one_fails_fast_on_both_sides_p2() {
+    const TIMEOUT_S: u64 = 8;
+    for keyed in [0usize, 1] {
+        let name = "a_keyed_rank_next_to_an_unkeyed_one_fails_fast_on_both_sides_p2";
+        let launch = Launch::new(2, 1)
+            .timeout(TIMEOUT_S as f64)
+            .env("TEST_KEYED_RANK", &keyed.to_string());
+        let Some(outputs) = launch.run_raw(name, || {
+            let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
+            let keyed: usize = std::env::var("TEST_KEYED_RANK").unwrap().parse().unwrap();
+            let mut options = Options::default().timeout(Duration::from_secs(TIMEOUT_S));
+            if rank == keyed {
+                options = options.key(KEY);
+            }
+            let start = Instant::now();
+            let error =
+                match nuvec_distributed::init_with(&testing::hostfile_nodes(), rank, &options) {
+                    Err(e) => e,
+                    Ok(g) => {
+                        let mut x = vec![1.0f32; 1000];
+                        match g.all_sum(&mut x) {
+                            Err(e) => e,
+                            Ok(()) => panic!("all_sum returned Ok with {:?}", &x[..4]),
+                        }
+                    }
+                };
+            report_failure(&error, start.elapsed());
+        }) else {
+            return;
+        };
+        for o in &outputs {
+            assert!(o.finished(), "keyed {keyed}: rank {}:\n{o}", o.rank);
+            let (ms, peer, message) = o.failure();
+            assert_eq!(
+                peer,
+                Some(1 - o.rank),
+                "keyed {keyed}, rank {}: {message}",
+                o.rank
+            );
+            assert!(
+                ms < 3000,
+                "keyed {keyed}, rank {} took {ms} ms: {message}",
+                o.rank
+            );
+            assert!(
+                message.contains("incompatible"),
+                "rank {}: {message}",
+                o.rank
+            );
+            let says = if o.rank == keyed {
+                "has no key (NUVEC_DISTRIBUTED_KEY)"
+            } else {
+                "has a key (NUVEC_DISTRIBUTED_KEY) and this rank has none"
+            };
+            assert!(
+                message.contains(says),
+                "keyed {keyed}, rank {}: {message}",
+                o.rank
+            );
+        }
+    }
+}
+
+/// An empty key is an error naming the variable, not a ring without authentication.
+#[test]
+fn an_empty_key_variable_is_an_error() {
+    let name = "an_empty_key_variable_is_an_error";
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_KEY", "");
+    let Some(outputs) = launch.run_raw(name, || {
+        let error = nuvec_distributed::init(false).expect_err("an empty key");
+        report_failure(&error, Duration::ZERO);
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (_, _, message) = o.failure();
+        assert!(
+            message.contains("NUVEC_DISTRIBUTED_KEY") && message.contains("empty"),
+            "{message}"
+        );
+    }
+}
+
+/// `MLX_HOSTFILE` without `MLX_RANK` describes a ring this process cannot join: even
+/// non-strict `init` is an error naming the variables, not a group of one.
+#[test]
+fn a_hostfile_without_a_rank_is_an_error_even_when_not_strict() {
+    let name = "a_hostfile_without_a_rank_is_an_error_even_when_not_strict";
+    let launch =
+        Launch::new(2, 1).command(move |_| testing::this_test_in(&["env", "-u", "MLX_RANK"], name));
+    let Some(outputs) = launch.run_raw(name, || {
+        assert!(std::env::var_os("MLX_RANK").is_none());
+        let error = nuvec_distributed::init(false).expect_err("a partial environment");
+        report_failure(&error, Duration::ZERO);
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (_, _, message) = o.failure();
+        assert!(
+            message.contains("MLX_RANK") && message.contains("MLX_HOSTFILE"),
+            "{message}"
+        );
+    }
+}
