@@ -395,6 +395,9 @@ pub(crate) struct Rejection {
     pub(crate) claimed: Option<usize>,
     /// What went wrong, as a sentence about the peer.
     pub(crate) reason: String,
+    /// The peer said, with [`NO_KEY`], that it has no key: a rank of this program, not a
+    /// stranger's garbage, so an acceptor need not wait for another client.
+    pub(crate) said_no_key: bool,
 }
 
 /// Who a failed handshake is blamed on.
@@ -428,6 +431,7 @@ impl Rejection {
             fault: Fault::Peer,
             claimed,
             reason: reason.into(),
+            said_no_key: false,
         })
     }
 
@@ -436,6 +440,7 @@ impl Rejection {
             fault: malformed_fault(m),
             claimed,
             reason,
+            said_no_key: m == Malformed::NoKey,
         })
     }
 
@@ -444,6 +449,7 @@ impl Rejection {
             fault: Fault::Keys,
             claimed,
             reason: reason.into(),
+            said_no_key: false,
         })
     }
 }
@@ -1209,6 +1215,7 @@ mod tests {
             assert_eq!(a.handle_recv(&bytes), Hello::LEN);
             let r = rejection(a.outcome());
             assert_eq!((r.fault, r.claimed), (Fault::NoKey, None));
+            assert!(!r.said_no_key, "garbage is not a rank saying it has no key");
             assert!(r.reason.contains(says), "{}", r.reason);
             assert!(
                 r.reason.contains("rank 3, if it is the neighbour"),
@@ -1361,10 +1368,11 @@ mod tests {
             "{}",
             r.reason
         );
+        assert!(r.said_no_key);
         // As a connector's answer to a keyed acceptor's greeting.
         assert_eq!(a.handle_recv(&NO_KEY), NO_KEY.len());
         let r = rejection(a.outcome());
-        assert_eq!(r.fault, Fault::NoKey);
+        assert_eq!((r.fault, r.said_no_key), (Fault::NoKey, true));
         assert!(r.reason.contains("rank 3"), "{}", r.reason);
         assert!(r.reason.contains("has no key"), "{}", r.reason);
     }

@@ -725,3 +725,59 @@ fn a_hostfile_without_a_rank_is_an_error_even_when_not_strict() {
         );
     }
 }
+
+/// One rank without the key in a keyed ring of 3: every rank fails and names a rank of the
+/// other kind, saying who has no key; no rank returns data. The unkeyed rank fails on the
+/// first bytes it receives from a keyed neighbour, and answers them with NO_KEY, on which
+/// that neighbour fails at once. The other keyed neighbour fails at once when NO_KEY
+/// reached it too; when only the unkeyed rank's data did, it cannot tell that from a
+/// stranger's garbage (which must not abort a forming ring), so it keeps its address open
+/// for the real neighbour until the timeout, then names the unkeyed rank.
+#[test]
+fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
+    const TIMEOUT_S: u64 = 3;
+    const UNKEYED: usize = 1;
+    let name = "one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank";
+    let launch = Launch::new(3, 1).timeout(TIMEOUT_S as f64);
+    let Some(outputs) = launch.run_raw(name, || {
+        let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
+        let mut options = Options::default().timeout(Duration::from_secs(TIMEOUT_S));
+        if rank != UNKEYED {
+            options = options.key(KEY);
+        }
+        let start = Instant::now();
+        let error = match nuvec_distributed::init_with(&testing::hostfile_nodes(), rank, &options) {
+            Err(e) => e,
+            Ok(g) => {
+                let mut x = vec![1.0f32; 1000];
+                match g.all_sum(&mut x) {
+                    Err(e) => e,
+                    Ok(()) => panic!("all_sum returned Ok with {:?}", &x[..4]),
+                }
+            }
+        };
+        report_failure(&error, start.elapsed());
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (ms, peer, message) = o.failure();
+        assert!(
+            message.contains("incompatible"),
+            "rank {}: {message}",
+            o.rank
+        );
+        if o.rank == UNKEYED {
+            assert!(matches!(peer, Some(0 | 2)), "{message}");
+            assert!(message.contains("and this rank has none"), "{message}");
+        } else {
+            assert_eq!(peer, Some(UNKEYED), "rank {}: {message}", o.rank);
+            assert!(message.contains("has no key"), "rank {}: {message}", o.rank);
+        }
+        // A rank told NO_KEY fails at once; one that saw only data waits for the timeout.
+        let fast = o.rank != UNKEYED + 1 || message.contains("a message saying that it has no key");
+        let limit = if fast { 2000 } else { TIMEOUT_S * 1000 + 2000 };
+        assert!(ms < limit, "rank {} took {ms} ms: {message}", o.rank);
+    }
+}

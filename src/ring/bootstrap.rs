@@ -20,7 +20,10 @@
 //! The listener then stays open until an authenticated connection for its address
 //! arrives: a client that fails the handshake (wrong key, no key, garbage, a scanner that
 //! connects and closes) is dropped and remembered for the error message, so it can neither
-//! join the ring nor keep the real neighbour out.
+//! join the ring nor keep the real neighbour out. One exception: a client that answers our
+//! greeting with [`auth::NO_KEY`] is a rank of this program without the key, and setup
+//! fails at once naming it, instead of at the timeout. Someone who can reach a forming
+//! ring's port can therefore abort it by sending those 9 bytes (they cannot join it).
 //!
 //! This module decides only when to dial, accept, retry, choose and give up. The
 //! handshake's bytes and checks are [`crate::auth`]'s machines, which [`pump`] feeds from
@@ -385,6 +388,8 @@ struct Setup<'a> {
     slots: Vec<Option<TcpStream>>,
     /// Why clients on each of our addresses were turned away, for the error at the deadline.
     rejected: Vec<Option<Turned>>,
+    /// A client that said it has no key ([`auth::NO_KEY`]): setup fails at once.
+    said_no_key: Option<Turned>,
 }
 
 impl<'a> Setup<'a> {
@@ -421,6 +426,7 @@ impl<'a> Setup<'a> {
             candidates: Vec::new(),
             slots: (0..c).map(|_| None).collect(),
             rejected: (0..c).map(|_| None).collect(),
+            said_no_key: None,
         })
     }
 
@@ -472,6 +478,9 @@ impl<'a> Setup<'a> {
     /// failing at once) lets the left neighbour's handshake with us run, so that it, too,
     /// learns that the keys differ instead of finding our port closed.
     fn refused(&self) -> Option<Error> {
+        if let Some((claimed, from, fault, why)) = &self.said_no_key {
+            return Some(refusal(*fault, *claimed, Some(*from), why.clone()));
+        }
         let i = self
             .dials
             .iter()
@@ -712,12 +721,16 @@ impl<'a> Setup<'a> {
                         rejection.fault,
                         rejection.reason
                     );
-                    self.rejected[c.slot] = Some((
+                    let turned = (
                         rejection.claimed.unwrap_or(self.addrs.left_rank()),
                         c.from,
                         rejection.fault,
                         rejection.reason,
-                    ));
+                    );
+                    if rejection.said_no_key {
+                        self.said_no_key = Some(turned.clone());
+                    }
+                    self.rejected[c.slot] = Some(turned);
                 }
                 Ok(())
             }
