@@ -17,6 +17,22 @@
 //! | proof | connector | 32 | connector proof |
 //! | verdict | acceptor | 1 | 1 if the connector's proof was right |
 //!
+//! Both sides speak first. The connector sends its [`Hello`] as soon as the connection is
+//! up, and the acceptor sends the first [`GREETING_LEN`] bytes of its [`Challenge`] (magic,
+//! version, nonce: nothing that depends on the hello) as soon as it accepts, and the proof
+//! that completes the challenge once the hello checked out. So whichever way a connection
+//! between a keyed and an unkeyed rank runs, the first bytes the unkeyed rank receives on it
+//! are [`MAGIC`]: [`greeting`] lets it recognise them and fail, naming the keyed peer,
+//! instead of taking them for data. The bytes on the wire are those of the first version,
+//! only sent earlier, so [`VERSION`] stays 1: a rank of an older build still completes the
+//! handshake with this one.
+//!
+//! A rank without a key that finds a greeting answers with [`NO_KEY`] (magic, then version
+//! byte 0, which no handshake version uses) before it leaves, and a keyed rank that reads it,
+//! or reads anything else that is not a greeting (a rank without a key sends its data
+//! straight away), rejects the peer as having no key at once, on the first byte that differs,
+//! rather than waiting for a whole message or the timeout.
+//!
 //! Only the handshake is protected. The collectives' traffic that follows is neither
 //! encrypted nor authenticated: someone who can see or alter packets on the network can see
 //! or alter the data. On an untrusted network, run the ring over a VPN or an encrypted
@@ -51,6 +67,41 @@ pub(crate) const MAGIC: [u8; 8] = *b"nuvecRNG";
 /// The protocol version this build speaks.
 pub(crate) const VERSION: u8 = 1;
 
+/// How many bytes of its [`Challenge`] the acceptor sends before it has read the hello: the
+/// magic, version, reserved bytes and its nonce.
+pub(crate) const GREETING_LEN: usize = 44;
+
+/// What a rank without a key answers to a keyed peer's greeting before it drops the
+/// connection: the magic and version 0, which no handshake version uses.
+pub(crate) const NO_KEY: [u8; 9] = *b"nuvecRNG\0";
+
+/// What the first bytes a rank without a key received on a connection say about the peer
+/// (see [`greeting`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Greeting {
+    /// They are [`MAGIC`]: the peer has a key and started the handshake.
+    Keyed,
+    /// They are not: data, as from any peer without a key (MLX's or ours).
+    Data,
+    /// Fewer than 8 bytes, all matching the start of [`MAGIC`]: more are needed to tell.
+    Undecided,
+}
+
+/// Classifies the first bytes received on a connection by a rank without a key. Exactly
+/// [`MAGIC`] is taken for a keyed peer's greeting: an MLX peer whose first data on a
+/// connection happens to start with these 8 bytes is misjudged (a chance of 2^-64 for
+/// random data), and the group fails naming it, rather than computing on its data.
+pub(crate) fn greeting(first: &[u8]) -> Greeting {
+    let n = first.len().min(MAGIC.len());
+    if first[..n] != MAGIC[..n] {
+        Greeting::Data
+    } else if n == MAGIC.len() {
+        Greeting::Keyed
+    } else {
+        Greeting::Undecided
+    }
+}
+
 /// A secret shared by every rank of a group. Its bytes never appear in `Debug` output.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Secret(Vec<u8>);
@@ -75,7 +126,8 @@ impl Secret {
     pub(crate) fn key(&self) -> Result<Key> {
         if self.0.len() < MIN_SECRET_BYTES {
             return Err(Error::invalid(format!(
-                "the authentication key is {} bytes; it must be at least {MIN_SECRET_BYTES}",
+                "the authentication key (Options::key) is {} bytes; it must be at least \
+                 {MIN_SECRET_BYTES} (an empty key is not \"no key\": leave the key unset for that)",
                 self.0.len()
             )));
         }
@@ -124,6 +176,8 @@ pub(crate) enum Malformed {
     Short,
     /// The first bytes are not [`MAGIC`]: not a nuvec peer with a key (perhaps no key).
     Magic,
+    /// The peer said it has no key ([`NO_KEY`]).
+    NoKey,
     /// A protocol version this build does not speak.
     Version(u8),
 }
@@ -132,9 +186,15 @@ impl fmt::Display for Malformed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Malformed::Short => f.write_str("a truncated handshake message"),
-            Malformed::Magic => {
-                f.write_str("not a nuvec handshake (is the key set on every rank?)")
-            }
+            Malformed::Magic => write!(
+                f,
+                "data that is not a nuvec handshake: it has no key ({KEY_VAR}) or is not a \
+                 nuvec rank, and this rank has one"
+            ),
+            Malformed::NoKey => write!(
+                f,
+                "a message saying that it has no key ({KEY_VAR}), and this rank has one"
+            ),
             Malformed::Version(v) => {
                 write!(f, "handshake version {v}, this build speaks {VERSION}")
             }
@@ -226,13 +286,32 @@ impl Challenge {
 /// Checks the length, magic and version shared by both messages.
 fn header(bytes: &[u8], len: usize) -> std::result::Result<&[u8], Malformed> {
     let bytes = bytes.get(..len).ok_or(Malformed::Short)?;
-    if bytes[..8] != MAGIC {
-        return Err(Malformed::Magic);
-    }
+    early(bytes)?;
     if bytes[8] != VERSION {
         return Err(Malformed::Version(bytes[8]));
     }
     Ok(bytes)
+}
+
+/// Checks the start of a message as far as it has arrived, so that a peer without a key is
+/// turned away on the first byte that is not a greeting's (its data may be shorter than a
+/// message, and it may then wait for ours).
+fn early(received: &[u8]) -> std::result::Result<(), Malformed> {
+    if greeting(received) == Greeting::Data {
+        return Err(Malformed::Magic);
+    }
+    if received.get(8) == Some(&NO_KEY[8]) {
+        return Err(Malformed::NoKey);
+    }
+    Ok(())
+}
+
+/// The fault a malformed message is blamed on.
+fn malformed_fault(m: Malformed) -> Fault {
+    match m {
+        Malformed::Magic | Malformed::NoKey => Fault::NoKey,
+        Malformed::Short | Malformed::Version(_) => Fault::Peer,
+    }
 }
 
 /// A fresh random nonce from the operating system.
@@ -316,6 +395,9 @@ pub(crate) struct Rejection {
     pub(crate) claimed: Option<usize>,
     /// What went wrong, as a sentence about the peer.
     pub(crate) reason: String,
+    /// The peer said, with [`NO_KEY`], that it has no key: a rank of this program, not a
+    /// stranger's garbage, so an acceptor need not wait for another client.
+    pub(crate) said_no_key: bool,
 }
 
 /// Who a failed handshake is blamed on.
@@ -328,6 +410,9 @@ pub(crate) enum Fault {
     /// Neither side alone: both ran the handshake, but a proof did not verify, so the keys
     /// differ. A rank cannot tell whose key is the odd one out.
     Keys,
+    /// The peer has no key (it said so, or sent data where a greeting belongs) and this
+    /// rank has one: the ranks were configured differently.
+    NoKey,
 }
 
 impl fmt::Display for Fault {
@@ -335,6 +420,7 @@ impl fmt::Display for Fault {
         f.write_str(match self {
             Fault::Peer => "the peer broke the handshake",
             Fault::Keys => "the keys differ",
+            Fault::NoKey => "the peer has no key",
         })
     }
 }
@@ -345,6 +431,16 @@ impl Rejection {
             fault: Fault::Peer,
             claimed,
             reason: reason.into(),
+            said_no_key: false,
+        })
+    }
+
+    fn malformed(claimed: Option<usize>, m: Malformed, reason: String) -> Outcome {
+        Outcome::Rejected(Rejection {
+            fault: malformed_fault(m),
+            claimed,
+            reason,
+            said_no_key: m == Malformed::NoKey,
         })
     }
 
@@ -353,6 +449,7 @@ impl Rejection {
             fault: Fault::Keys,
             claimed,
             reason: reason.into(),
+            said_no_key: false,
         })
     }
 }
@@ -432,7 +529,7 @@ impl Connector {
         let challenge = match Challenge::decode(&self.inbuf) {
             Ok(c) => c,
             Err(m) => {
-                self.outcome = Rejection::peer(None, format!("it sent {m}"));
+                self.outcome = Rejection::malformed(None, m, format!("it sent {m}"));
                 return;
             }
         };
@@ -484,6 +581,12 @@ impl Handshake for Connector {
         }
         self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
         self.got += n;
+        if self.phase == ConnectorPhase::Challenge
+            && let Err(m) = early(&self.inbuf[..self.got])
+        {
+            self.outcome = Rejection::malformed(None, m, format!("it sent {m}"));
+            return n;
+        }
         match self.phase {
             ConnectorPhase::Challenge if self.got == Challenge::LEN => self.challenge_read(&key),
             ConnectorPhase::Verdict if self.got == 1 => {
@@ -559,7 +662,14 @@ impl Acceptor {
     }
 
     /// An acceptor with a given nonce (tests and fuzzing, which need to be repeatable).
+    /// With a key, its greeting (the start of its challenge) is ready to send at once.
     pub(crate) fn with_nonce(key: Option<Key>, expect: Link, nonce: [u8; 32]) -> Acceptor {
+        // The proof is filled in once the hello is read.
+        let out = Challenge {
+            nonce,
+            proof: [0; 32],
+        }
+        .encode();
         Acceptor {
             key,
             expect,
@@ -567,8 +677,8 @@ impl Acceptor {
             phase: AcceptorPhase::Hello,
             inbuf: [0; Hello::LEN],
             got: 0,
-            out: [0; Challenge::LEN],
-            out_len: 0,
+            out,
+            out_len: if key.is_some() { GREETING_LEN } else { 0 },
             sent: 0,
             outcome: match key {
                 Some(_) => Outcome::Pending,
@@ -581,7 +691,7 @@ impl Acceptor {
         let hello = match Hello::decode(&self.inbuf) {
             Ok(h) => h,
             Err(m) => {
-                self.outcome = Rejection::peer(None, format!("a client sent {m}"));
+                self.outcome = Rejection::malformed(None, m, self.sent_by_client(m));
                 return;
             }
         };
@@ -608,15 +718,24 @@ impl Acceptor {
             );
             return;
         }
+        // The greeting went out (or is going out) already; the proof completes it.
         let proof = proof(key, Role::Acceptor, &hello, &self.nonce);
-        self.out = Challenge {
-            nonce: self.nonce,
-            proof,
-        }
-        .encode();
+        self.out[GREETING_LEN..].copy_from_slice(&proof);
         self.out_len = Challenge::LEN;
-        self.sent = 0;
         self.phase = AcceptorPhase::Challenge(hello);
+    }
+
+    /// The reason for turning away a client that sent `m`. Any client may connect, but the
+    /// one expected here is the left neighbour, so a client without a key is named as that
+    /// rank, tentatively.
+    fn sent_by_client(&self, m: Malformed) -> String {
+        match m {
+            Malformed::Magic | Malformed::NoKey => format!(
+                "a client (rank {}, if it is the neighbour expected there) sent {m}",
+                self.expect.connector
+            ),
+            Malformed::Short | Malformed::Version(_) => format!("a client sent {m}"),
+        }
     }
 }
 
@@ -635,10 +754,10 @@ fn gone(hello: &Hello) -> Outcome {
 impl Handshake for Acceptor {
     fn transmit(&self) -> &[u8] {
         match self.phase {
-            AcceptorPhase::Challenge(_) | AcceptorPhase::Verdict(..)
+            AcceptorPhase::Hello | AcceptorPhase::Challenge(_) | AcceptorPhase::Verdict(..)
                 if self.outcome == Outcome::Pending =>
             {
-                &self.out[self.sent..self.out_len]
+                self.out.get(self.sent..self.out_len).unwrap_or(&[])
             }
             _ => &[],
         }
@@ -657,6 +776,8 @@ impl Handshake for Acceptor {
                 self.phase = AcceptorPhase::Proof(hello);
                 self.got = 0;
             }
+            // The greeting is out; the rest of the challenge waits for the hello.
+            AcceptorPhase::Hello => {}
             AcceptorPhase::Verdict(_, true) => self.outcome = Outcome::Established,
             AcceptorPhase::Verdict(hello, false) => {
                 self.outcome = Rejection::keys(
@@ -667,7 +788,7 @@ impl Handshake for Acceptor {
                     ),
                 );
             }
-            AcceptorPhase::Hello | AcceptorPhase::Proof(_) => {}
+            AcceptorPhase::Proof(_) => {}
         }
     }
 
@@ -691,6 +812,12 @@ impl Handshake for Acceptor {
         }
         self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
         self.got += n;
+        if self.phase == AcceptorPhase::Hello
+            && let Err(m) = early(&self.inbuf[..self.got])
+        {
+            self.outcome = Rejection::malformed(None, m, self.sent_by_client(m));
+            return n;
+        }
         match self.phase {
             AcceptorPhase::Hello if self.got == Hello::LEN => self.hello_read(&key),
             AcceptorPhase::Proof(hello) if self.got == 32 => {
@@ -1051,9 +1178,14 @@ mod tests {
                 "{}",
                 r.reason
             );
-            assert!(
-                wire.from_acceptor.is_empty(),
-                "no challenge to a wrong claim"
+            assert_eq!(
+                wire.from_acceptor,
+                Challenge {
+                    nonce: [2; 32],
+                    proof: [0; 32]
+                }
+                .encode()[..GREETING_LEN],
+                "the greeting only: no proof for a wrong claim"
             );
             // The connector sees the connection closed, waiting for the challenge.
             let rc = rejection(c.outcome());
@@ -1071,7 +1203,8 @@ mod tests {
             // What a rank without a key sends: the ring's traffic, here zeros.
             (
                 vec![0u8; 80],
-                "not a nuvec handshake (is the key set on every rank?)",
+                "not a nuvec handshake: it has no key (NUVEC_DISTRIBUTED_KEY) or is not a \
+                 nuvec rank, and this rank has one",
             ),
             (
                 b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(4),
@@ -1081,12 +1214,18 @@ mod tests {
             let (mut c, mut a) = pair(Some(k), Some(k), LINK);
             assert_eq!(a.handle_recv(&bytes), Hello::LEN);
             let r = rejection(a.outcome());
-            assert_eq!((r.fault, r.claimed), (Fault::Peer, None));
+            assert_eq!((r.fault, r.claimed), (Fault::NoKey, None));
+            assert!(!r.said_no_key, "garbage is not a rank saying it has no key");
             assert!(r.reason.contains(says), "{}", r.reason);
+            assert!(
+                r.reason.contains("rank 3, if it is the neighbour"),
+                "{}",
+                r.reason
+            );
             c.handle_sent(Hello::LEN);
             assert_eq!(c.handle_recv(&bytes), Challenge::LEN);
             let r = rejection(c.outcome());
-            assert_eq!(r.fault, Fault::Peer);
+            assert_eq!(r.fault, Fault::NoKey);
             assert!(r.reason.contains(says), "{}", r.reason);
             assert!(c.transmit().is_empty(), "no proof for garbage");
         }
@@ -1124,7 +1263,13 @@ mod tests {
         assert!(r.reason.contains("claiming to be rank 3"), "{}", r.reason);
         // A challenge cut short, and a missing verdict.
         c.handle_sent(Hello::LEN);
-        c.handle_recv(&[0; 40]);
+        let cut = Challenge {
+            nonce: [2; 32],
+            proof: [0; 32],
+        }
+        .encode();
+        c.handle_recv(&cut[..40]);
+        assert_eq!(c.outcome(), &Outcome::Pending);
         c.handle_closed();
         assert!(
             rejection(c.outcome())
@@ -1156,6 +1301,102 @@ mod tests {
         whole(&mut c, &mut a);
         assert_eq!(c.outcome(), &Outcome::Pending);
         assert_eq!(c.wants(), Challenge::LEN);
+    }
+
+    #[test]
+    fn the_acceptor_greets_before_the_hello_arrives() {
+        let k = key(SECRET);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        // Both sides have bytes to send before either has read anything.
+        assert_eq!(c.transmit().len(), Hello::LEN);
+        let greets = a.transmit().to_vec();
+        assert_eq!(greets.len(), GREETING_LEN);
+        assert_eq!(greeting(&greets), Greeting::Keyed);
+        assert_eq!(greets[..8], MAGIC);
+        // The greeting is out before the hello arrives; the proof follows the hello.
+        a.handle_sent(GREETING_LEN);
+        assert!(a.transmit().is_empty());
+        let hello = c.transmit().to_vec();
+        c.handle_sent(Hello::LEN);
+        assert_eq!(a.handle_recv(&hello), Hello::LEN);
+        assert_eq!(a.transmit().len(), Challenge::LEN - GREETING_LEN);
+        let mut challenge = greets;
+        challenge.extend_from_slice(a.transmit());
+        a.handle_sent(Challenge::LEN - GREETING_LEN);
+        assert_eq!(c.handle_recv(&challenge), Challenge::LEN);
+        let proof = c.transmit().to_vec();
+        c.handle_sent(32);
+        a.handle_recv(&proof);
+        c.handle_recv(a.transmit());
+        a.handle_sent(1);
+        assert_eq!(c.outcome(), &Outcome::Established);
+        assert_eq!(a.outcome(), &Outcome::Established);
+        // Without a key, nothing is sent at all (MLX's wire).
+        let (c, a) = pair(None, None, LINK);
+        assert!(c.transmit().is_empty() && a.transmit().is_empty());
+    }
+
+    #[test]
+    fn first_bytes_tell_a_keyed_peer_from_data() {
+        assert_eq!(greeting(b"nuvecRNG"), Greeting::Keyed);
+        assert_eq!(
+            greeting(&Hello::new(2, 0, 1, 0).unwrap().encode()),
+            Greeting::Keyed
+        );
+        assert_eq!(greeting(&NO_KEY), Greeting::Keyed);
+        for prefix in 1..8 {
+            assert_eq!(greeting(&MAGIC[..prefix]), Greeting::Undecided, "{prefix}");
+        }
+        assert_eq!(greeting(b"nuvecRNh"), Greeting::Data);
+        assert_eq!(greeting(b"m"), Greeting::Data);
+        assert_eq!(greeting(&[0u8; 4]), Greeting::Data);
+        assert_eq!(greeting(&1.5f32.to_le_bytes()), Greeting::Data);
+    }
+
+    #[test]
+    fn a_peer_saying_it_has_no_key_is_rejected_at_once_on_either_side() {
+        let k = key(SECRET);
+        // As the acceptor's answer to a keyed connector's hello.
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        c.handle_sent(Hello::LEN);
+        assert_eq!(c.handle_recv(&NO_KEY), NO_KEY.len());
+        let r = rejection(c.outcome());
+        assert_eq!(r.fault, Fault::NoKey);
+        assert!(
+            r.reason
+                .contains("it has no key (NUVEC_DISTRIBUTED_KEY), and this rank has one"),
+            "{}",
+            r.reason
+        );
+        assert!(r.said_no_key);
+        // As a connector's answer to a keyed acceptor's greeting.
+        assert_eq!(a.handle_recv(&NO_KEY), NO_KEY.len());
+        let r = rejection(a.outcome());
+        assert_eq!((r.fault, r.said_no_key), (Fault::NoKey, true));
+        assert!(r.reason.contains("rank 3"), "{}", r.reason);
+        assert!(r.reason.contains("has no key"), "{}", r.reason);
+    }
+
+    #[test]
+    fn data_shorter_than_a_message_is_rejected_on_its_first_wrong_byte() {
+        let k = key(SECRET);
+        // A rank without a key may send 4 bytes (one f32) and then wait for ours.
+        let data = 2.0f32.to_le_bytes();
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        assert_eq!(a.handle_recv(&data), 4);
+        assert_eq!(rejection(a.outcome()).fault, Fault::NoKey);
+        c.handle_sent(Hello::LEN);
+        assert_eq!(c.handle_recv(&data), 4);
+        assert_eq!(rejection(c.outcome()).fault, Fault::NoKey);
+        // The magic's first bytes alone decide nothing yet.
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        a.handle_recv(&MAGIC[..5]);
+        c.handle_sent(Hello::LEN);
+        c.handle_recv(&MAGIC[..5]);
+        assert_eq!(
+            (a.outcome(), c.outcome()),
+            (&Outcome::Pending, &Outcome::Pending)
+        );
     }
 
     proptest::proptest! {

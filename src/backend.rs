@@ -95,11 +95,16 @@ static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
 ///
 /// A backend initialised before returns the same group. Without the environment a backend
 /// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]; for JACCL a device file and a
-/// coordinator, see `jaccl::Config::from_env` (feature `jaccl`)) the result
-/// is the group of this process alone, or with `strict` an error naming the missing
-/// variables. Once the environment is present, any failure to form the group is an error,
-/// strict or not. [`Backend::Any`] tries the ring, then JACCL, as MLX's `any` does (MLX
-/// tries MPI between them, which this crate does not have).
+/// coordinator, see `jaccl::Config::from_env` (feature `jaccl`)) the result is an error
+/// naming the missing variables with `strict`. Without `strict` it is the group of this
+/// process alone only when no launch variable of any backend is set at all (not running
+/// under a launcher); when some are set but no backend can form the group they describe
+/// (`MLX_HOSTFILE` without `MLX_RANK`, a JACCL launch in a build without the `jaccl`
+/// feature), it is an error naming the variables, because falling back would turn N
+/// ranks into N independent processes that each succeed alone. Once a backend's
+/// environment is complete, any failure to form the group is an error, strict or not.
+/// [`Backend::Any`] tries the ring, then JACCL, as MLX's `any` does (MLX tries MPI
+/// between them, which this crate does not have).
 ///
 /// # Errors
 ///
@@ -137,10 +142,19 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
             Err(reason) => reasons.push(format!("{candidate}: {reason}")),
         }
     }
-    if strict {
+    let launched = env::launch_vars_set(&env::process);
+    if strict || !launched.is_empty() {
+        let mut reason = reasons.join("; ");
+        if !strict {
+            reason = format!(
+                "{} set, so this process was launched as a rank of a group, but no backend \
+                 can form it ({reason}); unset them to run as a single process",
+                launched.join(", ")
+            );
+        }
         return Err(Error::Unavailable {
             backend: backend.name(),
-            reason: reasons.join("; "),
+            reason,
         });
     }
     let group = Group::single();

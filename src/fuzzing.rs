@@ -2,7 +2,10 @@
 //! `cargo test`: every parser of bytes that come from outside the process. Not part of the
 //! API; hidden from the docs.
 
-use crate::auth::{Acceptor, Challenge, Connector, Handshake, Hello, Key, Link, Outcome, Secret};
+use crate::auth::{
+    Acceptor, Challenge, Connector, Greeting, Handshake, Hello, Key, Link, MAGIC, Outcome, Secret,
+    greeting,
+};
 use crate::hostfile;
 
 /// Parses `data` as a hostfile and checks it for every rank it could describe. Must never
@@ -36,7 +39,9 @@ const LINK: Link = Link {
 ///   nothing read;
 /// - an honest connector against an honest acceptor, their bytes delivered in chunks of
 ///   the sizes `data` gives: both must be established;
-/// - `data` decoded as each message, which must encode back to the same message.
+/// - `data` decoded as each message, which must encode back to the same message;
+/// - `data` as the first bytes an unkeyed rank receives: a keyed greeting exactly when
+///   they start with the magic.
 pub fn handshake(data: &[u8]) {
     let Ok(key) = Secret::new(b"a fixed fuzzing key of 32 bytes!").key() else {
         return;
@@ -59,6 +64,26 @@ pub fn handshake(data: &[u8]) {
     }
     honest(key, data);
     decode_round_trips(data);
+    first_bytes(data);
+}
+
+/// [`greeting`] classifies every prefix of `data` consistently with the magic.
+fn first_bytes(data: &[u8]) {
+    for n in 0..=data.len().min(MAGIC.len() + 1) {
+        let first = &data[..n];
+        let expected = if first.len() >= MAGIC.len() {
+            if first[..MAGIC.len()] == MAGIC {
+                Greeting::Keyed
+            } else {
+                Greeting::Data
+            }
+        } else if MAGIC.starts_with(first) {
+            Greeting::Undecided
+        } else {
+            Greeting::Data
+        };
+        assert_eq!(greeting(first), expected, "{first:?}");
+    }
 }
 
 /// Cuts `data` into a peer's deliveries: `Some(bytes)`, or `None` for the peer closing.

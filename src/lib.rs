@@ -16,7 +16,8 @@
 //! ```no_run
 //! # fn main() -> nuvec_distributed::Result<()> {
 //! // Under `mlx.launch` (or `nuvec launch`), MLX_HOSTFILE and MLX_RANK describe the ring;
-//! // without them this is the group of this process alone.
+//! // with no launch variable set at all this is the group of this process alone, and a
+//! // launch environment that describes a group it cannot form is an error.
 //! let group = nuvec_distributed::init(false)?;
 //! let mut x = [1.0f32, 2.0, 3.0];
 //! group.all_sum(&mut x)?; // the element-wise sum over every rank, in place

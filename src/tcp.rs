@@ -121,6 +121,14 @@ pub(crate) fn tune_established(stream: &TcpStream) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether the kernel lets this process use congestion control `algorithm`, tried on a
+/// socket of its own, so that a refusal can be reported as the option's fault before any
+/// listening or connecting starts.
+pub(crate) fn check_congestion(algorithm: &str) -> io::Result<()> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    set_congestion(&socket, algorithm)
+}
+
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 fn set_congestion(socket: &Socket, algorithm: &str) -> io::Result<()> {
     socket

@@ -752,3 +752,173 @@ fn close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2() {
         );
     }
 }
+
+// Keys and environments (issue 10 items 4, 8, 10)
+
+/// A rank with a key next to one without, in both orientations at P = 2: both fail at
+/// once (well under the timeout), each naming the other and saying which side has no key;
+/// the rank without a key never returns the keyed peer's handshake as data.
+#[test]
+fn a_keyed_rank_next_to_an_unkeyed_one_fails_fast_on_both_sides_p2() {
+    const TIMEOUT_S: u64 = 8;
+    for keyed in [0usize, 1] {
+        let name = "a_keyed_rank_next_to_an_unkeyed_one_fails_fast_on_both_sides_p2";
+        let launch = Launch::new(2, 1)
+            .timeout(TIMEOUT_S as f64)
+            .env("TEST_KEYED_RANK", &keyed.to_string());
+        let Some(outputs) = launch.run_raw(name, || {
+            let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
+            let keyed: usize = std::env::var("TEST_KEYED_RANK").unwrap().parse().unwrap();
+            let mut options = Options::default().timeout(Duration::from_secs(TIMEOUT_S));
+            if rank == keyed {
+                options = options.key(KEY);
+            }
+            let start = Instant::now();
+            let error =
+                match nuvec_distributed::init_with(&testing::hostfile_nodes(), rank, &options) {
+                    Err(e) => e,
+                    Ok(g) => {
+                        let mut x = vec![1.0f32; 1000];
+                        match g.all_sum(&mut x) {
+                            Err(e) => e,
+                            Ok(()) => panic!("all_sum returned Ok with {:?}", &x[..4]),
+                        }
+                    }
+                };
+            report_failure(&error, start.elapsed());
+        }) else {
+            return;
+        };
+        for o in &outputs {
+            assert!(o.finished(), "keyed {keyed}: rank {}:\n{o}", o.rank);
+            let (ms, peer, message) = o.failure();
+            assert_eq!(
+                peer,
+                Some(1 - o.rank),
+                "keyed {keyed}, rank {}: {message}",
+                o.rank
+            );
+            assert!(
+                ms < 3000,
+                "keyed {keyed}, rank {} took {ms} ms: {message}",
+                o.rank
+            );
+            assert!(
+                message.contains("incompatible"),
+                "rank {}: {message}",
+                o.rank
+            );
+            let says = if o.rank == keyed {
+                "has no key (NUVEC_DISTRIBUTED_KEY)"
+            } else {
+                "has a key (NUVEC_DISTRIBUTED_KEY) and this rank has none"
+            };
+            assert!(
+                message.contains(says),
+                "keyed {keyed}, rank {}: {message}",
+                o.rank
+            );
+        }
+    }
+}
+
+/// An empty key is an error naming the variable, not a ring without authentication.
+#[test]
+fn an_empty_key_variable_is_an_error() {
+    let name = "an_empty_key_variable_is_an_error";
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_KEY", "");
+    let Some(outputs) = launch.run_raw(name, || {
+        let error = nuvec_distributed::init(false).expect_err("an empty key");
+        report_failure(&error, Duration::ZERO);
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (_, _, message) = o.failure();
+        assert!(
+            message.contains("NUVEC_DISTRIBUTED_KEY") && message.contains("empty"),
+            "{message}"
+        );
+    }
+}
+
+/// `MLX_HOSTFILE` without `MLX_RANK` describes a ring this process cannot join: even
+/// non-strict `init` is an error naming the variables, not a group of one.
+#[test]
+fn a_hostfile_without_a_rank_is_an_error_even_when_not_strict() {
+    let name = "a_hostfile_without_a_rank_is_an_error_even_when_not_strict";
+    let launch =
+        Launch::new(2, 1).command(move |_| testing::this_test_in(&["env", "-u", "MLX_RANK"], name));
+    let Some(outputs) = launch.run_raw(name, || {
+        assert!(std::env::var_os("MLX_RANK").is_none());
+        let error = nuvec_distributed::init(false).expect_err("a partial environment");
+        report_failure(&error, Duration::ZERO);
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (_, _, message) = o.failure();
+        assert!(
+            message.contains("MLX_RANK") && message.contains("MLX_HOSTFILE"),
+            "{message}"
+        );
+    }
+}
+
+/// One rank without the key in a keyed ring of 3: every rank fails and names a rank of the
+/// other kind, saying who has no key; no rank returns data. The unkeyed rank fails on the
+/// first bytes it receives from a keyed neighbour, and answers them with NO_KEY, on which
+/// that neighbour fails at once. The other keyed neighbour fails at once when NO_KEY
+/// reached it too; when only the unkeyed rank's data did, it cannot tell that from a
+/// stranger's garbage (which must not abort a forming ring), so it keeps its address open
+/// for the real neighbour until the timeout, then names the unkeyed rank.
+#[test]
+fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
+    const TIMEOUT_S: u64 = 3;
+    const UNKEYED: usize = 1;
+    let name = "one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank";
+    let launch = Launch::new(3, 1).timeout(TIMEOUT_S as f64);
+    let Some(outputs) = launch.run_raw(name, || {
+        let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
+        let mut options = Options::default().timeout(Duration::from_secs(TIMEOUT_S));
+        if rank != UNKEYED {
+            options = options.key(KEY);
+        }
+        let start = Instant::now();
+        let error = match nuvec_distributed::init_with(&testing::hostfile_nodes(), rank, &options) {
+            Err(e) => e,
+            Ok(g) => {
+                let mut x = vec![1.0f32; 1000];
+                match g.all_sum(&mut x) {
+                    Err(e) => e,
+                    Ok(()) => panic!("all_sum returned Ok with {:?}", &x[..4]),
+                }
+            }
+        };
+        report_failure(&error, start.elapsed());
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{o}", o.rank);
+        let (ms, peer, message) = o.failure();
+        assert!(
+            message.contains("incompatible"),
+            "rank {}: {message}",
+            o.rank
+        );
+        if o.rank == UNKEYED {
+            assert!(matches!(peer, Some(0 | 2)), "{message}");
+            assert!(message.contains("and this rank has none"), "{message}");
+        } else {
+            assert_eq!(peer, Some(UNKEYED), "rank {}: {message}", o.rank);
+            assert!(message.contains("has no key"), "rank {}: {message}", o.rank);
+        }
+        // A rank told NO_KEY fails at once; one that saw only data waits for the timeout.
+        let fast = o.rank != UNKEYED + 1 || message.contains("a message saying that it has no key");
+        let limit = if fast { 2000 } else { TIMEOUT_S * 1000 + 2000 };
+        assert!(ms < limit, "rank {} took {ms} ms: {message}", o.rank);
+    }
+}

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::auth::Secret;
+use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
 use crate::options::Options;
 
@@ -82,6 +82,27 @@ fn text(vars: Lookup<'_>, name: &str) -> Option<String> {
     vars(name).map(|v| v.to_string_lossy().into_owned())
 }
 
+/// A variable's value as text, `None` when unset. Every variable that holds a value (all
+/// but the presence switches [`RING_VERBOSE_VAR`], [`VERBOSE_VAR`] and
+/// [`JACCL_RING_VARS`]) is read through this: an empty value (or only spaces) is an error
+/// naming the variable, never the same as unset, because a variable set to nothing is
+/// usually a script's mistake (`FOO=$UNDEFINED`), and the default it would silently give
+/// is not what was asked for (an empty key would mean no authentication).
+fn value(vars: Lookup<'_>, var: &'static str) -> Result<Option<String>> {
+    match text(vars, var) {
+        Some(v) if v.trim().is_empty() => Err(empty(var)),
+        other => Ok(other),
+    }
+}
+
+/// The error for `var` set to an empty value.
+fn empty(var: &'static str) -> Error {
+    Error::Environment {
+        var,
+        reason: "is set but empty: give it a value, or unset it for the default".into(),
+    }
+}
+
 /// What `mlx.launch` tells a ring rank: its hostfile and rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RingLaunch {
@@ -95,8 +116,22 @@ pub(crate) struct RingLaunch {
 /// a ring (one of the two is unset: not an error unless `strict`); the outer one is a rank
 /// that is not a number.
 pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLaunch, String>> {
+    value(vars, HOSTFILE_VAR)?;
+    value(vars, RANK_VAR)?;
     let hostfile = vars(HOSTFILE_VAR);
     let rank = vars(RANK_VAR);
+    if let (Some(path), None) = (&hostfile, &rank) {
+        // Only the ring reads the hostfile, so it is a ring launch missing its rank (a rank
+        // alone may belong to a JACCL launch, which the caller tries next).
+        return Err(Error::Environment {
+            var: RANK_VAR,
+            reason: format!(
+                "is unset, but {HOSTFILE_VAR} is set ({:?}): a ring rank needs both, as \
+                 mlx.launch sets them",
+                path.to_string_lossy()
+            ),
+        });
+    }
     let (Some(hostfile), Some(rank)) = (&hostfile, &rank) else {
         let show = |v: &Option<OsString>| {
             v.as_ref()
@@ -124,37 +159,48 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
 /// [`SPIN_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
 ///
-/// Empty values: an empty key, spin, socket buffer or congestion is as if unset, but an
-/// empty timeout is an error (it is not a number).
+/// An empty value of any of them is an error naming it (see [`value`]); an empty key in
+/// particular never means "no authentication": unset the variable for that.
 pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
     let mut options = Options::default();
-    if let Some(secret) = vars(KEY_VAR).filter(|s| !s.is_empty()) {
-        let secret = Secret::new(secret.as_encoded_bytes());
-        if let Err(e) = secret.key() {
+    if let Some(secret) = vars(KEY_VAR) {
+        if secret.is_empty() {
             return Err(Error::Environment {
                 var: KEY_VAR,
-                reason: e.to_string(),
+                reason: format!(
+                    "is set but empty: set the same secret of at least \
+                     {MIN_SECRET_BYTES} bytes on every rank, or unset it to run without \
+                     authentication"
+                ),
+            });
+        }
+        let bytes = secret.as_encoded_bytes();
+        let secret = Secret::new(bytes);
+        if secret.key().is_err() {
+            return Err(Error::Environment {
+                var: KEY_VAR,
+                reason: format!(
+                    "is {} bytes; the key must be at least {MIN_SECRET_BYTES}",
+                    bytes.len()
+                ),
             });
         }
         options.key = Some(secret);
     }
-    if let Some(text) = text(vars, TIMEOUT_VAR) {
+    if let Some(text) = value(vars, TIMEOUT_VAR)? {
         options.timeout = parse_timeout(&text)?;
     }
-    if let Some(text) = text(vars, TCP_CONGESTION_VAR) {
-        let name = text.trim().to_string();
-        if !name.is_empty() {
-            options.tcp_congestion = Some(name);
-        }
+    if let Some(text) = value(vars, TCP_CONGESTION_VAR)? {
+        options.tcp_congestion = Some(text.trim().to_string());
     }
-    if let Some(text) = text(vars, SPIN_VAR).filter(|t| !t.is_empty()) {
+    if let Some(text) = value(vars, SPIN_VAR)? {
         let micros = text.trim().parse::<u64>().map_err(|_| Error::Environment {
             var: SPIN_VAR,
             reason: format!("{text:?} is not a whole number of microseconds"),
         })?;
         options.spin = Duration::from_micros(micros);
     }
-    if let Some(text) = text(vars, SOCKET_BUFFER_VAR).filter(|t| !t.is_empty()) {
+    if let Some(text) = value(vars, SOCKET_BUFFER_VAR)? {
         let bytes = text
             .trim()
             .parse::<usize>()
@@ -192,7 +238,7 @@ pub(crate) fn verbose(vars: Lookup<'_>) -> bool {
 }
 
 /// Checks [`SIMD_VAR`], so that a typo is an error rather than a silently ignored setting.
-/// Unset or empty (after trimming) asks for nothing.
+/// Unset asks for nothing; empty is an error.
 pub(crate) fn simd_request(vars: Lookup<'_>) -> Result<()> {
     match text(vars, SIMD_VAR) {
         None => Ok(()),
@@ -225,15 +271,23 @@ pub(crate) struct JacclLaunch {
 }
 
 /// JACCL's launch variables, as MLX's `jaccl::Config::from_env` reads them: for each
-/// setting the `JACCL_*` name first, then the `MLX_*` one; a set variable wins even when
-/// empty. Settings that are absent stay `None` (the rank: 0).
+/// setting the `JACCL_*` name first, then the `MLX_*` one. Settings that are absent stay
+/// `None` (the rank: 0).
 ///
 /// # Errors
 ///
 /// A rank that is not a whole number, naming the variable it came from (MLX's `atoi` reads
-/// it as 0).
+/// it as 0), and an empty value of any of them but the ring switches (MLX takes an empty
+/// one as set; here it is a mistake to report, as for every variable).
 #[cfg_attr(not(feature = "jaccl"), allow(dead_code))] // read by the jaccl backend and tests
 pub(crate) fn jaccl_launch(vars: Lookup<'_>) -> Result<JacclLaunch> {
+    for var in JACCL_RANK_VARS
+        .iter()
+        .chain(&JACCL_DEVICES_VARS)
+        .chain(&JACCL_COORDINATOR_VARS)
+    {
+        value(vars, var)?;
+    }
     let first = |names: &[&'static str; 2]| {
         names
             .iter()
@@ -261,5 +315,30 @@ pub(crate) fn jaccl_launch(vars: Lookup<'_>) -> Result<JacclLaunch> {
 /// A value other than `small` or `large` (after trimming).
 #[cfg(feature = "jaccl")]
 pub(crate) fn jaccl_buffers(vars: Lookup<'_>) -> Result<Option<crate::jaccl::SizeClasses>> {
-    text(vars, JACCL_BUFFERS_VAR).map(|v| v.parse()).transpose()
+    value(vars, JACCL_BUFFERS_VAR)?
+        .map(|v| v.parse())
+        .transpose()
+}
+
+/// Every variable a backend reads to find its group ([`ring_launch`], [`jaccl_launch`]):
+/// when none is set, no distributed launch is present and non-strict `init` may fall back
+/// to a group of one.
+pub(crate) const LAUNCH_VARS: [&str; 9] = [
+    HOSTFILE_VAR,
+    RANK_VAR,
+    JACCL_RANK_VARS[0],
+    JACCL_DEVICES_VARS[0],
+    JACCL_DEVICES_VARS[1],
+    JACCL_COORDINATOR_VARS[0],
+    JACCL_COORDINATOR_VARS[1],
+    JACCL_RING_VARS[0],
+    JACCL_RING_VARS[1],
+];
+
+/// The [`LAUNCH_VARS`] that are set.
+pub(crate) fn launch_vars_set(vars: Lookup<'_>) -> Vec<&'static str> {
+    LAUNCH_VARS
+        .into_iter()
+        .filter(|&var| vars(var).is_some())
+        .collect()
 }

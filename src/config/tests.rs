@@ -232,7 +232,25 @@ fn ring_launch_needs_both_variables_and_a_numeric_rank() {
         why.contains("MLX_RANK is \"1\" and MLX_HOSTFILE is unset"),
         "{why}"
     );
-    for bad in ["", "x", "-1", "1.0"] {
+    // A hostfile without a rank is a ring launch that cannot be joined: an error, not "no
+    // ring here" (which would let non-strict init fall back to a group of one).
+    let no_rank = from_pairs(&[("MLX_HOSTFILE", "h.json")]);
+    let (var, text) = env_error(env::ring_launch(&lookup(&no_rank)).unwrap_err());
+    assert_eq!(var, "MLX_RANK");
+    assert!(
+        text.contains("is unset, but MLX_HOSTFILE is set (\"h.json\")"),
+        "{text}"
+    );
+    // Empty values name their variable instead of reaching the file system as "".
+    for (name, other) in [("MLX_HOSTFILE", "MLX_RANK"), ("MLX_RANK", "MLX_HOSTFILE")] {
+        for blank in ["", " "] {
+            let vars = from_pairs(&[(name, blank), (other, "1")]);
+            let (var, text) = env_error(env::ring_launch(&lookup(&vars)).unwrap_err());
+            assert_eq!(var, name);
+            assert!(text.contains("is set but empty"), "{text}");
+        }
+    }
+    for bad in ["x", "-1", "1.0"] {
         let vars = from_pairs(&[("MLX_RANK", bad), ("MLX_HOSTFILE", "h.json")]);
         let (var, text) = env_error(env::ring_launch(&lookup(&vars)).unwrap_err());
         assert_eq!(var, "MLX_RANK");
@@ -251,7 +269,7 @@ fn option_variables_name_themselves_when_wrong() {
     let cases = [
         (env::TIMEOUT_VAR, "soon", "is not a number of seconds"),
         (env::TIMEOUT_VAR, "0", "must be more than zero"),
-        (env::TIMEOUT_VAR, "", "is not a number of seconds"),
+        (env::TIMEOUT_VAR, "", "is set but empty"),
         (env::SPIN_VAR, "1.5", "not a whole number of microseconds"),
         (
             env::SOCKET_BUFFER_VAR,
@@ -271,19 +289,65 @@ fn option_variables_name_themselves_when_wrong() {
         assert_eq!(var, name, "{value:?}");
         assert!(text.contains(why), "{name}={value:?}: {text}");
     }
-    // Today's empty values: as if unset, except the timeout's (above).
-    let empty = from_pairs(&[
-        (env::SPIN_VAR, ""),
-        (env::SOCKET_BUFFER_VAR, ""),
-        (env::TCP_CONGESTION_VAR, " "),
-        (env::KEY_VAR, ""),
-    ]);
-    let options = env::options(&lookup(&empty)).unwrap();
+    // Empty is never the same as unset: each is an error naming its variable. An empty
+    // key in particular must not turn authentication off.
+    for name in [
+        env::TIMEOUT_VAR,
+        env::SPIN_VAR,
+        env::SOCKET_BUFFER_VAR,
+        env::TCP_CONGESTION_VAR,
+        env::KEY_VAR,
+    ] {
+        for blank in ["", "  "] {
+            if name == env::KEY_VAR && !blank.is_empty() {
+                continue; // a key of spaces is a (short) key, checked above
+            }
+            let vars = from_pairs(&[(name, blank)]);
+            let (var, text) = env_error(env::options(&lookup(&vars)).unwrap_err());
+            assert_eq!(var, name, "{blank:?}");
+            assert!(
+                text.contains("is set but empty"),
+                "{name}={blank:?}: {text}"
+            );
+        }
+    }
+    let (_, text) =
+        env_error(env::options(&lookup(&from_pairs(&[(env::KEY_VAR, "")]))).unwrap_err());
+    assert!(
+        text.contains("unset it to run without authentication"),
+        "{text}"
+    );
+    // Unset, all are the defaults.
+    let options = env::options(&lookup(&from_pairs(&[]))).unwrap();
     let default = crate::Options::default();
     assert_eq!(options.spin, default.spin);
+    assert_eq!(options.timeout, default.timeout);
     assert_eq!(options.socket_buffer, None);
     assert_eq!(options.tcp_congestion, None);
     assert!(options.key.is_none());
+}
+
+#[test]
+fn launch_variables_say_whether_a_distributed_launch_is_present() {
+    assert!(env::launch_vars_set(&lookup(&from_pairs(&[]))).is_empty());
+    // Variables that are not a backend's launch variables do not count.
+    let unrelated = from_pairs(&[("NUVEC_DISTRIBUTED_TIMEOUT", "3"), ("HOME", "/")]);
+    assert!(env::launch_vars_set(&lookup(&unrelated)).is_empty());
+    // What `nuvec launch --backend jaccl` sets, and a ring launch missing its rank.
+    let jaccl = from_pairs(&[
+        ("MLX_RANK", "0"),
+        ("MLX_IBV_DEVICES", "d.json"),
+        ("MLX_JACCL_COORDINATOR", "127.0.0.1:1"),
+    ]);
+    assert_eq!(
+        env::launch_vars_set(&lookup(&jaccl)),
+        ["MLX_RANK", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR"]
+    );
+    let ring = from_pairs(&[("MLX_HOSTFILE", "h.json")]);
+    assert_eq!(env::launch_vars_set(&lookup(&ring)), ["MLX_HOSTFILE"]);
+    // Even a presence switch alone is a launch.
+    let switch = from_pairs(&[("JACCL_RING", "")]);
+    assert_eq!(env::launch_vars_set(&lookup(&switch)), ["JACCL_RING"]);
 }
 
 #[test]
@@ -318,7 +382,12 @@ fn a_simd_request_naming_no_level_is_an_environment_error() {
     let (var, text) = env_error(env::simd_request(&lookup(&vars)).unwrap_err());
     assert_eq!(var, "NUVEC_DISTRIBUTED_SIMD");
     assert!(text.contains("\"avx1024\""), "{text}");
-    for ok in ["", "scalar", "avx2", "AVX512", " neon "] {
+    for blank in ["", " "] {
+        let vars = from_pairs(&[("NUVEC_DISTRIBUTED_SIMD", blank)]);
+        let (_, text) = env_error(env::simd_request(&lookup(&vars)).unwrap_err());
+        assert!(text.contains("empty"), "{text}");
+    }
+    for ok in ["scalar", "avx2", "AVX512", " neon "] {
         let vars = from_pairs(&[("NUVEC_DISTRIBUTED_SIMD", ok)]);
         assert!(env::simd_request(&lookup(&vars)).is_ok(), "{ok:?}");
     }
@@ -355,10 +424,25 @@ fn jaccl_variables_look_up_jaccl_names_before_mlx_ones() {
             prefer_ring: false,
         }
     );
-    // A set JACCL_* name wins even when empty; the error names the variable it came from.
-    let empty = from_pairs(&[("JACCL_RANK", ""), ("MLX_RANK", "2")]);
-    let (var, _) = env_error(env::jaccl_launch(&lookup(&empty)).unwrap_err());
-    assert_eq!(var, "JACCL_RANK");
+    // An empty value is an error naming its variable, even where another would stand in.
+    for name in [
+        "JACCL_RANK",
+        "MLX_RANK",
+        "JACCL_IBV_DEVICES",
+        "MLX_IBV_DEVICES",
+        "JACCL_COORDINATOR",
+        "MLX_JACCL_COORDINATOR",
+    ] {
+        let empty = from_pairs(&[(name, ""), ("MLX_RANK", "2")]);
+        let empty = if name == "MLX_RANK" {
+            from_pairs(&[(name, "")])
+        } else {
+            empty
+        };
+        let (var, text) = env_error(env::jaccl_launch(&lookup(&empty)).unwrap_err());
+        assert_eq!(var, name);
+        assert!(text.contains("is set but empty"), "{text}");
+    }
     let mlx = from_pairs(&[("MLX_RANK", "two")]);
     let (var, text) = env_error(env::jaccl_launch(&lookup(&mlx)).unwrap_err());
     assert_eq!(var, "MLX_RANK");

@@ -20,7 +20,10 @@
 //! The listener then stays open until an authenticated connection for its address
 //! arrives: a client that fails the handshake (wrong key, no key, garbage, a scanner that
 //! connects and closes) is dropped and remembered for the error message, so it can neither
-//! join the ring nor keep the real neighbour out.
+//! join the ring nor keep the real neighbour out. One exception: a client that answers our
+//! greeting with [`auth::NO_KEY`] is a rank of this program without the key, and setup
+//! fails at once naming it, instead of at the timeout. Someone who can reach a forming
+//! ring's port can therefore abort it by sending those 9 bytes (they cannot join it).
 //!
 //! This module decides only when to dial, accept, retry, choose and give up. The
 //! handshake's bytes and checks are [`crate::auth`]'s machines, which [`pump`] feeds from
@@ -61,6 +64,14 @@ const HANDSHAKE_READ: usize = auth::Challenge::LEN;
 /// Forms this rank's part of the ring within `options.timeout`.
 pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transport> {
     let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
+    if let Some(algorithm) = &options.tcp_congestion {
+        tcp::check_congestion(algorithm).map_err(|e| {
+            Error::invalid(format!(
+                "Options::tcp_congestion ({} for init): {e}",
+                crate::config::env::TCP_CONGESTION_VAR
+            ))
+        })?;
+    }
     let rank = addrs.rank;
     verbose!(
         rank,
@@ -195,7 +206,7 @@ enum Dial {
     /// Ready for the ring.
     Up(TcpStream),
     /// The neighbour answered but authentication failed; retrying cannot help.
-    Refused(String),
+    Refused(auth::Fault, String),
 }
 
 /// An accepted connection not yet taken into the ring.
@@ -264,7 +275,7 @@ enum DialView<'a> {
     Up,
     /// Connected, handshake unfinished.
     Handshaking,
-    Refused(&'a str),
+    Refused(auth::Fault, &'a str),
     /// Not connected; why the last try failed, if one did.
     Down(Option<io::Error>),
 }
@@ -277,7 +288,7 @@ fn timed_out(
     addrs: &RingAddresses,
     dials: Vec<DialView<'_>>,
     filled: &[bool],
-    mut rejected: Vec<Option<(usize, SocketAddr, String)>>,
+    mut rejected: Vec<Option<Turned>>,
     timeout: Duration,
 ) -> Error {
     let (left, right) = (addrs.left_rank(), addrs.right_rank());
@@ -291,7 +302,7 @@ fn timed_out(
         };
         return match dial {
             DialView::Up => continue,
-            DialView::Refused(reason) => auth(reason.to_string()),
+            DialView::Refused(fault, reason) => refusal(fault, right, addr, reason.to_string()),
             DialView::Handshaking => auth(format!(
                 "it did not answer the handshake within {timeout:?} (is the key set on every \
                  rank?)"
@@ -315,17 +326,17 @@ fn timed_out(
     let i = filled.iter().position(|f| !f).unwrap_or(0);
     let listen = addrs.listen.get(i).copied();
     match rejected.get_mut(i).and_then(Option::take) {
-        Some((claimed, from, reason)) => Error::Auth {
-            peer: claimed,
-            addr: Some(from),
-            context: CONTEXT,
-            reason: match listen {
+        Some((claimed, from, fault, reason)) => refusal(
+            fault,
+            claimed,
+            Some(from),
+            match listen {
                 Some(at) => {
                     format!("{reason}; no authenticated connection reached {at} within {timeout:?}")
                 }
                 None => reason,
             },
-        },
+        ),
         None => Error::Timeout {
             peer: left,
             addr: listen,
@@ -335,6 +346,30 @@ fn timed_out(
         },
     }
 }
+
+/// The error for a handshake with `peer` that failed with `fault`: a peer without a key
+/// next to this keyed rank is a configuration that does not match
+/// ([`Error::PeerIncompatible`]), anything else a failed authentication.
+fn refusal(fault: auth::Fault, peer: usize, addr: Option<SocketAddr>, reason: String) -> Error {
+    match fault {
+        auth::Fault::NoKey => Error::PeerIncompatible {
+            peer,
+            addr,
+            context: CONTEXT,
+            reason,
+        },
+        auth::Fault::Peer | auth::Fault::Keys => Error::Auth {
+            peer,
+            addr,
+            context: CONTEXT,
+            reason,
+        },
+    }
+}
+
+/// The last client turned away on an address: the rank it claimed (or the one expected),
+/// where it came from, whose fault, and why.
+type Turned = (usize, SocketAddr, auth::Fault, String);
 
 struct Setup<'a> {
     addrs: &'a RingAddresses,
@@ -352,7 +387,9 @@ struct Setup<'a> {
     /// The left neighbour's connections, by index, once taken.
     slots: Vec<Option<TcpStream>>,
     /// Why clients on each of our addresses were turned away, for the error at the deadline.
-    rejected: Vec<Option<(usize, SocketAddr, String)>>,
+    rejected: Vec<Option<Turned>>,
+    /// A client that said it has no key ([`auth::NO_KEY`]): setup fails at once.
+    said_no_key: Option<Turned>,
 }
 
 impl<'a> Setup<'a> {
@@ -389,6 +426,7 @@ impl<'a> Setup<'a> {
             candidates: Vec::new(),
             slots: (0..c).map(|_| None).collect(),
             rejected: (0..c).map(|_| None).collect(),
+            said_no_key: None,
         })
     }
 
@@ -440,20 +478,39 @@ impl<'a> Setup<'a> {
     /// failing at once) lets the left neighbour's handshake with us run, so that it, too,
     /// learns that the keys differ instead of finding our port closed.
     fn refused(&self) -> Option<Error> {
+        if let Some((claimed, from, fault, why)) = &self.said_no_key {
+            return Some(refusal(*fault, *claimed, Some(*from), why.clone()));
+        }
         let i = self
             .dials
             .iter()
-            .position(|d| matches!(d, Dial::Refused(_)))?;
+            .position(|d| matches!(d, Dial::Refused(..)))?;
         let settled =
             (0..self.slots.len()).all(|s| self.slots[s].is_some() || self.rejected[s].is_some());
-        let Dial::Refused(reason) = &self.dials[i] else {
+        let Dial::Refused(fault, reason) = &self.dials[i] else {
             return None;
         };
-        settled.then(|| Error::Auth {
-            peer: self.addrs.right_rank(),
-            addr: Some(self.addrs.right[i]),
-            context: CONTEXT,
-            reason: reason.clone(),
+        if !settled {
+            return None;
+        }
+        // A peer without a key that finds our greeting leaves, and this rank may see that
+        // on one connection as a bare close; the connection where it said, or showed, that
+        // it has no key is the better diagnosis.
+        let no_key = self
+            .rejected
+            .iter()
+            .flatten()
+            .find(|(_, _, fault, _)| *fault == auth::Fault::NoKey);
+        Some(match no_key {
+            Some((claimed, from, _, why)) if *fault != auth::Fault::NoKey => {
+                refusal(auth::Fault::NoKey, *claimed, Some(*from), why.clone())
+            }
+            _ => refusal(
+                *fault,
+                self.addrs.right_rank(),
+                Some(self.addrs.right[i]),
+                reason.clone(),
+            ),
         })
     }
 
@@ -555,7 +612,7 @@ impl<'a> Setup<'a> {
                     r.fault,
                     r.reason
                 );
-                Some(r.reason.clone())
+                Some((r.fault, r.reason.clone()))
             }
         };
         match (
@@ -565,9 +622,9 @@ impl<'a> Setup<'a> {
             (Dial::Handshake(s, _), None) => self.dials[i] = Dial::Up(s),
             // An authentication failure is final: the peer answered, and retrying cannot
             // change its key.
-            (Dial::Handshake(mut s, _), Some(reason)) => {
+            (Dial::Handshake(mut s, _), Some((fault, reason))) => {
                 let _ = self.poll.registry().deregister(&mut s);
-                self.dials[i] = Dial::Refused(reason);
+                self.dials[i] = Dial::Refused(fault, reason);
             }
             (other, _) => self.dials[i] = other,
         }
@@ -664,11 +721,16 @@ impl<'a> Setup<'a> {
                         rejection.fault,
                         rejection.reason
                     );
-                    self.rejected[c.slot] = Some((
+                    let turned = (
                         rejection.claimed.unwrap_or(self.addrs.left_rank()),
                         c.from,
+                        rejection.fault,
                         rejection.reason,
-                    ));
+                    );
+                    if rejection.said_no_key {
+                        self.said_no_key = Some(turned.clone());
+                    }
+                    self.rejected[c.slot] = Some(turned);
                 }
                 Ok(())
             }
@@ -697,14 +759,20 @@ impl<'a> Setup<'a> {
                 right_conns.push((stream, right, addr));
             }
         }
-        Transport::new(
+        let mut transport = Transport::new(
             self.poll,
             self.addrs.rank,
             self.addrs.size,
             left_conns,
             right_conns,
         )
-        .map_err(|e| Error::local("setting up the ring's connections", e))
+        .map_err(|e| Error::local("setting up the ring's connections", e))?;
+        // A keyed peer's greeting may arrive after this point, so the check is made on the
+        // first receive of each connection, not here.
+        if self.key.is_none() {
+            transport.check_first_bytes();
+        }
+        Ok(transport)
     }
 
     /// The error for a ring that did not form by the deadline (see [`timed_out`]).
@@ -716,7 +784,7 @@ impl<'a> Setup<'a> {
             .map(|(dial, failure)| match dial {
                 Dial::Up(_) => DialView::Up,
                 Dial::Handshake(..) => DialView::Handshaking,
-                Dial::Refused(reason) => DialView::Refused(reason),
+                Dial::Refused(fault, reason) => DialView::Refused(*fault, reason),
                 Dial::Idle(_) | Dial::Connecting(_) => DialView::Down(failure.take()),
             })
             .collect();
@@ -812,7 +880,10 @@ mod tests {
 
     fn verdict(dials: Vec<DialView<'_>>, filled: &[bool], rejected: Option<&str>) -> Error {
         let from = SocketAddr::from(([127, 0, 0, 9], 40000));
-        let rejected = vec![None, rejected.map(|r| (7, from, r.to_string()))];
+        let rejected = vec![
+            None,
+            rejected.map(|r| (7, from, auth::Fault::Peer, r.to_string())),
+        ];
         timed_out(&addrs(), dials, filled, rejected, TIMEOUT)
     }
 
@@ -838,7 +909,7 @@ mod tests {
             "{e:?}"
         );
         let e = verdict(
-            vec![DialView::Refused("no"), DialView::Up],
+            vec![DialView::Refused(auth::Fault::Keys, "no"), DialView::Up],
             &[true, true],
             None,
         );
@@ -925,6 +996,24 @@ mod tests {
         assert_eq!(rank0.join().unwrap().unwrap(), 1);
         assert_eq!(rank1.join().unwrap().unwrap(), 1);
         drop(stranger);
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "freebsd"))]
+    #[test]
+    fn an_unknown_congestion_control_is_named_as_the_option_before_listening() {
+        let ports = free_pair();
+        let options = Options::default()
+            .timeout(Duration::from_secs(1))
+            .tcp_congestion("no-such-cc");
+        let e = connect(&ring_addrs(0, ports), &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Options::tcp_congestion (NUVEC_DISTRIBUTED_TCP_CONGESTION for init)")
+                && e.contains("\"no-such-cc\"")
+                && !e.contains("cannot listen"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::SockRef;
 
+use crate::auth;
 use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp, Phase};
 
@@ -68,6 +69,22 @@ pub(crate) struct Conn {
     /// Whether the peer reset the connection: a process that dies with unread data does
     /// that, while a rank that gives up closes cleanly (see [`Transport::abandon`]).
     reset: bool,
+    /// Whether the first bytes received still need a look (see [`FirstBytes`]).
+    first: FirstBytes,
+}
+
+/// The check a rank without a key makes of the first bytes each connection delivers, once
+/// per connection: a keyed peer greets first (see [`crate::auth`]), so [`auth::MAGIC`]
+/// there means the peer has a key and this rank has none, and those bytes must never be
+/// taken for data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstBytes {
+    /// Nothing to check: the handshake ran, or the check passed.
+    Checked,
+    /// Not looked at yet.
+    Unchecked,
+    /// They were a keyed peer's greeting: every read fails.
+    KeyedPeer,
 }
 
 /// The result of one non-blocking transfer attempt.
@@ -102,6 +119,19 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
+        if self.first == FirstBytes::KeyedPeer {
+            return Error::PeerIncompatible {
+                peer: self.peer,
+                addr: Some(self.addr),
+                context,
+                reason: format!(
+                    "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
+                     this connection are its handshake; set the same key on every rank, or none",
+                    self.peer,
+                    auth::KEY_VAR
+                ),
+            };
+        }
         Error::Io {
             peer: self.peer,
             addr: Some(self.addr),
@@ -136,6 +166,11 @@ impl Conn {
         if !self.readable {
             return Ok(Transfer::Blocked);
         }
+        if self.first != FirstBytes::Checked
+            && let Some(early) = self.check_first_bytes(buf.len())?
+        {
+            return Ok(early);
+        }
         let len = buf.len().min(MAX_IO_BYTES);
         loop {
             let read = self.stream.read(&mut buf[..len]);
@@ -164,6 +199,55 @@ impl Conn {
                 }
                 Err(e) => Err(e),
             };
+        }
+    }
+
+    /// Looks at the first bytes the peer sent, without taking them (see [`FirstBytes`]).
+    /// `Some` is what the read returns instead of reading; `Err` a keyed peer, which
+    /// [`Conn::failed`] names. `wanted` is how many bytes the read asks for: while fewer than
+    /// 8 bytes have arrived and they match the magic so far, the check waits for more only if
+    /// the read needs more anyway, so it never holds back data the caller could finish with.
+    #[cold]
+    fn check_first_bytes(&mut self, wanted: usize) -> io::Result<Option<Transfer>> {
+        if self.first == FirstBytes::KeyedPeer {
+            return Err(io::Error::other(
+                "the peer has a key and this rank has none",
+            ));
+        }
+        let mut first = [0u8; auth::MAGIC.len()];
+        let n = loop {
+            match self.stream.peek(&mut first) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return Ok(Some(Transfer::Blocked));
+                }
+                // The read that follows reports the failure or the close.
+                Err(_) => return Ok(None),
+            }
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        match auth::greeting(&first[..n]) {
+            auth::Greeting::Keyed => {
+                self.first = FirstBytes::KeyedPeer;
+                // Tells the keyed peer, still in its handshake, why this rank leaves, so it
+                // fails at once naming this rank rather than at its timeout. Best effort.
+                let _ = self.stream.write(&auth::NO_KEY);
+                Err(io::Error::other(
+                    "the peer has a key and this rank has none",
+                ))
+            }
+            auth::Greeting::Undecided if wanted > n => {
+                self.readable = false;
+                Ok(Some(Transfer::Blocked))
+            }
+            auth::Greeting::Data | auth::Greeting::Undecided => {
+                self.first = FirstBytes::Checked;
+                Ok(None)
+            }
         }
     }
 
@@ -248,6 +332,7 @@ impl Transport {
                 notice: None,
                 reset: false,
                 last_rx: Instant::now(),
+                first: FirstBytes::Checked,
             });
         }
         Ok(Self {
@@ -263,6 +348,14 @@ impl Transport {
     /// return `true` (something may have changed), so the caller looks at its flags.
     pub(crate) fn waker(&self) -> Arc<Waker> {
         self.waker.clone()
+    }
+
+    /// Makes every connection check the first bytes it receives for a keyed peer's greeting
+    /// (see [`FirstBytes`]), for a ring formed without a key.
+    pub(crate) fn check_first_bytes(&mut self) {
+        for conn in &mut self.conns {
+            conn.first = FirstBytes::Unchecked;
+        }
     }
 
     /// This rank.

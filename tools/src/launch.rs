@@ -237,7 +237,8 @@ impl HostList {
 pub struct LaunchSpec {
     /// `--backend`; `None` takes the hostfile's, else the ring.
     pub backend: Option<Backend>,
-    /// `--env K=V` entries, in order.
+    /// `--env K=V` entries, in order ([`resolve_env_args`] has given bare names their
+    /// values).
     pub env: Vec<String>,
     /// `--starting-port`.
     pub starting_port: u16,
@@ -342,6 +343,39 @@ pub fn parse_env_entry(entry: &str) -> Result<(String, String), PlanError> {
         ));
     }
     Ok((key.to_string(), value.to_string()))
+}
+
+/// Turns `--env` arguments into `K=V` entries: a `K=V` argument is kept as it is, and a bare
+/// name `K` takes the launcher's value of `K` from `lookup`, as `docker run -e K` and ssh's
+/// `SendEnv` do. That lets a secret such as `NUVEC_DISTRIBUTED_KEY` reach the ranks without
+/// appearing on the command line, where other users can read it. (`mlx.launch` gives a bare
+/// name an empty value, which for most variables is a silent mistake; the hostfile's
+/// `envs` keep MLX's reading, since that file is shared with `mlx.launch`.)
+///
+/// # Errors
+///
+/// A bare name that is unset in the launcher's environment (or not valid Unicode).
+pub fn resolve_env_args(
+    args: &[String],
+    lookup: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<Vec<String>, PlanError> {
+    args.iter()
+        .map(|arg| {
+            if arg.contains('=') {
+                return Ok(arg.clone());
+            }
+            match lookup(arg).map(|v| v.into_string()) {
+                Some(Ok(value)) => Ok(format!("{arg}={value}")),
+                Some(Err(_)) => fail(format!(
+                    "--env {arg}: the launcher's value of {arg} is not valid Unicode"
+                )),
+                None => fail(format!(
+                    "--env {arg}: {arg} is not set in the launcher's environment (give \
+                     --env {arg}=VALUE, or set it here to pass it on)"
+                )),
+            }
+        })
+        .collect()
 }
 
 /// Plans a launch: the backend, every rank's environment and files.
@@ -623,6 +657,28 @@ pub fn free_port_block(count: usize) -> io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_env_name_takes_the_launchers_value_or_fails() {
+        let lookup = |name: &str| match name {
+            "SET" => Some(std::ffi::OsString::from("from launcher")),
+            "EMPTY" => Some(std::ffi::OsString::new()),
+            _ => None,
+        };
+        let args: Vec<String> = ["A=1", "SET", "B=", "EMPTY", "C=x=y"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            resolve_env_args(&args, &lookup).unwrap(),
+            ["A=1", "SET=from launcher", "B=", "EMPTY=", "C=x=y"]
+        );
+        let e = resolve_env_args(&["UNSET".to_string()], &lookup).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--env UNSET: UNSET is not set in the launcher's environment"),
+            "{e}"
+        );
+    }
 
     fn spec(command: &[&str]) -> LaunchSpec {
         LaunchSpec::new(command.iter().map(|s| s.to_string()).collect())

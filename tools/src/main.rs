@@ -110,8 +110,9 @@ struct LaunchArgs {
     /// The backend to prepare (default: the hostfile's, else ring).
     #[arg(long, value_enum)]
     backend: Option<Backend>,
-    /// An environment variable for every rank (repeatable).
-    #[arg(long = "env", value_name = "K=V")]
+    /// An environment variable for every rank (repeatable): K=V, or K alone to pass on the
+    /// launcher's own value of K (an error when K is unset here), as docker and ssh do.
+    #[arg(long = "env", value_name = "K=V|K")]
     env: Vec<String>,
     /// The ring's first port, counting up by one per address; JACCL's coordinator port.
     #[arg(short = 'p', long, default_value_t = launch::DEFAULT_STARTING_PORT)]
@@ -307,9 +308,13 @@ fn launch(args: LaunchArgs) -> ExitCode {
         Ok(hosts) => hosts,
         Err(message) => return fail(message),
     };
+    let env = match launch::resolve_env_args(&args.env, &|name| std::env::var_os(name)) {
+        Ok(env) => env,
+        Err(e) => return fail(e.to_string()),
+    };
     let spec = LaunchSpec {
         backend: args.backend,
-        env: args.env,
+        env,
         starting_port: args.starting_port,
         connections_per_ip: args.connections_per_ip as usize,
         cwd: args.cwd,

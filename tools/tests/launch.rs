@@ -125,7 +125,8 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let cwd = std::fs::canonicalize(dir.path()).unwrap();
     let port = free_port_block(3).unwrap();
-    let f = run(&[
+    // A bare --env name passes on the launcher's value.
+    let mut launch = nuvec_launch(&[
         "-n",
         "3",
         "-p",
@@ -133,7 +134,9 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
         "--env",
         "GREETING=hello there",
         "--env",
-        "EMPTY",
+        "EMPTY=",
+        "--env",
+        "PASSED",
         "--env",
         "not-a-name=1",
         "--cwd",
@@ -141,8 +144,10 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
         "--",
         "sh",
         "-c",
-        "echo \"$GREETING|${EMPTY-unset}|$MLX_RANK|$(pwd)\"; cat \"$MLX_HOSTFILE\"",
+        "echo \"$GREETING|${EMPTY-unset}|$PASSED|$MLX_RANK|$(pwd)\"; cat \"$MLX_HOSTFILE\"",
     ]);
+    launch.env("PASSED", "from the launcher");
+    let f = finish(launch.spawn().unwrap(), Duration::from_secs(120));
     assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
     let hostfile = format!(
         "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
@@ -154,7 +159,7 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
         assert_eq!(
             rank_lines(&f.stdout, rank),
             [
-                format!("hello there||{rank}|{}", cwd.display()),
+                format!("hello there||from the launcher|{rank}|{}", cwd.display()),
                 hostfile.clone()
             ],
             "{}",
@@ -164,6 +169,17 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
     assert!(
         f.stderr
             .contains("\"not-a-name=1\" is not a valid environment variable"),
+        "{}",
+        f.stderr
+    );
+    // A bare --env name unset in the launcher stops the launch, naming it.
+    let mut launch = nuvec_launch(&["-n", "2", "--env", "NOT_IN_LAUNCHER", "--", "true"]);
+    launch.env_remove("NOT_IN_LAUNCHER");
+    let f = finish(launch.spawn().unwrap(), Duration::from_secs(120));
+    assert!(!f.status.success());
+    assert!(
+        f.stderr
+            .contains("--env NOT_IN_LAUNCHER: NOT_IN_LAUNCHER is not set in the launcher's"),
         "{}",
         f.stderr
     );

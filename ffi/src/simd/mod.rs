@@ -293,21 +293,23 @@ pub fn clamp(detected: Level, requested: Option<Level>) -> Level {
     }
 }
 
-/// Parses a value of [`SIMD_VAR`]: `None` for an empty value (as if unset), the level it
-/// names, or why it names none (without the variable's name).
+/// Parses a value of [`SIMD_VAR`]: the level it names, or why it names none (without the
+/// variable's name). An empty value is an error, as for every variable the crates read:
+/// the variable is unset to ask for nothing.
 ///
 /// # Errors
 ///
-/// A value that is not a level's name.
+/// A value that is empty or not a level's name.
 pub fn parse_request(value: &str) -> Result<Option<Level>, String> {
     if value.trim().is_empty() {
-        return Ok(None);
+        return Err(format!(
+            "{value:?} is empty: name a level (scalar, avx2, avx512, neon) or unset it"
+        ));
     }
     value.parse().map(Some)
 }
 
-/// The level [`SIMD_VAR`] asks for, read from the environment now; `None` when unset or
-/// empty.
+/// The level [`SIMD_VAR`] asks for, read from the environment now; `None` when unset.
 ///
 /// # Errors
 ///
@@ -324,7 +326,7 @@ pub fn env_level() -> Result<Option<Level>, String> {
 /// The level reductions use: [`detected`] lowered by [`SIMD_VAR`], decided at the first call
 /// and kept for the life of the process.
 ///
-/// A value of the variable that names no level is ignored here (the root crate's `init`
+/// A value of the variable that is empty or names no level is ignored here (the root crate's `init`
 /// reports it as an error, through [`env_level`]).
 pub fn active() -> Level {
     static ACTIVE: OnceLock<Level> = OnceLock::new();
@@ -480,9 +482,9 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_request_is_no_request() {
-        assert_eq!(parse_request(""), Ok(None));
-        assert_eq!(parse_request("  "), Ok(None));
+    fn an_empty_request_is_an_error() {
+        assert!(parse_request("").unwrap_err().contains("empty"));
+        assert!(parse_request("  ").unwrap_err().contains("empty"));
         assert_eq!(parse_request("avx2"), Ok(Some(Level::Avx2)));
         assert!(parse_request("avx-512").is_err());
     }
