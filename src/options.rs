@@ -2,12 +2,29 @@
 //! authentication work) a pre-shared key.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::auth::Secret;
 use crate::error::{Error, Result};
 // The environment's names for these options; `config::env` reads them.
 pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
+
+/// The instant `wait` after `start`, for every deadline in the crate.
+///
+/// A timeout may be anything up to [`Duration::MAX`] (and `NUVEC_DISTRIBUTED_TIMEOUT=1e19`
+/// is about 317 billion years), more than an [`Instant`] can hold, where `start + wait`
+/// panics. Such a deadline is taken as far enough ahead that no wait reaches it: a century,
+/// or the most of that the platform's clock can represent.
+pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
+    const DAY: u64 = 24 * 60 * 60;
+    start.checked_add(wait).unwrap_or_else(|| {
+        [100 * 365 * DAY, 365 * DAY, DAY, 60]
+            .into_iter()
+            .find_map(|secs| start.checked_add(Duration::from_secs(secs)))
+            // No clock ends within a minute of now; if one did, the wait ends now.
+            .unwrap_or(start)
+    })
+}
 
 /// Options of [`init_with`](crate::init_with).
 #[derive(Clone)]
@@ -15,7 +32,11 @@ pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TI
 pub struct Options {
     /// How long connecting, and every transfer, may wait for a peer that makes no progress
     /// before failing with an error naming it. Default 30 s ([`TIMEOUT_VAR`], in seconds, for
-    /// [`init`](crate::init)).
+    /// [`init`](crate::init)). The kernel's own timeouts on each connection (keepalive, and
+    /// `TCP_USER_TIMEOUT` on Linux) are derived from it, so a peer that is late by less than
+    /// this never fails a collective, whatever its size. Any value above zero is accepted;
+    /// one beyond what the clock can represent (up to [`Duration::MAX`]) waits as good as
+    /// forever.
     pub timeout: Duration,
     /// The TCP congestion control every connection uses (Linux: `TCP_CONGESTION`), or
     /// `None` (the default) for the system's. On loopback the common default, `bbr`, paces
@@ -34,7 +55,8 @@ pub struct Options {
     /// was measured on, against a ~10 µs round trip. Retries yield the CPU after the first
     /// 10 µs, and from the start when the hostfile puts more ranks on this host than it has
     /// CPUs. Zero never spins (lowest CPU use); longer suits ranks that often arrive at a
-    /// collective at slightly different times. An idle group never spins.
+    /// collective at slightly different times. An idle group never spins, and spinning
+    /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
     pub spin: Duration,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,

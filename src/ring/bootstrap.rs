@@ -79,7 +79,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         addrs,
         tuning,
         key,
-        started + options.timeout,
+        crate::options::deadline(started, options.timeout),
         options.timeout,
     );
     let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
@@ -703,6 +703,7 @@ impl<'a> Setup<'a> {
             self.addrs.size,
             left_conns,
             right_conns,
+            &self.tuning.liveness,
         )
         .map_err(|e| Error::local("setting up the ring's connections", e))
     }
