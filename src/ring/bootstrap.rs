@@ -942,4 +942,34 @@ mod tests {
             );
         }
     }
+
+    /// A timeout no `Instant` can hold (`Options::timeout(Duration::MAX)`, or
+    /// `NUVEC_DISTRIBUTED_TIMEOUT=1e19`) used to panic computing the setup's deadline.
+    #[test]
+    fn a_pair_forms_with_a_timeout_beyond_the_clock() {
+        let ports = free_pair();
+        let huge = [
+            Duration::MAX,
+            Duration::from_secs(10_000_000_000_000_000_000),
+        ];
+        // Each rank holds its connections until both have formed: an unkeyed rank passes
+        // over a connection already closed, and with these timeouts it would wait forever.
+        let formed = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let (done, results) = std::sync::mpsc::channel();
+        for rank in 0..2 {
+            let (formed, done) = (formed.clone(), done.clone());
+            std::thread::spawn(move || {
+                let options = Options::default().timeout(huge[rank]);
+                let transport = connect(&ring_addrs(rank, ports), &options);
+                formed.wait();
+                let _ = done.send((rank, transport.map(|t| t.connections())));
+            });
+        }
+        for _ in 0..2 {
+            let (rank, result) = results
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the pair did not form within a minute");
+            assert_eq!(result.unwrap(), 1, "rank {rank}");
+        }
+    }
 }
