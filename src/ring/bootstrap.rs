@@ -956,10 +956,10 @@ mod tests {
         // over a connection already closed, and with these timeouts it would wait forever.
         let formed = std::sync::Arc::new(std::sync::Barrier::new(2));
         let (done, results) = std::sync::mpsc::channel();
-        for rank in 0..2 {
+        for (rank, timeout) in huge.into_iter().enumerate() {
             let (formed, done) = (formed.clone(), done.clone());
             std::thread::spawn(move || {
-                let options = Options::default().timeout(huge[rank]);
+                let options = Options::default().timeout(timeout);
                 let transport = connect(&ring_addrs(rank, ports), &options);
                 formed.wait();
                 let _ = done.send((rank, transport.map(|t| t.connections())));
