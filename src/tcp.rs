@@ -21,6 +21,7 @@ use crate::options::Options;
 /// The margin the kernel's timeouts leave beyond the group's, at least: the group's own
 /// timeout must fire first, so that the error names the late peer rather than saying
 /// "Connection timed out" (see [`Liveness::for_timeout`]).
+#[cfg(any(target_os = "linux", target_os = "android"))]
 const MIN_MARGIN: Duration = Duration::from_secs(5);
 /// Linux takes `TCP_KEEPIDLE` and `TCP_KEEPINTVL` in whole seconds, 1 to 32767
 /// (`MAX_TCP_KEEPIDLE`, `MAX_TCP_KEEPINTVL`), and `TCP_KEEPCNT` up to 127; outside those it
@@ -75,15 +76,13 @@ impl Liveness {
     /// allow. A peer's kernel answers keepalive whatever its process does, so keepalive
     /// only finds hosts that vanished; on Linux the user timeout, when set, decides when.
     pub(crate) fn for_timeout(timeout: Duration) -> Liveness {
-        let margin = (timeout / 2).max(MIN_MARGIN);
-        let user = timeout.saturating_add(margin);
         #[cfg(any(target_os = "linux", target_os = "android"))]
-        let user_timeout = (user <= USER_TIMEOUT_MAX).then_some(user);
-        #[cfg(not(any(target_os = "linux", target_os = "android")))]
         let user_timeout = {
-            let _ = user;
-            None
+            let user = timeout.saturating_add((timeout / 2).max(MIN_MARGIN));
+            (user <= USER_TIMEOUT_MAX).then_some(user)
         };
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let user_timeout = None;
         let idle = keepalive_secs(timeout / 2);
         let interval = keepalive_secs(timeout / 4);
         // Enough probes after `idle` to pass `timeout`; `interval` is at least a second.
