@@ -73,9 +73,11 @@
 //!   configuration; unavailable; failed earlier; closed), and its documentation has a
 //!   table of what to do about each. Only a peer failure makes a rank tell the others that a
 //!   peer was lost.
-//! - **Liveness between collectives**: every connection has TCP keepalive (5 s idle, 3 s
-//!   interval, 3 probes) and, on Linux, a 15 s `TCP_USER_TIMEOUT`, so a host that sleeps or
-//!   is unplugged is found within about 15 s; [`Group::health`] checks every connection
+//! - **Liveness between collectives**: every connection has TCP keepalive and, on Linux,
+//!   a `TCP_USER_TIMEOUT`, both derived from [`Options::timeout`] (the user timeout is half
+//!   as long again, at least 5 s longer), so a host that sleeps or is unplugged is found a
+//!   little after the timeout, and a peer merely late within it is never dropped by the
+//!   kernel, at any size; [`Group::health`] checks every connection
 //!   without running a collective and names the lost peer.
 //!
 //! # Authentication (and what it does not do)

@@ -2,12 +2,29 @@
 //! authentication work) a pre-shared key.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::auth::Secret;
 use crate::error::{Error, Result};
 // The environment's names for these options; `config::env` reads them.
 pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
+
+/// The instant `wait` after `start`, for every deadline in the crate.
+///
+/// A timeout may be anything up to [`Duration::MAX`] (and `NUVEC_DISTRIBUTED_TIMEOUT=1e19`
+/// is about 317 billion years), more than an [`Instant`] can hold, where `start + wait`
+/// panics. Such a deadline is taken as far enough ahead that no wait reaches it: a century,
+/// or the most of that the platform's clock can represent.
+pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
+    const DAY: u64 = 24 * 60 * 60;
+    start.checked_add(wait).unwrap_or_else(|| {
+        [100 * 365 * DAY, 365 * DAY, DAY, 60]
+            .into_iter()
+            .find_map(|secs| start.checked_add(Duration::from_secs(secs)))
+            // No clock ends within a minute of now; if one did, the wait ends now.
+            .unwrap_or(start)
+    })
+}
 
 /// Options of [`init_with`](crate::init_with).
 #[derive(Clone)]
@@ -15,7 +32,11 @@ pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TI
 pub struct Options {
     /// How long connecting, and every transfer, may wait for a peer that makes no progress
     /// before failing with an error naming it. Default 30 s ([`TIMEOUT_VAR`], in seconds, for
-    /// [`init`](crate::init)).
+    /// [`init`](crate::init)). The kernel's own timeouts on each connection (keepalive, and
+    /// `TCP_USER_TIMEOUT` on Linux) are derived from it, so a peer that is late by less than
+    /// this never fails a collective, whatever its size. Any value above zero is accepted;
+    /// one beyond what the clock can represent (up to [`Duration::MAX`]) waits as good as
+    /// forever.
     pub timeout: Duration,
     /// The TCP congestion control every connection uses (Linux: `TCP_CONGESTION`), or
     /// `None` (the default) for the system's. On loopback the common default, `bbr`, paces
@@ -34,7 +55,8 @@ pub struct Options {
     /// was measured on, against a ~10 µs round trip. Retries yield the CPU after the first
     /// 10 µs, and from the start when the hostfile puts more ranks on this host than it has
     /// CPUs. Zero never spins (lowest CPU use); longer suits ranks that often arrive at a
-    /// collective at slightly different times. An idle group never spins.
+    /// collective at slightly different times. An idle group never spins, and spinning
+    /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
     pub spin: Duration,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
@@ -122,5 +144,179 @@ impl Options {
             secret.key()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::comm::progress::Spin;
+    use crate::config::env::{self, KEY_VAR};
+    use crate::tcp::{self, SocketTuning};
+
+    /// Durations from zero to [`Duration::MAX`], with the edges often.
+    fn any_duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::ZERO),
+            Just(Duration::MAX),
+            Just(Duration::from_secs(10_000_000_000_000_000_000)),
+            (0u64..5_000_000).prop_map(Duration::from_micros),
+            (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]
+    }
+
+    fn any_options() -> impl Strategy<Value = Options> {
+        (
+            any_duration(),
+            any_duration(),
+            prop::option::of(prop_oneof![Just(0usize), Just(usize::MAX), any::<usize>()]),
+            prop::option::of(prop_oneof![
+                Just(String::new()),
+                Just("reno".to_string()),
+                ".{0,20}"
+            ]),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..40)),
+        )
+            .prop_map(|(timeout, spin, buffer, congestion, key)| {
+                let mut options = Options::default().timeout(timeout).spin(spin);
+                options.socket_buffer = buffer;
+                options.tcp_congestion = congestion;
+                if let Some(key) = key {
+                    options = options.key(key);
+                }
+                options
+            })
+    }
+
+    #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        for huge in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let far = deadline(now, huge);
+            assert!(
+                far >= now + Duration::from_secs(365 * 24 * 3600),
+                "{huge:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn absurd_timeouts_from_the_environment_are_kept_or_refused_by_name() {
+        let huge = env::parse_timeout("1e19").unwrap();
+        assert_eq!(huge, Duration::from_secs(10_000_000_000_000_000_000));
+        assert!(deadline(Instant::now(), huge) > Instant::now());
+        for bad in ["1e-300", "inf", "1e20", "0.0000000000001"] {
+            let e = env::parse_timeout(bad).unwrap_err().to_string();
+            assert!(e.contains(env::TIMEOUT_VAR) && e.contains(bad), "{e}");
+        }
+    }
+
+    /// The lookup of an environment made of `pairs`.
+    fn vars(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<OsString> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    /// Values of the numeric variables: numbers of every shape, and anything else.
+    fn any_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "",
+                " ",
+                "0",
+                "-0",
+                "1e19",
+                "1e-300",
+                "inf",
+                "-inf",
+                "NaN",
+                "1e308",
+                "18446744073709551615",
+                "18446744073709551616",
+                "4294967296",
+                "0.0000000001",
+                "1.5",
+                "-3",
+                " 30 ",
+            ])
+            .prop_map(String::from),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| f.to_string()),
+            ".{0,12}",
+        ]
+    }
+
+    /// Everything an option feeds before any peer is waited for: validation, a group of
+    /// one, the derived socket values (applied to real sockets: the kernel accepts them),
+    /// the spin policy and deadlines. None of it may panic, whatever the values.
+    fn check_options(options: &Options) -> std::result::Result<(), TestCaseError> {
+        let valid = options.validate();
+        let single = crate::init_with(&[vec!["127.0.0.1:1".into()]], 0, options);
+        prop_assert_eq!(valid.is_ok(), single.is_ok());
+        let tuning = SocketTuning::from_options(options);
+        let now = Instant::now();
+        prop_assert!(deadline(now, options.timeout) >= now);
+        let _ = Spin::for_local_ranks(options.spin, 4);
+        if let Ok(listener) = tcp::listen("127.0.0.1:0".parse().unwrap(), &tuning) {
+            let addr = listener.local_addr().unwrap();
+            let stream = tcp::dial(addr, &tuning);
+            if valid.is_ok() && options.tcp_congestion.is_none() {
+                let stream = stream.map_err(|e| TestCaseError::fail(format!("dial: {e}")))?;
+                let tuned = tcp::tune_established(&stream, &tuning.liveness);
+                prop_assert!(tuned.is_ok(), "{:?}: {:?}", options, tuned);
+            }
+        } else {
+            prop_assert!(options.tcp_congestion.is_some(), "{:?}", options);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn no_option_value_panics(options in any_options()) {
+            let valid = options.validate();
+            let expected = !options.timeout.is_zero()
+                && options.socket_buffer != Some(0)
+                && options.tcp_congestion.as_deref() != Some("")
+                && options.key.as_ref().is_none_or(|k| k.key().is_ok());
+            prop_assert_eq!(valid.is_ok(), expected, "{:?}", valid);
+            check_options(&options)?;
+        }
+
+        #[test]
+        fn no_environment_value_panics(
+            timeout in any_value(),
+            spin in any_value(),
+            buffer in any_value(),
+            congestion in prop_oneof![Just("reno".to_string()), ".{0,8}"],
+            key in ".{0,24}",
+        ) {
+            let lookup = vars(vec![
+                (env::TIMEOUT_VAR, timeout.clone()),
+                (env::SPIN_VAR, spin),
+                (env::SOCKET_BUFFER_VAR, buffer),
+                (env::TCP_CONGESTION_VAR, congestion),
+                (KEY_VAR, key),
+            ]);
+            if let Ok(options) = env::options(&lookup) {
+                prop_assert!(!options.timeout.is_zero(), "{:?} read as zero", timeout);
+                check_options(&options)?;
+            }
+            if let Ok(t) = env::parse_timeout(&timeout) {
+                prop_assert!(!t.is_zero());
+            }
+        }
     }
 }

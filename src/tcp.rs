@@ -5,7 +5,9 @@
 //! Options are set in two stages. [`SocketTuning`] (buffer sizes, congestion control) is
 //! applied before connecting or listening, because the buffer sizes shape the window the
 //! connection negotiates and accepted sockets inherit the listener's. [`tune_established`]
-//! (no delay, keepalive, user timeout) is applied once a connection joins the ring.
+//! (no delay, keepalive, user timeout) is applied once a connection joins the ring; its
+//! timeouts follow the group's ([`Liveness`]), so that the kernel never drops a connection
+//! to a peer the group would still wait for.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -16,18 +18,99 @@ use socket2::{Domain, SockRef, Socket, Type};
 
 use crate::options::Options;
 
-/// TCP keepalive: probe a connection idle for this long ...
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-/// ... every this often ...
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
-/// ... this many times before giving up.
-const KEEPALIVE_PROBES: u32 = 3;
-/// How long sent data (or a keepalive probe) may go unacknowledged before the kernel drops
-/// the connection, where the system has `TCP_USER_TIMEOUT`: the keepalive horizon
-/// (5 + 3 × 3 s), rounded up. Linux also counts a zero receive window against it, so a peer
-/// that stops reading while this rank has data queued for it is dropped after as long.
+/// The margin the kernel's timeouts leave beyond the group's, at least: the group's own
+/// timeout must fire first, so that the error names the late peer rather than saying
+/// "Connection timed out" (see [`Liveness::for_timeout`]).
 #[cfg(any(target_os = "linux", target_os = "android"))]
-const USER_TIMEOUT: Duration = Duration::from_secs(15);
+const MIN_MARGIN: Duration = Duration::from_secs(5);
+/// Linux takes `TCP_KEEPIDLE` and `TCP_KEEPINTVL` in whole seconds, 1 to 32767
+/// (`MAX_TCP_KEEPIDLE`, `MAX_TCP_KEEPINTVL`), and `TCP_KEEPCNT` up to 127; outside those it
+/// refuses the option.
+const KEEPALIVE_MAX_SECS: u64 = 32767;
+const KEEPALIVE_MAX_PROBES: u32 = 127;
+/// At least this many keepalive probes, so that one lost probe does not drop a connection.
+const KEEPALIVE_MIN_PROBES: u32 = 3;
+/// `TCP_USER_TIMEOUT` is an `int` of milliseconds: Linux refuses a negative one.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const USER_TIMEOUT_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// The kernel's own liveness checks on an established connection, derived from the
+/// group's timeout ([`Options::timeout`]) so that they never fail a peer the group would
+/// still wait for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Liveness {
+    /// Keepalive: probe a connection silent for this long ...
+    pub(crate) keepalive_idle: Duration,
+    /// ... every this often ...
+    pub(crate) keepalive_interval: Duration,
+    /// ... this many times before giving up.
+    pub(crate) keepalive_probes: u32,
+    /// `TCP_USER_TIMEOUT`: how long sent data (or a keepalive probe) may go unacknowledged,
+    /// and (recent Linux) how long the peer may keep a zero receive window, before
+    /// the kernel drops the connection. `None` leaves it off.
+    pub(crate) user_timeout: Option<Duration>,
+}
+
+impl Liveness {
+    /// The checks for a group whose timeout is `timeout`.
+    ///
+    /// A healthy peer that is late to a collective stops reading, so this rank's data
+    /// waits in the kernel behind a zero window; Linux counts that against the user
+    /// timeout, and a user timeout shorter than the group's drops a connection the group
+    /// would still wait on (a fixed 15 s did that to every collective larger than the
+    /// socket buffers). So the user timeout is the group's plus a margin: half the group's,
+    /// at least [`MIN_MARGIN`]. The margin covers the group's clock restarting whenever any
+    /// connection moves, while the kernel's counts per connection. Beyond what the option
+    /// can hold (about 24 days), it is left off: the kernel then drops a connection only
+    /// when its peer's host stops acknowledging for its own retry limit (`tcp_retries2`,
+    /// about 15 minutes), never for a zero window that the peer keeps answering probes for.
+    ///
+    /// Systems without `TCP_USER_TIMEOUT` (macOS, the BSDs) never drop a connection for a
+    /// zero window whose probes are answered, so a late peer is safe there too; a host that
+    /// vanished is found by keepalive between collectives and by the group's timeout during
+    /// one.
+    ///
+    /// Keepalive probes a connection silent for half the timeout, every quarter of it,
+    /// three times (more when the per-option limits bind): its horizon, idle plus the
+    /// probes, exceeds the group's timeout up to about 48 days, the most those limits
+    /// allow. A peer's kernel answers keepalive whatever its process does, so keepalive
+    /// only finds hosts that vanished; on Linux the user timeout, when set, decides when.
+    pub(crate) fn for_timeout(timeout: Duration) -> Liveness {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let user_timeout = {
+            let user = timeout.saturating_add((timeout / 2).max(MIN_MARGIN));
+            (user <= USER_TIMEOUT_MAX).then_some(user)
+        };
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let user_timeout = None;
+        let idle = keepalive_secs(timeout / 2);
+        let interval = keepalive_secs(timeout / 4);
+        // Enough probes after `idle` to pass `timeout`; `interval` is at least a second.
+        let needed = timeout.as_secs().saturating_sub(idle) / interval + 1;
+        let probes = u32::try_from(needed)
+            .unwrap_or(u32::MAX)
+            .clamp(KEEPALIVE_MIN_PROBES, KEEPALIVE_MAX_PROBES);
+        Liveness {
+            keepalive_idle: Duration::from_secs(idle),
+            keepalive_interval: Duration::from_secs(interval),
+            keepalive_probes: probes,
+            user_timeout,
+        }
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness::for_timeout(Options::default().timeout)
+    }
+}
+
+/// `d` in whole seconds, rounded up (so that a horizon computed from it is never short),
+/// within the range keepalive options accept.
+fn keepalive_secs(d: Duration) -> u64 {
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
+    secs.clamp(1, KEEPALIVE_MAX_SECS)
+}
 
 /// The backlog of a listening socket.
 const BACKLOG: i32 = 128;
@@ -40,6 +123,8 @@ pub(crate) struct SocketTuning {
     pub(crate) buffer: Option<usize>,
     /// `TCP_CONGESTION` ([`Options::tcp_congestion`]); the system's default when `None`.
     pub(crate) congestion: Option<String>,
+    /// The checks [`tune_established`] sets once the connection joins the ring.
+    pub(crate) liveness: Liveness,
 }
 
 impl SocketTuning {
@@ -48,6 +133,7 @@ impl SocketTuning {
         SocketTuning {
             buffer: options.socket_buffer,
             congestion: options.tcp_congestion.clone(),
+            liveness: Liveness::for_timeout(options.timeout),
         }
     }
 
@@ -105,19 +191,19 @@ pub(crate) fn dial_outcome(stream: &TcpStream) -> io::Result<bool> {
 
 /// Tunes a connection that joins the ring: no delay (a collective's last small piece must
 /// not wait for an acknowledgement), and keepalive with, on Linux, the user timeout, so that
-/// a peer whose host vanished (asleep, unplugged) is found within about 15 s even between
-/// collectives: the kernel marks the connection failed, and the next collective or health
-/// check sees it.
-pub(crate) fn tune_established(stream: &TcpStream) -> io::Result<()> {
+/// a peer whose host vanished (asleep, unplugged) is found even between collectives, a
+/// little after the group's timeout: the kernel marks the connection failed, and the next
+/// collective or health check sees it. See [`Liveness::for_timeout`] for the values.
+pub(crate) fn tune_established(stream: &TcpStream, liveness: &Liveness) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let socket = SockRef::from(stream);
     let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
+        .with_time(liveness.keepalive_idle)
+        .with_interval(liveness.keepalive_interval)
+        .with_retries(liveness.keepalive_probes);
     socket.set_tcp_keepalive(&keepalive)?;
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    socket.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    socket.set_tcp_user_timeout(liveness.user_timeout)?;
     Ok(())
 }
 
@@ -224,12 +310,14 @@ mod tests {
     fn tuning_comes_from_options() {
         let options = Options::default()
             .socket_buffer(1 << 20)
-            .tcp_congestion("reno");
+            .tcp_congestion("reno")
+            .timeout(Duration::from_secs(7));
         assert_eq!(
             SocketTuning::from_options(&options),
             SocketTuning {
                 buffer: Some(1 << 20),
                 congestion: Some("reno".into()),
+                liveness: Liveness::for_timeout(Duration::from_secs(7)),
             }
         );
         assert_eq!(
@@ -242,7 +330,7 @@ mod tests {
     fn dial_listen_and_tune_on_loopback() {
         let tuning = SocketTuning {
             buffer: Some(256 << 10),
-            congestion: None,
+            ..SocketTuning::default()
         };
         let listener = listen(loopback(), &tuning).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -260,12 +348,13 @@ mod tests {
         // Linux doubles the requested size for bookkeeping; either way it is at least that.
         let sock = SockRef::from(&client);
         assert!(sock.send_buffer_size().unwrap() >= 256 << 10);
-        tune_established(&client).unwrap();
+        tune_established(&client, &tuning.liveness).unwrap();
         assert!(client.nodelay().unwrap());
         assert!(sock.keepalive().unwrap());
-        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(USER_TIMEOUT));
+        assert_eq!(
+            sock.tcp_keepalive_time().unwrap(),
+            tuning.liveness.keepalive_idle
+        );
 
         assert!(!closed_by_peer(&server));
         assert_eq!(write_some(&mut client, b"ring").unwrap(), 4);
@@ -307,10 +396,128 @@ mod tests {
     #[test]
     fn an_unknown_congestion_control_is_named() {
         let tuning = SocketTuning {
-            buffer: None,
             congestion: Some("no-such-algorithm".into()),
+            ..SocketTuning::default()
         };
         let e = listen(loopback(), &tuning).unwrap_err().to_string();
         assert!(e.contains("\"no-such-algorithm\""), "{e}");
+    }
+
+    /// A connection on loopback (accepted by the kernel; nobody needs to take it), for
+    /// reading options back.
+    fn connected() -> (TcpListener, TcpStream) {
+        let listener = listen(loopback(), &SocketTuning::default()).unwrap();
+        let client = dial(listener.local_addr().unwrap(), &SocketTuning::default()).unwrap();
+        assert!(dialled(&client).unwrap());
+        (listener, client)
+    }
+
+    /// What the kernel holds after [`tune_established`] for a group timeout: keepalive
+    /// idle, interval, probes, and the user timeout (zero when off).
+    fn read_back(stream: &TcpStream, timeout: Duration) -> (Duration, Duration, u32, Duration) {
+        tune_established(stream, &Liveness::for_timeout(timeout))
+            .unwrap_or_else(|e| panic!("the kernel refused the values for {timeout:?}: {e}"));
+        let sock = SockRef::from(stream);
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let user = sock.tcp_user_timeout().unwrap().unwrap_or_default();
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let user = Duration::ZERO;
+        (
+            sock.tcp_keepalive_time().unwrap(),
+            sock.tcp_keepalive_interval().unwrap(),
+            sock.tcp_keepalive_retries().unwrap(),
+            user,
+        )
+    }
+
+    /// The fixed value this replaced: it dropped the connection to a healthy peer that was
+    /// 16 s late to a collective larger than the socket buffers, under a 20 s group timeout.
+    const OLD_USER_TIMEOUT: Duration = Duration::from_secs(15);
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn the_user_timeout_follows_the_group_timeout() {
+        let (_listener, client) = connected();
+        let cases = [
+            (Duration::from_millis(1), Duration::from_millis(5001)),
+            (Duration::from_secs(4), Duration::from_secs(9)),
+            (Duration::from_secs(20), Duration::from_secs(30)),
+            (Duration::from_secs(30), Duration::from_secs(45)),
+            (Duration::from_secs(120), Duration::from_secs(180)),
+        ];
+        for (group, user) in cases {
+            let (_, _, _, got) = read_back(&client, group);
+            assert_eq!(got, user, "group timeout {group:?}");
+        }
+        let (_, _, _, got) = read_back(&client, Duration::from_secs(20));
+        assert!(got > OLD_USER_TIMEOUT + Duration::from_secs(1) && got > Duration::from_secs(20));
+        // Past what the option holds (about 24.8 days): off, never refused, never wrapped.
+        for group in [
+            Duration::from_secs(20 * 24 * 3600),
+            Duration::from_secs(30 * 24 * 3600),
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ] {
+            let (_, _, _, got) = read_back(&client, group);
+            let expected = Liveness::for_timeout(group)
+                .user_timeout
+                .unwrap_or_default();
+            assert_eq!(got, expected, "group timeout {group:?}");
+            assert!(got.is_zero() || got > group, "{got:?} for {group:?}");
+        }
+    }
+
+    #[test]
+    fn keepalive_outlasts_the_group_timeout_within_the_kernel_limits() {
+        let (_listener, client) = connected();
+        let cases = [
+            (Duration::from_millis(1), (1, 1, 3)),
+            (Duration::from_millis(5900), (3, 2, 3)),
+            (Duration::from_secs(30), (15, 8, 3)),
+            (Duration::from_secs(100_000), (32767, 25000, 3)),
+            (Duration::from_secs(1_000_000), (32767, 32767, 30)),
+            (Duration::MAX, (32767, 32767, 127)),
+        ];
+        for (group, (idle, interval, probes)) in cases {
+            let got = read_back(&client, group);
+            assert_eq!(
+                (got.0.as_secs(), got.1.as_secs(), got.2),
+                (idle, interval, probes),
+                "group timeout {group:?}"
+            );
+            let horizon = got.0 + got.1 * got.2;
+            assert!(
+                horizon > group || group > Duration::from_secs(32767 * 128),
+                "{horizon:?} for {group:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the group timeout, the derived values are within what the kernel
+        /// accepts, the user timeout (when set) outlasts the group's, and keepalive's
+        /// horizon does as far as its limits allow.
+        #[test]
+        fn liveness_is_sound_for_any_timeout(secs in proptest::prelude::any::<u64>(), nanos in 0u32..1_000_000_000, small in proptest::prelude::any::<bool>()) {
+            let timeout = if small {
+                Duration::new(secs % 100_000, nanos)
+            } else {
+                Duration::new(secs, nanos)
+            };
+            let l = Liveness::for_timeout(timeout);
+            for d in [l.keepalive_idle, l.keepalive_interval] {
+                proptest::prop_assert!((1..=KEEPALIVE_MAX_SECS).contains(&d.as_secs()) && d.subsec_nanos() == 0);
+            }
+            proptest::prop_assert!((KEEPALIVE_MIN_PROBES..=KEEPALIVE_MAX_PROBES).contains(&l.keepalive_probes));
+            let horizon = l.keepalive_idle + l.keepalive_interval * l.keepalive_probes;
+            proptest::prop_assert!(horizon > timeout || horizon.as_secs() == KEEPALIVE_MAX_SECS * 128);
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            {
+                match l.user_timeout {
+                    Some(user) => proptest::prop_assert!(user >= timeout + MIN_MARGIN && user <= USER_TIMEOUT_MAX),
+                    None => proptest::prop_assert!(timeout.saturating_add(MIN_MARGIN) > USER_TIMEOUT_MAX / 2),
+                }
+            }
+        }
     }
 }

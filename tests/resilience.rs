@@ -922,3 +922,151 @@ fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
         assert!(ms < limit, "rank {} took {ms} ms: {message}", o.rank);
     }
 }
+
+// Late peers and timeouts (issue 10 items 1, 3, 5)
+
+/// This rank, from the environment the harness gives it.
+fn my_rank() -> usize {
+    std::env::var("MLX_RANK").unwrap().parse().unwrap()
+}
+
+/// 8 MiB of `f32` per rank: far more than the 64 KiB socket buffers the late-peer tests
+/// set, so the punctual rank's sends block until the late one reads.
+const LATE_SUM_LEN: usize = 2 << 20;
+const SMALL_BUFFERS: &str = "65536";
+
+/// Rank 1 arrives 2.5 s late to an 8 MiB all_sum under a 4 s timeout: rank 0 waits for it
+/// (its sends blocked the whole time, which the kernel's own timeouts must also allow) and
+/// both get the right sum.
+#[test]
+fn a_peer_late_within_the_timeout_to_an_8_mib_all_sum_is_waited_for() {
+    let launch = Launch::new(2, 1)
+        .timeout(4.0)
+        .env("NUVEC_DISTRIBUTED_SOCKET_BUFFER", SMALL_BUFFERS)
+        .deadline(Duration::from_secs(60));
+    let outputs = launch.all_ok(
+        "a_peer_late_within_the_timeout_to_an_8_mib_all_sum_is_waited_for",
+        |g| {
+            g.barrier().unwrap();
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(2500));
+            }
+            let mut x = vec![g.rank() as f32 + 1.0; LATE_SUM_LEN];
+            let start = Instant::now();
+            g.all_sum(&mut x).unwrap();
+            println!("WAITED {}", start.elapsed().as_millis());
+            assert!(x.iter().all(|&v| v == 3.0));
+        },
+    );
+    if let Some(rank0) = outputs.first() {
+        let waited: u64 = rank0.lines("WAITED ")[0].parse().unwrap();
+        assert!(
+            waited >= 2000,
+            "rank 0 did not wait for rank 1: {waited} ms"
+        );
+    }
+}
+
+/// Rank 1 arrives 4 s late under a 1.5 s timeout: rank 0 fails within the timeout (plus
+/// the stall verdict's and the notice's margins) naming rank 1, and rank 1, when it comes,
+/// fails too, naming rank 0, which gave up.
+#[test]
+fn a_peer_late_beyond_the_timeout_is_named() {
+    const TIMEOUT_MS: u64 = 1500;
+    let launch = Launch::new(2, 1)
+        .timeout(TIMEOUT_MS as f64 / 1000.0)
+        .env("NUVEC_DISTRIBUTED_SOCKET_BUFFER", SMALL_BUFFERS)
+        .deadline(Duration::from_secs(60));
+    let Some(outputs) = launch.run("a_peer_late_beyond_the_timeout_is_named", |g| {
+        g.barrier().unwrap();
+        if g.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(4));
+        }
+        let mut x = vec![1.0f32; LATE_SUM_LEN];
+        let start = Instant::now();
+        let error = g.all_sum(&mut x).expect_err("the timeout passed");
+        report_failure(&error, start.elapsed());
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
+        let (ms, peer, message) = o.failure();
+        assert_eq!(peer, Some(1 - o.rank), "rank {}: {message}", o.rank);
+        if o.rank == 0 {
+            assert!(
+                (TIMEOUT_MS..TIMEOUT_MS + 1500).contains(&ms),
+                "rank 0 gave up after {ms} ms: {message}"
+            );
+            assert!(message.contains("rank 1"), "{message}");
+        }
+    }
+}
+
+/// `Options::spin(Duration::MAX)` with a 1 s timeout, against a peer that never calls the
+/// collective: spinning ends at the deadline, and the error names the silent peer.
+#[test]
+fn spinning_forever_still_ends_at_the_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    let name = "spinning_forever_still_ends_at_the_timeout";
+    let launch = Launch::new(2, 1).deadline(Duration::from_secs(60));
+    let Some(outputs) = launch.run_raw(name, || {
+        let options = Options::default().timeout(TIMEOUT).spin(Duration::MAX);
+        let g = nuvec_distributed::init_with(&testing::hostfile_nodes(), my_rank(), &options)
+            .expect("the ring forms");
+        if g.rank() == 1 {
+            // Holds its connections open and never answers, until rank 0 has given up.
+            std::thread::sleep(TIMEOUT * 4);
+            return;
+        }
+        let start = Instant::now();
+        let error = g
+            .all_sum(&mut [1.0f32; 16])
+            .expect_err("rank 1 never answers");
+        report_failure(&error, start.elapsed());
+    }) else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
+    let (ms, peer, message) = outputs[0].failure();
+    assert_eq!(peer, Some(1), "{message}");
+    assert!(
+        (1000..2000).contains(&ms),
+        "rank 0 gave up after {ms} ms: {message}"
+    );
+}
+
+/// The largest timeout and spin there are: the ring forms and computes (this panicked with
+/// "overflow when adding duration to instant" in the ring's setup).
+#[test]
+fn a_ring_with_the_largest_timeout_and_spin_computes() {
+    let name = "a_ring_with_the_largest_timeout_and_spin_computes";
+    let launch = Launch::new(2, 1).deadline(Duration::from_secs(60));
+    let Some(outputs) = launch.run_raw(name, || {
+        let options = Options::default()
+            .timeout(Duration::MAX)
+            .spin(Duration::MAX);
+        let g = nuvec_distributed::init_with(&testing::hostfile_nodes(), my_rank(), &options)
+            .expect("the ring forms");
+        let mut x = vec![g.rank() as u32 + 1; 100_000];
+        g.all_sum(&mut x).unwrap();
+        assert!(x.iter().all(|&v| v == 3));
+        g.barrier().unwrap();
+    }) else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
+}
+
+/// `NUVEC_DISTRIBUTED_TIMEOUT=1e19` (about 317 billion years): the ring forms and computes.
+#[test]
+fn an_absurd_timeout_from_the_environment_forms_a_ring() {
+    let launch = Launch::new(2, 1)
+        .timeout(1e19)
+        .deadline(Duration::from_secs(60));
+    launch.all_ok("an_absurd_timeout_from_the_environment_forms_a_ring", |g| {
+        let mut x = [g.rank() as f64 + 1.0; 1000];
+        g.all_sum(&mut x).unwrap();
+        assert!(x.iter().all(|&v| v == 3.0));
+    });
+}

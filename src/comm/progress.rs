@@ -131,7 +131,9 @@ pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) 
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
         let idle = now - since;
-        if idle < spin.total {
+        // Spinning is part of the silence the timeout bounds: it ends at the deadline
+        // however long `spin.total` is.
+        if idle < spin.total && idle < timeout {
             // Poll by retrying the transfers themselves; past the first microseconds (in
             // which a peer on its own CPU answers), give the CPU away on every retry, for
             // ranks that share one.
@@ -141,7 +143,7 @@ pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) 
             driver.assume_ready();
             continue;
         }
-        let deadline = since + timeout;
+        let deadline = crate::options::deadline(since, timeout);
         if now >= deadline || !driver.wait(deadline)? {
             // A close that woke the wait at the deadline is still a close, not a stall.
             return Err(driver.aborted().unwrap_or_else(|| driver.stalled(timeout)));
@@ -466,20 +468,36 @@ mod tests {
     }
 
     #[test]
-    fn spinning_counts_against_the_timeout() {
-        // The spin is part of the silence: with a spin longer than the timeout, the
-        // collective fails right after spinning, without waiting again.
-        let mut f = Fake::new(vec![], 1);
+    fn spinning_ends_at_the_deadline() {
+        // The spin is part of the silence: with a spin longer than the timeout (even
+        // forever), the collective fails at the deadline, without waiting in between.
+        for total in [Duration::from_millis(300), Duration::MAX] {
+            let mut f = Fake::new(vec![], 1);
+            f.activity.posted(0, PeerOp::Receive);
+            let spin = Spin {
+                total,
+                eager: total,
+            };
+            let timeout = Duration::from_millis(20);
+            let start = Instant::now();
+            let e = progress(&mut f, timeout, spin).unwrap_err();
+            let took = start.elapsed();
+            assert!(matches!(e, Error::Timeout { peer: 4, .. }), "{e}");
+            assert_eq!(f.waits, 0);
+            assert!(took >= timeout, "gave up after {took:?}");
+            assert!(took < Duration::from_millis(250), "spun for {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_timeout_beyond_the_clock_does_not_overflow() {
+        // Something moves at once, then the collective finishes after a wait: the
+        // deadline is computed (and waited on) with a timeout no Instant can hold.
+        let mut f = Fake::new(vec![true, false, true], 2);
+        f.nap = Some(Duration::from_millis(1));
         f.activity.posted(0, PeerOp::Receive);
-        let spin = Spin {
-            total: Duration::from_millis(30),
-            eager: Duration::ZERO,
-        };
-        let start = Instant::now();
-        let e = progress(&mut f, Duration::from_millis(10), spin).unwrap_err();
-        assert!(matches!(e, Error::Timeout { peer: 4, .. }), "{e}");
-        assert_eq!(f.waits, 0);
-        assert!(start.elapsed() >= Duration::from_millis(30));
+        progress(&mut f, Duration::MAX, NO_SPIN).unwrap();
+        assert_eq!(f.waits, 1);
     }
 
     #[test]

@@ -215,7 +215,9 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
     Ok(options)
 }
 
-/// A value of [`TIMEOUT_VAR`]: seconds, fractional allowed, more than zero.
+/// A value of [`TIMEOUT_VAR`]: seconds, fractional allowed, at least a nanosecond and at
+/// most [`Duration::MAX`]. Any such value is safe: deadlines past what the clock holds
+/// saturate (see `options::deadline`).
 pub(crate) fn parse_timeout(text: &str) -> Result<Duration> {
     let bad = |why: &str| Error::Environment {
         var: TIMEOUT_VAR,
@@ -228,7 +230,11 @@ pub(crate) fn parse_timeout(text: &str) -> Result<Duration> {
     if seconds.is_nan() || seconds <= 0.0 {
         return Err(bad("must be more than zero seconds"));
     }
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad("is too large"))
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if d.is_zero() => Err(bad("is less than a nanosecond")),
+        Ok(d) => Ok(d),
+        Err(_) => Err(bad("is too large (more than 2^64 seconds)")),
+    }
 }
 
 /// Whether the ring's setup logs are on: [`RING_VERBOSE_VAR`] or [`VERBOSE_VAR`] present,

@@ -201,7 +201,7 @@ impl SideChannel {
     pub(crate) fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
         let n = mine.len();
         let mut out = vec![0u8; n * self.size];
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::options::deadline(Instant::now(), self.timeout);
         let timeout = self.timeout;
         if self.rank == 0 {
             out[..n].copy_from_slice(mine);
@@ -464,7 +464,7 @@ fn io_error(peer: &Peer, op: PeerOp, e: io::Error) -> Error {
 /// Rank 0: listens at `addr` and takes P-1 connections, each introduced by its rank.
 fn accept_all(size: usize, addr: SocketAddr, timeout: Duration) -> Result<Vec<Peer>> {
     let listener = listen(addr)?;
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::options::deadline(Instant::now(), timeout);
     let mut slots: Vec<Option<Peer>> = (1..size).map(|_| None).collect();
     let mut joined = 0;
     while joined < size - 1 {
@@ -560,7 +560,7 @@ fn listen(addr: SocketAddr) -> Result<TcpListener> {
 
 /// Ranks 1..P: connects to rank 0, retrying until `timeout`, and introduces itself.
 fn connect_to_root(rank: usize, addr: SocketAddr, timeout: Duration) -> Result<Peer> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::options::deadline(Instant::now(), timeout);
     let mut wait = Duration::from_millis(10);
     let stream = loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -90,7 +90,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         addrs,
         tuning,
         key,
-        started + options.timeout,
+        crate::options::deadline(started, options.timeout),
         options.timeout,
     );
     let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
@@ -765,6 +765,7 @@ impl<'a> Setup<'a> {
             self.addrs.size,
             left_conns,
             right_conns,
+            &self.tuning.liveness,
         )
         .map_err(|e| Error::local("setting up the ring's connections", e))?;
         // A keyed peer's greeting may arrive after this point, so the check is made on the
@@ -1028,6 +1029,36 @@ mod tests {
                     if *peer == 1 - rank && reason.contains("keys differ")),
                 "rank {rank}: {e}"
             );
+        }
+    }
+
+    /// A timeout no `Instant` can hold (`Options::timeout(Duration::MAX)`, or
+    /// `NUVEC_DISTRIBUTED_TIMEOUT=1e19`) used to panic computing the setup's deadline.
+    #[test]
+    fn a_pair_forms_with_a_timeout_beyond_the_clock() {
+        let ports = free_pair();
+        let huge = [
+            Duration::MAX,
+            Duration::from_secs(10_000_000_000_000_000_000),
+        ];
+        // Each rank holds its connections until both have formed: an unkeyed rank passes
+        // over a connection already closed, and with these timeouts it would wait forever.
+        let formed = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let (done, results) = std::sync::mpsc::channel();
+        for (rank, timeout) in huge.into_iter().enumerate() {
+            let (formed, done) = (formed.clone(), done.clone());
+            std::thread::spawn(move || {
+                let options = Options::default().timeout(timeout);
+                let transport = connect(&ring_addrs(rank, ports), &options);
+                formed.wait();
+                let _ = done.send((rank, transport.map(|t| t.connections())));
+            });
+        }
+        for _ in 0..2 {
+            let (rank, result) = results
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the pair did not form within a minute");
+            assert_eq!(result.unwrap(), 1, "rank {rank}");
         }
     }
 }

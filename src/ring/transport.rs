@@ -306,19 +306,20 @@ pub(crate) struct Transport {
 impl Transport {
     /// Takes over the connections of rank `me` in a formed ring of `ranks`: `left[i]` was
     /// accepted on our address `i`, `right[i]` was opened to the right neighbour's address
-    /// `i`.
+    /// `i`. Each is tuned with `liveness` (see [`crate::tcp::tune_established`]).
     pub(crate) fn new(
         poll: Poll,
         me: usize,
         ranks: usize,
         left: Vec<(TcpStream, usize, SocketAddr)>,
         right: Vec<(TcpStream, usize, SocketAddr)>,
+        liveness: &crate::tcp::Liveness,
     ) -> io::Result<Self> {
         let connections = left.len();
         let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
         let mut conns = Vec::with_capacity(2 * connections);
         for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
-            crate::tcp::tune_established(&stream)?;
+            crate::tcp::tune_established(&stream, liveness)?;
             poll.registry()
                 .register(&mut stream, Token(i), interest())?;
             conns.push(Conn {
