@@ -46,6 +46,11 @@ const MAX_IO_BYTES: usize = 1 << 30;
 /// [`Transport::diagnose`]).
 const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
 
+/// The timeout whose grace ([`Inquiry::grace`]) a rank gives its neighbours when one closed
+/// without a notice after it had spoken (see [`Transport::diagnose`]): the transport does
+/// not know the group's timeout, and this path is rare.
+const RECONSIDER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long a failing rank spends leaving its failure notices and waiting for its
 /// neighbours to close (see [`Transport::abandon`]).
 const NOTICE_WAIT: Duration = Duration::from_millis(250);
@@ -379,7 +384,7 @@ impl Transport {
     /// what every connection still holds (the group is failed, the data is of no use) for
     /// a short while, looking for notices, and for connections that were reset, as a
     /// process that dies mid-transfer resets them. A notice wins; then a reset; then
-    /// `error` itself.
+    /// `error` itself, unless it blames a neighbour that had spoken (see `reconsider`).
     pub(crate) fn diagnose(&mut self, error: Error) -> Error {
         let context = match &error {
             Error::Closed { context, .. } | Error::Io { context, .. } => *context,
@@ -415,10 +420,35 @@ impl Transport {
             }
             let now = Instant::now();
             if now >= until {
-                return error;
+                return self.reconsider(error);
             }
             let _ = self.poll_once(Some(until - now));
         }
+    }
+
+    /// `error` again, unless it blames a neighbour that closed after it had spoken (sent a
+    /// query, proving it alive after the failure began) but left no notice: that one gave
+    /// up because of some other rank and its notice did not get through (its send buffer
+    /// stayed full). Then ask the neighbours, as after a timeout ([`Transport::inquire`]),
+    /// with the grace of a [`RECONSIDER_TIMEOUT`].
+    fn reconsider(&mut self, error: Error) -> Error {
+        let Error::Closed { peer, op, context } = error else {
+            return error;
+        };
+        let Some(closed) = self
+            .conns
+            .iter()
+            .position(|c| c.peer == peer && c.spoke && c.notice.is_none() && !c.reset)
+        else {
+            return error;
+        };
+        let waits: Vec<(usize, PeerOp)> = (0..self.conns.len()).map(|i| (i, op)).collect();
+        let suspect = self
+            .conns
+            .iter()
+            .position(|c| c.peer != peer)
+            .unwrap_or(closed);
+        self.inquire(&waits, (suspect, op), RECONSIDER_TIMEOUT, context)
     }
 
     fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
