@@ -384,13 +384,15 @@ impl Transport {
     /// what every connection still holds (the group is failed, the data is of no use) for
     /// a short while, looking for notices, and for connections that were reset, as a
     /// process that dies mid-transfer resets them. A notice wins; then a reset; then
-    /// `error` itself, unless it blames a neighbour that had spoken (see `reconsider`).
+    /// `error` itself, unless it blames a neighbour that had spoken (see `reconsider`). A
+    /// clean close without a notice is ambiguous, so it waits longer for a notice.
     pub(crate) fn diagnose(&mut self, error: Error) -> Error {
         let context = match &error {
             Error::Closed { context, .. } | Error::Io { context, .. } => *context,
             _ => return error,
         };
-        let until = Instant::now() + DIAGNOSE_WAIT;
+        let start = Instant::now();
+        let mut until = start + DIAGNOSE_WAIT;
         let mut sink = [0u8; 16 << 10];
         loop {
             let _ = self.poll_once(Some(Duration::ZERO));
@@ -420,6 +422,16 @@ impl Transport {
             }
             let now = Instant::now();
             if now >= until {
+                // A neighbour that closed cleanly without a notice may have died, or may
+                // have given up on another rank with a notice this rank read past (a read
+                // that starts exactly at an urgent byte skips it). This rank's other
+                // neighbours pass that notice on if they got it: wait for them as long as
+                // a failing rank lingers.
+                let extended = start + NOTICE_WAIT;
+                if matches!(error, Error::Closed { .. }) && until < extended {
+                    until = extended;
+                    continue;
+                }
                 return self.reconsider(error);
             }
             let _ = self.poll_once(Some(until - now));
