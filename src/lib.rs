@@ -62,8 +62,12 @@
 //!   beside the byte stream, so a peer still expecting data can never take it for data, and
 //!   MLX's ranks never see it. Delivery is best effort (a rank that reads past the byte's
 //!   position before it is told about it loses it, and then names the neighbour that
-//!   closed). When a rank *stalls* (stopped, swapped out) instead of dying, the ranks next
-//!   to it name it; ranks two or more hops away may name the neighbour they waited for.
+//!   closed). When a rank *stalls* (stopped, swapped out) instead of dying, every rank
+//!   times out at about the same moment and timing cannot tell who stalled; so before
+//!   naming anyone a rank asks its neighbours with another urgent byte, and a live one
+//!   answers. The ranks next to the stalled one find it silent and name it, the others
+//!   learn it from their notices; only verified verdicts are announced. This adds up to
+//!   twice min(timeout / 4, 500 ms) to a stall's error.
 //! - **After a transport error the group is failed**: every later call returns
 //!   [`Error::Failed`] at once, with the original error inside. [`Group::close`] releases
 //!   it, and [`init_with`] forms a new group in the same processes. Argument errors

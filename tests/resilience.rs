@@ -1070,3 +1070,150 @@ fn an_absurd_timeout_from_the_environment_forms_a_ring() {
         assert!(x.iter().all(|&v| v == 3.0));
     });
 }
+
+// Blame (issue 10 item 2) ------------------------------------------------------------
+//
+// One rank is stopped (SIGSTOP) or killed (SIGKILL) while every rank loops on a collective;
+// every survivor must name it, and none may name a healthy rank. With a stall, only the
+// stalled rank's neighbours can see it (its kernel keeps acknowledging); the others must
+// learn it from them. Large collectives run with small socket buffers, so that ranks
+// block on sends as well as receives.
+
+/// The timeout of the blame tests: short, to keep them quick.
+const BLAME_TIMEOUT_S: f64 = 1.5;
+
+/// Socket buffers for the large collectives: far smaller than the data.
+const BLAME_SOCKET_BUFFER: &str = "65536";
+
+fn blame_small(g: &Group) -> nuvec_distributed::Result<()> {
+    g.all_sum(&mut [1.0f32])
+}
+
+fn blame_large(g: &Group) -> nuvec_distributed::Result<()> {
+    // 4 MiB per rank.
+    thread_local!(static DATA: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::new(vec![1.0; 1 << 20]));
+    DATA.with(|d| g.all_sum(&mut d.borrow_mut()))
+}
+
+/// Sends `signal` ("STOP" or "KILL") to `victim` while every rank loops on `collective`;
+/// checks that every survivor fails naming the victim, within the timeout plus the
+/// inquiry's grace and patience and the linger of the ranks that close, and that it says
+/// so again on the next call.
+fn blame(
+    name: &str,
+    size: usize,
+    victim: usize,
+    signal: &str,
+    collective: fn(&Group) -> nuvec_distributed::Result<()>,
+) {
+    // Grace min(timeout / 4, 500 ms), patience twice that, 250 ms linger, and slack for a
+    // machine loaded with builds.
+    const MARGIN_MS: u64 = 2 * 375 + 250 + 1000;
+    let launch = Launch::new(size, 1)
+        .timeout(BLAME_TIMEOUT_S)
+        .env("NUVEC_DISTRIBUTED_SOCKET_BUFFER", BLAME_SOCKET_BUFFER);
+    let Some(mut running) = launch.start(name, |g| until_failure(&g, collective)) else {
+        return;
+    };
+    for r in 0..size {
+        running.wait_for(r, "looping", Duration::from_secs(60));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    running.signal(victim, signal);
+    if signal == "STOP" {
+        for r in (0..size).filter(|&r| r != victim) {
+            running.wait_for(r, "failed", Duration::from_secs(30));
+        }
+        running.signal(victim, "CONT");
+    }
+    let outputs = running.finish();
+    let survivors: Vec<&RankOutput> = outputs.iter().filter(|o| o.rank != victim).collect();
+    let all: Vec<String> = survivors
+        .iter()
+        .map(|o| format!("rank {}: {:?}", o.rank, o.lines("FAIL ")))
+        .collect();
+    assert_eq!(survivors.len(), size - 1, "{all:?}");
+    for o in survivors {
+        assert!(
+            o.finished(),
+            "rank {} did not finish:\n{}\n{}",
+            o.rank,
+            o.stdout,
+            o.stderr
+        );
+        let (ms, peer, message) = o.failure();
+        assert_eq!(
+            peer,
+            Some(victim),
+            "rank {} named the wrong rank: {message}; all: {all:?}",
+            o.rank
+        );
+        assert!(
+            ms <= (BLAME_TIMEOUT_S * 1000.0) as u64 + MARGIN_MS,
+            "rank {} needed {ms} ms: {message}",
+            o.rank
+        );
+        let again = o.lines("AGAIN ").join("");
+        assert!(again.contains(&format!("rank {victim}")), "{again}");
+    }
+}
+
+#[test]
+fn blame_a_stopped_rank_small_p3() {
+    blame("blame_a_stopped_rank_small_p3", 3, 1, "STOP", blame_small);
+}
+
+#[test]
+fn blame_a_stopped_rank_small_p4() {
+    blame("blame_a_stopped_rank_small_p4", 4, 2, "STOP", blame_small);
+}
+
+#[test]
+fn blame_a_stopped_rank_small_p5() {
+    blame("blame_a_stopped_rank_small_p5", 5, 2, "STOP", blame_small);
+}
+
+#[test]
+fn blame_a_stopped_rank_small_p6() {
+    blame("blame_a_stopped_rank_small_p6", 6, 3, "STOP", blame_small);
+}
+
+#[test]
+fn blame_a_stopped_rank_large_p3() {
+    blame("blame_a_stopped_rank_large_p3", 3, 0, "STOP", blame_large);
+}
+
+#[test]
+fn blame_a_stopped_rank_large_p4() {
+    blame("blame_a_stopped_rank_large_p4", 4, 2, "STOP", blame_large);
+}
+
+#[test]
+fn blame_a_stopped_rank_large_p5() {
+    blame("blame_a_stopped_rank_large_p5", 5, 1, "STOP", blame_large);
+}
+
+#[test]
+fn blame_a_stopped_rank_large_p6() {
+    blame("blame_a_stopped_rank_large_p6", 6, 4, "STOP", blame_large);
+}
+
+#[test]
+fn blame_a_killed_rank_small_p5() {
+    blame("blame_a_killed_rank_small_p5", 5, 3, "KILL", blame_small);
+}
+
+#[test]
+fn blame_a_killed_rank_small_p6() {
+    blame("blame_a_killed_rank_small_p6", 6, 0, "KILL", blame_small);
+}
+
+#[test]
+fn blame_a_killed_rank_large_p4() {
+    blame("blame_a_killed_rank_large_p4", 4, 2, "KILL", blame_large);
+}
+
+#[test]
+fn blame_a_killed_rank_large_p5() {
+    blame("blame_a_killed_rank_large_p5", 5, 2, "KILL", blame_large);
+}

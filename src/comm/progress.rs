@@ -274,6 +274,224 @@ pub(crate) fn notice_names(lost: usize, sender: usize, me: usize, size: usize) -
     (lost < size && lost != sender && lost != me).then_some(lost)
 }
 
+/// What one urgent byte on a ring connection says (see the module docs of
+/// `ring::transport` for how they travel).
+///
+/// The byte values: `0..=NOTICE_MAX` is a failure notice naming that rank; [`QUERY`] asks
+/// "are you alive, and still in the collective?"; [`ALIVE`] is the answer. A rank above
+/// `NOTICE_MAX` cannot be named in a notice: its neighbours still name it, the ranks
+/// further away then name the neighbour that closed (as before notices existed).
+///
+/// [`QUERY`]: Urgent::QUERY
+/// [`ALIVE`]: Urgent::ALIVE
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Urgent {
+    /// The sender gave up on the ring after verifying that this rank was lost.
+    Notice(usize),
+    /// The sender's collective timed out; it asks whether this side is alive.
+    Query,
+    /// The sender is alive (an answer to a query).
+    Alive,
+}
+
+impl Urgent {
+    /// The byte of a query.
+    pub(crate) const QUERY: u8 = 0xFF;
+    /// The byte of an answer.
+    pub(crate) const ALIVE: u8 = 0xFE;
+    /// The highest rank a notice can name.
+    pub(crate) const NOTICE_MAX: usize = 0xFD;
+
+    /// The byte that says this.
+    pub(crate) fn encode(self) -> Option<u8> {
+        match self {
+            Urgent::Notice(rank) if rank <= Self::NOTICE_MAX => u8::try_from(rank).ok(),
+            Urgent::Notice(_) => None,
+            Urgent::Query => Some(Self::QUERY),
+            Urgent::Alive => Some(Self::ALIVE),
+        }
+    }
+
+    /// What `byte` says.
+    pub(crate) fn decode(byte: u8) -> Urgent {
+        match byte {
+            Self::QUERY => Urgent::Query,
+            Self::ALIVE => Urgent::Alive,
+            rank => Urgent::Notice(usize::from(rank)),
+        }
+    }
+}
+
+/// What a rank whose collective timed out concludes (see [`Inquiry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The neighbour `0` stayed silent through the grace period while the others answered
+    /// or there were none: it is stalled. Verified; worth a notice.
+    Stalled(usize),
+    /// The neighbour `0` closed its connection without ever answering or leaving a notice:
+    /// it died. Verified.
+    Closed(usize),
+    /// Neighbour `via` verified that rank `lost` was lost and said so.
+    Lost {
+        /// The lost rank.
+        lost: usize,
+        /// The neighbour that said so.
+        via: usize,
+    },
+    /// Every neighbour answered and no notice came before patience ran out: the stalled
+    /// rank is further away and nobody next to it told. `0` is this rank's suspect, a
+    /// guess that must not be announced.
+    Guess(usize),
+}
+
+/// What a neighbour has shown since the inquiry began (or before: any urgent byte proves
+/// that its process ran after the failure began, as none is sent otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Heard {
+    rank: usize,
+    alive: bool,
+    closed: bool,
+}
+
+/// Whom a rank whose collective timed out names: a sans-IO state machine, fed what the
+/// sockets show, asked for a [`Verdict`].
+///
+/// # Why
+///
+/// When one rank stalls (SIGSTOP, swapped out, stuck in other code) every rank waiting on
+/// it, directly or through others, times out at about the same moment. Timing alone cannot
+/// tell a stalled neighbour from one that waits on a stalled rank further on, and the
+/// stalled rank's kernel keeps acknowledging, so TCP shows nothing either. So a suspicion
+/// is never announced. Instead the rank asks its neighbours (a [`Urgent::Query`] byte
+/// beside the stream); a live neighbour answers at once from its own collective loop, or
+/// asks back when its own collective times out, which says as much. Then:
+///
+/// - a notice from a neighbour (which it sends only for a verified verdict) names the
+///   lost rank, unless it names a neighbour this rank heard alive;
+/// - a neighbour that closed without a word (no answer, no notice) died;
+/// - past the grace period, a neighbour that stayed silent is stalled: its own kernel
+///   holds our query, its process cannot answer;
+/// - if every neighbour answered, the stalled rank is further away: wait (up to
+///   `patience`) for the notice of a rank next to it, which the neighbours pass on;
+/// - past patience, name the suspect timing chose, but as a guess only.
+///
+/// Only the first three are verified and announced; so a notice, once sent, is right,
+/// and the ranks next to the stalled one always name it. The grace must be longer than the
+/// spread of the ranks' timeouts (they all stop moving within milliseconds of the stall),
+/// and shorter than what the caller allows beyond the timeout.
+#[derive(Debug)]
+pub(crate) struct Inquiry {
+    me: usize,
+    size: usize,
+    suspect: usize,
+    heard: Vec<Heard>,
+    notice: Option<(usize, usize)>,
+    grace_until: Instant,
+    patience_until: Instant,
+}
+
+impl Inquiry {
+    /// How long a neighbour may stay silent before it is found stalled: a quarter of the
+    /// timeout, at most 500 ms.
+    pub(crate) fn grace(timeout: Duration) -> Duration {
+        (timeout / 4).min(Duration::from_millis(500))
+    }
+
+    /// Starts an inquiry at `now` by rank `me` of `size`, which waited on `neighbours`
+    /// (ranks; duplicates are ignored) and suspects `suspect` (one of them) by timing.
+    pub(crate) fn new(
+        me: usize,
+        size: usize,
+        neighbours: impl IntoIterator<Item = usize>,
+        suspect: usize,
+        now: Instant,
+        timeout: Duration,
+    ) -> Inquiry {
+        let mut heard: Vec<Heard> = Vec::new();
+        for rank in neighbours.into_iter().chain([suspect]) {
+            if rank != me && !heard.iter().any(|h| h.rank == rank) {
+                heard.push(Heard {
+                    rank,
+                    alive: false,
+                    closed: false,
+                });
+            }
+        }
+        let grace = Self::grace(timeout);
+        Inquiry {
+            me,
+            size,
+            suspect,
+            heard,
+            notice: None,
+            grace_until: now + grace,
+            patience_until: now + 2 * grace,
+        }
+    }
+
+    fn entry(&mut self, rank: usize) -> Option<&mut Heard> {
+        self.heard.iter_mut().find(|h| h.rank == rank)
+    }
+
+    /// Neighbour `from` sent the urgent byte `what`.
+    pub(crate) fn urgent(&mut self, from: usize, what: Urgent) {
+        if let Some(h) = self.entry(from) {
+            h.alive = true;
+        }
+        if let Urgent::Notice(lost) = what
+            && self.notice.is_none()
+            && let Some(lost) = notice_names(lost, from, self.me, self.size)
+        {
+            self.notice = Some((lost, from));
+        }
+    }
+
+    /// Neighbour `from` closed (or reset) its connection.
+    pub(crate) fn closed(&mut self, from: usize) {
+        if let Some(h) = self.entry(from) {
+            h.closed = true;
+        }
+    }
+
+    /// The verdict at `now`, or `None` while it is too early to give one.
+    pub(crate) fn verdict(&self, now: Instant) -> Option<Verdict> {
+        if let Some((lost, via)) = self.notice {
+            // A notice naming a rank this rank heard alive is proven wrong; ignore it.
+            let contradicted = self.heard.iter().any(|h| h.rank == lost && h.alive);
+            if !contradicted {
+                return Some(Verdict::Lost { lost, via });
+            }
+        }
+        // A neighbour that spoke and then closed gave up (its notice may not have got
+        // through); one that closed without a word died.
+        if let Some(h) = self.heard.iter().find(|h| h.closed && !h.alive) {
+            return Some(Verdict::Closed(h.rank));
+        }
+        if now >= self.grace_until {
+            let silent = |h: &&Heard| !h.alive && !h.closed;
+            let stalled = self
+                .heard
+                .iter()
+                .filter(silent)
+                .find(|h| h.rank == self.suspect)
+                .or_else(|| self.heard.iter().find(silent));
+            if let Some(h) = stalled {
+                return Some(Verdict::Stalled(h.rank));
+            }
+        }
+        (now >= self.patience_until).then_some(Verdict::Guess(self.suspect))
+    }
+
+    /// When [`Inquiry::verdict`] may next change without anything being heard.
+    pub(crate) fn next_deadline(&self, now: Instant) -> Instant {
+        if now < self.grace_until {
+            self.grace_until
+        } else {
+            self.patience_until
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,5 +836,128 @@ mod tests {
         assert_eq!(notice_names(1, 2, 1, 4), None, "this rank");
         assert_eq!(notice_names(4, 2, 1, 4), None, "out of range");
         assert_eq!(notice_names(usize::MAX, 2, 1, 4), None);
+    }
+
+    #[test]
+    fn urgent_bytes_round_trip_and_stay_distinct() {
+        for what in [
+            Urgent::Query,
+            Urgent::Alive,
+            Urgent::Notice(0),
+            Urgent::Notice(253),
+        ] {
+            let byte = what.encode().unwrap();
+            assert_eq!(Urgent::decode(byte), what);
+        }
+        assert_eq!(
+            Urgent::Notice(254).encode(),
+            None,
+            "would read as an answer"
+        );
+        assert_eq!(Urgent::Notice(usize::MAX).encode(), None);
+        assert_ne!(Urgent::QUERY, Urgent::ALIVE);
+    }
+
+    const T: Duration = Duration::from_secs(1);
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_grace_is_a_quarter_of_the_timeout_at_most_half_a_second() {
+        assert_eq!(Inquiry::grace(T), Duration::from_millis(250));
+        assert_eq!(Inquiry::grace(T * 10), Duration::from_millis(500));
+        assert_eq!(Inquiry::grace(Duration::MAX), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_silent_neighbour_is_stalled_once_the_grace_ends() {
+        // Rank 1 of 4 waits on 0 and 2; 0 answers, 2 (the stopped one) never does.
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
+        q.urgent(0, Urgent::Alive);
+        assert_eq!(q.verdict(at(t0, 100)), None, "too early");
+        assert_eq!(q.next_deadline(at(t0, 100)), at(t0, 250));
+        assert_eq!(q.verdict(at(t0, 250)), Some(Verdict::Stalled(2)));
+    }
+
+    #[test]
+    fn the_suspect_is_preferred_among_silent_neighbours() {
+        let t0 = Instant::now();
+        let q = Inquiry::new(1, 4, [0, 2], 2, t0, T);
+        assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(2)));
+        let q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
+        assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(0)));
+    }
+
+    #[test]
+    fn when_every_neighbour_answers_a_notice_is_awaited_then_only_guessed() {
+        // Rank 0 of 4 with rank 2 stopped: both neighbours are alive.
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(0, 4, [1, 3], 3, t0, T);
+        q.urgent(1, Urgent::Query);
+        q.urgent(3, Urgent::Alive);
+        assert_eq!(q.verdict(at(t0, 300)), None, "waits for a notice");
+        assert_eq!(q.next_deadline(at(t0, 300)), at(t0, 500));
+        assert_eq!(q.verdict(at(t0, 500)), Some(Verdict::Guess(3)));
+        // The notice of rank 3, next to the stopped rank, settles it.
+        q.urgent(3, Urgent::Notice(2));
+        assert_eq!(
+            q.verdict(at(t0, 300)),
+            Some(Verdict::Lost { lost: 2, via: 3 })
+        );
+    }
+
+    #[test]
+    fn a_notice_naming_a_neighbour_heard_alive_is_ignored() {
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(1, 4, [0, 2], 2, t0, T);
+        q.urgent(2, Urgent::Alive);
+        q.urgent(0, Urgent::Notice(2));
+        assert_eq!(q.verdict(at(t0, 10)), None);
+        // Nor may a notice name this rank or its sender.
+        q.urgent(0, Urgent::Notice(1));
+        q.urgent(0, Urgent::Notice(0));
+        assert_eq!(q.verdict(at(t0, 10)), None);
+        assert_eq!(q.verdict(at(t0, 600)), Some(Verdict::Guess(2)));
+    }
+
+    #[test]
+    fn a_notice_wins_over_a_silent_neighbour() {
+        // Rank 1 hears from 0 that 2 was lost before its own grace ends.
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(1, 5, [0, 2], 2, t0, T);
+        q.urgent(0, Urgent::Notice(2));
+        assert_eq!(
+            q.verdict(at(t0, 1)),
+            Some(Verdict::Lost { lost: 2, via: 0 })
+        );
+    }
+
+    #[test]
+    fn a_neighbour_that_closes_without_a_word_died_but_one_that_spoke_gave_up() {
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
+        q.closed(2);
+        assert_eq!(q.verdict(at(t0, 1)), Some(Verdict::Closed(2)));
+        let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
+        q.urgent(0, Urgent::Query);
+        q.closed(0);
+        assert_eq!(q.verdict(at(t0, 1)), None);
+        assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(2)));
+    }
+
+    #[test]
+    fn two_ranks_and_strangers() {
+        // At P = 2 both sides are the same neighbour; bytes from a rank not asked about
+        // change nothing, and this rank is never its own neighbour.
+        let t0 = Instant::now();
+        let mut q = Inquiry::new(0, 2, [1, 1, 0], 1, t0, T);
+        assert_eq!(q.heard.len(), 1);
+        q.urgent(7, Urgent::Alive);
+        q.closed(7);
+        assert_eq!(q.verdict(at(t0, 1)), None);
+        assert_eq!(q.verdict(at(t0, 250)), Some(Verdict::Stalled(1)));
     }
 }

@@ -121,29 +121,22 @@ impl Drive for Collective<'_, '_, '_, '_> {
         })
     }
 
-    /// The suspect is chosen by [`blame`] from what each lane waits on and when its
-    /// connection last received. Failing then leaves a notice naming the suspect on the
-    /// other connections, and a rank that receives its neighbour's notice while closing
-    /// reports the rank it names instead (see `ring::fail`): a rank next to the stalled one
-    /// names it directly, and its other neighbour learns it from that notice. Two or more
-    /// hops away, a rank may name the neighbour it waited for.
+    /// Timing suggests a suspect ([`blame`] over what each lane waits on and when its
+    /// connection last received), but only the neighbours can say which rank stalled: the
+    /// transport asks them ([`Transport::inquire`]) and the verdict names the rank. A rank
+    /// next to the stalled one finds it silent and names it; a rank whose neighbours both
+    /// answer waits for the notice of one that found the stalled rank, passed on from rank
+    /// to rank (see `ring::fail`).
     fn stalled(&mut self, timeout: Duration) -> Error {
         let transport = &mut *self.transport;
-        let waits = self.lanes.iter().filter_map(Lane::waiting_on);
-        let suspect = blame(waits.map(|(conn, op)| Wait {
+        let waits: Vec<(usize, PeerOp)> = self.lanes.iter().filter_map(Lane::waiting_on).collect();
+        let suspect = blame(waits.iter().map(|&(conn, op)| Wait {
             conn,
             op,
             last: transport.conn(conn).last_receive(),
         }));
-        let (index, op) = suspect.map_or((0, PeerOp::Receive), |w| (w.conn, w.op));
-        let conn = transport.conn(index);
-        Error::Timeout {
-            peer: conn.peer,
-            addr: Some(conn.addr),
-            op,
-            context: self.context,
-            after: timeout,
-        }
+        let suspect = suspect.map_or((0, PeerOp::Receive), |w| (w.conn, w.op));
+        transport.inquire(&waits, suspect, timeout, self.context)
     }
 }
 

@@ -10,6 +10,21 @@
 //! When a rank gives up on the ring it leaves a *failure notice* on its other connections:
 //! one TCP urgent byte naming the rank that was lost (see [`Transport::abandon`]). A rank
 //! that is not next to the lost one can then name it, instead of the neighbour that closed.
+//!
+//! A rank whose collective times out does not guess whom to name: it asks its neighbours
+//! whether they are alive with another urgent byte, a query, and a neighbour still inside
+//! its collective answers at once (see [`Transport::inquire`]; the rule for the verdict is
+//! [`Inquiry`]). Only verified verdicts go out as notices. The byte values are
+//! [`Urgent`]'s. Urgent bytes never enter the stream, so MLX peers, which never read them,
+//! see the same bytes as before; they never answer either, so next to an MLX rank a
+//! timeout names that rank, as it did before queries existed.
+//!
+//! TCP keeps one urgent byte per direction: a second one sent before the receiver read
+//! past the first one's position turns the first into a stream byte. Queries, answers
+//! and notices are only sent once a collective has failed on the sending side (the answer
+//! to a query included: the querier is failing), and the receiver reads them as soon as
+//! its poller reports them, so a stray byte could only reach a stream whose sender has
+//! already given up on it.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -22,7 +37,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::SockRef;
 
 use crate::auth;
-use crate::comm::progress::notice_names;
+use crate::comm::progress::{Inquiry, Urgent, Verdict, notice_names};
 use crate::error::{Error, PeerOp, Phase};
 
 /// At most this many bytes per `read`/`write` call: macOS rejects lengths above `INT_MAX`.
@@ -31,6 +46,11 @@ const MAX_IO_BYTES: usize = 1 << 30;
 /// How long a failing rank looks for evidence of which rank was lost (see
 /// [`Transport::diagnose`]).
 const DIAGNOSE_WAIT: Duration = Duration::from_millis(20);
+
+/// The timeout whose grace ([`Inquiry::grace`]) a rank gives its neighbours when one closed
+/// without a notice after it had spoken (see [`Transport::diagnose`]): the transport does
+/// not know the group's timeout, and this path is rare.
+const RECONSIDER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a failing rank spends leaving its failure notices and waiting for its
 /// neighbours to close (see [`Transport::abandon`]).
@@ -64,6 +84,17 @@ pub(crate) struct Conn {
     ranks: usize,
     /// The rank named by the neighbour's failure notice, once one arrived.
     notice: Option<usize>,
+    /// Whether the neighbour sent any urgent byte: its process ran after a collective
+    /// failed somewhere, so it is not the stalled one.
+    spoke: bool,
+    /// Whether the neighbour asked and is owed an answer.
+    owe_answer: bool,
+    /// Whether this side still answers queries: not once it sends urgent bytes of its own.
+    answering: bool,
+    /// Whether this side's query is still to be sent (it waits for room).
+    query_pending: bool,
+    /// Whether the neighbour closed its side (seen while diagnosing).
+    eof: bool,
     /// When bytes last arrived on this connection (or when it was set up).
     last_rx: Instant,
     /// Whether the peer reset the connection: a process that dies with unread data does
@@ -146,19 +177,49 @@ impl Conn {
         self.last_rx
     }
 
-    /// Reads a pending failure notice. Urgent data never enters the byte stream, so MLX
-    /// peers, which never ask for it, are unaffected; but the kernel drops it once the
-    /// stream is read past its position, so it is read as soon as the poller reports it.
+    /// Reads a pending urgent byte (a notice, a query or an answer; see [`Urgent`]) and
+    /// answers a query. Urgent data never enters the byte stream, so MLX peers, which never
+    /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
+    /// position, so it is read as soon as the poller reports it.
     fn take_notice(&mut self) {
         if self.notice.is_some() {
+            // The neighbour gave up; nothing it sends after that matters.
             return;
         }
         if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
-            let lost = usize::from(byte);
-            if let Some(lost) = notice_names(lost, self.peer, self.me, self.ranks) {
-                self.notice = Some(lost);
+            self.spoke = true;
+            match Urgent::decode(byte) {
+                Urgent::Notice(lost) => {
+                    self.notice = notice_names(lost, self.peer, self.me, self.ranks);
+                }
+                Urgent::Query => {
+                    self.owe_answer = true;
+                    self.answer();
+                }
+                Urgent::Alive => {}
             }
         }
+    }
+
+    /// Sends the answer a query is owed, if there is room for it (else it is tried again
+    /// when the socket becomes writable).
+    fn answer(&mut self) {
+        if !(self.owe_answer && self.answering) {
+            return;
+        }
+        if self.send_urgent(Urgent::Alive) != Some(io::ErrorKind::WouldBlock) {
+            self.owe_answer = false;
+        }
+    }
+
+    /// Sends `what` as this connection's urgent byte; returns the error's kind if that
+    /// failed (`WouldBlock`: no room in the send buffer yet).
+    fn send_urgent(&self, what: Urgent) -> Option<io::ErrorKind> {
+        let byte = what.encode()?;
+        SockRef::from(&self.stream)
+            .send_out_of_band(&[byte])
+            .err()
+            .map(|e| e.kind())
     }
 
     /// Reads what is available into `buf`, which is not empty.
@@ -301,6 +362,9 @@ pub(crate) struct Transport {
     connections: usize,
     /// Wakes a thread blocked in [`Transport::wait`]; registered once, fired by a close.
     waker: Arc<Waker>,
+    /// Whether this rank's stall verdict was only a guess ([`Verdict::Guess`]): it is
+    /// reported, never announced, and a notice that arrives later replaces it.
+    guessed: bool,
 }
 
 impl Transport {
@@ -331,6 +395,11 @@ impl Transport {
                 me,
                 ranks,
                 notice: None,
+                spoke: false,
+                owe_answer: false,
+                answering: true,
+                query_pending: false,
+                eof: false,
                 reset: false,
                 last_rx: Instant::now(),
                 first: FirstBytes::Checked,
@@ -342,6 +411,7 @@ impl Transport {
             conns,
             connections,
             waker,
+            guessed: false,
         })
     }
 
@@ -423,13 +493,15 @@ impl Transport {
     /// what every connection still holds (the group is failed, the data is of no use) for
     /// a short while, looking for notices, and for connections that were reset, as a
     /// process that dies mid-transfer resets them. A notice wins; then a reset; then
-    /// `error` itself.
+    /// `error` itself, unless it blames a neighbour that had spoken (see `reconsider`). A
+    /// clean close without a notice is ambiguous, so it waits longer for a notice.
     pub(crate) fn diagnose(&mut self, error: Error) -> Error {
         let context = match &error {
             Error::Closed { context, .. } | Error::Io { context, .. } => *context,
             _ => return error,
         };
-        let until = Instant::now() + DIAGNOSE_WAIT;
+        let start = Instant::now();
+        let mut until = start + DIAGNOSE_WAIT;
         let mut sink = [0u8; 16 << 10];
         loop {
             let _ = self.poll_once(Some(Duration::ZERO));
@@ -459,10 +531,45 @@ impl Transport {
             }
             let now = Instant::now();
             if now >= until {
-                return error;
+                // A neighbour that closed cleanly without a notice may have died, or may
+                // have given up on another rank with a notice this rank read past (a read
+                // that starts exactly at an urgent byte skips it). This rank's other
+                // neighbours pass that notice on if they got it: wait for them as long as
+                // a failing rank lingers.
+                let extended = start + NOTICE_WAIT;
+                if matches!(error, Error::Closed { .. }) && until < extended {
+                    until = extended;
+                    continue;
+                }
+                return self.reconsider(error);
             }
             let _ = self.poll_once(Some(until - now));
         }
+    }
+
+    /// `error` again, unless it blames a neighbour that closed after it had spoken (sent a
+    /// query, proving it alive after the failure began) but left no notice: that one gave
+    /// up because of some other rank and its notice did not get through (its send buffer
+    /// stayed full). Then ask the neighbours, as after a timeout ([`Transport::inquire`]),
+    /// with the grace of a [`RECONSIDER_TIMEOUT`].
+    fn reconsider(&mut self, error: Error) -> Error {
+        let Error::Closed { peer, op, context } = error else {
+            return error;
+        };
+        let Some(closed) = self
+            .conns
+            .iter()
+            .position(|c| c.peer == peer && c.spoke && c.notice.is_none() && !c.reset)
+        else {
+            return error;
+        };
+        let waits: Vec<(usize, PeerOp)> = (0..self.conns.len()).map(|i| (i, op)).collect();
+        let suspect = self
+            .conns
+            .iter()
+            .position(|c| c.peer != peer)
+            .unwrap_or(closed);
+        self.inquire(&waits, (suspect, op), RECONSIDER_TIMEOUT, context)
     }
 
     fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
@@ -490,12 +597,20 @@ impl Transport {
             if event.is_priority() {
                 conn.take_notice();
             }
+            if conn.owe_answer {
+                conn.answer();
+            }
         }
         Ok(any)
     }
 
-    /// The error a failure notice already received makes, if one did.
+    /// The error a failure notice already received makes, if one did and this rank's own
+    /// stall verdict was only a guess (a verified verdict stands: the notices this rank
+    /// gets later can only repeat it or be wrong).
     pub(crate) fn notice(&self, context: Phase) -> Option<Error> {
+        if !self.guessed {
+            return None;
+        }
         self.conns.iter().find_map(|c| {
             c.notice.map(|lost| Error::Lost {
                 peer: lost,
@@ -513,6 +628,132 @@ impl Transport {
         self.conns.clear();
     }
 
+    /// Finds whom to blame for a collective in which nothing moved for `timeout`, and
+    /// returns the error naming it: asks every neighbour whether it is alive (an urgent
+    /// [`Urgent::Query`]), reads what they send back while discarding the stream (this
+    /// rank's collective has failed; the data is of no use, and reading it lets a neighbour
+    /// blocked on a full send buffer get its answer out), and gives what it sees to an
+    /// [`Inquiry`] until that has a verdict.
+    ///
+    /// `waits` are the connections the collective waited on, `suspect` the one timing
+    /// points at (and what was outstanding on it). A guess ([`Verdict::Guess`]) is
+    /// remembered, so that [`Transport::abandon`] does not announce it.
+    pub(crate) fn inquire(
+        &mut self,
+        waits: &[(usize, PeerOp)],
+        suspect: (usize, PeerOp),
+        timeout: Duration,
+        context: Phase,
+    ) -> Error {
+        let (me, ranks) = self.conns.first().map_or((0, 1), |c| (c.me, c.ranks));
+        let suspect_peer = self.conns.get(suspect.0).map_or(me, |c| c.peer);
+        let neighbours: Vec<usize> = waits
+            .iter()
+            .filter_map(|&(i, _)| self.conns.get(i).map(|c| c.peer))
+            .collect();
+        let mut inquiry =
+            Inquiry::new(me, ranks, neighbours, suspect_peer, Instant::now(), timeout);
+        for conn in &mut self.conns {
+            // Every neighbour learns this rank is alive, including one that waits on it
+            // without having asked yet; this rank's own query is its answer from now on.
+            conn.answering = false;
+            conn.owe_answer = false;
+            conn.query_pending = true;
+        }
+        let mut sink = [0u8; 16 << 10];
+        loop {
+            let _ = self.poll_once(Some(Duration::ZERO));
+            for conn in &mut self.conns {
+                if conn.query_pending
+                    && conn.send_urgent(Urgent::Query) != Some(io::ErrorKind::WouldBlock)
+                {
+                    conn.query_pending = false;
+                }
+                conn.readable = true;
+                while !conn.eof {
+                    // An urgent byte must be read before the stream is read past it.
+                    conn.take_notice();
+                    match conn.read(&mut sink) {
+                        Ok(Transfer::Moved(_)) => {}
+                        Ok(Transfer::Blocked) => break,
+                        Ok(Transfer::Closed) | Err(_) => {
+                            conn.take_notice();
+                            conn.eof = true;
+                        }
+                    }
+                }
+                if conn.spoke {
+                    inquiry.urgent(conn.peer, Urgent::Alive);
+                }
+                if let Some(lost) = conn.notice {
+                    inquiry.urgent(conn.peer, Urgent::Notice(lost));
+                }
+                if conn.eof {
+                    inquiry.closed(conn.peer);
+                }
+            }
+            let now = Instant::now();
+            if let Some(verdict) = inquiry.verdict(now) {
+                return self.verdict_error(verdict, waits, suspect, timeout, context);
+            }
+            // Wake up now and then even without events: a query may still wait for room.
+            let nap = (inquiry.next_deadline(now) - now).min(Duration::from_millis(5));
+            let _ = self.poll_once(Some(nap));
+        }
+    }
+
+    /// The error that states `verdict`.
+    fn verdict_error(
+        &mut self,
+        verdict: Verdict,
+        waits: &[(usize, PeerOp)],
+        suspect: (usize, PeerOp),
+        timeout: Duration,
+        context: Phase,
+    ) -> Error {
+        let conn_of = |conns: &[Conn], peer: usize| {
+            let index = conns
+                .get(suspect.0)
+                .filter(|c| c.peer == peer)
+                .map(|_| suspect)
+                .or_else(|| {
+                    waits
+                        .iter()
+                        .copied()
+                        .find(|&(i, _)| conns.get(i).is_some_and(|c| c.peer == peer))
+                });
+            index.and_then(|(i, op)| conns.get(i).map(|c| (c.addr, op)))
+        };
+        let timed_out = |conns: &[Conn], peer: usize| {
+            let (addr, op) =
+                conn_of(conns, peer).map_or((None, PeerOp::Receive), |(a, op)| (Some(a), op));
+            Error::Timeout {
+                peer,
+                addr,
+                op,
+                context,
+                after: timeout,
+            }
+        };
+        match verdict {
+            Verdict::Stalled(peer) => timed_out(&self.conns, peer),
+            Verdict::Guess(peer) => {
+                self.guessed = true;
+                timed_out(&self.conns, peer)
+            }
+            Verdict::Closed(peer) => Error::Closed {
+                peer,
+                op: conn_of(&self.conns, peer).map_or(PeerOp::Receive, |(_, op)| op),
+                context,
+            },
+            Verdict::Lost { lost, via } => Error::Lost {
+                peer: lost,
+                via,
+                context,
+            },
+        }
+    }
+
     /// Gives up on the ring after losing rank `lost`: tells every other neighbour which
     /// rank was lost, closes this rank's side of every connection, and lingers (briefly)
     /// until the neighbours have closed theirs.
@@ -520,35 +761,45 @@ impl Transport {
     /// Closing at once means neighbours blocked on this rank fail at once instead of
     /// waiting for their timeout; the notice means they can name the rank that was really
     /// lost rather than this one. It is one TCP urgent byte holding the lost rank (so only
-    /// ranks below 256 are named this way), which travels beside the stream, not in it: a
-    /// peer still expecting data can never mistake it for data. Lingering, and discarding
-    /// what still arrives, keeps the kernel from answering late data with a reset, which
-    /// would destroy the notice before the neighbour read it. Delivery stays best effort:
-    /// a receiver that reads past the byte's position before its poller reports it loses
-    /// the notice, and then names this rank instead.
+    /// ranks up to [`Urgent::NOTICE_MAX`] are named this way), which travels beside the
+    /// stream, not in it: a peer still expecting data can never mistake it for data. A
+    /// guessed stall verdict is not announced (see [`Transport::inquire`]): a wrong notice
+    /// would make every rank it reaches name a healthy rank.
+    ///
+    /// The byte needs room in the send buffer, which the neighbour makes as it reads; so
+    /// this rank reads (and discards) what arrives meanwhile, which also keeps the kernel
+    /// from answering late data with a reset that would destroy the notice before the
+    /// neighbour read it. A connection is closed once its notice is out, or when the wait
+    /// ends. Delivery stays best effort: a receiver that reads past the byte's position
+    /// before its poller reports it loses the notice, and then names this rank instead.
     pub(crate) fn abandon(&mut self, lost: Option<usize>) {
         let until = Instant::now() + NOTICE_WAIT;
-        if let Some(lost) = lost.and_then(|l| u8::try_from(l).ok()) {
-            for conn in self.conns.iter().filter(|c| c.peer != usize::from(lost)) {
-                // The byte needs room in the send buffer, which the peer drains while it
-                // still reads; wait for that a little, not forever.
-                while let Err(e) = SockRef::from(&conn.stream).send_out_of_band(&[lost]) {
-                    if e.kind() != io::ErrorKind::WouldBlock || Instant::now() >= until {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+        let notice = lost
+            .filter(|_| !self.guessed)
+            .filter(|&l| Urgent::Notice(l).encode().is_some());
+        let mut pending: Vec<bool> = self
+            .conns
+            .iter()
+            .map(|c| notice.is_some_and(|l| c.peer != l))
+            .collect();
+        for (conn, &pending) in self.conns.iter_mut().zip(&pending) {
+            conn.answering = false;
+            conn.query_pending = false;
+            conn.readable = true;
+            if !pending {
+                let _ = conn.stream.shutdown(Shutdown::Write);
             }
         }
-        for conn in &mut self.conns {
-            let _ = conn.stream.shutdown(Shutdown::Write);
-            conn.readable = true;
-        }
         let mut sink = [0u8; 16 << 10];
-        let mut open = self.conns.len();
-        while open > 0 && Instant::now() < until {
-            open = 0;
-            for conn in &mut self.conns {
+        loop {
+            let mut open = 0;
+            for (conn, pending) in self.conns.iter_mut().zip(pending.iter_mut()) {
+                if let (true, Some(lost)) = (*pending, notice)
+                    && conn.send_urgent(Urgent::Notice(lost)) != Some(io::ErrorKind::WouldBlock)
+                {
+                    *pending = false;
+                    let _ = conn.stream.shutdown(Shutdown::Write);
+                }
                 loop {
                     // A notice must be read before the stream is read past it, and a read
                     // that starts right at it would skip it without stopping.
@@ -561,9 +812,12 @@ impl Transport {
                     break;
                 }
             }
-            if open > 0 {
-                let _ = self.poll_once(Some(until.saturating_duration_since(Instant::now())));
+            let waiting = open > 0 || pending.iter().any(|&p| p);
+            let now = Instant::now();
+            if !waiting || now >= until {
+                break;
             }
+            let _ = self.poll_once(Some((until - now).min(Duration::from_millis(5))));
         }
         for conn in &mut self.conns {
             let _ = conn.stream.shutdown(Shutdown::Both);
