@@ -21,15 +21,17 @@
 //! that ignores SIGHUP survives; its PID file and hostfile stay in the remote's temporary
 //! folder, as after any failed remote rank).
 
-use std::io::{self, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 /// The guardian's script: `$1` is the folder to remove (may be empty: none). It ignores the
-/// terminal's signals (it must outlive the launcher), collects the PIDs it is given and, at
-/// end-of-file without `done`, kills their process groups and removes the folder.
+/// terminal's signals (it must outlive the launcher), says `ready` once it does, collects the
+/// PIDs it is given and, at end-of-file without `done`, kills their process groups and
+/// removes the folder.
 pub const SCRIPT: &str = r#"trap '' INT TERM HUP QUIT
+echo ready
 pids=
 while IFS= read -r line; do
   case $line in
@@ -54,19 +56,30 @@ impl Guardian {
     ///
     /// # Errors
     ///
-    /// `sh` cannot be started.
+    /// `sh` cannot be started, or exits before it is ready.
     pub fn start(folder: Option<&Path>) -> io::Result<Guardian> {
         let folder = folder.map(|f| f.as_os_str().to_owned()).unwrap_or_default();
         let mut child = Command::new("sh")
             .args(["-c", SCRIPT, "nuvec-guardian"])
             .arg(folder)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             // Away from the launcher's group, so that a terminal's signals do not end it.
             .process_group(0)
             .spawn()?;
         let input = child.stdin.take();
+        // Until its traps are set, a signal would end it: wait for them (a few milliseconds
+        // of shell start-up, once per launch), so no rank starts unguarded.
+        let mut ready = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut ready)?;
+        }
+        if ready.trim_end() != "ready" {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::other("the launcher's guardian (sh) did not start"));
+        }
         Ok(Guardian { child, input })
     }
 
