@@ -118,19 +118,35 @@ pub fn rank_args(name: &str) -> [&str; 5] {
     ]
 }
 
+/// The variable naming the program (and its arguments, split at whitespace) that runs this
+/// test binary's ranks, when the binary cannot be executed directly: a cross-compiled test
+/// run by cargo's target runner, such as `qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max`.
+/// Cargo starts the test binary itself through its runner, but the ranks that binary starts
+/// are its own children, and without a binfmt handler the kernel refuses to execute a
+/// foreign binary; so they need the same runner, named here (cargo does not tell the
+/// binary which runner it used). Unset or empty: the ranks are executed directly.
+pub const RUNNER_VAR: &str = "NUVEC_TEST_RUNNER";
+
 /// A command that runs this test binary as a rank of test `name`.
 pub fn this_test(name: &str) -> Command {
     this_test_in(&[], name)
 }
 
 /// Like [`this_test`], run through `wrapper` (a program and its arguments, such as
-/// `ip netns exec <namespace>`) when it is not empty.
+/// `ip netns exec <namespace>`) when it is not empty. The runner of [`RUNNER_VAR`], if
+/// any, goes between the wrapper and the binary.
 pub fn this_test_in(wrapper: &[&str], name: &str) -> Command {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let mut command = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(exe);
+    let runner = std::env::var(RUNNER_VAR).unwrap_or_default();
+    let mut program = wrapper
+        .iter()
+        .copied()
+        .chain(runner.split_whitespace())
+        .map(std::ffi::OsStr::new);
+    let mut command = match program.next() {
+        Some(first) => {
+            let mut c = Command::new(first);
+            c.args(program).arg(exe);
             c
         }
         None => Command::new(exe),
