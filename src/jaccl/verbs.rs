@@ -213,7 +213,7 @@ impl VerbsFabric {
                 .map_err(|e| Error::local("mapping JACCL's buffers", e))?;
             for &c in &spec.conns {
                 if let Some((name, conn)) = &conns[c] {
-                    buf.register(conn, ACCESS_JACCL).map_err(|e| {
+                    buf.register(conn).map_err(|e| {
                         fail(
                             c,
                             format!(
