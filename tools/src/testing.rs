@@ -127,6 +127,23 @@ pub fn rank_args(name: &str) -> [&str; 5] {
 /// binary which runner it used). Unset or empty: the ranks are executed directly.
 pub const RUNNER_VAR: &str = "NUVEC_TEST_RUNNER";
 
+/// The variable that stretches [`Launch::new`]'s deadline and group timeout by a factor (a
+/// number, such as `6`): for runs far slower than native ones, such as under qemu-user's
+/// emulation, where a ring that works would otherwise miss them. A test's own
+/// [`Launch::timeout`] and [`Launch::deadline`] are not stretched. Unset: 1.
+pub const TIME_SCALE_VAR: &str = "NUVEC_TEST_TIME_SCALE";
+
+/// The factor of [`TIME_SCALE_VAR`]; panics on a value that is not a positive number.
+fn time_scale() -> f64 {
+    match std::env::var(TIME_SCALE_VAR) {
+        Err(_) => 1.0,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => x,
+            _ => panic!("{TIME_SCALE_VAR}={v:?}: expected a positive number"),
+        },
+    }
+}
+
 /// A command that runs this test binary as a rank of test `name`.
 pub fn this_test(name: &str) -> Command {
     this_test_in(&[], name)
@@ -411,15 +428,16 @@ impl fmt::Debug for Launch {
 
 impl Launch {
     /// `size` ranks of this test binary, `connections` loopback ports each; a deadline of
-    /// three minutes and a group timeout of 20 seconds.
+    /// three minutes and a group timeout of 20 seconds, each times [`TIME_SCALE_VAR`].
     pub fn new(size: usize, connections: usize) -> Self {
+        let scale = time_scale();
         Self {
             size,
             connections,
             env: Vec::new(),
             skip: Vec::new(),
-            deadline: Duration::from_secs(180),
-            timeout_secs: 20.0,
+            deadline: Duration::from_secs_f64(180.0 * scale),
+            timeout_secs: 20.0 * scale,
             command: None,
             nodes: None,
         }
