@@ -28,7 +28,7 @@
 #   12-15), from a target directory with the native release build: about 29 minutes, of
 #   which aarch64 unit tests 11 (compiling 5, the ring simulations under qemu 6), the qemu
 #   ring subset 3, the second CPU 1, aarch64 lints 2.5, macOS lints 2, the forced-level ring
-#   runs 9.5; on idle cores the test runs, most of it, shrink several-fold.
+#   runs 9.5. Not measured on idle cores, where it should be well under that.
 # On macOS (.github/workflows/ci.yml) the same script runs natively: nothing from apt, the
 # Linux-only steps print why they are skipped, and the cross steps are replaced by the
 # native build. That path has not yet run on a Mac: it was written by reading what each
