@@ -5,8 +5,6 @@
 //! binary; it counts only the calling thread's allocations, because a collective runs
 //! entirely on the thread that calls it.
 
-use std::time::Duration;
-
 use ffi::alloc::CountingAllocator;
 use nuvec_distributed::{Complex64, Group, bf16, f16};
 use nuvec_tools::testing::Launch;
@@ -137,7 +135,7 @@ fn an_idle_group_uses_no_cpu() {
         let mut x = [1.0f32; 16];
         g.all_sum(&mut x).unwrap();
         let before = cpu_ticks();
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(std::time::Duration::from_secs(2));
         let used = cpu_ticks() - before;
         // Two seconds of a spinning thread would be ~200 ticks; allow one tick of noise.
         assert!(

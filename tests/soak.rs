@@ -1,11 +1,12 @@
 //! A long run that shows a ring does not leak: 100 000 4-byte all_sums and 1 000 16 MiB
 //! all_sums on three ranks, with resident memory and open file descriptors sampled along
-//! the way. Ignored by default (about half a minute); `tools/soak.sh` runs it.
+//! the way. Ignored by default (about half a minute); `tools/soak.sh` runs it. Linux only: the
+//! samples come from /proc.
+#![cfg(target_os = "linux")]
 
 use nuvec_tools::testing::Launch;
 
 /// (resident KiB, open file descriptors) of this process.
-#[cfg(target_os = "linux")]
 fn resources() -> (u64, usize) {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     let rss = status
@@ -19,7 +20,6 @@ fn resources() -> (u64, usize) {
     (rss, fds)
 }
 
-#[cfg(target_os = "linux")]
 #[test]
 #[ignore = "a soak run of about half a minute; tools/soak.sh runs it"]
 fn soak_three_ranks() {

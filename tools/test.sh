@@ -19,15 +19,32 @@
 #   probes compile in or out, and the README example);
 # - the tests that need root: network namespaces, and the probes under bpftrace; between
 #   them a short chaos run (tools/chaos.sh 5: faults injected into rings, blame checked);
-# - a short fuzz run of every target (tools/fuzz.sh, which installs cargo-fuzz if missing).
+# - a short fuzz run of every target (tools/fuzz.sh, which installs cargo-fuzz if missing);
+# - other targets (functions `cross_*` below): on x86-64, the multi-process ring tests with the SIMD level forced to AVX2
+#   and to scalar (the property tests already run every level the CPU has); on an x86-64
+#   Linux host, aarch64 Linux built with Debian's cross gcc and run under qemu-user (unit
+#   tests with the simulations and property tests, and the multi-process ring tests, on
+#   the CPU models of NUVEC_QEMU_CPUS), and clippy for aarch64 Linux and macOS (the probes
+#   feature excluded: see cross_clippy). Measured on 2 cores shared with other builds (load
+#   12-15), from a target directory with the native release build: about 29 minutes, of
+#   which aarch64 unit tests 11 (compiling 5, the ring simulations under qemu 6), the qemu
+#   ring subset 3, the second CPU 1, aarch64 lints 2.5, macOS lints 2, the forced-level ring
+#   runs 9.5. Not measured on idle cores, where it should be well under that.
+# On macOS (.github/workflows/ci.yml) the same script runs natively: nothing from apt, the
+# Linux-only steps print why they are skipped, and the cross steps are replaced by the
+# native build. That path has not yet run on a Mac: it was written by reading what each
+# step needs.
 # Each step prints its time; the last lines sum them up.
 #
 # What it installs when missing: the Python venv with MLX's CPU build that the interop
 # tests run MLX ranks in (tools/mlx-venv.sh; it needs python3 with venv and pip, and network
 # access to PyPI the first time), and on Linux rdma-core's verbs header (libibverbs-dev,
-# through apt-get) for the verbs layout test.
+# through apt-get) for the verbs layout test; for the cross steps, rustup's aarch64 targets
+# and, on Linux, Debian's aarch64 cross gcc and libc and qemu-user; on macOS, `flock`
+# (Homebrew's, for tools/mlx-venv.sh) and MLX's macOS wheel in place of the Linux CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+os=$(uname -s)
 
 timings=(); current=""; started=$SECONDS; last=$SECONDS
 # Prints a step's header, and the time the previous step took.
@@ -40,7 +57,147 @@ step() {
   printf '\n==> %s\n' "$*"
 }
 
+# ---- Other targets (cross_*) ---------------------------------------------------------------
+
+# The CPU models qemu runs the aarch64 tests on. The first runs every aarch64 test; each
+# other one reruns only the tests of the SIMD kernels and their dispatch (ffi's simd::
+# and the library's reduce::, where the kernels meet the scalar oracle at every level the
+# dispatcher offers): the rest does not depend on CPU features, and the ring simulations'
+# property tests alone take minutes under qemu. `max` has every feature qemu emulates
+# (FEAT_FP16, FEAT_BF16, ...); cortex-a57 is ARMv8.0 with neither, so the dispatcher's
+# fallbacks for half precision run too.
+read -r -a qemu_cpus <<<"${NUVEC_QEMU_CPUS:-max cortex-a57}"
+aarch64=aarch64-unknown-linux-gnu
+# Which multi-process ring tests run under qemu (libtest name filters): each emulated rank
+# is many times slower than a native one, and the full matrix (tests/ring.rs, up to 5
+# ranks x 2 connections x every dtype) takes the better part of an hour there, so a subset
+# that still covers 1 to 4 ranks, 1 and 2 connections per peer, and every dtype and op. The
+# native steps run them all.
+read -r -a qemu_ring_tests <<<"${NUVEC_QEMU_RING_TESTS:-float_sums_agree matrix_p1_c1 matrix_p2_c2 matrix_p3_c1}"
+# Whether this host runs the aarch64 Linux steps: Debian's cross toolchain and qemu-user
+# are for x86-64 Linux hosts (an aarch64 host runs those tests natively, above).
+cross_aarch64_here() { [[ "$os" == Linux && "$(uname -m)" == x86_64 ]]; }
+
+# Apt packages the aarch64 steps need: the cross gcc links (and builds blake3's C), the
+# cross libc is what qemu's -L points at, qemu-user runs the binaries.
+cross_packages() {
+  cross_aarch64_here || return 0
+  command -v aarch64-linux-gnu-gcc >/dev/null || echo gcc-aarch64-linux-gnu
+  [[ -f /usr/aarch64-linux-gnu/lib/libc.so.6 ]] || echo libc6-dev-arm64-cross
+  command -v qemu-aarch64 >/dev/null || echo qemu-user
+}
+
+# rustup targets for the cross steps (standard libraries only; a no-op when present).
+cross_targets() {
+  [[ "$os" == Linux ]] || return 0
+  local targets=(aarch64-apple-darwin)
+  cross_aarch64_here && targets+=("$aarch64")
+  rustup target add "${targets[@]}"
+}
+
+# Runs cargo for aarch64 Linux under qemu with CPU model $1. The test binary's ranks are
+# its own child processes, which the kernel cannot execute without a binfmt handler (a
+# fresh machine or a container has none), so the harness starts them through the same
+# runner (NUVEC_TEST_RUNNER, tools/src/testing.rs). Emulated ranks are many times slower
+# than native ones, so the harness's default deadlines are stretched (NUVEC_TEST_TIME_SCALE).
+cross_aarch64_cargo() {
+  local cpu=$1; shift
+  local runner="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu $cpu"
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
+    NUVEC_TEST_RUNNER="$runner" \
+    NUVEC_TEST_TIME_SCALE="${NUVEC_TEST_TIME_SCALE:-6}" \
+    cargo "$@"
+}
+
+# Release builds: under qemu the property tests and the ring tests run many times faster
+# than in a debug build, which more than repays the longer compile; the debug assertions
+# ran natively above.
+cross_aarch64_tests() {
+  local first=${qemu_cpus[0]} cpu
+  step "aarch64 Linux under qemu (-cpu $first): unit tests, simulations, property tests"
+  if ! cross_aarch64_here; then
+    echo "SKIPPED: the aarch64 Linux steps run on x86-64 Linux hosts (this is $os $(uname -m))"
+    return 0
+  fi
+  cross_aarch64_cargo "$first" test --release --target "$aarch64" \
+    -p nuvec-distributed -p nuvec-distributed-ffi --lib
+
+  step "aarch64 Linux under qemu (-cpu $first): multi-process ring tests ${qemu_ring_tests[*]}"
+  cross_aarch64_cargo "$first" test --release --target "$aarch64" --test ring -- "${qemu_ring_tests[@]}"
+
+  for cpu in "${qemu_cpus[@]:1}"; do
+    step "aarch64 Linux under qemu (-cpu $cpu): the SIMD kernels and their dispatch"
+    cross_aarch64_cargo "$cpu" test --release --target "$aarch64" \
+      -p nuvec-distributed -p nuvec-distributed-ffi --lib -- simd:: reduce::
+  done
+}
+
+# clippy for the targets this host does not build natively. Every feature but `probes`:
+# the usdt crate's macros choose the probe registers by the architecture they themselves
+# were compiled for (the host's), so probes cannot be cross-compiled to another
+# architecture; the native lint steps cover them on each platform.
+cross_clippy() {
+  local features=(--features jaccl) target
+  if [[ "$os" != Linux ]]; then
+    step "lints for aarch64 Linux and macOS from Linux"
+    echo "SKIPPED: on $os the lint steps above are the native build; the cross lints run on Linux"
+    return 0
+  fi
+  if cross_aarch64_here; then
+    step "lints, aarch64 Linux: default features, then every feature but probes"
+    for f in "" "${features[*]}"; do
+      # shellcheck disable=SC2086 # $f is empty or two words
+      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+        cargo clippy --target "$aarch64" --workspace --all-targets $f -- -D warnings
+    done
+  fi
+  # blake3's NEON code is C, which needs a C compiler and SDK for macOS that a Linux host
+  # lacks; a check needs only the Rust API, which blake3's pure build has too. The
+  # nuvec_pure_blake3 cfg (Cargo.toml) selects that build for this step only: real builds,
+  # on a Mac included, keep the C.
+  target=aarch64-apple-darwin
+  step "lints, macOS ($target, pure-Rust blake3): default features, then every feature but probes"
+  for f in "" "${features[*]}"; do
+    # shellcheck disable=SC2086
+    RUSTFLAGS="--cfg nuvec_pure_blake3" \
+      cargo clippy --target "$target" --workspace --all-targets $f -- -D warnings
+  done
+}
+
+# macOS's counterpart of the bpftrace step: tests/probes_dtrace.rs attaches dtrace (as root,
+# or through passwordless sudo, which GitHub's macOS runners have) to a rank.
+cross_probes_dtrace() {
+  step "probes under DTrace (macOS; needs root or passwordless sudo; fails if dtrace cannot attach)"
+  if [[ "$os" != Darwin ]]; then
+    echo "SKIPPED: the DTrace test is macOS's (this is $os; the bpftrace step covers the probes here)"
+  elif [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; then
+    cargo test --release --all-features --test probes_dtrace -- --ignored
+  else
+    echo "NOT RUN: tests/probes_dtrace.rs needs root or passwordless sudo for dtrace"
+  fi
+}
+
+# The multi-process ring tests at each forced SIMD level below the best one, on x86-64
+# (this machine's best is AVX-512, so the default-level run above covers that). On other
+# architectures, scalar only.
+cross_forced_levels() {
+  local levels=(scalar) level
+  [[ "$(uname -m)" == x86_64 ]] && levels=(avx2 scalar)
+  for level in "${levels[@]}"; do
+    step "the multi-process ring tests with NUVEC_DISTRIBUTED_SIMD=$level (release)"
+    NUVEC_DISTRIBUTED_SIMD=$level cargo test --release --test ring
+  done
+}
+
 step "installing test dependencies"
+if [[ "$os" == Darwin ]]; then
+  # mlx-venv.sh serialises installs with flock(1), which macOS lacks; and MLX's Linux CPU
+  # build (mlx[cpu]) is no macOS wheel: the plain `mlx` wheel is (the interop ranks put
+  # their collectives on the CPU stream either way).
+  command -v flock >/dev/null || brew install flock
+  export NUVEC_MLX_SPEC=${NUVEC_MLX_SPEC:-mlx==0.32.*}
+fi
 python=$(tools/mlx-venv.sh)
 # What the Linux tests need from Debian: readelf (the probes test reads the binary's SDT
 # notes), bpftrace (as root it attaches to a rank), iproute2 (`ip netns` for the namespace
@@ -52,6 +209,8 @@ if [[ "$(uname -s)" == Linux ]]; then
   command -v bpftrace >/dev/null || need+=(bpftrace)
   command -v ip >/dev/null || need+=(iproute2)
   [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+  mapfile -t cross < <(cross_packages)
+  need+=("${cross[@]}")
   if [ ${#need[@]} -gt 0 ]; then
     sudo_cmd=()
     [[ "$(id -u)" -ne 0 ]] && sudo_cmd=(sudo)
@@ -60,6 +219,7 @@ if [[ "$(uname -s)" == Linux ]]; then
   fi
 fi
 "$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'
+cross_targets
 
 step "formatting"
 cargo fmt --all -- --check
@@ -73,6 +233,8 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "lints, default features"
 cargo clippy --workspace --all-targets -- -D warnings
+
+cross_clippy
 
 step "docs, all features and default features"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
@@ -108,6 +270,9 @@ cargo test --workspace --all-features --release
 step "tests, default features (release): the ring and the example"
 cargo test --release --test ring --test example
 
+cross_forced_levels
+cross_aarch64_tests
+
 step "network-namespace test (optional: needs root and ip netns)"
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add nuvec-probe-$$ 2>/dev/null; then
   ip netns del nuvec-probe-$$
@@ -128,6 +293,8 @@ if [ "$(id -u)" = 0 ] && command -v bpftrace >/dev/null; then
 else
   echo "NOT RUN: tests/probes.rs's bpftrace test needs root and bpftrace; this machine has not both"
 fi
+
+cross_probes_dtrace
 
 step "fuzz smoke run (15 s per target)"
 tools/fuzz.sh --seconds 15

@@ -7,6 +7,14 @@
 //! works on the real thing, alone or beside MLX ranks. Until someone does, treat interop with
 //! MLX's JACCL as a goal, not a fact.
 //!
+//! **On macOS the verbs binding itself is unverified.** `post_send`, `post_recv` and
+//! `poll_cq` are inline functions in the verbs header, so the binding calls them through the
+//! device context's function table, at offsets (and with work-request and completion
+//! layouts) checked by `ffi/tests/verbs_layout.rs` only against Linux rdma-core's header. That
+//! test compiles against the macOS SDK's header too, but has not yet run on a Mac (the macOS
+//! CI workflow runs it); until it passes there, the binding's soundness on macOS rests on
+//! Apple's header matching rdma-core's (see SAFETY.md), and [`unavailable_reason`] says so.
+//!
 //! # What it is
 //!
 //! JACCL ("Jack and Angelos' Collective Communication Library") moves data with two-sided

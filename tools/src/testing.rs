@@ -118,19 +118,52 @@ pub fn rank_args(name: &str) -> [&str; 5] {
     ]
 }
 
+/// The variable naming the program (and its arguments, split at whitespace) that runs this
+/// test binary's ranks, when the binary cannot be executed directly: a cross-compiled test
+/// run by cargo's target runner, such as `qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max`.
+/// Cargo starts the test binary itself through its runner, but the ranks that binary starts
+/// are its own children, and without a binfmt handler the kernel refuses to execute a
+/// foreign binary; so they need the same runner, named here (cargo does not tell the
+/// binary which runner it used). Unset or empty: the ranks are executed directly.
+pub const RUNNER_VAR: &str = "NUVEC_TEST_RUNNER";
+
+/// The variable that stretches [`Launch::new`]'s deadline and group timeout by a factor (a
+/// number, such as `6`): for runs far slower than native ones, such as under qemu-user's
+/// emulation, where a ring that works would otherwise miss them. A test's own
+/// [`Launch::timeout`] and [`Launch::deadline`] are not stretched. Unset: 1.
+pub const TIME_SCALE_VAR: &str = "NUVEC_TEST_TIME_SCALE";
+
+/// The factor of [`TIME_SCALE_VAR`]; panics on a value that is not a positive number.
+fn time_scale() -> f64 {
+    match std::env::var(TIME_SCALE_VAR) {
+        Err(_) => 1.0,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => x,
+            _ => panic!("{TIME_SCALE_VAR}={v:?}: expected a positive number"),
+        },
+    }
+}
+
 /// A command that runs this test binary as a rank of test `name`.
 pub fn this_test(name: &str) -> Command {
     this_test_in(&[], name)
 }
 
 /// Like [`this_test`], run through `wrapper` (a program and its arguments, such as
-/// `ip netns exec <namespace>`) when it is not empty.
+/// `ip netns exec <namespace>`) when it is not empty. The runner of [`RUNNER_VAR`], if
+/// any, goes between the wrapper and the binary.
 pub fn this_test_in(wrapper: &[&str], name: &str) -> Command {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let mut command = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(exe);
+    let runner = std::env::var(RUNNER_VAR).unwrap_or_default();
+    let mut program = wrapper
+        .iter()
+        .copied()
+        .chain(runner.split_whitespace())
+        .map(std::ffi::OsStr::new);
+    let mut command = match program.next() {
+        Some(first) => {
+            let mut c = Command::new(first);
+            c.args(program).arg(exe);
             c
         }
         None => Command::new(exe),
@@ -395,15 +428,16 @@ impl fmt::Debug for Launch {
 
 impl Launch {
     /// `size` ranks of this test binary, `connections` loopback ports each; a deadline of
-    /// three minutes and a group timeout of 20 seconds.
+    /// three minutes and a group timeout of 20 seconds, each times [`TIME_SCALE_VAR`].
     pub fn new(size: usize, connections: usize) -> Self {
+        let scale = time_scale();
         Self {
             size,
             connections,
             env: Vec::new(),
             skip: Vec::new(),
-            deadline: Duration::from_secs(180),
-            timeout_secs: 20.0,
+            deadline: Duration::from_secs_f64(180.0 * scale),
+            timeout_secs: 20.0 * scale,
             command: None,
             nodes: None,
         }

@@ -42,10 +42,18 @@ use std::sync::Arc;
 use loader::Api;
 pub use loader::LoadError;
 
-/// The access rights MLX registers memory and queue pairs with: local write, remote read and
-/// remote write (the remote rights are unused by two-sided SENDs, but asked for as MLX does).
+/// The access rights MLX moves queue pairs to INIT with: local write, remote read and remote
+/// write. Two-sided SENDs use none of the remote rights; they are kept on the queue pair as
+/// MLX sets them, and are harmless there because RDMA READ and WRITE also need them on the
+/// memory region, which [`FrameBuffer::register`] never grants.
 pub const ACCESS_JACCL: i32 =
     sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_READ | sys::IBV_ACCESS_REMOTE_WRITE;
+
+/// What a memory region allows: local write alone (a receive writes the buffer; a send only
+/// reads it, which every region allows). Without remote read or write no peer can touch the
+/// buffer with RDMA READ or WRITE, whatever it learns of its keys: the bytes change only
+/// through receives this process posted, which the ownership protocol accounts for.
+const ACCESS_REGION: c_int = sys::IBV_ACCESS_LOCAL_WRITE;
 
 /// The verbs library, loaded. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -913,13 +921,15 @@ impl FrameBuffer {
     }
 
     /// Registers the buffer with `conn`'s protection domain (once; registering again is a
-    /// no-op), with the given access rights.
+    /// no-op), for local write only: two-sided SENDs and receives are all JACCL does, and
+    /// a region without remote access cannot be read or written by a peer behind the
+    /// ownership protocol's back.
     ///
     /// # Errors
     ///
     /// The library's error (on Apple's stack, reportedly, when a device's limit of about 100
     /// memory regions is reached).
-    pub fn register(&mut self, conn: &Connection, access: i32) -> io::Result<()> {
+    pub fn register(&mut self, conn: &Connection) -> io::Result<()> {
         if self.is_registered_with(conn) {
             return Ok(());
         }
@@ -931,7 +941,7 @@ impl FrameBuffer {
                 pd.pd.as_ptr(),
                 self.addr as *mut c_void,
                 self.len,
-                access as c_int,
+                ACCESS_REGION,
             )
         };
         let mr = NonNull::new(mr).ok_or_else(|| last_error("ibv_reg_mr"))?;
