@@ -107,6 +107,7 @@ cross_aarch64_cargo() {
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
     NUVEC_TEST_RUNNER="$runner" \
     NUVEC_TEST_TIME_SCALE="${NUVEC_TEST_TIME_SCALE:-6}" \
+    NUVEC_SIM_CASES="${NUVEC_SIM_CASES:-16}" \
     cargo "$@"
 }
 
@@ -181,12 +182,16 @@ cross_probes_dtrace() {
 # The multi-process ring tests at each forced SIMD level below the best one, on x86-64
 # (this machine's best is AVX-512, so the default-level run above covers that). On other
 # architectures, scalar only.
+#
+# A subset (NUVEC_FORCED_LEVEL_TESTS): every dtype and op at P = 2..4 with one and two
+# connections, and the float sums' agreement; the larger rings add nothing level-specific.
+read -r -a forced_level_tests <<<"${NUVEC_FORCED_LEVEL_TESTS:-matrix_p2_c2 matrix_p3_c1 matrix_p4_c1 float_sums_agree}"
 cross_forced_levels() {
   local levels=(scalar) level
   [[ "$(uname -m)" == x86_64 ]] && levels=(avx2 scalar)
   for level in "${levels[@]}"; do
-    step "the multi-process ring tests with NUVEC_DISTRIBUTED_SIMD=$level (release)"
-    NUVEC_DISTRIBUTED_SIMD=$level cargo test --release --test ring
+    step "ring tests ${forced_level_tests[*]} with NUVEC_DISTRIBUTED_SIMD=$level (release)"
+    NUVEC_DISTRIBUTED_SIMD=$level cargo test --release --test ring -- "${forced_level_tests[@]}"
   done
 }
 

@@ -492,10 +492,16 @@ mod tests {
         }
     }
 
+    /// `NUVEC_SIM_CASES` overrides the number of cases (CI lowers it under qemu, where a
+    /// case costs many times what it does natively; the native runs keep the default).
     fn config() -> ProptestConfig {
-        ProptestConfig {
+        let cases = std::env::var("NUVEC_SIM_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
             // Debug builds run these too: fewer, still covering every parameter over time.
-            cases: if cfg!(debug_assertions) { 24 } else { 96 },
+            .unwrap_or(if cfg!(debug_assertions) { 24 } else { 96 });
+        ProptestConfig {
+            cases,
             failure_persistence: None,
             ..ProptestConfig::default()
         }

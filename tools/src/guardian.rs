@@ -78,7 +78,9 @@ impl Guardian {
         if ready.trim_end() != "ready" {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(io::Error::other("the launcher's guardian (sh) did not start"));
+            return Err(io::Error::other(
+                "the launcher's guardian (sh) did not start",
+            ));
         }
         Ok(Guardian { child, input })
     }
