@@ -432,6 +432,7 @@ mod tests {
 
     /// The fixed value this replaced: it dropped the connection to a healthy peer that was
     /// 16 s late to a collective larger than the socket buffers, under a 20 s group timeout.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     const OLD_USER_TIMEOUT: Duration = Duration::from_secs(15);
 
     #[cfg(any(target_os = "linux", target_os = "android"))]
