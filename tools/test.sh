@@ -20,16 +20,15 @@
 # - the tests that need root: network namespaces, and the probes under bpftrace; between
 #   them a short chaos run (tools/chaos.sh 5: faults injected into rings, blame checked);
 # - a short fuzz run of every target (tools/fuzz.sh, which installs cargo-fuzz if missing);
-# - other targets (functions `cross_*` below): on x86-64, the multi-process ring tests with the SIMD level forced to AVX2
-#   and to scalar (the property tests already run every level the CPU has); on an x86-64
-#   Linux host, aarch64 Linux built with Debian's cross gcc and run under qemu-user (unit
-#   tests with the simulations and property tests, and the multi-process ring tests, on
-#   the CPU models of NUVEC_QEMU_CPUS), and clippy for aarch64 Linux and macOS (the probes
-#   feature excluded: see cross_clippy). Measured on 2 cores shared with other builds (load
-#   12-15), from a target directory with the native release build: about 29 minutes, of
-#   which aarch64 unit tests 11 (compiling 5, the ring simulations under qemu 6), the qemu
-#   ring subset 3, the second CPU 1, aarch64 lints 2.5, macOS lints 2, the forced-level ring
-#   runs 9.5. Not measured on idle cores, where it should be well under that.
+# - other targets (functions `cross_*` below): on x86-64, a subset of the multi-process
+#   ring tests with the SIMD level forced to AVX2 and to scalar (the property tests already
+#   run every level the CPU has); on an x86-64 Linux host, aarch64 Linux built with Debian's
+#   cross gcc and run under qemu-user (unit tests with the simulations, at NUVEC_SIM_CASES
+#   cases, and the property tests; a subset of the multi-process ring tests; the kernels
+#   again on each further CPU model of NUVEC_QEMU_CPUS), and clippy for aarch64 Linux and
+#   macOS (the probes feature excluded: see cross_clippy). Measured on 2 idle cores with a
+#   warm target directory: 641 s in all, of which the forced levels 21 s, aarch64 under
+#   qemu 116 s (unit tests 56, ring subset 58, second CPU 2), cross lints 9 s.
 # On macOS (.github/workflows/ci.yml) the same script runs natively: nothing from apt, the
 # Linux-only steps print why they are skipped, and the cross steps are replaced by the
 # native build. That path has not yet run on a Mac: it was written by reading what each
