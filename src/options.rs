@@ -41,8 +41,9 @@ pub struct Options {
     /// The TCP congestion control every connection uses (Linux: `TCP_CONGESTION`), or
     /// `None` (the default) for the system's. On loopback the common default, `bbr`, paces
     /// each stream well below what the machine can move; `"cubic"` or `"reno"` lift large
-    /// collectives by about a third on the 2-vCPU VMs this was measured on (see the
-    /// README's benchmark notes). Only algorithms in
+    /// collectives by about a third on the 2-vCPU VMs this was measured on (compare on your
+    /// own machine: `nuvec bench` with `NUVEC_DISTRIBUTED_TCP_CONGESTION` set and unset; the
+    /// bench's header names the one in use). Only algorithms in
     /// `/proc/sys/net/ipv4/tcp_allowed_congestion_control` may be chosen without
     /// privileges.
     pub tcp_congestion: Option<String>,
