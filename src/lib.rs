@@ -172,6 +172,14 @@ pub use reduce::reduce_scalar;
 /// Initialises a backend from MLX's launch environment and makes it the default group, as
 /// `mx.distributed.init()`: [`init_backend`] with [`Backend::Any`].
 ///
+/// `strict` decides what happens outside a launch. With `strict`, a missing environment is
+/// an error naming the variables. Without it, a process with no launch variable set at all
+/// gets the group of itself alone (size 1), so one program runs both launched and on its
+/// own; but a launch environment that is set and incomplete or unusable (`MLX_HOSTFILE`
+/// without `MLX_RANK`, a JACCL launch in a build without `jaccl`) is an error either way,
+/// never a silent group of one. A complete environment that fails to form a group is
+/// always an error.
+///
 /// # Errors
 ///
 /// As [`init_backend`].
