@@ -24,7 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::{Complex64, DType, Element, Group, ReduceOp, Result, bf16, f16};
+use nuvec_distributed::{Complex64, DType, Element, Error, Group, ReduceOp, Result, bf16, f16};
 use serde::{Deserialize, Serialize};
 
 /// A collective the sweep measures.
@@ -141,25 +141,6 @@ impl FromStr for RedOp {
     }
 }
 
-/// The dtypes the sweep measures: all 14 of MLX's, by name here so that a dtype the
-/// library adds later is refused rather than measured as another.
-pub const DTYPES: [DType; 14] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::Complex64,
-];
-
 /// Parses a dtype: MLX's name (`float32`, `bfloat16`, `complex64`, ...) or Rust's
 /// (`f32`, `bf16`, `u8`, ...).
 ///
@@ -185,11 +166,11 @@ pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
         DType::Complex64 => "c64",
         _ => d.name(),
     };
-    DTYPES
+    DType::ALL
         .into_iter()
         .find(|&d| d.name() == s || rust(d) == s)
         .ok_or_else(|| {
-            let names: Vec<&str> = DTYPES.iter().map(|d| d.name()).collect();
+            let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
             format!("unknown dtype {s:?}: expected one of {}", names.join(", "))
         })
 }
@@ -216,7 +197,7 @@ pub struct Sweep {
     pub ops: Vec<Op>,
     /// Reductions of the all-reduce; sum_scatter runs when `Sum` is among them.
     pub redops: Vec<RedOp>,
-    /// Element types, in order (of [`DTYPES`]; others are left out).
+    /// Element types, in order.
     pub dtypes: Vec<DType>,
     /// Bytes per rank, in order; each is rounded down to whole elements, at least one.
     pub sizes: Vec<usize>,
@@ -303,7 +284,7 @@ impl Sweep {
                 Op::SumScatter => Vec::new(),
                 Op::AllGather | Op::SendRecv => vec![None],
             };
-            for &dtype in self.dtypes.iter().filter(|d| DTYPES.contains(d)) {
+            for &dtype in &self.dtypes {
                 for &redop in &redops {
                     for &bytes in &self.sizes {
                         out.push(Case {
@@ -404,8 +385,11 @@ fn measure_case(group: &Group, sweep: &Sweep, case: &Case) -> Result<Measurement
         DType::BF16 => measure::<bf16>(group, sweep, case),
         DType::F32 => measure::<f32>(group, sweep, case),
         DType::F64 => measure::<f64>(group, sweep, case),
-        // DType is non-exhaustive, but cases() holds only DTYPES, whose last is complex64.
-        _ => measure::<Complex64>(group, sweep, case),
+        DType::Complex64 => measure::<Complex64>(group, sweep, case),
+        // DType is non-exhaustive: a dtype the library adds later needs a Sample here.
+        other => Err(Error::Unsupported(format!(
+            "nuvec bench cannot measure {other} yet: it has no sample values for it"
+        ))),
     }
 }
 
@@ -733,8 +717,7 @@ mod tests {
         assert_eq!(parse_dtype("complex64"), Ok(DType::Complex64));
         assert_eq!(parse_dtype("c64"), Ok(DType::Complex64));
         assert_eq!(parse_dtype(" uint8"), Ok(DType::U8));
-        assert_eq!(DTYPES, DType::ALL);
-        for d in DTYPES {
+        for d in DType::ALL {
             assert_eq!(parse_dtype(d.name()), Ok(d), "{d}");
         }
         let err = parse_dtype("float8").unwrap_err();
