@@ -73,6 +73,38 @@ pub fn loopback_nodes(ports: &[Vec<u16>]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A stand-in for `ssh`, for the launcher's tests: it runs the remote command in a local
+/// shell (as sshd would hand it to the login shell), after appending the host it was asked
+/// for to `$FAKE_SSH_LOG` when that is set. It contacts nothing.
+const FAKE_SSH: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --) shift; break ;;
+    -o) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+if [ -n "$FAKE_SSH_LOG" ]; then echo "$1" >> "$FAKE_SSH_LOG"; fi
+shift
+exec sh -c "$*"
+"#;
+
+/// Writes the stand-in `ssh` (see `FAKE_SSH`) into `dir` as an executable named `ssh`, and
+/// returns a `PATH` that finds it first.
+pub fn install_fake_ssh(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let ssh = dir.join("ssh");
+    std::fs::write(&ssh, FAKE_SSH).expect("writing the stand-in ssh");
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755))
+        .expect("making the stand-in ssh executable");
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// Writes an MLX ring hostfile (one list of `host:port` addresses per rank) into `dir` and
 /// returns its path.
 pub fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> PathBuf {

@@ -402,36 +402,16 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
     }
 }
 
-/// A stand-in for ssh: runs the remote command in a local shell (as sshd would hand it to
-/// the login shell) after noting the host it was asked for. It contacts nothing.
-const FAKE_SSH: &str = r#"#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --) shift; break ;;
-    -o) shift 2 ;;
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-echo "$1" >> "$FAKE_SSH_LOG"
-shift
-exec sh -c "$*"
-"#;
-
 #[test]
 fn remote_ranks_run_their_script_through_ssh() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
-    let ssh = bin.join("ssh");
-    std::fs::write(&ssh, FAKE_SSH).unwrap();
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = testing::install_fake_ssh(&bin);
     let log = dir.path().join("ssh.log");
     // The remote scripts' temporary files (PID files, hostfiles) land here.
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let launch = |args: &[&str]| {
         let mut c = nuvec_launch(args);
         c.env("PATH", &path)

@@ -136,36 +136,13 @@ fn local_ranks_die_with_a_sigkilled_launcher_and_its_folder_is_removed() {
     }
 }
 
-/// A stand-in for ssh, as in tools/tests/launch.rs: runs the remote command in a local shell.
-const FAKE_SSH: &str = r#"#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --) shift; break ;;
-    -o) shift 2 ;;
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-shift
-exec sh -c "$*"
-"#;
-
 #[test]
 fn remote_ranks_ssh_clients_die_with_a_sigkilled_launcher() {
     // With the stand-in, the "remote" rank runs in its ssh client's process group, so this
     // checks that the launcher's ssh clients are ended; with real ssh, ending the client hangs
     // up the rank's terminal on the remote host (`ssh -tt`), which sends it SIGHUP.
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let ssh = dir.path().join("ssh");
-    std::fs::write(&ssh, FAKE_SSH).unwrap();
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.path().display(),
-        std::env::var("PATH").unwrap()
-    );
-    let path = PathBuf::from(path);
+    let path = PathBuf::from(nuvec_tools::testing::install_fake_ssh(dir.path()));
     launch_and_kill(
         &["--hosts", "127.0.0.2,127.0.0.3,127.0.0.4"],
         &[("PATH", &path)],
