@@ -11,25 +11,24 @@
 //! (index `i`) is the other end of the left neighbour's connection `i` to its right (index
 //! `C + i`).
 
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
 use super::protocol::{Buffers, Lane, Topology};
 use super::staging::Staging;
 use crate::error::{Error, PeerOp, Phase};
 
-/// SplitMix64: small, fast, and the same on every platform.
+/// The simulation's randomness: one seeded generator, so a run replays exactly.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(StdRng);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(StdRng::seed_from_u64(seed))
     }
 
     pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A number in `1..=max` (`max` at least 1).

@@ -34,26 +34,25 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use nuvec_distributed::Group;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
 
 // ---- Deterministic randomness ----------------------------------------------------------
 
-/// splitmix64: small, fast, and the same on every platform, so a seed replays a round.
+/// The round's randomness: one seeded generator, so a seed replays a round (with the same
+/// build: `StdRng`'s stream may change between rand releases).
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(StdRng);
 
 impl Rng {
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(StdRng::seed_from_u64(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A number in `lo..hi` (`lo` when the range is empty).
