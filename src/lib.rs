@@ -112,6 +112,7 @@
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
+//! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::wire`]: `mlx` (default) or `native` |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | the ring | if present, logs forming and failures to stderr (`[ring] rank R: ...`) |
 //!
@@ -159,7 +160,9 @@ pub use group::{
     set_default_group, sum_scatter,
 };
 pub use half::{bf16, f16};
-pub use options::{Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
+pub use options::{
+    Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
+};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::SIMD_VAR;

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use crate::auth::Secret;
 use crate::error::{Error, Result};
 // The environment's names for these options; `config::env` reads them.
-pub use crate::config::env::{SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR};
+pub use crate::config::env::{
+    SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+};
 
 /// The instant `wait` after `start`, for every deadline in the crate.
 ///
@@ -59,8 +61,64 @@ pub struct Options {
     /// collective at slightly different times. An idle group never spins, and spinning
     /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
     pub spin: Duration,
+    /// Which wire the ring speaks: [`Wire::Mlx`] (the default), byte for byte MLX's, or
+    /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`] for [`init`](crate::init)).
+    pub wire: Wire,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
+}
+
+/// The bytes a ring's connections carry.
+///
+/// ```
+/// use nuvec_distributed::{Options, Wire};
+///
+/// let options = Options::default().wire(Wire::Native);
+/// assert_eq!(options.wire, Wire::Native);
+/// assert_eq!(Options::default().wire, Wire::Mlx);
+/// assert_eq!("native".parse::<Wire>(), Ok(Wire::Native));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wire {
+    /// MLX's ring wire, byte for byte: ranks of `mx.distributed` and of this crate share one
+    /// ring. No headers: every rank must make the same calls, and a rank that does not gets
+    /// wrong data. An all-reduce is `2(P-1)` dependent hops.
+    #[default]
+    Mlx,
+    /// The native wire, between ranks of this crate only: a handshake per connection, a
+    /// header per collective (a mismatched call fails every rank involved, naming both
+    /// calls) and latency-optimal algorithms over connections between any two ranks.
+    Native,
+}
+
+impl Wire {
+    /// The name [`WIRE_VAR`] takes: `"mlx"` or `"native"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Mlx => "mlx",
+            Wire::Native => "native",
+        }
+    }
+}
+
+impl fmt::Display for Wire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Wire {
+    type Err = String;
+
+    /// `"mlx"` or `"native"`, ignoring case and surrounding blanks.
+    fn from_str(text: &str) -> std::result::Result<Wire, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "mlx" => Ok(Wire::Mlx),
+            "native" => Ok(Wire::Native),
+            _ => Err(format!("{text:?} is not a wire: use \"mlx\" or \"native\"")),
+        }
+    }
 }
 
 impl Default for Options {
@@ -70,6 +128,7 @@ impl Default for Options {
             tcp_congestion: None,
             socket_buffer: None,
             spin: Duration::from_micros(50),
+            wire: Wire::Mlx,
             key: None,
         }
     }
@@ -82,6 +141,7 @@ impl fmt::Debug for Options {
             .field("tcp_congestion", &self.tcp_congestion)
             .field("socket_buffer", &self.socket_buffer)
             .field("spin", &self.spin)
+            .field("wire", &self.wire)
             .field("key", &self.key)
             .finish()
     }
@@ -125,6 +185,12 @@ impl Options {
     /// Sets how long a waiting collective retries before it sleeps (see [`Options::spin`]).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// Chooses the wire (see [`Wire`]).
+    pub fn wire(mut self, wire: Wire) -> Self {
+        self.wire = wire;
         self
     }
 

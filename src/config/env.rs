@@ -34,6 +34,10 @@ pub const SOCKET_BUFFER_VAR: &str = "NUVEC_DISTRIBUTED_SOCKET_BUFFER";
 /// The variable [`init`](crate::init) reads [`Options::spin`] from, in microseconds.
 pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 
+/// The variable [`init`](crate::init) reads [`Options::wire`] from: `mlx` (the default) or
+/// `native`.
+pub const WIRE_VAR: &str = "NUVEC_DISTRIBUTED_WIRE";
+
 /// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
 /// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`](crate::init)
 /// rejects a value that names no level. See [`simd_level`](crate::simd_level).
@@ -157,7 +161,7 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 }
 
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
-/// [`SPIN_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
+/// [`SPIN_VAR`], [`WIRE_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
 ///
 /// An empty value of any of them is an error naming it (see [`value`]); an empty key in
 /// particular never means "no authentication": unset the variable for that.
@@ -199,6 +203,12 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
             reason: format!("{text:?} is not a whole number of microseconds"),
         })?;
         options.spin = Duration::from_micros(micros);
+    }
+    if let Some(text) = value(vars, WIRE_VAR)? {
+        options.wire = text.parse().map_err(|reason| Error::Environment {
+            var: WIRE_VAR,
+            reason,
+        })?;
     }
     if let Some(text) = value(vars, SOCKET_BUFFER_VAR)? {
         let bytes = text

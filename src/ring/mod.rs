@@ -72,6 +72,12 @@ impl Ring {
     /// Forms the ring described by `addrs` (at least two ranks), waiting at most
     /// `options.timeout` for the neighbours.
     pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Ring> {
+        if options.wire == crate::options::Wire::Native {
+            // Until the native wire lands, asking for it must not silently give MLX's.
+            return Err(Error::invalid(
+                "Options::wire: the native wire is not available in this build yet",
+            ));
+        }
         let timeout = options.timeout;
         let mut transport = bootstrap::connect(addrs, options)?;
         let staging = Staging::new(transport.connections())?;

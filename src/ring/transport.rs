@@ -379,10 +379,28 @@ impl Transport {
         right: Vec<(TcpStream, usize, SocketAddr)>,
         liveness: &crate::tcp::Liveness,
     ) -> io::Result<Self> {
+        Self::mesh(poll, me, ranks, left, right, Vec::new(), liveness)
+    }
+
+    /// As [`Transport::new`], plus one connection to each rank that is not a neighbour
+    /// (the native wire's mesh): `others` holds them in increasing order of peer rank, and
+    /// they follow the neighbours' connections, from index `2C` on.
+    #[allow(dead_code, reason = "the native wire's, in progress")]
+    pub(crate) fn mesh(
+        poll: Poll,
+        me: usize,
+        ranks: usize,
+        left: Vec<(TcpStream, usize, SocketAddr)>,
+        right: Vec<(TcpStream, usize, SocketAddr)>,
+        others: Vec<(TcpStream, usize, SocketAddr)>,
+        liveness: &crate::tcp::Liveness,
+    ) -> io::Result<Self> {
         let connections = left.len();
+        debug_assert!(others.windows(2).all(|w| w[0].1 < w[1].1));
         let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
-        let mut conns = Vec::with_capacity(2 * connections);
-        for (i, (mut stream, peer, addr)) in left.into_iter().chain(right).enumerate() {
+        let mut conns = Vec::with_capacity(2 * connections + others.len());
+        let all = left.into_iter().chain(right).chain(others);
+        for (i, (mut stream, peer, addr)) in all.enumerate() {
             crate::tcp::tune_established(&stream, liveness)?;
             poll.registry()
                 .register(&mut stream, Token(i), interest())?;
@@ -447,6 +465,60 @@ impl Transport {
     /// Index of connection `i` to the right neighbour.
     pub(crate) fn right(&self, i: usize) -> usize {
         self.connections + i
+    }
+
+    /// The index of the connection this rank sends to `peer` on, when each message to a
+    /// peer goes out whole on one connection (the native wire): the first connection to the
+    /// right neighbour, else the first to the left one, else the mesh connection. With two
+    /// ranks the peer is both neighbours, and this rank sends on the connection it opened
+    /// and receives ([`Transport::recv_conn`]) on the one it accepted.
+    #[allow(dead_code, reason = "the native wire's, in progress")]
+    pub(crate) fn send_conn(&self, peer: usize) -> usize {
+        let size = self.ranks();
+        let me = self.rank();
+        if peer == (me + 1) % size {
+            self.right(0)
+        } else if peer == (me + size - 1) % size {
+            self.left(0)
+        } else {
+            self.other(peer)
+        }
+    }
+
+    /// The index of the connection messages from `peer` arrive on: the mirror of
+    /// [`Transport::send_conn`].
+    #[allow(dead_code, reason = "the native wire's, in progress")]
+    pub(crate) fn recv_conn(&self, peer: usize) -> usize {
+        let size = self.ranks();
+        let me = self.rank();
+        if peer == (me + size - 1) % size {
+            self.left(0)
+        } else if peer == (me + 1) % size {
+            self.right(0)
+        } else {
+            self.other(peer)
+        }
+    }
+
+    /// The index of the mesh connection to `peer`, a rank that is not a neighbour.
+    #[allow(dead_code, reason = "the native wire's, in progress")]
+    fn other(&self, peer: usize) -> usize {
+        let size = self.ranks();
+        let me = self.rank();
+        debug_assert!(peer != me && peer != (me + 1) % size && peer != (me + size - 1) % size);
+        // The non-neighbours in increasing rank order, skipping this rank and its two
+        // neighbours.
+        let skipped = [me, (me + 1) % size, (me + size - 1) % size]
+            .iter()
+            .filter(|&&r| r < peer)
+            .count();
+        2 * self.connections + peer - skipped
+    }
+
+    /// The number of ranks.
+    #[allow(dead_code, reason = "the native wire's, in progress")]
+    pub(crate) fn ranks(&self) -> usize {
+        self.conns.first().map_or(1, |c| c.ranks)
     }
 
     /// The connection at `index`.
