@@ -142,6 +142,7 @@ mod group;
 use config::hostfile;
 #[cfg(feature = "jaccl")]
 pub mod jaccl;
+mod native;
 mod options;
 mod reduce;
 mod ring;

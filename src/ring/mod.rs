@@ -20,7 +20,7 @@ pub(crate) mod schedule;
 #[cfg(test)]
 mod sim;
 mod staging;
-mod transport;
+pub(crate) mod transport;
 
 use std::fmt;
 use std::time::Duration;
