@@ -25,9 +25,11 @@ use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
 use std::sync::Mutex;
 
+use nuvec_distributed::Wire;
 use nuvec_distributed::config::devices::{self, DeviceCell};
 use nuvec_distributed::config::env::{
     COORDINATOR_VAR, DEVICES_VAR, HOSTFILE_VAR, JACCL_RING_VAR, RANK_VAR, RING_VERBOSE_VAR,
+    WIRE_VAR,
 };
 use nuvec_distributed::config::hostfile;
 use serde::{Deserialize, Serialize};
@@ -250,6 +252,9 @@ pub struct LaunchSpec {
     pub verbose: bool,
     /// `--python`: an interpreter put before the command.
     pub python: Option<String>,
+    /// `--wire`: the ring's wire, passed to the ranks as `NUVEC_DISTRIBUTED_WIRE` (`None`
+    /// sets nothing, so the ranks' default, MLX's wire, applies).
+    pub wire: Option<Wire>,
     /// The program and its arguments.
     pub command: Vec<String>,
 }
@@ -265,6 +270,7 @@ impl LaunchSpec {
             cwd: None,
             verbose: false,
             python: None,
+            wire: None,
             command,
         }
     }
@@ -415,6 +421,9 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
             if spec.verbose {
                 entries.push(format!("{RING_VERBOSE_VAR}=1"));
             }
+            if let Some(wire) = spec.wire {
+                entries.push(format!("{WIRE_VAR}={wire}"));
+            }
             // mlx.launch writes nothing into the hostfile for a single host.
             let text = if addresses.len() > 1 {
                 hostfile::to_json(&addresses)
@@ -424,6 +433,11 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
             vec![(HOSTFILE_VAR.to_string(), text)]
         }
         Backend::Jaccl | Backend::JacclRing => {
+            if let Some(wire) = spec.wire {
+                return fail(format!(
+                    "--wire {wire} is the TCP ring's; the {backend} backend has one wire, MLX's"
+                ));
+            }
             let Some(coordinator) = hosts.hosts[0].ips.first() else {
                 return fail(format!(
                     "rank 0 ({}) has no ips: JACCL's coordinator listens on rank 0's first ip",
@@ -480,8 +494,8 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
     })
 }
 
-/// The plan `nuvec launch -n ranks --connections-per-ip connections -p starting_port --
-/// command` makes: a ring of local ranks.
+/// The plan `nuvec launch -n ranks --connections-per-ip connections -p starting_port
+/// [--wire wire] -- command` makes: a ring of local ranks.
 ///
 /// # Errors
 ///
@@ -490,6 +504,7 @@ pub fn local_ring(
     ranks: usize,
     connections: usize,
     starting_port: u16,
+    wire: Option<Wire>,
     command: Vec<String>,
 ) -> Result<Plan, PlanError> {
     let hosts = HostList::from_hosts(LOCAL_HOST, ranks)?;
@@ -497,6 +512,7 @@ pub fn local_ring(
         backend: Some(Backend::Ring),
         starting_port,
         connections_per_ip: connections,
+        wire,
         ..LaunchSpec::new(command)
     };
     plan(&spec, &hosts, (0, 0))
@@ -695,6 +711,30 @@ mod tests {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn wire_reaches_ring_ranks_and_is_refused_for_jaccl() {
+        let hosts = HostList::from_hosts("127.0.0.1", 2).unwrap();
+        let default = plan(&spec(&["prog"]), &hosts, (0, 0)).unwrap();
+        assert_eq!(env(&default, "NUVEC_DISTRIBUTED_WIRE"), None);
+        for wire in [Wire::Mlx, Wire::Native] {
+            let asked = LaunchSpec {
+                wire: Some(wire),
+                ..spec(&["prog"])
+            };
+            let p = plan(&asked, &hosts, (0, 0)).unwrap();
+            assert_eq!(env(&p, "NUVEC_DISTRIBUTED_WIRE"), Some(wire.name()));
+            let jaccl = LaunchSpec {
+                backend: Some(Backend::Jaccl),
+                ..asked
+            };
+            let e = plan(&jaccl, &hosts, (0, 0)).unwrap_err();
+            assert!(
+                e.to_string().contains("--wire") && e.to_string().contains("jaccl"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

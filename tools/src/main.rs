@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use nuvec_distributed::DType;
+use nuvec_distributed::{DType, Wire};
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
@@ -126,6 +126,11 @@ struct LaunchArgs {
     /// An interpreter to put before the command.
     #[arg(long)]
     python: Option<String>,
+    /// The ring's wire for every rank (sets NUVEC_DISTRIBUTED_WIRE): mlx, MLX's own (the
+    /// ranks' default), or native, between nuvec ranks only (faster small collectives,
+    /// mismatched calls detected). Ring backend only.
+    #[arg(long, value_parser = parse_wire)]
+    wire: Option<Wire>,
     /// Log the setup and how each rank ends; sets MLX_RING_VERBOSE=1 for ring ranks.
     #[arg(long)]
     verbose: bool,
@@ -153,6 +158,9 @@ struct BenchArgs {
     /// Connections between neighbours (addresses per rank).
     #[arg(long, default_value_t = 1)]
     connections: usize,
+    /// The wire the ranks speak: mlx (MLX's, the default) or native (nuvec ranks only).
+    #[arg(long, default_value = "mlx", value_parser = parse_wire)]
+    wire: Wire,
     /// The ring's first port (default: a free block of ports).
     #[arg(short = 'p', long)]
     starting_port: Option<u16>,
@@ -219,6 +227,11 @@ struct BenchArgs {
     /// Internal: where a worker's rank 0 writes its measurements as JSON.
     #[arg(long, hide = true)]
     results: Option<PathBuf>,
+}
+
+/// `--wire`'s values: `mlx` or `native`.
+fn parse_wire(s: &str) -> Result<Wire, String> {
+    s.parse()
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -320,6 +333,7 @@ fn launch(args: LaunchArgs) -> ExitCode {
         cwd: args.cwd,
         verbose: args.verbose,
         python: args.python,
+        wire: args.wire,
         command: args.command,
     };
     let plan = match launch::plan(&spec, &hosts, runner::terminal_dimensions()) {
@@ -429,7 +443,7 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     } else {
         None
     };
-    let header = Header::detect(args.connections);
+    let header = Header::detect(args.connections, args.wire);
     print!("{}", header.text());
     let mut report = Report {
         header: Some(header),
@@ -587,8 +601,8 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String>
     let results = dir.path().join(format!("nuvec-n{ranks}.json"));
     let mut command = vec![exe.to_string_lossy().into_owned(), "bench".into()];
     command.extend(worker_args(args, &results, &dir.path().join("progress")));
-    let plan =
-        launch::local_ring(ranks, args.connections, port, command).map_err(|e| e.to_string())?;
+    let plan = launch::local_ring(ranks, args.connections, port, Some(args.wire), command)
+        .map_err(|e| e.to_string())?;
     let options = RunOptions {
         prefix_output: false,
         forward_stdin: false,

@@ -31,7 +31,7 @@ pub struct Header {
     pub kernel: String,
     /// The SIMD level reductions use (`nuvec_distributed::simd_level`).
     pub simd: String,
-    /// The bytes on the wire: `mlx`, MLX's ring format.
+    /// The bytes on the wire: `mlx`, MLX's ring format, or `native`, nuvec's own.
     pub wire: String,
     /// What carries them: `tcp`.
     pub transport: String,
@@ -42,9 +42,10 @@ pub struct Header {
 }
 
 impl Header {
-    /// This machine's header for a ring of `connections` connections per neighbour, with
-    /// the congestion control the ranks will use (they inherit this environment).
-    pub fn detect(connections: usize) -> Self {
+    /// This machine's header for a ring of `connections` connections per neighbour on
+    /// `wire`, with the congestion control the ranks will use (they inherit this
+    /// environment).
+    pub fn detect(connections: usize, wire: nuvec_distributed::Wire) -> Self {
         let uname = nix::sys::utsname::uname().ok();
         let text = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
             uname
@@ -68,7 +69,7 @@ impl Header {
             cpu: format!("{} ({cpus} CPUs)", cpu_model()),
             kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
             simd: nuvec_distributed::simd_level().into(),
-            wire: "mlx".into(),
+            wire: wire.name().into(),
             transport: "tcp".into(),
             connections,
             congestion,
@@ -777,7 +778,7 @@ mod tests {
 
     #[test]
     fn the_header_names_every_field() {
-        let header = Header::detect(2);
+        let header = Header::detect(2, nuvec_distributed::Wire::Mlx);
         assert_eq!(
             (header.wire.as_str(), header.transport.as_str()),
             ("mlx", "tcp")
