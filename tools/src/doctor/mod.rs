@@ -1565,3 +1565,275 @@ pub fn main(args: &DoctorArgs) -> ExitCode {
 fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, format!("{text}\n")).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let path = format!("{}/tests/data/doctor/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// What PROBE_SCRIPT prints on a Mac (the fixtures' layouts), with `en2` at `tb_ip`.
+    fn mac_output(tb_ip: &str, thunderbolt: &str) -> String {
+        format!(
+            "@@uname\nDarwin arm64\n@@ifconfig\n{}@@route\n  interface: en0\n@@hwports\n{}\
+             @@thunderbolt\n{}@@ibv\n{}",
+            fixture("ifconfig-macos.txt").replace("inet 192.168.0.1 ", &format!("inet {tb_ip} ")),
+            fixture("networksetup.txt"),
+            fixture(thunderbolt),
+            fixture("ibv_devinfo.txt"),
+        )
+    }
+
+    fn host(ssh: &str, ips: &[&str]) -> Host {
+        Host {
+            ssh: ssh.into(),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            rdma: Vec::new(),
+        }
+    }
+
+    fn rows<'a>(f: &'a Findings, check: &str) -> Vec<&'a Finding> {
+        f.0.iter()
+            .map(|(_, x)| x)
+            .filter(|x| x.check == check)
+            .collect()
+    }
+
+    #[test]
+    fn a_mac_with_thunderbolt_in_the_bridge() {
+        let facts = HostFacts::parse(&mac_output("192.168.0.1", "system-profiler-tb5.txt"));
+        assert_eq!(
+            (facts.os.as_str(), facts.arch.as_str()),
+            ("Darwin", "arm64")
+        );
+        assert_eq!(facts.default_interface.as_deref(), Some("en0"));
+        assert_eq!(facts.rdma.as_ref().map(Vec::len), Some(2));
+        let mut f = Findings(Vec::new());
+        thunderbolt_checks(&mut f, "0 (a)", &facts, false);
+        let tb = rows(&f, "thunderbolt");
+        assert_eq!(tb[0].verdict, Verdict::Ok);
+        assert!(
+            tb[0]
+                .detail
+                .contains("en2 (Thunderbolt 1): 192.168.0.1/30 mtu 1500")
+                && tb[0].detail.contains("en3 (Thunderbolt 2): no IPv4")
+                && tb[0].detail.contains("Thunderbolt 5 (80 Gb/s)"),
+            "{}",
+            tb[0].detail
+        );
+        let bridge = rows(&f, "bridge");
+        assert_eq!(bridge[0].verdict, Verdict::Warn);
+        assert!(bridge[0].detail.contains("en2 in bridge0, en3 in bridge0"));
+        assert!(
+            bridge[0]
+                .fix
+                .as_deref()
+                .unwrap()
+                .contains("sudo ifconfig bridge0 deletem en2; sudo ifconfig bridge0 deletem en3")
+        );
+
+        // TB4 with RDMA devices: RDMA will not work there.
+        let tb4 = HostFacts::parse(&mac_output("192.168.0.1", "system-profiler-tb4.txt"));
+        let mut f = Findings(Vec::new());
+        thunderbolt_checks(&mut f, "0 (a)", &tb4, true);
+        let tb = rows(&f, "thunderbolt");
+        assert_eq!(tb[0].verdict, Verdict::Warn);
+        assert!(tb[0].detail.contains("Thunderbolt 4 or older (40 Gb/s)"));
+        assert!(tb[0].fix.as_deref().unwrap().contains("Thunderbolt 5"));
+
+        // --over thunderbolt picks the Thunderbolt ports' IPv4 addresses.
+        let mut f = Findings(Vec::new());
+        let chosen = choose_addresses(
+            &mut f,
+            "0 (a)",
+            &host("a", &[]),
+            &facts,
+            Some(Over::Thunderbolt),
+        );
+        assert_eq!(chosen, [Some("192.168.0.1".parse().unwrap())]);
+        // Without addresses or --over: the default route's interface.
+        let chosen = choose_addresses(&mut f, "0 (a)", &host("a", &[]), &facts, None);
+        assert_eq!(chosen, [Some("192.168.1.23".parse().unwrap())]);
+        // A Linux host cannot go over Thunderbolt.
+        let linux = HostFacts::parse(&format!(
+            "@@uname\nLinux x86_64\n@@ipaddr\n{}",
+            fixture("ip-addr.json")
+        ));
+        let mut f = Findings(Vec::new());
+        assert!(
+            choose_addresses(
+                &mut f,
+                "1 (b)",
+                &host("b", &[]),
+                &linux,
+                Some(Over::Thunderbolt)
+            )
+            .is_empty()
+        );
+        assert_eq!(rows(&f, "address")[0].verdict, Verdict::Fail);
+        let mut f = Findings(Vec::new());
+        thunderbolt_checks(&mut f, "1 (b)", &linux, false);
+        assert!(
+            f.0.iter()
+                .all(|(_, x)| x.verdict == Verdict::Skipped && x.detail == "not macOS (Linux)")
+        );
+    }
+
+    #[test]
+    fn rdma_devices_named_by_the_hostfile_must_be_active() {
+        let facts = HostFacts::parse(&mac_output("192.168.0.1", "system-profiler-tb5.txt"));
+        let check = |rdma: Vec<Option<launch::RdmaCell>>| {
+            let h = Host {
+                rdma,
+                ..host("a", &["192.168.1.23"])
+            };
+            let mut f = Findings(Vec::new());
+            rdma_check(&mut f, "0 (a)", &h, &facts, true);
+            f.0.remove(0).1
+        };
+        let ok = check(vec![
+            None,
+            Some(launch::RdmaCell::Device("rdma_en2".into())),
+        ]);
+        assert_eq!(ok.verdict, Verdict::Ok, "{ok:?}");
+        assert_eq!(
+            ok.detail,
+            "rdma_en2 (port 1 PORT_ACTIVE); rdma_en3 (port 1 PORT_DOWN)"
+        );
+        let down = check(vec![
+            None,
+            Some(launch::RdmaCell::Devices(vec![
+                "rdma_en3".into(),
+                "rdma_en9".into(),
+            ])),
+        ]);
+        assert_eq!(down.verdict, Verdict::Fail);
+        assert!(
+            down.detail
+                .starts_with("rdma_en3 has no active port, rdma_en9 does not exist"),
+            "{}",
+            down.detail
+        );
+        // No ibv_devinfo at all: a failure when the hostfile wants JACCL, else skipped.
+        let mut bare = facts.clone();
+        bare.rdma = None;
+        let mut f = Findings(Vec::new());
+        rdma_check(&mut f, "0 (a)", &host("a", &[]), &bare, true);
+        assert_eq!(f.0[0].1.verdict, Verdict::Fail);
+        assert!(f.0[0].1.fix.as_deref().unwrap().contains("rdma_ctl enable"));
+        let mut f = Findings(Vec::new());
+        rdma_check(&mut f, "0 (a)", &host("a", &[]), &bare, false);
+        assert_eq!(f.0[0].1.verdict, Verdict::Skipped);
+    }
+
+    fn report_of(facts: Vec<Option<HostFacts>>) -> Report {
+        let hosts = facts
+            .into_iter()
+            .enumerate()
+            .map(|(i, facts)| HostReport {
+                host: host(&format!("mac{i}"), &[]),
+                facts,
+                addresses: vec![(
+                    format!("10.0.0.{}", i + 1).parse().unwrap(),
+                    40000 + i as u16,
+                )],
+                usable: vec![true],
+                reached: vec![true],
+            })
+            .collect();
+        Report {
+            findings: Vec::new(),
+            hosts,
+            jaccl: true,
+        }
+    }
+
+    #[test]
+    fn the_jaccl_hostfile_follows_the_cables_subnets() {
+        let a = HostFacts::parse(&mac_output("192.168.0.1", "system-profiler-tb5.txt"));
+        let b = HostFacts::parse(&mac_output("192.168.0.2", "system-profiler-tb5.txt"));
+        let text = jaccl_hostfile(&report_of(vec![Some(a.clone()), Some(b)])).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["backend"], "jaccl");
+        assert_eq!(v["hosts"][0]["rdma"], json!([null, "rdma_en2"]));
+        assert_eq!(v["hosts"][1]["rdma"], json!(["rdma_en2", null]));
+        assert_eq!(v["hosts"][0]["ips"], json!(["10.0.0.1"]));
+        // The file reads back as a launchable JACCL hostfile.
+        let list = HostList::parse_hostfile(&text).unwrap();
+        let spec = launch::LaunchSpec::new(vec!["prog".into()]);
+        assert!(launch::plan(&spec, &list, (0, 0)).is_ok());
+
+        // Not on a shared subnet: no link, and the error names both hosts.
+        let far = HostFacts::parse(&mac_output("192.168.7.2", "system-profiler-tb5.txt"));
+        let err = jaccl_hostfile(&report_of(vec![Some(a.clone()), Some(far)])).unwrap_err();
+        assert!(err.contains("rank 0 (mac0) and rank 1 (mac1)"), "{err}");
+        // A host without RDMA devices.
+        let mut none = a.clone();
+        none.rdma = Some(Vec::new());
+        let err = jaccl_hostfile(&report_of(vec![Some(a), Some(none)])).unwrap_err();
+        assert!(err.contains("rank 1 (mac1) has no RDMA device"), "{err}");
+    }
+
+    #[test]
+    fn the_ring_hostfile_takes_verified_addresses_only() {
+        let mut r = report_of(vec![None, None]);
+        let text = ring_hostfile(&r).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            json!([{"ssh": "mac0", "ips": ["10.0.0.1"]}, {"ssh": "mac1", "ips": ["10.0.0.2"]}])
+        );
+        assert!(
+            text.find("\"ssh\"") < text.find("\"ips\""),
+            "MLX's field order"
+        );
+        r.hosts[1].reached[0] = false;
+        let err = ring_hostfile(&r).unwrap_err();
+        assert!(
+            err.contains("rank 1 (mac1) has no verified address"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_finding_and_a_fix_per_problem() {
+        let mut f = Findings(Vec::new());
+        f.push("1 -> 0", "link", Verdict::Ok, "fine".into());
+        f.problem(
+            "1 (b)",
+            "port",
+            Verdict::Fail,
+            "in use".into(),
+            "free it".into(),
+        );
+        f.push("0 (a)", "ssh", Verdict::Ok, "works".into());
+        let report = Report {
+            findings: f.into_sorted(),
+            hosts: Vec::new(),
+            jaccl: false,
+        };
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with("HOST/LINK  CHECK  VERDICT  DETAIL"),
+            "{table}"
+        );
+        assert!(
+            lines[1].starts_with("0 (a)")
+                && lines[2].starts_with("1 (b)")
+                && lines[3].starts_with("1 -> 0"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains("FAIL") && lines[2].ends_with("free it"),
+            "{table}"
+        );
+        assert!(
+            table.ends_with("2 ok, 0 warnings, 1 failed, 0 skipped\n"),
+            "{table}"
+        );
+        assert!(report.failed());
+    }
+}

@@ -30,8 +30,7 @@ impl Interface {
         self.addrs.iter().any(|(a, _)| *a == ip)
     }
 
-    /// Whether `ip` is on one of its IPv4/IPv6 subnets (excluding its own addresses'
-    /// host routes: a /32 or /128 matches only itself).
+    /// Whether `ip` is on one of its subnets.
     pub fn on_subnet(&self, ip: IpAddr) -> bool {
         self.addrs
             .iter()
@@ -117,7 +116,11 @@ pub fn ifconfig(text: &str) -> Vec<Interface> {
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         if !line.starts_with([' ', '\t']) {
-            let Some(name) = words.first().and_then(|w| w.strip_suffix(':')) else {
+            let Some(name) = words
+                .first()
+                .and_then(|w| w.strip_suffix(':'))
+                .filter(|n| !n.is_empty())
+            else {
                 continue;
             };
             let flags = words.get(1).copied().unwrap_or("");
@@ -328,4 +331,169 @@ pub fn sections(text: &str) -> BTreeMap<String, String> {
         out.insert(n, body);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fixtures in tools/tests/data/doctor, written from each tool's documented layout (the
+    /// formats are named where each is read).
+    fn fixture(name: &str) -> String {
+        let path = format!("{}/tests/data/doctor/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ip_addr_json_reads_iproute2() {
+        // iproute2 6.x `ip -j addr`: a down interface without addresses, a veth with
+        // link_index/link_netnsid, and an entry with an address that does not parse.
+        let list = ip_addr_json(&fixture("ip-addr.json")).unwrap();
+        let names: Vec<&str> = list.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["lo", "enp3s0", "wlp2s0", "veth0", "odd"]);
+        let en = &list[1];
+        assert_eq!((en.mtu, en.up), (Some(9000), true));
+        assert_eq!(
+            en.addrs,
+            [(ip("10.0.0.11"), 24), (ip("fe80::3eec:efff:fe12:3456"), 64)]
+        );
+        assert!(!list[2].up && list[2].addrs.is_empty());
+        assert_eq!(list[3].mtu, Some(1400));
+        assert!(list[3].on_subnet(ip("192.168.50.2")));
+        assert!(!list[3].on_subnet(ip("192.168.50.5")));
+        assert!(list[4].addrs.is_empty() && list[4].mtu.is_none());
+        // Not JSON, or JSON of another shape: an error, never a panic.
+        assert!(ip_addr_json("Object \"-j\" is unknown").is_err());
+        assert!(ip_addr_json("{}").is_err());
+        assert_eq!(ip_addr_json("[1, null, {}]").unwrap(), []);
+    }
+
+    #[test]
+    fn ifconfig_reads_macos_with_bridge_members() {
+        // macOS 14/15 `ifconfig -a`: hex netmasks, scoped link-local IPv6, bridge0 with
+        // `member:` lines, an interface without addresses.
+        let list = ifconfig(&fixture("ifconfig-macos.txt"));
+        let names: Vec<&str> = list.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["lo0", "gif0", "en0", "en2", "en3", "bridge0", "utun0"]
+        );
+        let en0 = &list[2];
+        assert_eq!((en0.mtu, en0.up), (Some(1500), true));
+        assert_eq!(
+            en0.addrs,
+            [
+                (ip("fe80::18c1:5b4d:7e1f:2a3b"), 64),
+                (ip("192.168.1.23"), 24)
+            ]
+        );
+        assert!(!list[1].up);
+        assert_eq!(list[3].addrs, [(ip("192.168.0.1"), 30)]);
+        assert_eq!(list[5].members, ["en2", "en3"]);
+        assert!(list[5].addrs.is_empty());
+        assert_eq!(list[6].mtu, Some(1380));
+    }
+
+    #[test]
+    fn ifconfig_reads_linux_net_tools() {
+        // net-tools 2.10 `ifconfig -a` on Linux: dotted netmasks, two spaces between fields.
+        let text = "eth0: flags=4163<UP,BROADCAST,RUNNING,MULTICAST>  mtu 1500\n        \
+                    inet 10.1.2.3  netmask 255.255.254.0  broadcast 10.1.3.255\n        \
+                    inet6 fe80::1  prefixlen 64  scopeid 0x20<link>\n        \
+                    ether 02:42:ac:11:00:02  txqueuelen 0  (Ethernet)\n\n\
+                    lo: flags=73<UP,LOOPBACK,RUNNING>  mtu 65536\n        \
+                    inet 127.0.0.1  netmask 255.0.0.0\n";
+        let list = ifconfig(text);
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].addrs[0], (ip("10.1.2.3"), 23));
+        assert_eq!(list[0].addrs[1], (ip("fe80::1"), 64));
+        assert_eq!((list[1].name.as_str(), list[1].mtu), ("lo", Some(65536)));
+        // A mask that is not contiguous ones, and garbage, do not panic.
+        assert_eq!(netmask_prefix("0xff00ff00"), None);
+        assert_eq!(netmask_prefix("0x"), None);
+        assert_eq!(netmask_prefix("0xffffffff"), Some(32));
+        assert_eq!(netmask_prefix("0x00000000"), Some(0));
+        // Indented lines before any interface, a nameless header: nothing, no panic.
+        assert_eq!(
+            ifconfig("\t inet 1.2.3.4\n: flags=0 mtu x\nnot a header\n"),
+            []
+        );
+    }
+
+    #[test]
+    fn networksetup_names_the_thunderbolt_ports() {
+        // macOS 15 `networksetup -listallhardwareports`.
+        let ports = hardware_ports(&fixture("networksetup.txt"));
+        assert_eq!(ports.len(), 5);
+        let tb: Vec<&str> = ports
+            .iter()
+            .filter(|p| p.is_thunderbolt())
+            .map(|p| p.device.as_str())
+            .collect();
+        assert_eq!(tb, ["en2", "en3"], "the bridge is not a port");
+        assert_eq!(ports[1].port, "Thunderbolt Bridge");
+        assert_eq!(hardware_ports("Device: en9\nHardware Port: x\n"), []);
+    }
+
+    #[test]
+    fn system_profiler_tells_tb5_from_tb4() {
+        // macOS 15 `system_profiler SPThunderboltDataType` (text): only ports with a device
+        // connected count; bus 1's empty port does not.
+        assert_eq!(
+            thunderbolt_speeds(&fixture("system-profiler-tb5.txt")),
+            [80, 80]
+        );
+        assert_eq!(
+            thunderbolt_speeds(&fixture("system-profiler-tb4.txt")),
+            [40, 40]
+        );
+        assert_eq!(
+            thunderbolt_speeds("Port:\nStatus: No device connected\nSpeed: Up to 40 Gb/s\n"),
+            Vec::<u32>::new()
+        );
+        assert!(thunderbolt_speeds("Speed: Up to lots Gb/s\nStatus: Device connected").is_empty());
+    }
+
+    #[test]
+    fn ibv_devinfo_reads_devices_and_port_states() {
+        // rdma-core's `ibv_devinfo` layout (as macOS 26.2 prints it for rdma_enX).
+        let devices = ibv_devinfo(&fixture("ibv_devinfo.txt"));
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0].name, "rdma_en2");
+        assert_eq!(devices[0].ports, [(1, "PORT_ACTIVE".to_string())]);
+        assert!(devices[0].active());
+        assert_eq!(devices[1].ports, [(1, "PORT_DOWN".to_string())]);
+        assert!(!devices[1].active());
+        assert_eq!(ibv_devinfo("No IB devices found\n"), []);
+        assert_eq!(ibv_devinfo("\t\tport:\t1\nstate: X\n"), []);
+    }
+
+    #[test]
+    fn default_route_on_linux_and_macos() {
+        assert_eq!(
+            default_route_interface(
+                r#"[{"dst":"default","gateway":"10.0.0.1","dev":"enp3s0","protocol":"dhcp","flags":[]}]"#
+            )
+            .as_deref(),
+            Some("enp3s0")
+        );
+        let macos = "   route to: default\ndestination: default\n       mask: default\n    \
+                     gateway: 192.168.1.1\n  interface: en0\n      flags: <UP,GATEWAY,DONE>\n";
+        assert_eq!(default_route_interface(macos).as_deref(), Some("en0"));
+        assert_eq!(default_route_interface("[]"), None);
+        assert_eq!(default_route_interface(""), None);
+    }
+
+    #[test]
+    fn sections_split_at_markers() {
+        let s = sections("ignored\n@@a\n1\n2\n@@b\n@@c\nx\n");
+        assert_eq!(s["a"], "1\n2\n");
+        assert_eq!(s["b"], "");
+        assert_eq!(s["c"], "x\n");
+        assert!(!s.contains_key("ignored"));
+    }
 }
