@@ -424,3 +424,41 @@ fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
     assert!(mtu[0]["fix"].as_str().unwrap().contains("mtu 1400"));
     assert_eq!(rows(&findings, "0 -> 1", "link")[0]["verdict"], "ok");
 }
+
+#[test]
+fn a_jaccl_file_without_rdma_devices_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = install_fake_ssh(dir.path());
+    let port = free_port_block(1).unwrap().to_string();
+    let jaccl = dir.path().join("jaccl.json");
+    let out = Command::new(NUVEC)
+        .args([
+            "doctor",
+            "--hosts",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--remote-nuvec",
+            NUVEC,
+        ])
+        .arg("--write-jaccl")
+        .arg(&jaccl)
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The checks themselves pass (a single host has no link to check)...
+    assert!(
+        stdout.contains("link         skipped  a single host has no neighbours"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    // ...but there is no device file to write, and that fails the run.
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("not writing") && stderr.contains("rank 0 (127.0.0.1) has no RDMA device"),
+        "{stderr}"
+    );
+    assert!(!jaccl.exists());
+}

@@ -1001,10 +1001,24 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
             .map(|h| h.into_iter().map(|t| t.join().ok().flatten()).collect())
             .collect()
     });
-    // The listeners have served their probe (or wait for none): end them.
-    for l in listeners.iter_mut().flatten().flatten() {
-        if let Some(child) = l.child.as_mut() {
-            wait_until(child, Instant::now() + Duration::from_secs(2));
+    // A listener that was probed ends by itself once served; one that no probe came to
+    // (a single host, a neighbour ssh could not reach) is ended now.
+    let probed: BTreeSet<(usize, usize)> = pairs
+        .iter()
+        .zip(&probes)
+        .flat_map(|(&(_, to), p)| {
+            p.iter()
+                .enumerate()
+                .filter(|(_, r)| r.is_some())
+                .map(move |(i, _)| (to, i))
+        })
+        .collect();
+    for (rank, per_host) in listeners.iter_mut().enumerate() {
+        for (i, l) in per_host.iter_mut().enumerate() {
+            if let Some(child) = l.as_mut().and_then(|l| l.child.as_mut()) {
+                let grace = if probed.contains(&(rank, i)) { 2 } else { 0 };
+                wait_until(child, Instant::now() + Duration::from_secs(grace));
+            }
         }
     }
     let mut mtu_links = BTreeSet::new();
