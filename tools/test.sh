@@ -281,8 +281,9 @@ step "network-namespace test (optional: needs root and ip netns)"
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add nuvec-probe-$$ 2>/dev/null; then
   ip netns del nuvec-probe-$$
   cargo test --release --test netns -- --ignored
+  cargo test --release -p nuvec-tools --test doctor -- --ignored netns
 else
-  echo "NOT RUN: tests/netns.rs needs root and a working 'ip netns' (iproute2); this machine has neither or refuses"
+  echo "NOT RUN: tests/netns.rs and tools/tests/doctor.rs's netns test need root and a working 'ip netns' (iproute2); this machine has neither or refuses"
 fi
 
 # Rings of 3 to 5 ranks, one rank killed, stopped, cut off or late per round; every survivor

@@ -592,18 +592,30 @@ pub fn remote_kill_script(pidfile: &str) -> String {
 /// The command that runs [`remote_kill_script`] on `host`. It never prompts and gives up
 /// on a host it cannot reach within 5 s, so ending a launch cannot hang on it.
 pub fn remote_kill_command(host: &str, pidfile: &str) -> Vec<String> {
-    let script = remote_kill_script(pidfile);
+    ssh_batch_command(host, &remote_kill_script(pidfile), true)
+}
+
+/// The command that runs `script` on `host` without a terminal, never prompting and giving
+/// up on a host it cannot reach within 5 s: `ssh -o LogLevel=QUIET|ERROR -o BatchMode=yes
+/// -o ConnectTimeout=5 -- HOST SCRIPT`. `quiet` silences ssh's own messages; without it
+/// they stay on stderr, for a caller that reports why ssh failed (`nuvec doctor`).
+pub fn ssh_batch_command(host: &str, script: &str, quiet: bool) -> Vec<String> {
+    let log_level = if quiet {
+        "LogLevel=QUIET"
+    } else {
+        "LogLevel=ERROR"
+    };
     [
         "ssh",
         "-o",
-        "LogLevel=QUIET",
+        log_level,
         "-o",
         "BatchMode=yes",
         "-o",
         "ConnectTimeout=5",
         "--",
         host,
-        &script,
+        script,
     ]
     .map(String::from)
     .to_vec()

@@ -1,14 +1,15 @@
 //! Tools for people who run nuvec-distributed: `nuvec launch`, a launcher that starts ranks
-//! the way `mlx.launch` does, and the collective benchmark sweep behind `nuvec bench` and
-//! `cargo bench --bench collectives`, with the anchors it compares against (MLX's ring,
-//! Open MPI over TCP, raw TCP), the comparison and its charts; and [`testing`], the
-//! harness every multi-process test (this crate's and nuvec-distributed's) runs its ranks
-//! with.
+//! the way `mlx.launch` does; `nuvec doctor`, which checks the hosts before a launch; the
+//! collective benchmark sweep behind `nuvec bench` and `cargo bench --bench collectives`,
+//! with the anchors it compares against (MLX's ring, Open MPI over TCP, raw TCP), the
+//! comparison and its charts; and [`testing`], the harness every multi-process test (this
+//! crate's and nuvec-distributed's) runs its ranks with.
 
 pub mod anchors;
 pub mod bench;
 pub mod chaos;
 pub mod chart;
+pub mod doctor;
 pub mod guardian;
 pub mod launch;
 pub mod report;

@@ -17,6 +17,7 @@ use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
 use nuvec_tools::chart;
+use nuvec_tools::doctor::{self, DoctorArgs};
 use nuvec_tools::launch::{self, Backend, HostList, LaunchSpec};
 use nuvec_tools::report::{self, Header, NuvecRun, Report};
 use nuvec_tools::runner::{self, RunOptions};
@@ -35,6 +36,8 @@ enum Command {
     Launch(LaunchArgs),
     /// Measure collectives across local ranks on loopback.
     Bench(BenchArgs),
+    /// Check hosts before a launch: ssh, addresses, ports, links, MTU, Thunderbolt, RDMA.
+    Doctor(DoctorArgs),
     /// Fault injection rounds (tools/chaos.sh): rings of 3 to 5 local ranks, one killed,
     /// stopped, cut off or late in each round; checks who the survivors blame.
     #[command(hide = true)]
@@ -256,6 +259,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => launch(args),
         Command::Bench(args) if args.worker => bench_worker(&args),
         Command::Bench(args) => bench_launch(&args),
+        Command::Doctor(args) => doctor::main(&args),
         Command::Chaos(args) => chaos(&args),
         Command::ChaosRank(args) => ExitCode::from(chaos::rank(&chaos::RankPlan {
             seed: args.seed,
