@@ -118,9 +118,10 @@ pub struct DoctorArgs {
     /// Print the findings as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// The nuvec program on the remote hosts (for the port and link checks).
-    #[arg(long, default_value = "nuvec", value_name = "PATH")]
-    pub remote_nuvec: String,
+    /// The nuvec program on the remote hosts (for the port and link checks; default
+    /// `nuvec` from their PATH). Hosts that run here (`127.0.0.1`) use this program.
+    #[arg(long, value_name = "PATH")]
+    pub remote_nuvec: Option<String>,
     /// Ping-pongs per link.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pings: u32,
@@ -426,12 +427,26 @@ pub struct Options {
     pub starting_port: u16,
     /// `--over`.
     pub over: Option<Over>,
-    /// The nuvec program on the hosts.
-    pub remote_nuvec: String,
+    /// The nuvec program on the hosts (`None`: `nuvec` from their PATH, and this program
+    /// for hosts that run here).
+    pub remote_nuvec: Option<String>,
     /// Ping-pongs per link.
     pub pings: u32,
     /// How commands run.
     pub runner: Runner,
+}
+
+impl Options {
+    /// The nuvec program to run on `host`.
+    fn nuvec_on(&self, host: &str) -> String {
+        match &self.remote_nuvec {
+            Some(path) => path.clone(),
+            None if host == LOCAL_HOST => std::env::current_exe()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "nuvec".into()),
+            None => "nuvec".into(),
+        }
+    }
 }
 
 fn subject(rank: usize, host: &Host) -> String {
@@ -812,7 +827,7 @@ struct Listener {
 fn start_listener(opts: &Options, host: &str, addr: &str) -> Listener {
     let script = format!(
         "exec {} doctor --serve {}",
-        launch::shell_quote(&opts.remote_nuvec),
+        launch::shell_quote(&opts.nuvec_on(host)),
         launch::shell_quote(addr)
     );
     let mut child = match host_command(host, &script).spawn() {
@@ -940,7 +955,8 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
                         Verdict::Warn,
                         format!(
                             "not checked: `{} doctor --serve` did not start on {} ({why})",
-                            opts.remote_nuvec, r.host.ssh
+                            opts.nuvec_on(&r.host.ssh),
+                            r.host.ssh
                         ),
                         format!(
                             "install nuvec on {} (cargo install --path tools) or give \
@@ -985,7 +1001,7 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
                             go.then(|| {
                                 let script = format!(
                                     "exec {} doctor --probe {} --pings {}",
-                                    launch::shell_quote(&opts.remote_nuvec),
+                                    launch::shell_quote(&opts.nuvec_on(&src.host.ssh)),
                                     launch::shell_quote(&ring_addr(ip, port)),
                                     opts.pings
                                 );
@@ -1093,7 +1109,7 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
                     Verdict::Warn,
                     format!(
                         "not checked: `{} doctor --probe` did not run on {} ({})",
-                        opts.remote_nuvec,
+                        opts.nuvec_on(&src.host.ssh),
                         src.host.ssh,
                         match (r.status, last_line(&r.stderr)) {
                             (Some(c), l) => format!("exit {c} {l}").trim_end().to_string(),
