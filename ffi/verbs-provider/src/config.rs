@@ -9,6 +9,10 @@
 //! - [`DIR_VAR`]: the directory under which the hidden fabric directory (`.nuvec-verbs`)
 //!   holds one Unix socket per queue pair; each test uses its own. Without it,
 //!   `/tmp/.nuvec-verbs-<uid>` is used.
+//! - [`EARLY_VAR`]: what happens to a message that arrives before a receive is posted:
+//!   `hold` (the default) keeps it until one is, as Apple's Thunderbolt transport evidently
+//!   does and JACCL depends on (it has no credits; see `src/jaccl/emulated.rs`); `drop` loses
+//!   it, as the InfiniBand specification's UC does.
 //! - [`FAULT_VAR`]: comma-separated faults of this process, each keyed to the N-th SEND it
 //!   posts (counting from 1): `drop=N` (completes successfully, never arrives), `error=N`
 //!   (completes with a general error), `exit=N` (the process exits at once with code 86:
@@ -24,6 +28,8 @@ use crate::abi::{IBV_PORT_ACTIVE, IBV_PORT_DOWN};
 pub const DEVICES_VAR: &str = "NUVEC_VERBS_PROVIDER_DEVICES";
 /// The directory (per test) under which queue pairs meet.
 pub const DIR_VAR: &str = "NUVEC_VERBS_PROVIDER_DIR";
+/// `hold` or `drop`: the fate of a message that finds no receive posted.
+pub const EARLY_VAR: &str = "NUVEC_VERBS_PROVIDER_EARLY";
 /// Faults to inject in this process.
 pub const FAULT_VAR: &str = "NUVEC_VERBS_PROVIDER_FAULT";
 
@@ -110,6 +116,19 @@ pub(crate) fn parse_devices(text: &str) -> Result<Vec<DeviceSpec>, String> {
         out.push(DeviceSpec { name, state, gids });
     }
     Ok(out)
+}
+
+/// Whether messages that find no receive posted are held (else dropped); an unknown value
+/// is reported on stderr and holds.
+pub(crate) fn hold_early_sends() -> bool {
+    match std::env::var(EARLY_VAR).as_deref() {
+        Ok("drop") => false,
+        Ok("hold") | Err(_) => true,
+        Ok(other) => {
+            eprintln!("nuvec verbs provider: {EARLY_VAR}={other:?} is neither hold nor drop");
+            true
+        }
+    }
 }
 
 /// The fabric directory.

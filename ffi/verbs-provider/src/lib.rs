@@ -17,15 +17,16 @@
 //! header naming the sending queue pair and the destination GID. UC rules apply at the
 //! receiver: a message from a queue pair other than the connected one, to a GID the port
 //! does not have, or for a queue pair not in RTR or RTS is lost; a message that finds no
-//! receive posted is lost; one longer than the posted buffer completes that receive with a
-//! length error. Sends complete once handed to the kernel (UC has no acknowledgement), so a
+//! receive posted is held until one is (Apple's transport, the default) or lost (the UC of
+//! the InfiniBand specification), as [`EARLY_VAR`] says; one longer than the posted buffer
+//! completes that receive with a length error. Sends complete once handed to the kernel (UC has no acknowledgement), so a
 //! send to a peer that is gone completes successfully and is lost, as on the wire.
 //!
 //! There is no thread: data moves when the process calls into the provider (any post or
 //! poll moves every queue pair's pending fragments both ways). So a message counts as
-//! arriving when the receiving process next polls, not when it was sent: a receive posted
-//! after the send but before that poll still gets the message, where hardware would have
-//! dropped it. Tests of the "no receive posted" rule make the receiver poll first.
+//! arriving when the receiving process next polls, not when it was sent: in `drop` mode a
+//! receive posted after the send but before that poll still gets the message, where
+//! hardware would have dropped it. Tests of that rule make the receiver poll first.
 
 mod abi;
 pub mod config;
@@ -38,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use abi::*;
-pub use config::{DEVICES_VAR, DIR_VAR, FAULT_VAR};
+pub use config::{DEVICES_VAR, DIR_VAR, EARLY_VAR, FAULT_VAR};
 
 /// The largest payload of one fragment: well under the default socket buffer limits of
 /// Linux and macOS, so one fragment always fits a datagram.
@@ -152,6 +153,7 @@ struct State {
     next_key: u32,
     sends_posted: u64,
     faults: Option<config::Faults>,
+    hold: Option<bool>,
     ports_down: bool,
 }
 
@@ -177,6 +179,15 @@ unsafe fn reclaim<T>(addr: usize) {
     // SAFETY: the caller guarantees `ptr` is a live `Box<T>` allocation, freed once.
     drop(unsafe { Box::from_raw(ptr) });
 }
+
+/// Whether [`LOG_VAR`] asks for a line per post and completion on stderr.
+fn log_enabled() -> bool {
+    static ON: LazyLock<bool> = LazyLock::new(|| std::env::var_os(LOG_VAR).is_some());
+    *ON
+}
+
+/// Set (to anything) to log every post and completion on stderr, for debugging a test.
+pub const LOG_VAR: &str = "NUVEC_VERBS_PROVIDER_LOG";
 
 /// Sets this thread's `errno`, for functions that return NULL on failure.
 fn set_errno(e: c_int) {
@@ -215,6 +226,12 @@ impl State {
     }
 
     fn push(&mut self, cq: usize, wc: ibv_wc) {
+        if log_enabled() {
+            eprintln!(
+                "verbs provider: qp {:#x} completes wr {:#x} status {} opcode {} len {}",
+                wc.qp_num, wc.wr_id, wc.status, wc.opcode, wc.byte_len
+            );
+        }
         if let Some(cq) = self.cqs.get_mut(&cq) {
             if cq.entries.len() >= cq.cqe {
                 cq.overrun = true;
@@ -228,9 +245,10 @@ impl State {
     fn progress(&mut self) {
         let mut done: Vec<(usize, ibv_wc)> = Vec::new();
         let down = self.ports_down;
+        let hold = *self.hold.get_or_insert_with(config::hold_early_sends);
         for qp in self.qps.values_mut() {
             qp.pump_sends(down, &mut done);
-            qp.pump_arrivals(down, &mut done);
+            qp.pump_arrivals(down, hold, &mut done);
         }
         for (cq, wc) in done {
             self.push(cq, wc);
@@ -280,12 +298,26 @@ impl Qp {
                     let payload = unsafe { std::slice::from_raw_parts(src, n) };
                     self.buf.extend_from_slice(payload);
                 }
+                if log_enabled() {
+                    eprintln!(
+                        "verbs provider: qp {:#x} sends {n} bytes from {:#x}+{}: {:02x?}",
+                        self.qpn,
+                        s.addr,
+                        s.offset,
+                        &self.buf[HEADER..HEADER + n.min(8)]
+                    );
+                }
                 match self.sock.send_to(&self.buf, &self.dest_path) {
                     Ok(_) => s.offset += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     // The peer's queue pair is gone: UC has no acknowledgement, so the send
                     // completes and the message is lost.
-                    Err(_) => s.offset = s.len,
+                    Err(e) => {
+                        if log_enabled() {
+                            eprintln!("verbs provider: qp {:#x} loses a send: {e}", self.qpn);
+                        }
+                        s.offset = s.len
+                    }
                 }
                 if s.offset < s.len {
                     continue;
@@ -301,9 +333,14 @@ impl Qp {
         }
     }
 
-    fn pump_arrivals(&mut self, down: bool, done: &mut Vec<(usize, ibv_wc)>) {
+    fn pump_arrivals(&mut self, down: bool, hold: bool, done: &mut Vec<(usize, ibv_wc)>) {
         self.buf.resize(HEADER + FRAGMENT, 0);
         loop {
+            // Holding early sends: the next datagram starts a message, and no receive is
+            // posted for it, so it stays in the socket (its sender waits as the buffer fills).
+            if hold && self.incoming.is_none() && self.recvs.is_empty() {
+                break;
+            }
             let n = match self.sock.recv(&mut self.buf) {
                 Ok(n) => n,
                 Err(_) => break,
@@ -329,6 +366,12 @@ impl Qp {
                 && self.local_gids.contains(&dgid)
                 && offset + len <= total;
             if !accepted {
+                if log_enabled() {
+                    eprintln!(
+                        "verbs provider: qp {:#x} drops a fragment from {src:#x}",
+                        self.qpn
+                    );
+                }
                 continue;
             }
             if offset == 0 {
@@ -377,6 +420,14 @@ impl Qp {
                 // reference), so this is the only access.
                 let target = unsafe { std::slice::from_raw_parts_mut(dst, len) };
                 target.copy_from_slice(&self.buf[HEADER..n]);
+                if log_enabled() {
+                    eprintln!(
+                        "verbs provider: qp {:#x} writes {len} bytes at {:#x}+{offset}: {:02x?}",
+                        self.qpn,
+                        r.addr,
+                        &self.buf[HEADER..HEADER + len.min(8)]
+                    );
+                }
             }
             inc.got += len;
             if inc.got == inc.total {
@@ -1120,6 +1171,12 @@ unsafe extern "C" fn post_send(
             break;
         };
         let signaled = q.sq_sig_all || w.send_flags & IBV_SEND_SIGNALED != 0;
+        if log_enabled() {
+            eprintln!(
+                "verbs provider: qp {:#x} posts send wr {:#x} len {len} to qp {:#x}",
+                q.qpn, w.wr_id, q.dest_qpn
+            );
+        }
         q.sends.push_back(SendWr {
             wr_id: w.wr_id,
             addr,
@@ -1195,6 +1252,12 @@ unsafe extern "C" fn post_recv(
                 wc(w.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, qpn),
             ));
         } else if let Some(q) = st.qps.get_mut(&qp.addr()) {
+            if log_enabled() {
+                eprintln!(
+                    "verbs provider: qp {:#x} posts recv wr {:#x} len {len}",
+                    q.qpn, w.wr_id
+                );
+            }
             q.recvs.push_back(RecvWr {
                 wr_id: w.wr_id,
                 addr,
