@@ -447,11 +447,13 @@ fn an_error_completion_names_the_peer_and_the_status() {
     assert!(stdout(&out[0]).contains("peer=Some(1)"), "{}", show(&out));
 }
 
-/// A message lost on the wire (the provider's `drop` fault) leaves its receiver waiting: it
-/// times out naming the sender.
+/// A message lost on the wire (the provider's `drop` fault) leaves its receiver a message
+/// short: it fails naming the sender. (Messages carry no headers, so the sender's next
+/// message may first take the lost one's place, as the README says; the receiver then fails
+/// at the collective the sender no longer answers: a timeout, or the sender's close.)
 #[test]
-fn a_lost_message_times_out_naming_the_sender() {
-    const NAME: &str = "a_lost_message_times_out_naming_the_sender";
+fn a_lost_message_fails_the_receiver_naming_the_sender() {
+    const NAME: &str = "a_lost_message_fails_the_receiver_naming_the_sender";
     if fault_child(NAME) {
         return;
     }
@@ -463,8 +465,9 @@ fn a_lost_message_times_out_naming_the_sender() {
         &[(1, "NUVEC_VERBS_PROVIDER_FAULT", "drop=1".into())],
     );
     assert!(out.iter().all(finished), "{}", show(&out));
+    let zero = stdout(&out[0]);
     assert!(
-        stdout(&out[0]).contains("ERROR round=0 peer=Some(1)"),
+        zero.contains("ERROR round=") && zero.contains("peer=Some(1)"),
         "{}",
         show(&out)
     );

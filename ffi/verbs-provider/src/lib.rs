@@ -849,8 +849,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         let Some(entry) = cq.entries.pop_front() else {
             break;
         };
-        // SAFETY: `given < n`, and the caller provides `n` writable entries.
-        unsafe { wc.add(given).write(entry) };
+        let slot = wc.wrapping_add(given);
+        // SAFETY: `slot` is entry `given < n` of the caller's array of `n` writable entries.
+        unsafe { slot.write(entry) };
         given += 1;
     }
     given as c_int
