@@ -32,7 +32,8 @@ use nuvec_tools::testing;
 const DONE: &str = "PROVIDER-CHILD-DONE";
 
 /// Every variable the backends read, removed from children unless a test sets it.
-const LAUNCH_VARS: [&str; 14] = [
+const LAUNCH_VARS: [&str; 15] = [
+    "NUVEC_VERBS_PROVIDER_TRACE",
     "NUVEC_VERBS_PROVIDER_EARLY",
     "MLX_HOSTFILE",
     "MLX_RANK",
@@ -161,9 +162,28 @@ fn launch(
     device_settings: &[(&str, &str)],
     per_rank: &[(usize, &str, String)],
 ) -> Vec<Output> {
-    let lib = provider();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("devices.json");
+    launch_in(
+        dir.path(),
+        name,
+        fabric,
+        timeout_s,
+        device_settings,
+        per_rank,
+    )
+}
+
+/// [`launch`], with the provider's fabric directory (and the device file) under `dir`.
+fn launch_in(
+    dir: &Path,
+    name: &str,
+    fabric: &Fabric,
+    timeout_s: u32,
+    device_settings: &[(&str, &str)],
+    per_rank: &[(usize, &str, String)],
+) -> Vec<Output> {
+    let lib = provider();
+    let file = dir.join("devices.json");
     std::fs::write(&file, &fabric.matrix).unwrap();
     let devices: Vec<String> = fabric
         .devices
@@ -186,7 +206,7 @@ fn launch(
                 cmd.env_remove(var);
             }
             cmd.env(LIBRARY_VAR, lib)
-                .env("NUVEC_VERBS_PROVIDER_DIR", dir.path())
+                .env("NUVEC_VERBS_PROVIDER_DIR", dir)
                 .env("NUVEC_VERBS_PROVIDER_DEVICES", devices.join(","))
                 .env("NUVEC_DISTRIBUTED_TIMEOUT", timeout_s.to_string())
                 .env("MLX_RANK", rank.to_string())
@@ -363,6 +383,151 @@ macro_rules! ring_test {
 mesh_test!(mesh_2: 2, mesh_3: 3, mesh_4: 4, mesh_5: 5, mesh_6: 6, mesh_7: 7, mesh_8: 8);
 ring_test!(ring_2_ranks_1_cable: 2, 1, ring_3_ranks_2_cables: 3, 2, ring_4_ranks_3_cables: 4, 3,
     ring_8_ranks_4_cables: 8, 4, ring_5_ranks_1_cable: 5, 1, ring_2_ranks_4_cables: 2, 4);
+
+// ---------------------------------------------------------------------------------------
+// The set-up, as MLX does it
+
+/// The queue-pair set-up of a mesh of 3, read back from the provider's trace: one CQ of 64
+/// entries and one UC queue pair (32 sends, 32 receives, one SGE, no inline data, one CQ for
+/// both) per peer; INIT on port 1, P_Key 0, local write + remote read + remote write; RTR with
+/// a 1024-byte MTU, PSN 7, the peer's queue pair, a global route with hop limit 1 to the
+/// peer's IPv4-mapped GID, from the index where the scan found this port's (1, or 3 on the
+/// one device that keeps it there: MLX's fixed 1 would be refused); RTS with PSN 7; buffers
+/// registered for local write only. Dropping the group moves every queue pair to ERR.
+#[test]
+fn the_queue_pair_set_up_is_mlx_s() {
+    const NAME: &str = "the_queue_pair_set_up_is_mlx_s";
+    if testing::is_rank(NAME) {
+        // jaccl::init, not init_backend: the group is not kept as the default, so dropping
+        // it tears the connections down through the binding (QP to ERR, then destroyed,
+        // then CQ, PD, regions and device: the provider refuses a wrong order with EBUSY).
+        let config = jaccl::Config::from_env().unwrap();
+        let group = jaccl::init(&config, &nuvec_distributed::Options::default()).unwrap();
+        let mut v = vec![1f32; 64];
+        group.all_sum(&mut v).unwrap();
+        assert!(v.iter().all(|&x| x == 3.0));
+        drop(group);
+        println!("{DONE}");
+        return;
+    }
+    let p = 3;
+    let fabric = Fabric::mesh(p);
+    let settings: Vec<(String, String)> = (0..p)
+        .flat_map(|i| (0..p).filter(move |&j| j != i).map(move |j| (i, j)))
+        .map(|(i, j)| {
+            let gid = if (i, j) == (2, 0) { ":gid=3" } else { "" };
+            (format!("m{i}to{j}"), format!("ipv4=10.9.{i}.{j}{gid}"))
+        })
+        .collect();
+    let settings: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(d, s)| (d.as_str(), s.as_str()))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let trace: Vec<_> = (0..p)
+        .map(|r| (r, "NUVEC_VERBS_PROVIDER_TRACE", "1".to_string()))
+        .collect();
+    let out = launch_in(dir.path(), NAME, &fabric, 20, &settings, &trace);
+    assert!(out.iter().all(finished), "{}", show(&out));
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir.path().join(".nuvec-verbs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("trace-")
+        {
+            lines.extend(
+                std::fs::read_to_string(path)
+                    .unwrap()
+                    .lines()
+                    .map(String::from),
+            );
+        }
+    }
+    let field = |line: &str, key: &str| -> String {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(String::from))
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    let count = |prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
+    let qps = p * (p - 1);
+    assert_eq!(count("create_cq cqe=64 channel=false"), qps, "{lines:#?}");
+    assert_eq!(count("create_qp "), qps, "{lines:#?}");
+    // qpn -> device
+    let mut device = std::collections::HashMap::new();
+    for l in lines.iter().filter(|l| l.starts_with("create_qp ")) {
+        assert!(
+            l.ends_with(
+                "type=3 send_wr=32 recv_wr=32 send_sge=1 recv_sge=1 inline=0 sig_all=0 same_cq=true"
+            ),
+            "{l}"
+        );
+        device.insert(field(l, "qpn"), field(l, "device"));
+    }
+    let ends = |d: &str| -> (usize, usize) {
+        let (i, j) = d.trim_start_matches('m').split_once("to").unwrap();
+        (i.parse().unwrap(), j.parse().unwrap())
+    };
+    for (qpn, dev) in &device {
+        let (i, j) = ends(dev);
+        let mine: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("modify qpn={qpn} ")))
+            .collect();
+        assert!(
+            mine.len() == 4,
+            "INIT, RTR, RTS, then ERR at teardown: {mine:#?}"
+        );
+        assert!(
+            mine[0].ends_with("INIT port=1 pkey=0 access=7"),
+            "{}",
+            mine[0]
+        );
+        let rtr = mine[1];
+        for (k, v) in [
+            ("mtu", "3"),
+            ("rq_psn", "7"),
+            ("global", "1"),
+            ("hop", "1"),
+            ("dlid", "0"),
+            ("port", "1"),
+        ] {
+            assert_eq!(field(rtr, k), v, "{k} in {rtr}");
+        }
+        let sgid = if (i, j) == (2, 0) { "3" } else { "1" };
+        assert_eq!(field(rtr, "sgid"), sgid, "{rtr}");
+        let dest = field(rtr, "dest");
+        assert_eq!(
+            device[&dest],
+            format!("m{j}to{i}"),
+            "{qpn} on {dev} connects to {rtr}"
+        );
+        let dgid = format!("00000000000000000000ffff0a09{j:02x}{i:02x}");
+        assert_eq!(field(rtr, "dgid"), dgid, "{rtr}");
+        assert!(mine[2].ends_with("RTS sq_psn=7"), "{}", mine[2]);
+        assert!(
+            mine[3..].iter().all(|l| l.ends_with("state=6")),
+            "{mine:#?}"
+        );
+    }
+    let regs: Vec<_> = lines.iter().filter(|l| l.starts_with("reg_mr ")).collect();
+    assert!(!regs.is_empty());
+    assert!(regs.iter().all(|l| l.ends_with("access=1")), "{regs:#?}");
+    // Teardown, children first: every object destroyed once, none refused (EBUSY would
+    // mean a parent went before its children).
+    for (call, n) in [
+        ("destroy_qp", qps),
+        ("destroy_cq", qps),
+        ("dealloc_pd", qps),
+        ("dereg_mr", regs.len()),
+        ("close_device", qps),
+    ] {
+        assert_eq!(count(&format!("{call} rc=0")), n, "{call}: {lines:#?}");
+        assert_eq!(count(&format!("{call} ")), n, "{call}: {lines:#?}");
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // Faults, named by peer

@@ -189,6 +189,29 @@ fn log_enabled() -> bool {
 /// Set (to anything) to log every post and completion on stderr, for debugging a test.
 pub const LOG_VAR: &str = "NUVEC_VERBS_PROVIDER_LOG";
 
+/// Set (to anything) to record every resource created and every queue-pair transition, with
+/// its attributes, in `trace-<pid>` of the fabric directory: tests read it to check that the
+/// set-up is MLX's.
+pub const TRACE_VAR: &str = "NUVEC_VERBS_PROVIDER_TRACE";
+
+/// Appends `line` to this process's trace file, if [`TRACE_VAR`] asks for one. Set-up calls
+/// only: never on the data path.
+fn trace(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if std::env::var_os(TRACE_VAR).is_none() {
+        return;
+    }
+    let path = config::fabric_dir().join(format!("trace-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(config::fabric_dir());
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 /// Sets this thread's `errno`, for functions that return NULL on failure.
 fn set_errno(e: c_int) {
     #[cfg(target_os = "linux")]
@@ -578,6 +601,12 @@ pub extern "C" fn ibv_open_device(device: *mut c_void) -> *mut c_void {
 /// it is alive (rdma-core would leak it; refusing shows a wrong teardown order).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
+    let rc = close_device(ctx);
+    trace(format_args!("close_device rc={rc}"));
+    rc
+}
+
+fn close_device(ctx: *mut c_void) -> c_int {
     let mut st = state();
     let addr = ctx.addr();
     if !st.contexts.contains_key(&addr) {
@@ -675,6 +704,12 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut c_void) -> *mut c_void {
 /// `int ibv_dealloc_pd(struct ibv_pd *)`: `EBUSY` while a queue pair or region uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dealloc_pd(pd: *mut c_void) -> c_int {
+    let rc = dealloc_pd(pd);
+    trace(format_args!("dealloc_pd rc={rc}"));
+    rc
+}
+
+fn dealloc_pd(pd: *mut c_void) -> c_int {
     let mut st = state();
     let addr = pd.addr();
     if !st.pds.contains_key(&addr) {
@@ -725,6 +760,7 @@ pub extern "C" fn ibv_reg_mr(
         lkey,
         rkey: lkey,
     });
+    trace(format_args!("reg_mr len={len} access={access}"));
     st.mrs.insert(
         mr,
         Mr {
@@ -740,6 +776,12 @@ pub extern "C" fn ibv_reg_mr(
 /// `int ibv_dereg_mr(struct ibv_mr *)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dereg_mr(mr: *mut c_void) -> c_int {
+    let rc = dereg_mr(mr);
+    trace(format_args!("dereg_mr rc={rc}"));
+    rc
+}
+
+fn dereg_mr(mr: *mut c_void) -> c_int {
     let mut st = state();
     if st.mrs.remove(&mr.addr()).is_none() {
         return libc::EINVAL;
@@ -795,6 +837,10 @@ pub extern "C" fn ibv_create_cq(
         handle: st.next_key,
         cqe,
     });
+    trace(format_args!(
+        "create_cq cqe={cqe} channel={}",
+        !channel.is_null()
+    ));
     st.cqs.insert(
         addr,
         Cq {
@@ -810,6 +856,12 @@ pub extern "C" fn ibv_create_cq(
 /// `int ibv_destroy_cq(struct ibv_cq *)`: `EBUSY` while a queue pair uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_destroy_cq(cq: *mut c_void) -> c_int {
+    let rc = destroy_cq(cq);
+    trace(format_args!("destroy_cq rc={rc}"));
+    rc
+}
+
+fn destroy_cq(cq: *mut c_void) -> c_int {
     let mut st = state();
     let addr = cq.addr();
     if !st.cqs.contains_key(&addr) {
@@ -936,6 +988,21 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
         state: IBV_QPS_RESET,
         qp_type: IBV_QPT_UC,
     });
+    let device = st
+        .device_of(ctx)
+        .map_or_else(String::new, |d| d.name.clone());
+    trace(format_args!(
+        "create_qp qpn={qpn} device={device} type={} send_wr={} recv_wr={} send_sge={} recv_sge={} inline={} \
+         sig_all={} same_cq={}",
+        attr.qp_type,
+        cap.max_send_wr,
+        cap.max_recv_wr,
+        cap.max_send_sge,
+        cap.max_recv_sge,
+        cap.max_inline_data,
+        attr.sq_sig_all,
+        attr.send_cq == attr.recv_cq
+    ));
     st.qps.insert(
         addr,
         Qp {
@@ -967,6 +1034,12 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
 /// `int ibv_destroy_qp(struct ibv_qp *)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_destroy_qp(qp: *mut c_void) -> c_int {
+    let rc = destroy_qp(qp);
+    trace(format_args!("destroy_qp rc={rc}"));
+    rc
+}
+
+fn destroy_qp(qp: *mut c_void) -> c_int {
     let mut st = state();
     if st.qps.remove(&qp.addr()).is_none() {
         return libc::EINVAL;
@@ -1090,6 +1163,34 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
             q.incoming = None;
         }
         _ => {}
+    }
+    let ah = a.ah_attr;
+    match a.qp_state {
+        IBV_QPS_INIT => trace(format_args!(
+            "modify qpn={} INIT port={} pkey={} access={}",
+            q.qpn, a.port_num, a.pkey_index, a.qp_access_flags
+        )),
+        IBV_QPS_RTR => trace(format_args!(
+            "modify qpn={} RTR mtu={} dest={} rq_psn={} global={} hop={} sgid={} dlid={} \
+             port={} dgid={}",
+            q.qpn,
+            a.path_mtu,
+            a.dest_qp_num,
+            a.rq_psn,
+            ah.is_global,
+            ah.grh.hop_limit,
+            ah.grh.sgid_index,
+            ah.dlid,
+            ah.port_num,
+            ah.grh
+                .dgid
+                .raw
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )),
+        IBV_QPS_RTS => trace(format_args!("modify qpn={} RTS sq_psn={}", q.qpn, a.sq_psn)),
+        other => trace(format_args!("modify qpn={} state={other}", q.qpn)),
     }
     q.state = a.qp_state;
     for (cq, wc) in done {
