@@ -26,7 +26,7 @@ use std::time::Duration;
 use ffi::verbs::{
     ACCESS_JACCL, Connection, FrameBuffer, LIBRARY_VAR, QueueSizes, RemoteEndpoint, Verbs,
 };
-use nuvec_distributed::{Backend, Error, Group, init_backend, jaccl};
+use nuvec_distributed::{Backend, Error, Group, bf16, f16, init_backend, jaccl};
 use nuvec_tools::testing;
 
 const DONE: &str = "PROVIDER-CHILD-DONE";
@@ -279,7 +279,9 @@ fn u8_of(rank: usize, i: usize, case: usize) -> u8 {
 }
 
 /// Every collective on `group`, for element counts crossing JACCL's buffer classes and its
-/// algorithm thresholds; panics (naming the case) on the first wrong element.
+/// algorithm thresholds (f32, i32 and u8 for every op; f64, bf16, f16 and i64 for the
+/// reductions too; every dtype is covered on the emulated fabric); panics (naming the case)
+/// on the first wrong element.
 fn every_collective(group: &Group) {
     let (me, p) = (group.rank(), group.size());
     // 1 element; under 4 KiB; 32 KiB of f32 (MLX's mesh threshold); several 512 KiB frames.
@@ -309,6 +311,37 @@ fn every_collective(group: &Group) {
         for (i, x) in v.iter().enumerate() {
             let want = (0..p).fold(0i32, |a, r| a.wrapping_add(i32_of(r, i, c + 10)));
             assert_eq!(*x, want, "all_sum i32 n={n} element {i}");
+        }
+        // Other element types: the wire carries bytes, the reduction is per type.
+        let mut v: Vec<f64> = (0..n).map(|i| f64::from(f32_of(me, i, c + 50))).collect();
+        group.all_sum(&mut v).unwrap();
+        for (i, x) in v.iter().enumerate() {
+            let want: f64 = (0..p).map(|r| f64::from(f32_of(r, i, c + 50))).sum();
+            assert_eq!(*x, want, "all_sum f64 n={n} element {i}");
+        }
+        let mut v: Vec<bf16> = (0..n)
+            .map(|i| bf16::from_f32(f32_of(me, i, c + 60)))
+            .collect();
+        group.all_max(&mut v).unwrap();
+        for (i, x) in v.iter().enumerate() {
+            let want = (0..p)
+                .map(|r| f32_of(r, i, c + 60))
+                .fold(f32::MIN, f32::max);
+            assert_eq!(x.to_f32(), want, "all_max bf16 n={n} element {i}");
+        }
+        let mut v: Vec<f16> = (0..n)
+            .map(|i| f16::from_f32(f32_of(me, i, c + 70)))
+            .collect();
+        group.all_sum(&mut v).unwrap();
+        for (i, x) in v.iter().enumerate() {
+            let want: f32 = (0..p).map(|r| f32_of(r, i, c + 70)).sum();
+            assert_eq!(x.to_f32(), want, "all_sum f16 n={n} element {i}");
+        }
+        let mut v: Vec<i64> = (0..n).map(|i| seed(me, i, c + 80) as i64).collect();
+        group.all_min(&mut v).unwrap();
+        for (i, x) in v.iter().enumerate() {
+            let want = (0..p).map(|r| seed(r, i, c + 80) as i64).min().unwrap();
+            assert_eq!(*x, want, "all_min i64 n={n} element {i}");
         }
         // all_gather
         let input: Vec<f32> = (0..n).map(|i| f32_of(me, i, c + 20)).collect();
