@@ -19,8 +19,11 @@
 //! does not have, or for a queue pair not in RTR or RTS is lost; a message that finds no
 //! receive posted is held until one is (Apple's transport, the default) or lost (the UC of
 //! the InfiniBand specification), as [`EARLY_VAR`] says; one longer than the posted buffer
-//! completes that receive with a length error. Sends complete once handed to the kernel (UC has no acknowledgement), so a
-//! send to a peer that is gone completes successfully and is lost, as on the wire.
+//! completes that receive with a length error. Sends complete once handed to the kernel (UC
+//! has no acknowledgement), so a send to a peer that is gone completes successfully and is
+//! lost, as on the wire. Faults ([`FAULT_VAR`]) drop a send, fail it, end the process or take
+//! the ports down; [`LOG_VAR`] logs every post and completion, [`TRACE_VAR`] records the
+//! set-up for tests to check.
 //!
 //! There is no thread: data moves when the process calls into the provider (any post or
 //! poll moves every queue pair's pending fragments both ways). So a message counts as
@@ -992,8 +995,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
         .device_of(ctx)
         .map_or_else(String::new, |d| d.name.clone());
     trace(format_args!(
-        "create_qp qpn={qpn} device={device} type={} send_wr={} recv_wr={} send_sge={} recv_sge={} inline={} \
-         sig_all={} same_cq={}",
+        "create_qp qpn={qpn} device={device} type={} send_wr={} recv_wr={} send_sge={} \
+         recv_sge={} inline={} sig_all={} same_cq={}",
         attr.qp_type,
         cap.max_send_wr,
         cap.max_recv_wr,
