@@ -264,6 +264,14 @@ step "unit tests, debug build (debug assertions on): default features, then all 
 cargo test -p nuvec-distributed -p nuvec-distributed-ffi --lib
 cargo test -p nuvec-distributed -p nuvec-distributed-ffi --lib --all-features
 
+# JACCL's real verbs path (the binding in ffi/src/verbs, src/jaccl/verbs.rs) has no RDMA
+# device here; the project's test provider stands in for libibverbs, loaded through
+# NUVEC_DISTRIBUTED_VERBS_LIBRARY. Every collective across processes, meshes of 2 to 8 and
+# rings of 1 to 4 cables, faults included; about half a minute.
+step "JACCL on the test verbs provider (ffi/verbs-provider): every collective across processes"
+cargo build --release -p nuvec-verbs-provider
+cargo test --release --features jaccl --test jaccl_provider
+
 step "tests, all features (release): the whole suite"
 cargo test --workspace --all-features --release
 

@@ -4,12 +4,20 @@
 //! on machines without either, and asks for the library only when JACCL is used. This is
 //! what MLX does on macOS (`dlopen("librdma.dylib")`), and it is what lets the crate's tests
 //! run where there is no RDMA at all.
+//!
+//! [`LIBRARY_VAR`] names another library to load instead: the tests point it at the project's
+//! own verbs provider (`ffi/verbs-provider`), so the unchanged binding drives it exactly as it
+//! drives rdma-core. Unset or empty, the platform's library is loaded.
 
 use std::fmt;
+use std::sync::Mutex;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use super::sys;
+
+/// The variable that names the verbs library to load instead of the platform's.
+pub const LIBRARY_VAR: &str = "NUVEC_DISTRIBUTED_VERBS_LIBRARY";
 
 /// Why the verbs library could not be used.
 #[derive(Clone, Debug)]
@@ -38,17 +46,53 @@ pub enum LoadError {
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LoadError::Unsupported => {
-                f.write_str("no verbs library is known for this operating system")
+            LoadError::Unsupported => write!(
+                f,
+                "no verbs library is known for this operating system (set {LIBRARY_VAR} to \
+                 the path of one)"
+            ),
+            LoadError::Open { library, reason } => {
+                write!(f, "cannot load {library}{}: {reason}", origin(library))
             }
-            LoadError::Open { library, reason } => write!(f, "cannot load {library}: {reason}"),
             LoadError::Symbol {
                 library,
                 symbol,
                 reason,
-            } => write!(f, "{library} has no {symbol}: {reason}"),
+            } => write!(f, "{library}{} has no {symbol}: {reason}", origin(library)),
         }
     }
+}
+
+/// Where a library's name came from, for messages: nothing for the platform's library, the
+/// variable for one it named.
+fn origin(library: &str) -> String {
+    if Some(library) == sys::LIBRARY {
+        String::new()
+    } else {
+        format!(" (named by {LIBRARY_VAR})")
+    }
+}
+
+/// The library to load: the one [`LIBRARY_VAR`] names, or the platform's.
+fn chosen_library() -> Option<&'static str> {
+    match std::env::var_os(LIBRARY_VAR) {
+        Some(path) if !path.is_empty() => Some(intern(&path.to_string_lossy())),
+        _ => sys::LIBRARY,
+    }
+}
+
+/// `name` as a `&'static str`, leaked once per distinct name: the loaded library's name is
+/// handed out as `&'static str` (`Verbs::library`), and a process names one or two
+/// libraries, so the leak is bounded however often the library is loaded.
+fn intern(name: &str) -> &'static str {
+    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&known) = names.iter().find(|&&known| known == name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(leaked);
+    leaked
 }
 
 impl std::error::Error for LoadError {}
@@ -86,13 +130,16 @@ impl fmt::Debug for Api {
 }
 
 impl Api {
-    /// Opens the platform's verbs library and resolves the 16 functions MLX's JACCL uses.
+    /// Opens the verbs library ([`LIBRARY_VAR`]'s, else the platform's) and resolves the 16
+    /// functions MLX's JACCL uses.
     pub(crate) fn load() -> Result<Api, LoadError> {
-        let library = sys::LIBRARY.ok_or(LoadError::Unsupported)?;
+        let library = chosen_library().ok_or(LoadError::Unsupported)?;
         // SAFETY: opening a shared library runs its initialisers. The verbs libraries
         // (rdma-core's libibverbs, Apple's librdma) are system libraries whose initialisers
         // only set up their own state; loading them is what every verbs program does at
-        // start-up. RTLD_NOW resolves all their symbols here rather than on first call.
+        // start-up. A library named by LIBRARY_VAR is one the user chose to run as the verbs
+        // library (the project's test provider has no initialisers). RTLD_NOW resolves all
+        // their symbols here rather than on first call.
         let opened = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_LOCAL) };
         let lib = opened.map_err(|e| LoadError::Open {
             library,

@@ -40,7 +40,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use loader::Api;
-pub use loader::LoadError;
+pub use loader::{LIBRARY_VAR, LoadError};
 
 /// The access rights MLX moves queue pairs to INIT with: local write, remote read and remote
 /// write. Two-sided SENDs use none of the remote rights; they are kept on the queue pair as
