@@ -89,20 +89,36 @@ use crate::ring::protocol::{Buffers, Lane, Topology};
 use crate::ring::staging::Staging;
 use crate::ring::transport::Transfer;
 
+// The thresholds come from `tests::measure_the_algorithms` (median of each rank's
+// all_sum f32 times, P threads on loopback in one process, on a 2-core VM whose load
+// average was 8.5, so only the crossings are worth anything, not the times):
+//
+// | bytes | P = 2: one-shot / direct / ring | P = 3 | P = 4 |
+// |---|---|---|---|
+// | 8 KiB | 52 / 62 / 95 µs | 88 / 90 / 160 µs | 152 / 205 / 289 µs |
+// | 64 KiB | 96 / 72 / 103 µs | 193 / 139 / 193 µs | 375 / 305 / 397 µs |
+// | 256 KiB | 201 / 152 / 247 µs | 531 / 329 / 351 µs | 3250 / 545 / 733 µs |
+// | 1 MiB | 3.3 / 4.1 / 0.6 ms | 4.6 / 1.5 / 1.1 ms | 12.5 / 2.7 / 1.5 ms |
+// | 16 MiB | 45 / 41 / 36 ms | 171 / 55 / 49 ms | 323 / 116 / 136 ms |
+//
+// Re-measure on an idle machine (and across hosts) before trusting them further.
+
 /// Largest all-reduce (bytes) that goes one-shot at P = 2: one hop, each rank folds the
-/// whole vector. Both ways of reducing send the same bytes per rank at P = 2, so the
-/// one-shot wins until folding the whole vector (instead of half) and the staging copies
-/// cost more than the second hop.
-const ONE_SHOT_MAX_P2: usize = 256 << 10;
+/// whole vector. Both ways of reducing send the same bytes per rank at P = 2; the
+/// one-shot wins while the second hop costs more than folding the whole vector instead
+/// of half of it (measured: ahead at 8 KiB, behind at 64 KiB).
+const ONE_SHOT_MAX_P2: usize = 32 << 10;
 
 /// Largest all-reduce (bytes) that goes one-shot at P >= 3, where each rank sends its
-/// vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost.
+/// vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost
+/// (measured: ahead or even at 8 KiB, behind at 64 KiB).
 const ONE_SHOT_MAX: usize = 16 << 10;
 
 /// Smallest all-reduce (bytes) that takes MLX's pipelined ring: the direct
 /// reduce-scatter/all-gather finishes each round before the next starts and stages a
-/// copy of every peer's block, while the ring overlaps its steps in bounded staging.
-const RING_MIN: usize = 4 << 20;
+/// copy of every peer's block, while the ring overlaps its steps in bounded staging
+/// (measured: the ring ahead from 1 MiB at every P).
+const RING_MIN: usize = 1 << 20;
 
 impl Routes for Transport {
     fn send_conn(&self, peer: usize) -> usize {
@@ -307,6 +323,49 @@ impl Native {
         }
     }
 
+    /// An all-reduce by `algorithm` (tests and measurements force one).
+    fn all_reduce_by(
+        &self,
+        algorithm: Algorithm,
+        op: ReduceOp,
+        dtype: DType,
+        data: &mut [u8],
+    ) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let elems = data.len() / dtype.size();
+        // The ring needs an element per rank (MLX pads fewer; the direct ones need not).
+        let algorithm = match algorithm {
+            Algorithm::Ring if elems < self.size => Algorithm::OneShot,
+            algorithm => algorithm,
+        };
+        if algorithm == Algorithm::Ring && state.ring_stage.is_none() && self.size > 1 {
+            // Before the call is numbered: a mapping failure is local, leaves the group
+            // usable, and must not put this rank's sequence ahead of its peers'.
+            state.ring_stage = Some(Staging::new(state.transport.connections())?);
+        }
+        let call = Self::group_call(state, Kind::AllReduce(op, dtype), elems);
+        if self.size == 1 {
+            return Ok(());
+        }
+        let (me, p) = (self.rank, self.size);
+        match algorithm {
+            Algorithm::OneShot => {
+                let len = data.len();
+                state
+                    .exchange
+                    .one_shot(&state.transport, me, p, &call, (op, dtype), len);
+            }
+            Algorithm::ScatterGather => {
+                state
+                    .exchange
+                    .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
+            }
+            Algorithm::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
+        }
+        self.run(state, &call, data, &[])
+    }
+
     /// A large all-reduce: headers with every peer, then MLX's pipelined ring over the
     /// neighbour connections.
     fn ring_all_reduce(
@@ -316,10 +375,6 @@ impl Native {
         (op, dtype): (ReduceOp, DType),
         data: &mut [u8],
     ) -> Result<()> {
-        if state.ring_stage.is_none() {
-            // Before any byte moves: a mapping failure is local and leaves the group usable.
-            state.ring_stage = Some(Staging::new(state.transport.connections())?);
-        }
         state
             .exchange
             .headers(&state.transport, self.rank, self.size, call);
@@ -371,29 +426,8 @@ impl Communicator for Native {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let mut state = self.state.lock()?;
-        let state = &mut *state;
-        let elems = data.len() / dtype.size();
-        let call = Self::group_call(state, Kind::AllReduce(op, dtype), elems);
-        if self.size == 1 {
-            return Ok(());
-        }
-        let (me, p) = (self.rank, self.size);
-        match Algorithm::choose(p, data.len(), elems) {
-            Algorithm::OneShot => {
-                let len = data.len();
-                state
-                    .exchange
-                    .one_shot(&state.transport, me, p, &call, (op, dtype), len);
-            }
-            Algorithm::ScatterGather => {
-                state
-                    .exchange
-                    .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
-            }
-            Algorithm::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
-        }
-        self.run(state, &call, data, &[])
+        let algorithm = Algorithm::choose(self.size, data.len(), data.len() / dtype.size());
+        self.all_reduce_by(algorithm, op, dtype, data)
     }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {

@@ -13,7 +13,7 @@ use rand::{RngCore, SeedableRng};
 
 use super::header::{Call, Header, Kind};
 use super::protocol::{Exchange, Memory, Routes};
-use super::{Formed, Native, ONE_SHOT_MAX, ONE_SHOT_MAX_P2, Peer, RING_MIN};
+use super::{Algorithm, Formed, Native, ONE_SHOT_MAX, ONE_SHOT_MAX_P2, Peer, RING_MIN};
 use crate::comm::Communicator;
 use crate::element::DType;
 use crate::error::Error;
@@ -191,10 +191,15 @@ fn every_op_and_dtype_reduces_in_rank_order_on_every_rank() {
 fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
     for size in [2, 3] {
         let ranks = group(size, 2, Duration::from_secs(20));
-        let elems = RING_MIN / 4 + 5;
         let results = on_ranks(&ranks, |comm| {
             let mut out = Vec::new();
-            for (case, dtype) in [(1, DType::I32), (2, DType::F32)] {
+            // Either side of the switch to the ring, and well past it.
+            for (case, dtype, elems) in [
+                (1, DType::I32, RING_MIN / 4 - 1),
+                (2, DType::I32, RING_MIN / 4),
+                (3, DType::I32, 3 * RING_MIN / 4 + 5),
+                (4, DType::F32, 3 * RING_MIN / 4 + 5),
+            ] {
                 let inputs: Vec<_> = (0..size)
                     .map(|r| input(case, r, dtype, elems * 4))
                     .collect();
@@ -274,6 +279,101 @@ fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
             comm.barrier()
                 .unwrap_or_else(|e| panic!("rank {me}: barrier: {e}"));
         });
+    }
+}
+
+#[test]
+fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
+    let algorithms = [
+        Algorithm::OneShot,
+        Algorithm::ScatterGather,
+        Algorithm::Ring,
+    ];
+    for size in [2, 3, 4] {
+        let ranks = group(size, 2, Duration::from_secs(20));
+        let mut plan = Vec::new();
+        let mut case = 500;
+        for algorithm in algorithms {
+            for count in [1, size, 3 * size + 1, 5000] {
+                for (op, dtype) in [
+                    (ReduceOp::Max, DType::F32),
+                    (ReduceOp::Min, DType::BF16),
+                    (ReduceOp::Sum, DType::I64),
+                    (ReduceOp::Sum, DType::F16),
+                ] {
+                    case += 1;
+                    plan.push((case, algorithm, op, dtype, count));
+                }
+            }
+        }
+        let results = on_ranks(&ranks, |comm| {
+            let mut out = Vec::new();
+            for &(case, algorithm, op, dtype, count) in &plan {
+                let bytes = count * dtype.size();
+                let inputs: Vec<_> = (0..size).map(|r| input(case, r, dtype, bytes)).collect();
+                let mut data = inputs[comm.rank()].clone();
+                comm.all_reduce_by(algorithm, op, dtype, &mut data)
+                    .unwrap_or_else(|e| panic!("rank {}: {algorithm:?}: {e}", comm.rank()));
+                // The ring folds in its own (fixed) order: only the direct ones must equal
+                // the rank-order fold bit for bit, and every one must equal it for integers.
+                if algorithm != Algorithm::Ring || dtype == DType::I64 {
+                    assert!(
+                        data == reference(op, dtype, &inputs),
+                        "rank {}: {algorithm:?} {op:?} {dtype} x {count}",
+                        comm.rank()
+                    );
+                }
+                out.push(data);
+            }
+            out
+        });
+        for r in 1..size {
+            assert!(
+                results[r] == results[0],
+                "rank {r} differs from rank 0 at P = {size}"
+            );
+        }
+    }
+}
+
+/// Times each algorithm at sizes around the thresholds, on loopback, in this process (P
+/// threads share the machine's CPUs, so the figures are relative, not a benchmark).
+#[test]
+#[ignore = "a measurement that prints timings, run by hand to set the thresholds"]
+fn measure_the_algorithms() {
+    let algorithms = [
+        Algorithm::OneShot,
+        Algorithm::ScatterGather,
+        Algorithm::Ring,
+    ];
+    for size in [2, 3, 4] {
+        let ranks = group(size, 1, Duration::from_secs(20));
+        for bytes in [
+            4usize,
+            8 << 10,
+            64 << 10,
+            256 << 10,
+            1 << 20,
+            4 << 20,
+            16 << 20,
+        ] {
+            let iterations = (4usize << 20).div_ceil(bytes).clamp(5, 200);
+            for algorithm in algorithms {
+                let medians = on_ranks(&ranks, |comm| {
+                    let mut data = vec![0u8; bytes];
+                    let mut times = Vec::with_capacity(iterations);
+                    for _ in 0..iterations {
+                        let t = Instant::now();
+                        comm.all_reduce_by(algorithm, ReduceOp::Sum, DType::F32, &mut data)
+                            .expect("a measured all_sum");
+                        times.push(t.elapsed());
+                    }
+                    times.sort();
+                    times[times.len() / 2]
+                });
+                println!("P={size} {bytes:>9} B {algorithm:?}: {:?}", medians[0]);
+            }
+        }
     }
 }
 
