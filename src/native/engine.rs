@@ -50,7 +50,7 @@ impl Collective<'_, '_> {
             while let Some((index, target)) = self.exchange.receive(i, self.mem) {
                 let conn = self.transport.conn(index);
                 match conn.read(target) {
-                    Ok(Transfer::Moved(n)) => self.exchange.received(i, n)?,
+                    Ok(Transfer::Moved(n)) => self.exchange.received(i, n, self.mem)?,
                     Ok(Transfer::Blocked) => break,
                     Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, context)),
                     Err(e) => return Err(conn.failed(PeerOp::Receive, context, e)),
@@ -172,7 +172,7 @@ fn last_look(
                 };
                 match transport.conn(index).read(target) {
                     Ok(Transfer::Moved(n)) => {
-                        if let Err(error) = exchange.received(i, n) {
+                        if let Err(error) = exchange.received(i, n, mem) {
                             return Some(error);
                         }
                     }

@@ -138,14 +138,15 @@ struct Fold {
     own: Src,
     /// Where the result goes, in `data`.
     target: Range<usize>,
-    /// Rank `p`'s contribution is staged at `p * slot .. p * slot + target.len()`.
+    /// Rank `p`'s contribution is staged at `p * slot + HEADER_BYTES`, `target.len()`
+    /// bytes (see [`stage_at`]).
     slot: usize,
 }
 
 impl Fold {
     fn run(&self, me: usize, size: usize, mem: &mut Memory<'_>) {
         let len = self.target.len();
-        let at = |p: usize| p * self.slot..p * self.slot + len;
+        let at = |p: usize| stage_at(self.slot, p, len);
         let own: &[u8] = match &self.own {
             Src::Data(r) => &mem.data[r.clone()],
             Src::Input(r) => &mem.input[r.clone()],
@@ -163,6 +164,19 @@ impl Fold {
             );
         }
     }
+}
+
+/// The bytes a staging slot takes for `len` bytes of data: the header's room before them,
+/// rounded up so every slot's data starts 16-byte aligned (relative to the buffer).
+fn slot_bytes(len: usize) -> usize {
+    HEADER_BYTES + len.div_ceil(16) * 16
+}
+
+/// Where rank `p`'s `len` bytes sit in staging slots of `slot` bytes: after the room for
+/// its header.
+fn stage_at(slot: usize, p: usize, len: usize) -> Range<usize> {
+    let start = p * slot + HEADER_BYTES;
+    start..start + len
 }
 
 /// One round: messages out and in, then an optional fold.
@@ -285,17 +299,17 @@ impl Exchange {
         self.start(me, size, 1);
         for peer in self.peers() {
             self.out(0, routes, peer, Some(call), Src::Data(0..len));
-            let slot = peer * len..(peer + 1) * len;
-            self.inc(0, routes, peer, Some(call), Dst::Stage(slot));
+            let at = stage_at(slot_bytes(len), peer, len);
+            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
         }
         self.rounds[0].fold = Some(Fold {
             op,
             dtype,
             own: Src::Data(0..len),
             target: 0..len,
-            slot: len,
+            slot: slot_bytes(len),
         });
-        self.staging = size * len;
+        self.staging = size * slot_bytes(len);
     }
 
     /// The direct reduce-scatter + all-gather all-reduce of `elems` elements (see the
@@ -316,10 +330,10 @@ impl Exchange {
             r.start * esize..r.end * esize
         };
         let mine = block(me);
-        let slot = elems.div_ceil(size) * esize;
+        let slot = slot_bytes(elems.div_ceil(size) * esize);
         for peer in self.peers() {
             self.out(0, routes, peer, Some(call), Src::Data(block(peer)));
-            let at = peer * slot..peer * slot + mine.len();
+            let at = stage_at(slot, peer, mine.len());
             self.inc(0, routes, peer, Some(call), Dst::Stage(at));
             // The second round needs no header: the first one checked this pair.
             self.out(1, routes, peer, None, Src::Data(mine.clone()));
@@ -366,17 +380,18 @@ impl Exchange {
         self.start(me, size, 1);
         for peer in self.peers() {
             let theirs = peer * chunk..(peer + 1) * chunk;
-            self.out(0, routes, peer, Some(call), Src::Input(theirs.clone()));
-            self.inc(0, routes, peer, Some(call), Dst::Stage(theirs));
+            self.out(0, routes, peer, Some(call), Src::Input(theirs));
+            let at = stage_at(slot_bytes(chunk), peer, chunk);
+            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
         }
         self.rounds[0].fold = Some(Fold {
             op: ReduceOp::Sum,
             dtype,
             own: Src::Input(me * chunk..(me + 1) * chunk),
             target: 0..chunk,
-            slot: chunk,
+            slot: slot_bytes(chunk),
         });
-        self.staging = size * chunk;
+        self.staging = size * slot_bytes(chunk);
     }
 
     /// A send of all of `input` to `peer`.
@@ -482,6 +497,12 @@ impl Exchange {
             return None;
         }
         if inc.head_left() > 0 {
+            // Into staging, the header lands right before the data, so that one read can
+            // take both; nothing staged is used before the header is checked.
+            if let Dst::Stage(r) = &inc.dst {
+                let from = r.start - HEADER_BYTES + inc.head_got;
+                return Some((inc.conn, &mut mem.stage[from..r.end]));
+            }
             return Some((inc.conn, &mut inc.head[inc.head_got..]));
         }
         let target: &mut [u8] = match &inc.dst {
@@ -499,20 +520,25 @@ impl Exchange {
     ///
     /// [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, or [`Error::PeerMisbehaved`](crate::Error::PeerMisbehaved) for a header
     /// that does not decode.
-    pub(crate) fn received(&mut self, i: usize, n: usize) -> Result<()> {
+    pub(crate) fn received(&mut self, i: usize, n: usize, mem: &Memory<'_>) -> Result<()> {
         let me = self.me;
         let inc = &mut self.rounds[self.current].ins[i];
         self.progress = true;
-        if inc.head_left() > 0 {
-            inc.head_got += n;
+        let head = n.min(inc.head_left());
+        if head > 0 {
+            if let Dst::Stage(r) = &inc.dst {
+                let from = r.start - HEADER_BYTES + inc.head_got;
+                inc.head[inc.head_got..inc.head_got + head]
+                    .copy_from_slice(&mem.stage[from..from + head]);
+            }
+            inc.head_got += head;
             if inc.head_left() == 0
                 && let Some(call) = &inc.expect
             {
                 call.check(me, inc.peer, &inc.head)?;
             }
-            return Ok(());
         }
-        inc.off += n;
+        inc.off += n - head;
         Ok(())
     }
 

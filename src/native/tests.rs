@@ -608,7 +608,7 @@ fn simulate(
                     *t = b;
                 }
                 if n > 0
-                    && let Err(e) = x.received(i, n)
+                    && let Err(e) = x.received(i, n, &mem)
                 {
                     failed = Some(e);
                     break;
@@ -702,6 +702,43 @@ proptest! {
             let n = count;
             prop_assert!(data[r][odd * n..] == before[r][odd * n..], "rank {}", r);
         }
+    }
+
+    /// Reductions stage what arrives (header and data in one read) and fold only once
+    /// every header matched: a mismatch leaves every rank's array as it was.
+    #[test]
+    fn a_mismatched_reduction_folds_nothing(
+        size in 2usize..5,
+        count in 1usize..100,
+        odd_dtype in any::<bool>(),
+        scatter in any::<bool>(),
+        seed in any::<u64>(),
+        max in 1usize..48,
+    ) {
+        let odd = size - 1;
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        let mut data: Vec<Vec<u8>> = Vec::new();
+        for (r, x) in xs.iter_mut().enumerate() {
+            let (dtype, n) = match r == odd {
+                true if odd_dtype => (DType::I16, count),
+                true => (DType::U16, count + 1),
+                false => (DType::U16, count),
+            };
+            let call = Call::group(3, Kind::AllReduce(ReduceOp::Sum, dtype), n as u64);
+            if scatter {
+                x.scatter_gather(&Direct, r, size, &call, (ReduceOp::Sum, dtype), n);
+            } else {
+                x.one_shot(&Direct, r, size, &call, (ReduceOp::Sum, dtype), n * 2);
+            }
+            data.push(input(seed, r, dtype, n * 2));
+        }
+        let before = data.clone();
+        let none: Vec<Vec<u8>> = vec![Vec::new(); size];
+        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+        for (r, o) in outcome.iter().enumerate() {
+            prop_assert!(matches!(o, Err(Error::Mismatch { .. })), "rank {}: {:?}", r, o);
+        }
+        prop_assert_eq!(data, before);
     }
 }
 
