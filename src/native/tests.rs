@@ -522,6 +522,28 @@ fn a_rank_that_dies_mid_call_is_named() {
 }
 
 #[test]
+fn a_rank_that_never_calls_is_named_after_the_timeout() {
+    // Rank 2 of 4 is alive (its sockets are open) but never calls: its kernel takes the
+    // bytes, its process never answers, and the others' inquiry finds it silent.
+    let timeout = Duration::from_millis(800);
+    let ranks = group(4, 1, timeout);
+    let began = Instant::now();
+    let outcomes = on_ranks(&ranks, |comm| {
+        if comm.rank() == 2 {
+            std::thread::sleep(3 * timeout);
+            return None;
+        }
+        Some(comm.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 64]))
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let Some(outcome) = outcome else { continue };
+        let e = outcome.expect_err("nobody can finish without rank 2");
+        assert_eq!(e.peer(), Some(2), "rank {rank}: {e}");
+    }
+    assert!(began.elapsed() < 4 * timeout);
+}
+
+#[test]
 fn close_from_another_thread_aborts_a_call_in_flight() {
     let ranks = group(2, 1, Duration::from_secs(30));
     let began = Instant::now();
