@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | sequence number (wrapping) |
-//! | 4 | kind: 1 all-reduce, 2 all_gather, 3 sum_scatter, 4 barrier, 5 send |
+//! | 4 | kind: 1 all-reduce, 2 all_gather, 3 sum_scatter, 4 barrier, 5 send, 6 rejected send |
 //! | 5 | op: 0 sum, 1 max, 2 min (0 unless an all-reduce) |
 //! | 6 | dtype: its index in [`DType::ALL`], [`NO_DTYPE`] for byte collectives |
 //! | 7 | [`TAG`], a fixed byte: anything else means the stream is out of step |
@@ -22,6 +22,15 @@
 //! group collectives, and two ranks that only exchange messages never see a false
 //! mismatch: each message's number is where both sides are in their own pairwise order.
 //! A `recv` expects a header of kind `send`; any other kind is a mismatch.
+//!
+//! # A rejected send
+//!
+//! A `send` is not acknowledged (as on MLX's wire: two ranks may both send before they
+//! receive), so the sender of a message the receiver refused cannot learn it from the
+//! send itself. The receiver answers such a message with a header of kind 6 carrying the
+//! message's sequence number and the length it expected, before it fails the group;
+//! whatever the sender next reads from it (a group collective's header, a `recv`) is that
+//! header, which fails the sender's call with the same mismatch.
 
 use std::fmt;
 
@@ -51,6 +60,8 @@ pub(crate) enum Kind {
     Barrier,
     /// send (and the recv that takes it) of `count` bytes.
     Send,
+    /// The receiver's answer to a send it refused: it expected `count` bytes.
+    Rejected,
 }
 
 /// One header: the call it describes, as the wire carries it.
@@ -99,6 +110,7 @@ impl Header {
             Kind::SumScatter(dtype) => (3, 0, dtype_code(dtype)),
             Kind::Barrier => (4, 0, NO_DTYPE),
             Kind::Send => (5, 0, NO_DTYPE),
+            Kind::Rejected => (6, 0, NO_DTYPE),
         };
         let mut out = [0u8; HEADER_BYTES];
         out[0..4].copy_from_slice(&self.seq.to_le_bytes());
@@ -135,6 +147,7 @@ impl Header {
             (3, d) if plain => Kind::SumScatter(dtype_of(d).ok_or(garbled)?),
             (4, NO_DTYPE) if plain => Kind::Barrier,
             (5, NO_DTYPE) if plain => Kind::Send,
+            (6, NO_DTYPE) if plain => Kind::Rejected,
             _ => return Err(garbled),
         };
         Ok(Header {
@@ -176,7 +189,15 @@ impl Call {
             // A barrier is an all_sum in the MLX wire's errors too.
             Kind::Barrier => Phase::AllSum,
             Kind::Send if self.recv_from.is_some() => Phase::Recv,
-            Kind::Send => Phase::Send,
+            Kind::Send | Kind::Rejected => Phase::Send,
+        }
+    }
+
+    /// The header that answers a send this `recv` refused (see the module docs).
+    pub(crate) fn rejection(&self) -> Header {
+        Header {
+            kind: Kind::Rejected,
+            ..self.header
         }
     }
 
@@ -202,6 +223,18 @@ impl Call {
         };
         if theirs == self.header {
             return Ok(());
+        }
+        if theirs.kind == Kind::Rejected {
+            // About an earlier send of this rank, which the caller names (`call` empty).
+            return Err(Error::Mismatch {
+                seq: u64::from(theirs.seq),
+                point_to_point: true,
+                rank: me,
+                call: String::new(),
+                peer,
+                peer_call: format!("recv of {} bytes from rank {me}", theirs.count),
+                context,
+            });
         }
         // The peer's call as it would name it: a send header comes from a send to us.
         let peer_call = Call {
@@ -234,6 +267,7 @@ impl fmt::Display for Call {
             Kind::AllGather => write!(f, "all_gather of {count} bytes"),
             Kind::SumScatter(dtype) => write!(f, "sum_scatter {dtype} x {count}"),
             Kind::Barrier => f.write_str("barrier"),
+            Kind::Rejected => write!(f, "recv of {count} bytes"),
             Kind::Send => match (self.recv_from, self.send_to) {
                 (Some(src), _) => write!(f, "recv of {count} bytes from rank {src}"),
                 (None, Some(dst)) => write!(f, "send of {count} bytes to rank {dst}"),
@@ -249,7 +283,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn kinds() -> Vec<Kind> {
-        let mut kinds = vec![Kind::AllGather, Kind::Barrier, Kind::Send];
+        let mut kinds = vec![Kind::AllGather, Kind::Barrier, Kind::Send, Kind::Rejected];
         for dtype in DType::ALL {
             kinds.push(Kind::SumScatter(dtype));
             for op in ReduceOp::ALL {

@@ -30,8 +30,9 @@
 //! rank's finds it, fails the collective with [`Error::Mismatch`] naming both calls, and
 //! fails the group (closing its connections, so the others do not wait out their
 //! timeout). A `send` is not acknowledged (as on MLX's wire, so that two ranks may both
-//! send before they receive): a mismatched `recv` fails at once, the sender learns of it
-//! at its next call on the group, which finds the connection closed.
+//! send before they receive): a mismatched `recv` fails at once and answers the sender,
+//! whose next call that reads from the receiver (any group collective, a `recv`) fails
+//! with the same mismatch (see `header`).
 
 use crate::ring::transport::Transport;
 
@@ -151,6 +152,8 @@ struct State {
     seq: u32,
     /// Sends to each rank so far, and receives from each rank so far.
     sent: Vec<u32>,
+    /// The length of the last send to each rank, to name it if the receiver refuses it.
+    sent_len: Vec<u64>,
     received: Vec<u32>,
     /// Scratch for the connections a stalled collective waits on.
     waits: Vec<(usize, PeerOp)>,
@@ -196,7 +199,7 @@ impl Traced {
             Kind::AllGather => (3, 255, count),
             Kind::SumScatter(dtype) => (4, code(dtype), count * dtype.size() as u64),
             Kind::Send if call.recv_from.is_some() => (6, 255, count),
-            Kind::Send => (5, 255, count),
+            Kind::Send | Kind::Rejected => (5, 255, count),
         };
         Traced { op, dtype, bytes }
     }
@@ -258,6 +261,7 @@ impl Native {
                 ring_stage: None,
                 seq: 0,
                 sent: vec![0; size],
+                sent_len: vec![0; size],
                 received: vec![0; size],
                 waits: Vec::new(),
             })
@@ -281,6 +285,8 @@ impl Native {
             exchange,
             stage,
             waits,
+            sent,
+            sent_len,
             ..
         } = state;
         if stage.len() < exchange.staging() {
@@ -302,6 +308,48 @@ impl Native {
             call.phase(),
             self.state.close_flag(),
         );
+        let result = match result {
+            Err(Error::Mismatch {
+                seq,
+                point_to_point,
+                rank,
+                call: mine,
+                peer,
+                peer_call,
+                context,
+            }) => {
+                let mine = if mine.is_empty() {
+                    // A refused send of this rank's, answered after it had returned.
+                    let last = u64::from(sent[peer].wrapping_sub(1));
+                    if seq == last {
+                        format!("send of {} bytes to rank {peer}", sent_len[peer])
+                    } else {
+                        format!("send to rank {peer}")
+                    }
+                } else {
+                    if let Some(src) = call.recv_from
+                        && exchange.refused().is_some()
+                    {
+                        // Tell the sender, which is not waiting for an answer (see
+                        // `header`): best effort, before the group fails and closes.
+                        transport.assume_ready();
+                        let rejection = call.rejection().encode();
+                        let _ = transport.conn(transport.send_conn(src)).write(&rejection);
+                    }
+                    mine
+                };
+                Err(Error::Mismatch {
+                    seq,
+                    point_to_point,
+                    rank,
+                    call: mine,
+                    peer,
+                    peer_call,
+                    context,
+                })
+            }
+            result => result,
+        };
         let result = self.settle(transport, result);
         let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
         ffi::probes::collective_done(
@@ -465,6 +513,7 @@ impl Communicator for Native {
         let state = &mut *state;
         let seq = state.sent[dst];
         state.sent[dst] = seq.wrapping_add(1);
+        state.sent_len[dst] = data.len() as u64;
         let call = Call {
             header: Header {
                 seq,

@@ -31,7 +31,7 @@
 
 use std::ops::Range;
 
-use super::header::{Call, HEADER_BYTES};
+use super::header::{Call, HEADER_BYTES, Header, Kind};
 use crate::element::DType;
 use crate::error::{PeerOp, Result};
 use crate::reduce::{ReduceOp, reduce_into};
@@ -218,6 +218,8 @@ pub(crate) struct Exchange {
     staging: usize,
     /// Whether bytes moved since [`Exchange::take_progress`] last asked.
     progress: bool,
+    /// A `send` header this rank refused (the sender is told; see `header`).
+    refused: Option<Header>,
 }
 
 impl Exchange {
@@ -228,6 +230,7 @@ impl Exchange {
         self.current = 0;
         self.staging = 0;
         self.progress = false;
+        self.refused = None;
         for round in &mut self.rounds {
             round.clear();
         }
@@ -534,8 +537,12 @@ impl Exchange {
             inc.head_got += head;
             if inc.head_left() == 0
                 && let Some(call) = &inc.expect
+                && let Err(mismatch) = call.check(me, inc.peer, &inc.head)
             {
-                call.check(me, inc.peer, &inc.head)?;
+                self.refused = Header::decode(&inc.head)
+                    .ok()
+                    .filter(|h| h.kind == Kind::Send);
+                return Err(mismatch);
             }
         }
         inc.off += n - head;
@@ -558,6 +565,11 @@ impl Exchange {
         self.current += 1;
         self.progress = true;
         true
+    }
+
+    /// The `send` header whose mismatch ended this collective, if one did.
+    pub(crate) fn refused(&self) -> Option<Header> {
+        self.refused
     }
 
     /// Whether bytes moved or rounds completed since the last call.

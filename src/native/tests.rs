@@ -472,30 +472,47 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
     );
 }
 
+/// A `send` returns before the receiver looks at it (it is not acknowledged); the
+/// receiver that refuses it fails at once, and answers, so the sender's next call fails
+/// with the same mismatch.
 #[test]
-fn a_recv_of_another_length_fails_naming_the_send() {
-    for size in [2, 4] {
+fn a_recv_of_another_length_fails_the_receiver_and_then_the_sender() {
+    for size in [2, 3, 4] {
         let ranks = group(size, 1, Duration::from_secs(20));
         let dst = size - 1;
-        let outcomes = on_ranks(&ranks, |comm| match comm.rank() {
-            0 => {
-                comm.send(&[1; 8], dst).expect("first send");
-                comm.send(&[1; 8], dst).map(|()| None)
-            }
-            r if r == dst => {
-                comm.recv(&mut [0; 8], 0).expect("first recv");
-                comm.recv(&mut [0; 12], 0).map(|()| None)
-            }
-            _ => Ok(Some(())),
-        });
-        let e = outcomes[dst].as_ref().expect_err("the recv must fail");
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called \
-                 recv of 12 bytes from rank 0"
-            )
+        let expected = format!(
+            "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
+             of 12 bytes from rank 0"
         );
+        let outcomes = on_ranks(&ranks, |comm| {
+            let began = Instant::now();
+            let e = match comm.rank() {
+                0 => {
+                    comm.send(&[1; 8], dst).expect("first send");
+                    // Not acknowledged, so it returns; the next call learns of the refusal.
+                    comm.send(&[1; 8], dst).expect("second send");
+                    comm.barrier().expect_err("after a refused send")
+                }
+                r if r == dst => {
+                    comm.recv(&mut [0; 8], 0).expect("first recv");
+                    comm.recv(&mut [0; 12], 0)
+                        .expect_err("a recv of another length")
+                }
+                _ => comm
+                    .barrier()
+                    .expect_err("a barrier without the failed rank"),
+            };
+            (e, began.elapsed())
+        });
+        for (rank, (e, took)) in outcomes.iter().enumerate() {
+            if rank == 0 || rank == dst {
+                assert_eq!(e.to_string(), expected, "rank {rank} of {size}");
+            }
+            assert!(
+                *took < Duration::from_secs(2),
+                "rank {rank}: {e} after {took:?}"
+            );
+        }
     }
 }
 
