@@ -572,6 +572,19 @@ impl Exchange {
         self.refused
     }
 
+    /// The plan storage reserved so far (messages per round), for tests that check it is
+    /// reused.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> [usize; 4] {
+        let [a, b] = &self.rounds;
+        [
+            a.outs.capacity(),
+            a.ins.capacity(),
+            b.outs.capacity(),
+            b.ins.capacity(),
+        ]
+    }
+
     /// Whether bytes moved or rounds completed since the last call.
     pub(crate) fn take_progress(&mut self) -> bool {
         std::mem::take(&mut self.progress)

@@ -561,6 +561,61 @@ fn a_rank_that_never_calls_is_named_after_the_timeout() {
 }
 
 #[test]
+fn health_names_a_peer_that_went_away_and_fails_the_group() {
+    let mut ranks = group(3, 1, Duration::from_secs(10));
+    on_ranks(&ranks, |comm| {
+        comm.health().expect("every connection is up")
+    });
+    drop(ranks.pop());
+    let e = ranks[0]
+        .health()
+        .expect_err("rank 2 closed its connections");
+    assert_eq!(e.peer(), Some(2), "{e}");
+    assert!(matches!(ranks[0].barrier(), Err(Error::Failed(_))));
+}
+
+#[test]
+fn collectives_of_a_shape_seen_before_allocate_no_staging_or_plan_storage() {
+    let ranks = group(3, 1, Duration::from_secs(10));
+    let footprint = |comm: &Native| {
+        let state = comm.state.lock().expect("a usable group");
+        (
+            state.stage.as_ptr() as usize,
+            state.stage.capacity(),
+            state.exchange.capacity(),
+        )
+    };
+    let shapes = |comm: &Native| {
+        let p = comm.size();
+        for bytes in [4, 64 << 10, 8 << 10] {
+            let mut data = vec![0u8; bytes];
+            comm.all_reduce(ReduceOp::Sum, DType::F32, &mut data)
+                .expect("all_sum");
+            comm.all_gather(&data[..bytes / 4], &mut vec![0u8; bytes / 4 * p])
+                .expect("all_gather");
+            comm.sum_scatter(DType::F32, &vec![0u8; bytes * p], &mut data)
+                .expect("sum_scatter");
+        }
+        comm.barrier().expect("barrier");
+    };
+    let results = on_ranks(&ranks, |comm| {
+        shapes(comm);
+        let warm = footprint(comm);
+        for _ in 0..3 {
+            shapes(comm);
+        }
+        (warm, footprint(comm))
+    });
+    for (rank, (warm, after)) in results.into_iter().enumerate() {
+        assert!(
+            warm.1 > 0,
+            "rank {rank}: the direct algorithms staged something"
+        );
+        assert_eq!(warm, after, "rank {rank}: storage was reallocated");
+    }
+}
+
+#[test]
 fn close_from_another_thread_aborts_a_call_in_flight() {
     let ranks = group(2, 1, Duration::from_secs(30));
     let began = Instant::now();
