@@ -8,8 +8,11 @@
 //! (each on the peer's [`send_conn`](crate::ring::transport::Transport::send_conn) /
 //! [`recv_conn`](crate::ring::transport::Transport::recv_conn)), with a fold between
 //! rounds or at the end. The first message a rank sends to each peer in a collective
-//! starts with the [`header`](super::header); the receiver reads and checks it before it
-//! reads a byte of the data behind it.
+//! starts with the [`header`](super::header); the receiver checks it before it uses a
+//! byte of the data behind it. Into the caller's memory (all_gather, recv) it reads the
+//! header alone first, so a refused message leaves no byte there; into staging it reads
+//! header and data together (one system call instead of two) and folds nothing until
+//! every header of the round has matched.
 //!
 //! - **one-shot** all-reduce ([`Exchange::one_shot`]): every rank sends its whole vector to
 //!   every peer and folds the P vectors itself. At P = 2 that is the simultaneous exchange:

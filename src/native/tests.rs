@@ -341,6 +341,20 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
 #[test]
 #[ignore = "a measurement that prints timings, run by hand to set the thresholds"]
 fn measure_the_algorithms() {
+    // The header's own cost: encode on one side, decode and compare on the other.
+    let call = Call::group(0, Kind::AllReduce(ReduceOp::Sum, DType::F32), 1);
+    let rounds = 1_000_000u32;
+    let t = Instant::now();
+    for seq in 0..rounds {
+        let mine = Call::group(seq, call.header.kind, 1);
+        let bytes = std::hint::black_box(mine.header.encode());
+        mine.check(0, 1, &bytes).expect("equal headers");
+    }
+    println!("header encode + check: {:?} each", t.elapsed() / rounds);
+    println!(
+        "busy-poll TCP round trip, 4 B: {:?}",
+        tcp_round_trip(4, 2000)
+    );
     let algorithms = [
         Algorithm::OneShot,
         Algorithm::ScatterGather,
@@ -362,6 +376,11 @@ fn measure_the_algorithms() {
                 let medians = on_ranks(&ranks, |comm| {
                     let mut data = vec![0u8; bytes];
                     let mut times = Vec::with_capacity(iterations);
+                    // The first calls of a shape reserve staging and warm the caches.
+                    for _ in 0..3 {
+                        comm.all_reduce_by(algorithm, ReduceOp::Sum, DType::F32, &mut data)
+                            .expect("a warm-up all_sum");
+                    }
                     for _ in 0..iterations {
                         let t = Instant::now();
                         comm.all_reduce_by(algorithm, ReduceOp::Sum, DType::F32, &mut data)
@@ -375,6 +394,52 @@ fn measure_the_algorithms() {
             }
         }
     }
+}
+
+/// The median round trip of `bytes` between two threads over loopback, both busy-polling
+/// non-blocking sockets: the floor a P = 2 all_sum is compared with.
+fn tcp_round_trip(bytes: usize, rounds: usize) -> Duration {
+    use std::io::{ErrorKind, Read, Write};
+    let ((a, _), (b, _)) = socket_pair();
+    let mut a = std::net::TcpStream::from(std::os::fd::OwnedFd::from(a));
+    let mut b = std::net::TcpStream::from(std::os::fd::OwnedFd::from(b));
+    for s in [&a, &b] {
+        s.set_nodelay(true).expect("nodelay");
+    }
+    fn exact(s: &mut std::net::TcpStream, buf: &mut [u8], write: bool) {
+        let mut done = 0;
+        while done < buf.len() {
+            let r = if write {
+                s.write(&buf[done..])
+            } else {
+                s.read(&mut buf[done..])
+            };
+            match r {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("loopback: {e}"),
+            }
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; bytes];
+            for _ in 0..rounds {
+                exact(&mut b, &mut buf, false);
+                exact(&mut b, &mut buf, true);
+            }
+        });
+        let mut buf = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            exact(&mut a, &mut buf, true);
+            exact(&mut a, &mut buf, false);
+            times.push(t.elapsed());
+        }
+        times.sort();
+        times[rounds / 2]
+    })
 }
 
 /// What one rank calls in a mismatch test.
@@ -459,17 +524,11 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
     ];
     for size in 2..=4 {
         for &(normal, odd, names) in &cases {
-            mismatch(size, 0, normal, odd, names);
+            for good in [0, 1000] {
+                mismatch(size, good, normal, odd, names);
+            }
         }
     }
-    mismatch(4, 1000, f32s(10), f32s(11), ("x 10", "x 11"));
-    mismatch(
-        2,
-        1000,
-        Op::Barrier,
-        Op::Gather(8),
-        ("barrier", "all_gather"),
-    );
 }
 
 /// A `send` returns before the receiver looks at it (it is not acknowledged); the
