@@ -521,6 +521,18 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
         (Op::Barrier, f32s(1), ("barrier", "all_sum float32 x 1")),
         // Different lengths pick different algorithms; the header is still read first.
         (f32s(4), f32s(200_000), ("x 4", "x 200000")),
+        // One side takes the ring, which starts with a round of headers.
+        (
+            f32s(4),
+            f32s(RING_MIN / 4 + 1),
+            ("x 4", "all_sum float32 x 262145"),
+        ),
+        // Both take the ring: its round of headers finds the difference before data moves.
+        (
+            f32s(RING_MIN / 4 + 1),
+            Op::Reduce(Sum, DType::I32, RING_MIN / 4 + 1),
+            ("all_sum float32 x 262145", "all_sum int32 x 262145"),
+        ),
     ];
     for size in 2..=4 {
         for &(normal, odd, names) in &cases {
