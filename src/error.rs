@@ -435,7 +435,8 @@ impl Error {
     }
 
     /// Whether this error leaves the group unusable: a peer failed, misbehaved or is
-    /// incompatible, this crate hit a bug, or the group had failed already. A misused call,
+    /// incompatible, ranks made mismatched calls, this crate hit a bug, or the group had
+    /// failed already. A misused call,
     /// a configuration error, a closed group, and a local resource that could not be had
     /// before any byte moved (staging memory for a large `sum_scatter`) leave it usable.
     pub fn is_fatal(&self) -> bool {
@@ -544,5 +545,32 @@ mod tests {
         );
         let misuse = Error::invalid("lengths");
         assert_eq!((misuse.fault(), misuse.is_fatal()), (Fault::Misuse, false));
+    }
+
+    #[test]
+    fn a_mismatch_is_the_programs_bug_fails_the_group_and_blames_no_one_lost() {
+        let mismatch = Error::Mismatch {
+            seq: 17,
+            point_to_point: false,
+            rank: 1,
+            call: "all_sum float32 x 20".into(),
+            peer: 0,
+            peer_call: "all_sum float32 x 10".into(),
+            context: Phase::AllSum,
+        };
+        assert_eq!(
+            (
+                mismatch.fault(),
+                mismatch.is_fatal(),
+                mismatch.lost_peer(),
+                mismatch.peer()
+            ),
+            (Fault::Misuse, true, None, Some(0))
+        );
+        assert_eq!(
+            mismatch.to_string(),
+            "collective #17: rank 0 called all_sum float32 x 10, rank 1 called all_sum float32 \
+             x 20"
+        );
     }
 }
