@@ -229,6 +229,30 @@ pub enum Error {
         reason: String,
     },
 
+    /// Two ranks made different calls where the native wire needs the same one (another
+    /// collective, op, dtype or length; a `recv` of another length than the `send`): a bug
+    /// in the program. Only the native wire can tell, from the header each message carries;
+    /// MLX's wire has none. The group fails: the calls after it are out of step on the
+    /// wire too.
+    #[error("{}", fmt_mismatch(*seq, *point_to_point, (*rank, call), (*peer, peer_call)))]
+    Mismatch {
+        /// The number of the collective (per group), or of the message from the sender to
+        /// the receiver, for send/recv.
+        seq: u64,
+        /// Whether it is a send/recv pair rather than a group collective.
+        point_to_point: bool,
+        /// This rank.
+        rank: usize,
+        /// This rank's call, as in "all_sum float32 x 10".
+        call: String,
+        /// The peer whose header differed.
+        peer: usize,
+        /// The peer's call.
+        peer_call: String,
+        /// The collective this rank was in.
+        context: Phase,
+    },
+
     /// A bug in this crate: an internal invariant did not hold. It names no peer, because
     /// none is at fault; please report it.
     #[error("internal error (a bug in nuvec-distributed) during {context}: {what}")]
@@ -282,6 +306,29 @@ pub enum Error {
     },
 }
 
+/// "collective #17: rank 0 called ..., rank 1 called ...", the lower rank first.
+fn fmt_mismatch(
+    seq: u64,
+    point_to_point: bool,
+    mine: (usize, &String),
+    theirs: (usize, &String),
+) -> String {
+    let (first, second) = if mine.0 <= theirs.0 {
+        (mine, theirs)
+    } else {
+        (theirs, mine)
+    };
+    let what = if point_to_point {
+        "send/recv"
+    } else {
+        "collective"
+    };
+    format!(
+        "{what} #{seq}: rank {} called {}, rank {} called {}",
+        first.0, first.1, second.0, second.1
+    )
+}
+
 fn fmt_addr(addr: Option<SocketAddr>) -> String {
     addr.map(|a| format!(" ({a})")).unwrap_or_default()
 }
@@ -294,7 +341,7 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 /// | [`Fault::PeerMisbehaved`] | [`PeerMisbehaved`](Error::PeerMisbehaved) | a peer sent bytes the protocol does not allow | close and re-form; if it persists, the peer runs another program or version |
 /// | [`Fault::PeerIncompatible`] | [`Auth`](Error::Auth), [`PeerIncompatible`](Error::PeerIncompatible) | a peer cannot work with this rank: another key, version, or group size | fix the configuration of one side (key, version, hostfile), then re-form |
 /// | [`Fault::Local`] | [`Local`](Error::Local), [`Bug`](Error::Bug) | this machine failed (a port, memory, the poller), or this crate has a bug | fix the resource, or report the bug; a bug fails the group, a resource refused before any byte moved does not |
-/// | [`Fault::Misuse`] | [`InvalidArgument`](Error::InvalidArgument), [`Unsupported`](Error::Unsupported) | the call was wrong: lengths, ranks, an operation the backend lacks | fix the code; the group stays usable |
+/// | [`Fault::Misuse`] | [`InvalidArgument`](Error::InvalidArgument), [`Unsupported`](Error::Unsupported), [`Mismatch`](Error::Mismatch) | the call was wrong: lengths, ranks, an operation the backend lacks; or ranks made different calls (native wire) | fix the code; the group stays usable, except after a mismatch, which fails it |
 /// | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
 /// | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
 /// | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
@@ -303,7 +350,7 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 /// Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
 /// is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
 /// rank tell the others that the peer was lost: a local failure or a bug never blames a peer.
-/// After a peer's failure, misbehaviour or incompatibility, or a bug, the group is failed
+/// After a peer's failure, misbehaviour or incompatibility, a mismatch, or a bug, the group is failed
 /// ([`Error::is_fatal`]), and every later call returns [`Error::Failed`] at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -316,7 +363,8 @@ pub enum Fault {
     PeerIncompatible,
     /// This machine failed, or this crate has a bug. Fix the resource or report the bug.
     Local,
-    /// The API was misused. Fix the call; the group stays usable.
+    /// The API was misused. Fix the call; the group stays usable (not after a
+    /// [`Mismatch`](Error::Mismatch), which fails it).
     Misuse,
     /// The configuration (environment, hostfile, device file) is unusable. Fix it.
     Config,
@@ -347,7 +395,9 @@ impl Error {
             Error::PeerMisbehaved { .. } => Fault::PeerMisbehaved,
             Error::Auth { .. } | Error::PeerIncompatible { .. } => Fault::PeerIncompatible,
             Error::Local { .. } | Error::Bug { .. } => Fault::Local,
-            Error::InvalidArgument(_) | Error::Unsupported(_) => Fault::Misuse,
+            Error::InvalidArgument(_) | Error::Unsupported(_) | Error::Mismatch { .. } => {
+                Fault::Misuse
+            }
             Error::Environment { .. } | Error::Config { .. } => Fault::Config,
             Error::Unavailable { .. } => Fault::Unavailable,
             Error::Failed(_) => Fault::FailedEarlier,
@@ -377,14 +427,16 @@ impl Error {
             | Error::PeerMisbehaved { peer, .. }
             | Error::PeerIncompatible { peer, .. }
             | Error::Rdma { peer, .. }
-            | Error::Timeout { peer, .. } => Some(*peer),
+            | Error::Timeout { peer, .. }
+            | Error::Mismatch { peer, .. } => Some(*peer),
             Error::Failed(inner) => inner.peer(),
             _ => None,
         }
     }
 
     /// Whether this error leaves the group unusable: a peer failed, misbehaved or is
-    /// incompatible, this crate hit a bug, or the group had failed already. A misused call,
+    /// incompatible, ranks made mismatched calls, this crate hit a bug, or the group had
+    /// failed already. A misused call,
     /// a configuration error, a closed group, and a local resource that could not be had
     /// before any byte moved (staging memory for a large `sum_scatter`) leave it usable.
     pub fn is_fatal(&self) -> bool {
@@ -394,7 +446,7 @@ impl Error {
                 | Fault::PeerMisbehaved
                 | Fault::PeerIncompatible
                 | Fault::FailedEarlier
-        ) || matches!(self, Error::Bug { .. })
+        ) || matches!(self, Error::Bug { .. } | Error::Mismatch { .. })
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
@@ -493,5 +545,32 @@ mod tests {
         );
         let misuse = Error::invalid("lengths");
         assert_eq!((misuse.fault(), misuse.is_fatal()), (Fault::Misuse, false));
+    }
+
+    #[test]
+    fn a_mismatch_is_the_programs_bug_fails_the_group_and_blames_no_one_lost() {
+        let mismatch = Error::Mismatch {
+            seq: 17,
+            point_to_point: false,
+            rank: 1,
+            call: "all_sum float32 x 20".into(),
+            peer: 0,
+            peer_call: "all_sum float32 x 10".into(),
+            context: Phase::AllSum,
+        };
+        assert_eq!(
+            (
+                mismatch.fault(),
+                mismatch.is_fatal(),
+                mismatch.lost_peer(),
+                mismatch.peer()
+            ),
+            (Fault::Misuse, true, None, Some(0))
+        );
+        assert_eq!(
+            mismatch.to_string(),
+            "collective #17: rank 0 called all_sum float32 x 10, rank 1 called all_sum float32 \
+             x 20"
+        );
     }
 }

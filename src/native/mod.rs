@@ -8,7 +8,31 @@
 //!   other rank, each through the hello (and, with a key, the authentication of
 //!   [`crate::auth`]), into a [`Formed`];
 //! - the data path: the collective header, the algorithms as state machines without I/O,
-//!   and the engine that drives them over the [`Formed`] transport.
+//!   and the engine that drives them over the [`Formed`] transport: `header` (the
+//!   header every message starts with, and the mismatch it can reveal), `protocol` (the
+//!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
+//!   (their I/O), and [`Native`] (the [`Communicator`]).
+//!
+//! # Which algorithm
+//!
+//! An all-reduce of `n` bytes over P ranks goes one-shot up to [`ONE_SHOT_MAX_P2`]
+//! (P = 2) or [`ONE_SHOT_MAX`] (P >= 3), by direct reduce-scatter + all-gather below
+//! [`RING_MIN`], and over MLX's pipelined ring from there on (after a round of headers,
+//! so that a mismatch is found before data moves). all_gather and sum_scatter send every
+//! block straight to its rank; barrier is a round of headers; send/recv go on the mesh
+//! connection to any peer. See `protocol` for the order of combination, which makes every
+//! result identical on every rank and from run to run.
+//!
+//! # A mismatch
+//!
+//! Every rank sends its header to every peer in a group collective, and reads each
+//! peer's header before that peer's data, so every rank whose call differs from another
+//! rank's finds it, fails the collective with [`Error::Mismatch`] naming both calls, and
+//! fails the group (closing its connections, so the others do not wait out their
+//! timeout). A `send` is not acknowledged (as on MLX's wire, so that two ranks may both
+//! send before they receive): a mismatched `recv` fails at once and answers the sender,
+//! whose next call that reads from the receiver (any group collective, a `recv`) fails
+//! with the same mismatch (see `header`).
 
 use crate::ring::transport::Transport;
 
@@ -41,4 +65,541 @@ pub(crate) struct Peer {
     pub(crate) host: [u8; 16],
     /// The capability bits it offered.
     pub(crate) capabilities: u64,
+}
+
+mod engine;
+mod header;
+mod protocol;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::time::Duration;
+
+use header::{Call, Header, Kind};
+use protocol::{Exchange, Memory, Routes};
+
+use crate::comm::Communicator;
+use crate::comm::progress::Spin;
+use crate::comm::state::Guarded;
+use crate::element::DType;
+use crate::error::{Error, PeerOp, Phase, Result};
+use crate::options::Options;
+use crate::reduce::ReduceOp;
+use crate::ring::protocol::{Buffers, Lane, Topology};
+use crate::ring::staging::Staging;
+use crate::ring::transport::Transfer;
+
+// The thresholds come from `tests::measure_the_algorithms` (median of each rank's
+// all_sum f32 times, P threads on loopback in one process, on a 2-core VM whose load
+// average was 8.5, so only the crossings are worth anything, not the times):
+//
+// | bytes | P = 2: one-shot / direct / ring | P = 3 | P = 4 |
+// |---|---|---|---|
+// | 8 KiB | 52 / 62 / 95 µs | 88 / 90 / 160 µs | 152 / 205 / 289 µs |
+// | 64 KiB | 96 / 72 / 103 µs | 193 / 139 / 193 µs | 375 / 305 / 397 µs |
+// | 256 KiB | 201 / 152 / 247 µs | 531 / 329 / 351 µs | 3250 / 545 / 733 µs |
+// | 1 MiB | 3.3 / 4.1 / 0.6 ms | 4.6 / 1.5 / 1.1 ms | 12.5 / 2.7 / 1.5 ms |
+// | 16 MiB | 45 / 41 / 36 ms | 171 / 55 / 49 ms | 323 / 116 / 136 ms |
+//
+// Re-measure on an idle machine (and across hosts) before trusting them further.
+
+/// Largest all-reduce (bytes) that goes one-shot at P = 2: one hop, each rank folds the
+/// whole vector. Both ways of reducing send the same bytes per rank at P = 2; the
+/// one-shot wins while the second hop costs more than folding the whole vector instead
+/// of half of it (measured: ahead at 8 KiB, behind at 64 KiB).
+const ONE_SHOT_MAX_P2: usize = 32 << 10;
+
+/// Largest all-reduce (bytes) that goes one-shot at P >= 3, where each rank sends its
+/// vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost
+/// (measured: ahead or even at 8 KiB, behind at 64 KiB).
+const ONE_SHOT_MAX: usize = 16 << 10;
+
+/// Smallest all-reduce (bytes) that takes MLX's pipelined ring: the direct
+/// reduce-scatter/all-gather finishes each round before the next starts and stages a
+/// copy of every peer's block, while the ring overlaps its steps in bounded staging
+/// (measured: the ring ahead from 1 MiB at every P).
+const RING_MIN: usize = 1 << 20;
+
+impl Routes for Transport {
+    fn send_conn(&self, peer: usize) -> usize {
+        Transport::send_conn(self, peer)
+    }
+
+    fn recv_conn(&self, peer: usize) -> usize {
+        Transport::recv_conn(self, peer)
+    }
+}
+
+/// One rank's end of a formed native mesh (see the module docs).
+pub(crate) struct Native {
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    spin: Spin,
+    state: Guarded<State>,
+}
+
+struct State {
+    transport: Transport,
+    exchange: Exchange,
+    /// Staging for the direct algorithms; grows to the largest collective and stays.
+    stage: Vec<u8>,
+    /// The ring's lanes and staging for large all-reduces, made at the first one.
+    lanes: Vec<Lane>,
+    ring_stage: Option<Staging>,
+    /// The group collectives started so far (the next one's sequence number).
+    seq: u32,
+    /// Sends to each rank so far, and receives from each rank so far.
+    sent: Vec<u32>,
+    /// The length of the last send to each rank, to name it if the receiver refuses it.
+    sent_len: Vec<u64>,
+    received: Vec<u32>,
+    /// Scratch for the connections a stalled collective waits on.
+    waits: Vec<(usize, PeerOp)>,
+}
+
+impl fmt::Debug for Native {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Native")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the tracing probes are told about a collective (codes as the ring's).
+#[derive(Clone, Copy, Debug)]
+struct Traced {
+    op: u8,
+    dtype: u8,
+    bytes: u64,
+}
+
+impl Traced {
+    fn of(call: &Call) -> Traced {
+        let code = |d: DType| {
+            DType::ALL
+                .iter()
+                .position(|&x| x == d)
+                .map_or(255, |i| i as u8)
+        };
+        let count = call.header.count;
+        let (op, dtype, bytes) = match call.header.kind {
+            Kind::AllReduce(op, dtype) => {
+                let op = match op {
+                    ReduceOp::Sum => 0,
+                    ReduceOp::Max => 1,
+                    ReduceOp::Min => 2,
+                };
+                (op, code(dtype), count * dtype.size() as u64)
+            }
+            Kind::Barrier => (0, 255, 0),
+            Kind::AllGather => (3, 255, count),
+            Kind::SumScatter(dtype) => (4, code(dtype), count * dtype.size() as u64),
+            Kind::Send if call.recv_from.is_some() => (6, 255, count),
+            Kind::Send | Kind::Rejected => (5, 255, count),
+        };
+        Traced { op, dtype, bytes }
+    }
+}
+
+/// How an all-reduce of `bytes` goes over `size` ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Algorithm {
+    OneShot,
+    ScatterGather,
+    Ring,
+}
+
+impl Algorithm {
+    fn choose(size: usize, bytes: usize, elems: usize) -> Algorithm {
+        let one_shot = if size == 2 {
+            ONE_SHOT_MAX_P2
+        } else {
+            ONE_SHOT_MAX
+        };
+        if bytes <= one_shot || elems < size {
+            Algorithm::OneShot
+        } else if bytes < RING_MIN {
+            Algorithm::ScatterGather
+        } else {
+            Algorithm::Ring
+        }
+    }
+}
+
+impl Native {
+    /// Takes over a formed mesh.
+    ///
+    /// # Errors
+    ///
+    /// None today; kept fallible for the resources a later version may reserve up front.
+    #[allow(dead_code, reason = "init wires the native wire in at the merge")]
+    pub(crate) fn new(formed: Formed, options: &Options) -> Result<Native> {
+        let Formed {
+            transport,
+            rank,
+            size,
+            local_ranks,
+            ..
+        } = formed;
+        // A close from another thread wakes a collective blocked on the poller; should the
+        // wake-up fail, the collective still sees the flag at its next event or deadline.
+        let waker = transport.waker();
+        Ok(Native {
+            rank,
+            size,
+            timeout: options.timeout,
+            spin: Spin::for_local_ranks(options.spin, local_ranks),
+            state: Guarded::new(State {
+                transport,
+                exchange: Exchange::default(),
+                stage: Vec::new(),
+                lanes: Vec::new(),
+                ring_stage: None,
+                seq: 0,
+                sent: vec![0; size],
+                sent_len: vec![0; size],
+                received: vec![0; size],
+                waits: Vec::new(),
+            })
+            .on_close(move || {
+                let _ = waker.wake();
+            }),
+        })
+    }
+
+    /// The next group collective's call.
+    fn group_call(state: &mut State, kind: Kind, count: usize) -> Call {
+        let call = Call::group(state.seq, kind, count as u64);
+        state.seq = state.seq.wrapping_add(1);
+        call
+    }
+
+    /// Runs the planned exchange over `data`/`input`; a fatal error fails the group.
+    fn run(&self, state: &mut State, call: &Call, data: &mut [u8], input: &[u8]) -> Result<()> {
+        let State {
+            transport,
+            exchange,
+            stage,
+            waits,
+            sent,
+            sent_len,
+            ..
+        } = state;
+        if stage.len() < exchange.staging() {
+            // Grows to the largest collective so far, then stays: no allocation per call.
+            stage.resize(exchange.staging(), 0);
+        }
+        let traced = Traced::of(call);
+        let ranks = self.size as u64;
+        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
+        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
+        let mut mem = Memory { data, input, stage };
+        let result = engine::run(
+            transport,
+            exchange,
+            &mut mem,
+            waits,
+            self.timeout,
+            self.spin,
+            call.phase(),
+            self.state.close_flag(),
+        );
+        let result = match result {
+            Err(Error::Mismatch {
+                seq,
+                point_to_point,
+                rank,
+                call: mine,
+                peer,
+                peer_call,
+                context,
+            }) => {
+                let mine = if mine.is_empty() {
+                    // A refused send of this rank's, answered after it had returned.
+                    let last = u64::from(sent[peer].wrapping_sub(1));
+                    if seq == last {
+                        format!("send of {} bytes to rank {peer}", sent_len[peer])
+                    } else {
+                        format!("send to rank {peer}")
+                    }
+                } else {
+                    if let Some(src) = call.recv_from
+                        && exchange.refused().is_some()
+                    {
+                        // Tell the sender, which is not waiting for an answer (see
+                        // `header`): best effort, before the group fails and closes.
+                        transport.assume_ready();
+                        let rejection = call.rejection().encode();
+                        let _ = transport.conn(transport.send_conn(src)).write(&rejection);
+                    }
+                    mine
+                };
+                Err(Error::Mismatch {
+                    seq,
+                    point_to_point,
+                    rank,
+                    call: mine,
+                    peer,
+                    peer_call,
+                    context,
+                })
+            }
+            result => result,
+        };
+        let result = self.settle(transport, result);
+        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        ffi::probes::collective_done(
+            traced.op,
+            traced.dtype,
+            traced.bytes,
+            ranks,
+            elapsed,
+            result.is_ok(),
+        );
+        result
+    }
+
+    /// Fails the group on a fatal error (telling the peers, as the ring does).
+    fn settle(&self, transport: &mut Transport, result: Result<()>) -> Result<()> {
+        match result {
+            Err(error) if error.is_fatal() => Err(crate::ring::fail(transport, &self.state, error)),
+            result => result,
+        }
+    }
+
+    /// An all-reduce by `algorithm` (tests and measurements force one).
+    fn all_reduce_by(
+        &self,
+        algorithm: Algorithm,
+        op: ReduceOp,
+        dtype: DType,
+        data: &mut [u8],
+    ) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let elems = data.len() / dtype.size();
+        // The ring needs an element per rank (MLX pads fewer; the direct ones need not).
+        let algorithm = match algorithm {
+            Algorithm::Ring if elems < self.size => Algorithm::OneShot,
+            algorithm => algorithm,
+        };
+        if algorithm == Algorithm::Ring && state.ring_stage.is_none() && self.size > 1 {
+            // Before the call is numbered: a mapping failure is local, leaves the group
+            // usable, and must not put this rank's sequence ahead of its peers'.
+            state.ring_stage = Some(Staging::new(state.transport.connections())?);
+        }
+        let call = Self::group_call(state, Kind::AllReduce(op, dtype), elems);
+        if self.size == 1 {
+            return Ok(());
+        }
+        let (me, p) = (self.rank, self.size);
+        match algorithm {
+            Algorithm::OneShot => {
+                let len = data.len();
+                state
+                    .exchange
+                    .one_shot(&state.transport, me, p, &call, (op, dtype), len);
+            }
+            Algorithm::ScatterGather => {
+                state
+                    .exchange
+                    .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
+            }
+            Algorithm::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
+        }
+        self.run(state, &call, data, &[])
+    }
+
+    /// A large all-reduce: headers with every peer, then MLX's pipelined ring over the
+    /// neighbour connections.
+    fn ring_all_reduce(
+        &self,
+        state: &mut State,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+    ) -> Result<()> {
+        state
+            .exchange
+            .headers(&state.transport, self.rank, self.size, call);
+        self.run(state, call, &mut [], &[])?;
+        let topo = Topology {
+            rank: self.rank,
+            size: self.size,
+            connections: state.transport.connections(),
+        };
+        let elems = data.len() / dtype.size();
+        crate::ring::protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
+        let State {
+            transport,
+            lanes,
+            ring_stage,
+            ..
+        } = state;
+        let Some(ring_stage) = ring_stage.as_mut() else {
+            return Err(Error::Bug {
+                context: call.phase(),
+                what: "the ring's staging vanished".into(),
+            });
+        };
+        let result = crate::ring::engine::run(
+            transport,
+            lanes,
+            &mut Buffers { data, input: &[] },
+            &mut ring_stage.lanes,
+            self.timeout,
+            self.spin,
+            call.phase(),
+            self.state.close_flag(),
+        );
+        self.settle(transport, result)
+    }
+}
+
+impl Communicator for Native {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "ring"
+    }
+
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+        let algorithm = Algorithm::choose(self.size, data.len(), data.len() / dtype.size());
+        self.all_reduce_by(algorithm, op, dtype, data)
+    }
+
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let nbytes = input.len();
+        let call = Self::group_call(state, Kind::AllGather, nbytes);
+        output[self.rank * nbytes..(self.rank + 1) * nbytes].copy_from_slice(input);
+        if self.size == 1 {
+            return Ok(());
+        }
+        state
+            .exchange
+            .all_gather(&state.transport, self.rank, self.size, &call, nbytes);
+        self.run(state, &call, output, input)
+    }
+
+    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let chunk = output.len();
+        let call = Self::group_call(state, Kind::SumScatter(dtype), input.len() / dtype.size());
+        if self.size == 1 {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        state
+            .exchange
+            .sum_scatter(&state.transport, self.rank, self.size, &call, dtype, chunk);
+        self.run(state, &call, output, input)
+    }
+
+    fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let seq = state.sent[dst];
+        state.sent[dst] = seq.wrapping_add(1);
+        state.sent_len[dst] = data.len() as u64;
+        let call = Call {
+            header: Header {
+                seq,
+                kind: Kind::Send,
+                count: data.len() as u64,
+            },
+            recv_from: None,
+            send_to: Some(dst),
+        };
+        state.exchange.send(
+            &state.transport,
+            self.rank,
+            self.size,
+            &call,
+            dst,
+            data.len(),
+        );
+        self.run(state, &call, &mut [], data)
+    }
+
+    fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let seq = state.received[src];
+        state.received[src] = seq.wrapping_add(1);
+        let call = Call {
+            header: Header {
+                seq,
+                kind: Kind::Send,
+                count: data.len() as u64,
+            },
+            recv_from: Some(src),
+            send_to: None,
+        };
+        let len = data.len();
+        state
+            .exchange
+            .recv(&state.transport, self.rank, self.size, &call, src, len);
+        self.run(state, &call, data, &[])
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let call = Self::group_call(state, Kind::Barrier, 0);
+        if self.size == 1 {
+            return Ok(());
+        }
+        state
+            .exchange
+            .headers(&state.transport, self.rank, self.size, &call);
+        self.run(state, &call, &mut [], &[])
+    }
+
+    fn close(&self) -> Result<()> {
+        self.state.close(|state| {
+            state.transport.close();
+            state.stage = Vec::new();
+            state.lanes = Vec::new();
+            state.ring_stage = None;
+        });
+        Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.state.is_closed()
+    }
+
+    /// As the ring's: probes every connection when no collective runs, and otherwise
+    /// reports only what the group already knows.
+    fn health(&self) -> Result<()> {
+        let Some(mut state) = self.state.try_lock()? else {
+            return Ok(());
+        };
+        let mut found = None;
+        for conn in state.transport.conns() {
+            found = match conn.probe() {
+                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, Phase::HealthCheck)),
+                Err(e) => Some(conn.failed(PeerOp::Receive, Phase::HealthCheck, e)),
+                Ok(_) => continue,
+            };
+            break;
+        }
+        match found {
+            Some(error) => Err(crate::ring::fail(&mut state.transport, &self.state, error)),
+            None => Ok(()),
+        }
+    }
 }

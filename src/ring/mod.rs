@@ -14,12 +14,12 @@
 //! collective.
 
 mod bootstrap;
-mod engine;
-mod protocol;
+pub(crate) mod engine;
+pub(crate) mod protocol;
 pub(crate) mod schedule;
 #[cfg(test)]
 mod sim;
-mod staging;
+pub(crate) mod staging;
 pub(crate) mod transport;
 
 use std::fmt;
@@ -218,7 +218,7 @@ impl Traced {
 
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
-fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Error {
+pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Error) -> Error {
     let rank = transport.rank();
     verbose!(rank, "collective failed: {error}");
     ffi::probes::error(

@@ -337,6 +337,36 @@ impl Conn {
         }
     }
 
+    /// Writes what it can of `head` then `body` with one system call (the native wire's
+    /// header and the data behind it), as [`Conn::write`] does for one buffer.
+    pub(crate) fn write_pair(&mut self, head: &[u8], body: &[u8]) -> io::Result<Transfer> {
+        if head.is_empty() {
+            return self.write(body);
+        }
+        if !self.writable {
+            return Ok(Transfer::Blocked);
+        }
+        let body = &body[..body.len().min(MAX_IO_BYTES)];
+        let bufs = [io::IoSlice::new(head), io::IoSlice::new(body)];
+        loop {
+            return match self.stream.write_vectored(&bufs) {
+                Ok(0) => Ok(Transfer::Closed),
+                Ok(n) => Ok(Transfer::Moved(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.writable = false;
+                    Ok(Transfer::Blocked)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                Err(e) => Err(e),
+            };
+        }
+    }
+
     /// Whether the peer is still there: a non-blocking peek that does not consume data.
     pub(crate) fn probe(&mut self) -> io::Result<Transfer> {
         let mut byte = [0u8; 1];

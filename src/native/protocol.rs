@@ -1,0 +1,635 @@
+//! The native wire's algorithms as a state machine with no sockets, no poller and no clock,
+//! in the manner of `ring::protocol` (and of quinn-proto): the engine asks what to write and
+//! where reads land, reports what moved, and the [`Exchange`] decides the rest.
+//!
+//! # Algorithms and their combination order
+//!
+//! Every collective is one or two *rounds* of direct messages between pairs of ranks
+//! (each on the peer's [`send_conn`](crate::ring::transport::Transport::send_conn) /
+//! [`recv_conn`](crate::ring::transport::Transport::recv_conn)), with a fold between
+//! rounds or at the end. The first message a rank sends to each peer in a collective
+//! starts with the [`header`](super::header); the receiver checks it before it uses a
+//! byte of the data behind it. Into the caller's memory (all_gather, recv) it reads the
+//! header alone first, so a refused message leaves no byte there; into staging it reads
+//! header and data together (one system call instead of two) and folds nothing until
+//! every header of the round has matched.
+//!
+//! - **one-shot** all-reduce ([`Exchange::one_shot`]): every rank sends its whole vector to
+//!   every peer and folds the P vectors itself. At P = 2 that is the simultaneous exchange:
+//!   one hop.
+//! - **direct reduce-scatter + all-gather** ([`Exchange::scatter_gather`]): rank `r` owns
+//!   block `r` of P; every rank sends block `j` to rank `j`, which folds the P copies of
+//!   its block, then sends the result to every peer. Two hops; each rank sends about
+//!   2 (P - 1) / P of the vector instead of P - 1 times it.
+//! - **all_gather**, **sum_scatter** (the first round of the above, without the second),
+//!   **barrier** (headers only), **send**/**recv** (one message) have one round.
+//! - The pipelined ring for large vectors is MLX's ring itself (see `native::Native`),
+//!   after a round of headers only ([`Exchange::headers`]).
+//!
+//! Folds always combine in rank order: the result is `x0 op x1 op ... op x(P-1)`, left to
+//! right, with the same kernel (`reduce_into`, accumulator first) on every rank, from the
+//! same bytes. So every rank computes the same bits, NaNs and signed zeros included, and
+//! so does every run; floats may differ from the MLX wire's order (and from the ring's
+//! per-block chain order that large vectors use, which is fixed too).
+
+use std::ops::Range;
+
+use super::header::{Call, HEADER_BYTES, Header, Kind};
+use crate::element::DType;
+use crate::error::{PeerOp, Result};
+use crate::reduce::{ReduceOp, reduce_into};
+use crate::ring::schedule::part;
+
+/// Where a message's data comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Src {
+    /// No data: a header-only message.
+    None,
+    /// The caller's in-out array (or output).
+    Data(Range<usize>),
+    /// The caller's read-only input.
+    Input(Range<usize>),
+}
+
+/// Where a message's data lands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Dst {
+    /// No data.
+    None,
+    /// The caller's output.
+    Data(Range<usize>),
+    /// The staging buffer.
+    Stage(Range<usize>),
+}
+
+/// One message this rank sends.
+#[derive(Clone, Debug)]
+struct Out {
+    conn: usize,
+    #[cfg_attr(not(test), allow(dead_code, reason = "the simulator routes by it"))]
+    peer: usize,
+    /// The header, if the message has one, and how many of its bytes are gone.
+    header: Option<[u8; HEADER_BYTES]>,
+    head_off: usize,
+    src: Src,
+    off: usize,
+}
+
+/// One message this rank receives.
+#[derive(Clone, Debug)]
+struct In {
+    conn: usize,
+    peer: usize,
+    /// The call the header must match, if the message has a header.
+    expect: Option<Call>,
+    head: [u8; HEADER_BYTES],
+    head_got: usize,
+    dst: Dst,
+    off: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        match &self.src {
+            Src::None => 0,
+            Src::Data(r) | Src::Input(r) => r.len(),
+        }
+    }
+
+    fn head_left(&self) -> usize {
+        self.header.map_or(0, |_| HEADER_BYTES - self.head_off)
+    }
+
+    fn done(&self) -> bool {
+        self.head_left() == 0 && self.off == self.len()
+    }
+}
+
+impl In {
+    fn len(&self) -> usize {
+        match &self.dst {
+            Dst::None => 0,
+            Dst::Data(r) | Dst::Stage(r) => r.len(),
+        }
+    }
+
+    fn head_left(&self) -> usize {
+        self.expect.map_or(0, |_| HEADER_BYTES - self.head_got)
+    }
+
+    fn done(&self) -> bool {
+        self.head_left() == 0 && self.off == self.len()
+    }
+}
+
+/// The memory a collective works on.
+pub(crate) struct Memory<'a> {
+    /// The in-out array (all-reduce), the output (all_gather, sum_scatter, recv).
+    pub(crate) data: &'a mut [u8],
+    /// The read-only input (sum_scatter, send); empty otherwise.
+    pub(crate) input: &'a [u8],
+    /// Staging: at least [`Exchange::staging`] bytes.
+    pub(crate) stage: &'a mut [u8],
+}
+
+/// A fold in rank order (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Fold {
+    op: ReduceOp,
+    dtype: DType,
+    /// Where this rank's own contribution is (in `data` or `input`).
+    own: Src,
+    /// Where the result goes, in `data`.
+    target: Range<usize>,
+    /// Rank `p`'s contribution is staged at `p * slot + HEADER_BYTES`, `target.len()`
+    /// bytes (see [`stage_at`]).
+    slot: usize,
+}
+
+impl Fold {
+    fn run(&self, me: usize, size: usize, mem: &mut Memory<'_>) {
+        let len = self.target.len();
+        let at = |p: usize| stage_at(self.slot, p, len);
+        let own: &[u8] = match &self.own {
+            Src::Data(r) => &mem.data[r.clone()],
+            Src::Input(r) => &mem.input[r.clone()],
+            Src::None => &[],
+        };
+        // Copied first: for an all-reduce the target is the own contribution itself.
+        mem.stage[at(me)].copy_from_slice(own);
+        mem.data[self.target.clone()].copy_from_slice(&mem.stage[at(0)]);
+        for p in 1..size {
+            reduce_into(
+                self.op,
+                self.dtype,
+                &mut mem.data[self.target.clone()],
+                &mem.stage[at(p)],
+            );
+        }
+    }
+}
+
+/// The bytes a staging slot takes for `len` bytes of data: the header's room before them,
+/// rounded up so every slot's data starts 16-byte aligned (relative to the buffer).
+fn slot_bytes(len: usize) -> usize {
+    HEADER_BYTES + len.div_ceil(16) * 16
+}
+
+/// Where rank `p`'s `len` bytes sit in staging slots of `slot` bytes: after the room for
+/// its header.
+fn stage_at(slot: usize, p: usize, len: usize) -> Range<usize> {
+    let start = p * slot + HEADER_BYTES;
+    start..start + len
+}
+
+/// One round: messages out and in, then an optional fold.
+#[derive(Clone, Debug, Default)]
+struct Round {
+    outs: Vec<Out>,
+    ins: Vec<In>,
+    fold: Option<Fold>,
+}
+
+impl Round {
+    fn clear(&mut self) {
+        self.outs.clear();
+        self.ins.clear();
+        self.fold = None;
+    }
+}
+
+/// Which connection carries messages to and from each peer (the transport's numbering).
+pub(crate) trait Routes {
+    /// The connection messages to `peer` go out on.
+    fn send_conn(&self, peer: usize) -> usize;
+    /// The connection messages from `peer` arrive on.
+    fn recv_conn(&self, peer: usize) -> usize;
+}
+
+/// One collective of the native wire in flight (see the module docs). Its storage is kept
+/// from collective to collective, so planning one does not allocate once the group has
+/// run one of each shape.
+#[derive(Debug, Default)]
+pub(crate) struct Exchange {
+    me: usize,
+    size: usize,
+    rounds: [Round; 2],
+    /// How many rounds this collective has, and the one in progress.
+    count: usize,
+    current: usize,
+    /// Staging bytes the collective needs.
+    staging: usize,
+    /// Whether bytes moved since [`Exchange::take_progress`] last asked.
+    progress: bool,
+    /// A `send` header this rank refused (the sender is told; see `header`).
+    refused: Option<Header>,
+}
+
+impl Exchange {
+    fn start(&mut self, me: usize, size: usize, rounds: usize) {
+        self.me = me;
+        self.size = size;
+        self.count = rounds;
+        self.current = 0;
+        self.staging = 0;
+        self.progress = false;
+        self.refused = None;
+        for round in &mut self.rounds {
+            round.clear();
+        }
+    }
+
+    fn peers(&self) -> impl Iterator<Item = usize> + use<> {
+        let (me, size) = (self.me, self.size);
+        // Starting after this rank spreads the ranks' first messages over different peers.
+        (1..size).map(move |d| (me + d) % size)
+    }
+
+    fn out(
+        &mut self,
+        round: usize,
+        routes: &impl Routes,
+        peer: usize,
+        call: Option<&Call>,
+        src: Src,
+    ) {
+        self.rounds[round].outs.push(Out {
+            conn: routes.send_conn(peer),
+            peer,
+            header: call.map(|c| c.header.encode()),
+            head_off: 0,
+            src,
+            off: 0,
+        });
+    }
+
+    fn inc(
+        &mut self,
+        round: usize,
+        routes: &impl Routes,
+        peer: usize,
+        call: Option<&Call>,
+        dst: Dst,
+    ) {
+        self.rounds[round].ins.push(In {
+            conn: routes.recv_conn(peer),
+            peer,
+            expect: call.copied(),
+            head: [0; HEADER_BYTES],
+            head_got: 0,
+            dst,
+            off: 0,
+        });
+    }
+
+    /// A round of headers only, with every peer: a barrier, or the check before a ring
+    /// all-reduce moves any data.
+    pub(crate) fn headers(&mut self, routes: &impl Routes, me: usize, size: usize, call: &Call) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            self.out(0, routes, peer, Some(call), Src::None);
+            self.inc(0, routes, peer, Some(call), Dst::None);
+        }
+    }
+
+    /// The one-shot all-reduce of `len` bytes (see the module docs).
+    pub(crate) fn one_shot(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        len: usize,
+    ) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            self.out(0, routes, peer, Some(call), Src::Data(0..len));
+            let at = stage_at(slot_bytes(len), peer, len);
+            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
+        }
+        self.rounds[0].fold = Some(Fold {
+            op,
+            dtype,
+            own: Src::Data(0..len),
+            target: 0..len,
+            slot: slot_bytes(len),
+        });
+        self.staging = size * slot_bytes(len);
+    }
+
+    /// The direct reduce-scatter + all-gather all-reduce of `elems` elements (see the
+    /// module docs): block `j` is elements `part(elems, P, j)`.
+    pub(crate) fn scatter_gather(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        elems: usize,
+    ) {
+        self.start(me, size, 2);
+        let esize = dtype.size();
+        let block = |j: usize| {
+            let r = part(elems, size, j);
+            r.start * esize..r.end * esize
+        };
+        let mine = block(me);
+        let slot = slot_bytes(elems.div_ceil(size) * esize);
+        for peer in self.peers() {
+            self.out(0, routes, peer, Some(call), Src::Data(block(peer)));
+            let at = stage_at(slot, peer, mine.len());
+            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
+            // The second round needs no header: the first one checked this pair.
+            self.out(1, routes, peer, None, Src::Data(mine.clone()));
+            self.inc(1, routes, peer, None, Dst::Data(block(peer)));
+        }
+        self.rounds[0].fold = Some(Fold {
+            op,
+            dtype,
+            own: Src::Data(mine.clone()),
+            target: mine,
+            slot,
+        });
+        self.staging = size * slot;
+    }
+
+    /// all_gather of `nbytes` per rank into `data` (this rank's own block is the caller's
+    /// to copy).
+    pub(crate) fn all_gather(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        nbytes: usize,
+    ) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            self.out(0, routes, peer, Some(call), Src::Input(0..nbytes));
+            let at = peer * nbytes..(peer + 1) * nbytes;
+            self.inc(0, routes, peer, Some(call), Dst::Data(at));
+        }
+    }
+
+    /// sum_scatter of `chunk` bytes per rank of `dtype` from `input` into `data`.
+    pub(crate) fn sum_scatter(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        dtype: DType,
+        chunk: usize,
+    ) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            let theirs = peer * chunk..(peer + 1) * chunk;
+            self.out(0, routes, peer, Some(call), Src::Input(theirs));
+            let at = stage_at(slot_bytes(chunk), peer, chunk);
+            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
+        }
+        self.rounds[0].fold = Some(Fold {
+            op: ReduceOp::Sum,
+            dtype,
+            own: Src::Input(me * chunk..(me + 1) * chunk),
+            target: 0..chunk,
+            slot: slot_bytes(chunk),
+        });
+        self.staging = size * slot_bytes(chunk);
+    }
+
+    /// A send of all of `input` to `peer`.
+    pub(crate) fn send(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        peer: usize,
+        len: usize,
+    ) {
+        self.start(me, size, 1);
+        self.out(0, routes, peer, Some(call), Src::Input(0..len));
+    }
+
+    /// A recv of all of `data` from `peer`.
+    pub(crate) fn recv(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        peer: usize,
+        len: usize,
+    ) {
+        self.start(me, size, 1);
+        self.inc(0, routes, peer, Some(call), Dst::Data(0..len));
+    }
+
+    /// Staging bytes the planned collective needs.
+    pub(crate) fn staging(&self) -> usize {
+        self.staging
+    }
+
+    /// Whether every round is complete.
+    pub(crate) fn finished(&self) -> bool {
+        self.current == self.count
+    }
+
+    /// Messages out in the current round.
+    pub(crate) fn outs(&self) -> usize {
+        if self.finished() {
+            0
+        } else {
+            self.rounds[self.current].outs.len()
+        }
+    }
+
+    /// Messages in in the current round.
+    pub(crate) fn ins(&self) -> usize {
+        if self.finished() {
+            0
+        } else {
+            self.rounds[self.current].ins.len()
+        }
+    }
+
+    /// For message `i` out: its connection, and the bytes to write next (what is left of
+    /// the header, then of the data; best written with one vectored write), or `None` if
+    /// it is all gone.
+    pub(crate) fn transmit<'s>(
+        &'s self,
+        i: usize,
+        mem: &'s Memory<'_>,
+    ) -> Option<(usize, &'s [u8], &'s [u8])> {
+        let out = &self.rounds[self.current].outs[i];
+        if out.done() {
+            return None;
+        }
+        let head: &[u8] = match &out.header {
+            Some(h) => &h[out.head_off..],
+            None => &[],
+        };
+        let body: &[u8] = match &out.src {
+            Src::None => &[],
+            Src::Data(r) => &mem.data[r.clone()],
+            Src::Input(r) => &mem.input[r.clone()],
+        };
+        Some((out.conn, head, &body[out.off..]))
+    }
+
+    /// Records that `n` bytes of what [`Exchange::transmit`] gave for message `i` were
+    /// written.
+    pub(crate) fn sent(&mut self, i: usize, n: usize) {
+        let out = &mut self.rounds[self.current].outs[i];
+        let head = n.min(out.head_left());
+        out.head_off += head;
+        out.off += n - head;
+        self.progress = true;
+    }
+
+    /// For message `i` in: its connection, and where the next bytes read from it must land
+    /// (the rest of the header, and once that is checked, the rest of the data), or
+    /// `None` when it is complete. Never empty.
+    pub(crate) fn receive<'s>(
+        &'s mut self,
+        i: usize,
+        mem: &'s mut Memory<'_>,
+    ) -> Option<(usize, &'s mut [u8])> {
+        let inc = &mut self.rounds[self.current].ins[i];
+        if inc.done() {
+            return None;
+        }
+        if inc.head_left() > 0 {
+            // Into staging, the header lands right before the data, so that one read can
+            // take both; nothing staged is used before the header is checked.
+            if let Dst::Stage(r) = &inc.dst {
+                let from = r.start - HEADER_BYTES + inc.head_got;
+                return Some((inc.conn, &mut mem.stage[from..r.end]));
+            }
+            return Some((inc.conn, &mut inc.head[inc.head_got..]));
+        }
+        let target: &mut [u8] = match &inc.dst {
+            Dst::None => return None,
+            Dst::Data(r) => &mut mem.data[r.clone()],
+            Dst::Stage(r) => &mut mem.stage[r.clone()],
+        };
+        Some((inc.conn, &mut target[inc.off..]))
+    }
+
+    /// Records that `n` bytes were read into what [`Exchange::receive`] gave for message
+    /// `i`. A header that became complete is checked against this rank's call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, or [`Error::PeerMisbehaved`](crate::Error::PeerMisbehaved) for a header
+    /// that does not decode.
+    pub(crate) fn received(&mut self, i: usize, n: usize, mem: &Memory<'_>) -> Result<()> {
+        let me = self.me;
+        let inc = &mut self.rounds[self.current].ins[i];
+        self.progress = true;
+        let head = n.min(inc.head_left());
+        if head > 0 {
+            if let Dst::Stage(r) = &inc.dst {
+                let from = r.start - HEADER_BYTES + inc.head_got;
+                inc.head[inc.head_got..inc.head_got + head]
+                    .copy_from_slice(&mem.stage[from..from + head]);
+            }
+            inc.head_got += head;
+            if inc.head_left() == 0
+                && let Some(call) = &inc.expect
+                && let Err(mismatch) = call.check(me, inc.peer, &inc.head)
+            {
+                self.refused = Header::decode(&inc.head)
+                    .ok()
+                    .filter(|h| h.kind == Kind::Send);
+                return Err(mismatch);
+            }
+        }
+        inc.off += n - head;
+        Ok(())
+    }
+
+    /// Completes the current round if all its messages moved: runs its fold and moves on.
+    /// Returns whether it did.
+    pub(crate) fn complete(&mut self, mem: &mut Memory<'_>) -> bool {
+        if self.finished() {
+            return false;
+        }
+        let round = &self.rounds[self.current];
+        if !round.outs.iter().all(Out::done) || !round.ins.iter().all(In::done) {
+            return false;
+        }
+        if let Some(fold) = &round.fold {
+            fold.run(self.me, self.size, mem);
+        }
+        self.current += 1;
+        self.progress = true;
+        true
+    }
+
+    /// The `send` header whose mismatch ended this collective, if one did.
+    pub(crate) fn refused(&self) -> Option<Header> {
+        self.refused
+    }
+
+    /// The plan storage reserved so far (messages per round), for tests that check it is
+    /// reused.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> [usize; 4] {
+        let [a, b] = &self.rounds;
+        [
+            a.outs.capacity(),
+            a.ins.capacity(),
+            b.outs.capacity(),
+            b.ins.capacity(),
+        ]
+    }
+
+    /// Whether bytes moved or rounds completed since the last call.
+    pub(crate) fn take_progress(&mut self) -> bool {
+        std::mem::take(&mut self.progress)
+    }
+
+    /// The connections still waited on, and for what (receives first), for blame.
+    pub(crate) fn waits(&self, into: &mut Vec<(usize, PeerOp)>) {
+        into.clear();
+        if self.finished() {
+            return;
+        }
+        let round = &self.rounds[self.current];
+        into.extend(
+            round
+                .ins
+                .iter()
+                .filter(|m| !m.done())
+                .map(|m| (m.conn, PeerOp::Receive)),
+        );
+        into.extend(
+            round
+                .outs
+                .iter()
+                .filter(|m| !m.done())
+                .map(|m| (m.conn, PeerOp::Send)),
+        );
+    }
+
+    /// Whether message `i` in still waits for (part of) its header.
+    pub(crate) fn header_pending(&self, i: usize) -> bool {
+        !self.finished() && self.rounds[self.current].ins[i].head_left() > 0
+    }
+
+    /// The peer of message `i` in.
+    #[cfg(test)]
+    pub(crate) fn in_peer(&self, i: usize) -> usize {
+        self.rounds[self.current].ins[i].peer
+    }
+
+    /// The peer of message `i` out.
+    #[cfg(test)]
+    pub(crate) fn out_peer(&self, i: usize) -> usize {
+        self.rounds[self.current].outs[i].peer
+    }
+}
