@@ -10,6 +10,9 @@
 //! - the data path: the collective header, the algorithms as state machines without I/O,
 //!   and the engine that drives them over the [`Formed`] transport.
 
+mod bootstrap;
+mod hello;
+
 use crate::ring::transport::Transport;
 
 /// A formed native mesh, handed from the bootstrap to the data path.

@@ -13,7 +13,7 @@
 //! and the thread holding the lock drives the event loop for the duration of its
 //! collective.
 
-mod bootstrap;
+pub(crate) mod bootstrap;
 mod engine;
 mod protocol;
 pub(crate) mod schedule;

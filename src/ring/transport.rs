@@ -116,6 +116,9 @@ enum FirstBytes {
     Unchecked,
     /// They were a keyed peer's greeting: every read fails.
     KeyedPeer,
+    /// They were a native-wire rank's hello (the magic, then [`auth::NATIVE_VERSION`]):
+    /// every read fails.
+    NativePeer,
 }
 
 /// The result of one non-blocking transfer attempt.
@@ -150,6 +153,20 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
+        if self.first == FirstBytes::NativePeer {
+            return Error::PeerIncompatible {
+                peer: self.peer,
+                addr: Some(self.addr),
+                context,
+                reason: format!(
+                    "rank {} runs the native wire and this rank the MLX wire: the peer's first \
+                     bytes on this connection are its native hello; set the same {} (or \
+                     Options::wire) on every rank",
+                    self.peer,
+                    crate::config::env::WIRE_VAR
+                ),
+            };
+        }
         if self.first == FirstBytes::KeyedPeer {
             return Error::PeerIncompatible {
                 peer: self.peer,
@@ -270,12 +287,14 @@ impl Conn {
     /// the read needs more anyway, so it never holds back data the caller could finish with.
     #[cold]
     fn check_first_bytes(&mut self, wanted: usize) -> io::Result<Option<Transfer>> {
-        if self.first == FirstBytes::KeyedPeer {
+        if matches!(self.first, FirstBytes::KeyedPeer | FirstBytes::NativePeer) {
             return Err(io::Error::other(
-                "the peer has a key and this rank has none",
+                "the peer's first bytes are a handshake this rank does not run",
             ));
         }
-        let mut first = [0u8; auth::MAGIC.len()];
+        // The magic and the version byte after it, which tells a native hello from a keyed
+        // greeting.
+        let mut first = [0u8; auth::MAGIC.len() + 1];
         let n = loop {
             match self.stream.peek(&mut first) {
                 Ok(n) => break n,
@@ -291,14 +310,26 @@ impl Conn {
         if n == 0 {
             return Ok(None);
         }
-        match auth::greeting(&first[..n]) {
+        let greeting = auth::greeting(&first[..n]);
+        if greeting == auth::Greeting::Keyed && n == auth::MAGIC.len() && wanted > n {
+            // The version byte is still to come; a native hello and a keyed greeting are each
+            // sent in one write, so it follows at once.
+            self.readable = false;
+            return Ok(Some(Transfer::Blocked));
+        }
+        match greeting {
             auth::Greeting::Keyed => {
-                self.first = FirstBytes::KeyedPeer;
-                // Tells the keyed peer, still in its handshake, why this rank leaves, so it
-                // fails at once naming this rank rather than at its timeout. Best effort.
+                self.first = if first.get(auth::MAGIC.len()) == Some(&auth::NATIVE_VERSION) {
+                    FirstBytes::NativePeer
+                } else {
+                    FirstBytes::KeyedPeer
+                };
+                // Tells the peer, still in its handshake, why this rank leaves, so it fails at
+                // once naming this rank rather than at its timeout (a native rank reads it as
+                // a rank on the MLX wire without a key). Best effort.
                 let _ = self.stream.write(&auth::NO_KEY);
                 Err(io::Error::other(
-                    "the peer has a key and this rank has none",
+                    "the peer's first bytes are a handshake this rank does not run",
                 ))
             }
             auth::Greeting::Undecided if wanted > n => {
