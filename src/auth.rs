@@ -782,7 +782,13 @@ impl Acceptor {
             return;
         }
         // The greeting went out (or is going out) already; the proof completes it.
-        let proof = proof(key, Role::Acceptor, &hello, &self.nonce, self.bound.as_ref());
+        let proof = proof(
+            key,
+            Role::Acceptor,
+            &hello,
+            &self.nonce,
+            self.bound.as_ref(),
+        );
         self.out[GREETING_LEN..].copy_from_slice(&proof);
         self.out_len = Challenge::LEN;
         self.phase = AcceptorPhase::Challenge(hello);
@@ -1461,7 +1467,8 @@ mod tests {
         let r = rejection(a.outcome());
         assert_eq!((r.fault, r.said_no_key), (Fault::Incompatible, false));
         assert!(
-            r.reason.contains("rank 3, if it is the neighbour expected there")
+            r.reason
+                .contains("rank 3, if it is the neighbour expected there")
                 && r.reason.contains("runs the native wire"),
             "{}",
             r.reason

@@ -395,7 +395,12 @@ mod tests {
             e.starts_with("h: rank 2, address 0:") && e.contains("native wire"),
             "{e}"
         );
-        assert!(a.first_address(4).unwrap_err().to_string().contains("rank 4"));
+        assert!(
+            a.first_address(4)
+                .unwrap_err()
+                .to_string()
+                .contains("rank 4")
+        );
     }
 
     #[test]

@@ -587,16 +587,16 @@ impl<'a> Setup<'a> {
                 peers[target.peer] = Some(peer);
                 match target.kind {
                     Kind::Ring(_) => right_conns.push((stream, right, target.addr)),
-                    Kind::Mesh | Kind::Accepted(_) => others.push((stream, target.peer, target.addr)),
+                    Kind::Mesh | Kind::Accepted(_) => {
+                        others.push((stream, target.peer, target.addr))
+                    }
                 }
             }
         }
         for (rank, slot) in self.mesh_in.drain(..).enumerate() {
             if let Some((stream, peer)) = slot {
                 peers[rank] = Some(peer);
-                let addr = stream
-                    .peer_addr()
-                    .unwrap_or_else(|_| self.addrs.listen[0]);
+                let addr = stream.peer_addr().unwrap_or_else(|_| self.addrs.listen[0]);
                 others.push((stream, rank, addr));
             }
         }
@@ -642,15 +642,17 @@ impl<'a> Setup<'a> {
                     peer,
                     addr,
                     context: CONTEXT,
-                    reason: format!("rank {peer} accepted {} but {}", target.kind, silent_peer(timeout)),
+                    reason: format!(
+                        "rank {peer} accepted {} but {}",
+                        target.kind,
+                        silent_peer(timeout)
+                    ),
                 },
                 Dial::Handshake(..) => Error::Auth {
                     peer,
                     addr,
                     context: CONTEXT,
-                    reason: format!(
-                        "rank {peer} did not finish authenticating within {timeout:?}"
-                    ),
+                    reason: format!("rank {peer} did not finish authenticating within {timeout:?}"),
                 },
                 Dial::Idle(_) | Dial::Connecting(_) => match self.dial_failures[i].take() {
                     Some(why) => Error::Io {
@@ -671,7 +673,12 @@ impl<'a> Setup<'a> {
             };
         }
         // A connection that arrived and said nothing.
-        if let Some(c) = self.candidates.iter().flatten().find(|c| c.acceptor.peer_hello().is_none()) {
+        if let Some(c) = self
+            .candidates
+            .iter()
+            .flatten()
+            .find(|c| c.acceptor.peer_hello().is_none())
+        {
             let who = self.tentative(c.slot, c.from);
             return Error::PeerIncompatible {
                 peer: self.addrs.left_rank(),
@@ -681,7 +688,11 @@ impl<'a> Setup<'a> {
             };
         }
         let missing_ring = self.ring_in.iter().position(Option::is_none);
-        let missing_mesh = self.mesh_from.iter().copied().find(|&r| self.mesh_in[r].is_none());
+        let missing_mesh = self
+            .mesh_from
+            .iter()
+            .copied()
+            .find(|&r| self.mesh_in[r].is_none());
         let (peer, slot) = match (missing_ring, missing_mesh) {
             (Some(i), _) => (self.addrs.left_rank(), i),
             (None, Some(r)) => (r, 0),
@@ -707,5 +718,453 @@ impl<'a> Setup<'a> {
                 after: timeout,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::mpsc;
+    use std::thread;
+
+    use super::*;
+    use crate::ring::transport::Transfer;
+
+    /// `n` loopback addresses nobody listens on (bound by the kernel, then released).
+    fn free_ports(n: usize) -> Vec<SocketAddr> {
+        let held: Vec<_> = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        held.iter().map(|l| l.local_addr().unwrap()).collect()
+    }
+
+    /// A hostfile's entries for `p` ranks of `c` addresses each.
+    fn hostfile(p: usize, c: usize) -> Vec<Vec<String>> {
+        let ports = free_ports(p * c);
+        (0..p)
+            .map(|r| (0..c).map(|i| ports[r * c + i].to_string()).collect())
+            .collect()
+    }
+
+    fn addrs(nodes: &[Vec<String>], rank: usize) -> RingAddresses {
+        crate::hostfile::resolve(nodes, rank, Path::new("hosts.json")).unwrap()
+    }
+
+    const SECRET: &str = "a shared secret of enough length";
+
+    fn options(timeout: Duration, key: Option<&str>) -> Options {
+        let options = Options::default().timeout(timeout);
+        match key {
+            Some(k) => options.key(k),
+            None => options,
+        }
+    }
+
+    /// Runs `connect` for every rank in `ranks` on its own thread.
+    fn start(
+        ranks: Vec<(RingAddresses, Options)>,
+    ) -> Vec<thread::JoinHandle<(Result<Formed>, Duration)>> {
+        ranks
+            .into_iter()
+            .map(|(a, o)| {
+                thread::spawn(move || {
+                    let started = Instant::now();
+                    let r = connect(&a, &o);
+                    (r, started.elapsed())
+                })
+            })
+            .collect()
+    }
+
+    /// Writes one byte on `from`'s connection to `to` and reads it on `to`'s from `from`.
+    fn exchange(formed: &mut [Formed], from: usize, to: usize, byte: u8) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let s = formed[from].transport.send_conn(to);
+        assert_eq!(
+            formed[from].transport.conn(s).peer,
+            to,
+            "{from} sends to {to}"
+        );
+        loop {
+            match formed[from].transport.conn(s).write(&[byte]).unwrap() {
+                Transfer::Moved(1) => break,
+                Transfer::Blocked => {
+                    formed[from].transport.wait(deadline).unwrap();
+                }
+                other => panic!("{from} -> {to}: {other:?}"),
+            }
+        }
+        let r = formed[to].transport.recv_conn(from);
+        assert_eq!(
+            formed[to].transport.conn(r).peer,
+            from,
+            "{to} receives from {from}"
+        );
+        let mut got = [0u8; 2];
+        loop {
+            match formed[to].transport.conn(r).read(&mut got).unwrap() {
+                Transfer::Moved(n) => {
+                    assert_eq!(&got[..n], &[byte], "{from} -> {to}");
+                    return;
+                }
+                Transfer::Blocked => {
+                    assert!(Instant::now() < deadline, "{from} -> {to}: nothing arrived");
+                    formed[to].transport.wait(deadline).unwrap();
+                }
+                Transfer::Closed => panic!("{from} -> {to}: closed"),
+            }
+        }
+    }
+
+    fn form_all(p: usize, c: usize, key: Option<&str>) -> Vec<Formed> {
+        let nodes = hostfile(p, c);
+        let ranks = (0..p)
+            .map(|r| (addrs(&nodes, r), options(Duration::from_secs(20), key)))
+            .collect();
+        start(ranks)
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let (result, _) = h.join().unwrap();
+                result.unwrap_or_else(|e| panic!("P = {p}, C = {c}, rank {r}: {e}"))
+            })
+            .collect()
+    }
+
+    fn check_mesh(p: usize, c: usize, key: Option<&str>) {
+        let mut formed = form_all(p, c, key);
+        let host = hello::host_identity();
+        for (r, f) in formed.iter_mut().enumerate() {
+            assert_eq!((f.rank, f.size, f.local_ranks), (r, p, p));
+            assert_eq!(f.peers.len(), p);
+            for peer in &f.peers {
+                assert_eq!(
+                    *peer,
+                    Peer {
+                        host,
+                        capabilities: 0
+                    }
+                );
+            }
+            // Left neighbour's C, right neighbour's C, then the others in rank order.
+            let (left, right) = ((r + p - 1) % p, (r + 1) % p);
+            let mut expected = vec![left; c];
+            expected.extend(vec![right; c]);
+            expected.extend((0..p).filter(|&o| !hello::neighbours(p as u32, r as u32, o as u32)));
+            let got: Vec<usize> = f.transport.conns().iter().map(|conn| conn.peer).collect();
+            assert_eq!(got, expected, "P = {p}, C = {c}, rank {r}");
+        }
+        for from in 0..p {
+            for to in 0..p {
+                if from != to {
+                    exchange(&mut formed, from, to, (from * 16 + to) as u8);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_mesh_forms_for_2_to_6_ranks_and_1_or_2_connections() {
+        for p in 2..=6 {
+            for c in 1..=2 {
+                check_mesh(p, c, None);
+            }
+        }
+    }
+
+    #[test]
+    fn the_mesh_forms_with_a_key() {
+        for p in 2..=6 {
+            for c in 1..=2 {
+                check_mesh(p, c, Some(SECRET));
+            }
+        }
+    }
+
+    #[test]
+    fn one_rank_forms_alone() {
+        let nodes = vec![vec!["127.0.0.1:1".to_string()]];
+        let f = connect(&addrs(&nodes, 0), &Options::default()).unwrap();
+        assert_eq!((f.rank, f.size, f.peers.len()), (0, 1, 1));
+    }
+
+    /// Runs both ranks of a pair and returns each one's error.
+    fn pair_fails(a: (RingAddresses, Options), b: (RingAddresses, Options)) -> [Error; 2] {
+        let mut errors = start(vec![a, b]).into_iter().map(|h| {
+            let (result, took) = h.join().unwrap();
+            let e = result.err().expect("the pair formed");
+            assert!(took < Duration::from_secs(5), "failed after {took:?}: {e}");
+            e
+        });
+        [errors.next().unwrap(), errors.next().unwrap()]
+    }
+
+    #[test]
+    fn another_hostfile_is_rejected_on_both_sides_naming_the_file() {
+        let nodes = hostfile(2, 1);
+        let mut other = addrs(&nodes, 1);
+        // The same ports, written another way: another hostfile.
+        other.all[0][0] = other.all[0][0].replace("127.0.0.1", "127.0.0.01");
+        let t = Duration::from_secs(20);
+        for e in pair_fails(
+            (addrs(&nodes, 0), options(t, None)),
+            (other, options(t, None)),
+        ) {
+            let text = e.to_string();
+            assert!(
+                matches!(e, Error::PeerIncompatible { .. })
+                    && text.contains("belongs to another group")
+                    && text.contains("same hostfile (MLX_HOSTFILE)"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn another_key_or_none_is_rejected_on_both_sides() {
+        let t = Duration::from_secs(20);
+        let nodes = hostfile(2, 1);
+        for e in pair_fails(
+            (addrs(&nodes, 0), options(t, Some(SECRET))),
+            (
+                addrs(&nodes, 1),
+                options(t, Some("another secret of enough length")),
+            ),
+        ) {
+            assert!(
+                matches!(&e, Error::Auth { reason, .. } if reason.contains("holds another key")),
+                "{e}"
+            );
+        }
+        let nodes = hostfile(2, 1);
+        let [keyed, unkeyed] = pair_fails(
+            (addrs(&nodes, 0), options(t, Some(SECRET))),
+            (addrs(&nodes, 1), options(t, None)),
+        );
+        assert!(
+            matches!(&keyed, Error::PeerIncompatible { peer: 1, reason, .. }
+                if reason.contains("has no key (NUVEC_DISTRIBUTED_KEY), and this rank has one")),
+            "{keyed}"
+        );
+        assert!(
+            matches!(&unkeyed, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("has a key (NUVEC_DISTRIBUTED_KEY), and this rank has none")),
+            "{unkeyed}"
+        );
+    }
+
+    /// Rank 0 of a pair against a stand-in for rank 1 that, on both connections (the one it
+    /// accepts and the one it dials), writes `bytes` and then holds the connection open.
+    fn against(bytes: Vec<u8>, timeout: Duration, key: Option<&str>) -> (Error, Duration) {
+        let nodes = hostfile(2, 1);
+        let a0 = addrs(&nodes, 0);
+        let (p0, p1) = (a0.listen[0], a0.right[0]);
+        let listener = std::net::TcpListener::bind(p1).unwrap();
+        let rank0 = start(vec![(a0, options(timeout, key))]).pop().unwrap();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let fake = thread::spawn(move || {
+            let mut held = Vec::new();
+            let until = Instant::now() + Duration::from_secs(10);
+            let mut dialled = loop {
+                match std::net::TcpStream::connect(p0) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < until => thread::sleep(Duration::from_millis(2)),
+                    Err(e) => panic!("rank 0 never listened: {e}"),
+                }
+            };
+            let _ = std::io::Write::write_all(&mut dialled, &bytes);
+            held.push(dialled);
+            let (mut accepted, _) = listener.accept().unwrap();
+            let _ = std::io::Write::write_all(&mut accepted, &bytes);
+            held.push(accepted);
+            let _ = stopped.recv_timeout(Duration::from_secs(30));
+        });
+        let (result, took) = rank0.join().unwrap();
+        let _ = stop.send(());
+        fake.join().unwrap();
+        (result.err().expect("formed with a stand-in"), took)
+    }
+
+    const NOT_NATIVE: &str = "rank 1 does not speak the native wire: it sent collective data \
+                              instead of a hello (an MLX rank, or a nuvec rank without \
+                              NUVEC_DISTRIBUTED_WIRE=native)";
+
+    #[test]
+    fn a_rank_sending_data_is_named_at_once() {
+        let long = Duration::from_secs(20);
+        for key in [None, Some(SECRET)] {
+            let (e, took) = against(2.0f32.to_le_bytes().to_vec(), long, key);
+            // Rank 0 may see the data first on either connection: the one it dialled names
+            // rank 1 for sure, the one it accepted tentatively.
+            assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(NOT_NATIVE)
+                    || text.contains("(rank 1, if it is the connection expected at")
+                        && text.contains("does not speak the native wire: it sent collective data"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_versions_and_wires_are_named_at_once() {
+        let long = Duration::from_secs(20);
+        let mut v3 = hello::Hello {
+            identity: Identity {
+                capabilities: 0,
+                size: 2,
+                group: [0; 32],
+                host: [0; 16],
+            },
+            from: 1,
+            to: 0,
+            kind: Kind::Ring(0),
+        }
+        .encode();
+        v3[8] = 3;
+        let mlx_keyed = auth::Hello::new(2, 1, 0, 0).unwrap().encode().to_vec();
+        for (bytes, says) in [
+            (
+                v3.to_vec(),
+                "sent native hello version 3, and this build speaks version 2",
+            ),
+            (
+                auth::NO_KEY.to_vec(),
+                "is on the MLX wire: it answered this rank's hello as a nuvec rank on the MLX \
+                 wire without a key does",
+            ),
+            (
+                mlx_keyed,
+                "is on the MLX wire: it opened the MLX wire's keyed handshake (version 1)",
+            ),
+        ] {
+            let (e, took) = against(bytes, long, None);
+            assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+            assert!(matches!(e, Error::PeerIncompatible { .. }), "{e:?}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn silence_is_named_at_the_deadline_with_the_likely_cause() {
+        let short = Duration::from_millis(400);
+        let (e, took) = against(Vec::new(), short, None);
+        assert!(
+            took >= short && took < Duration::from_secs(3),
+            "took {took:?}: {e}"
+        );
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, reason, .. }
+                if reason.contains("sent no hello within 400ms: it likely does not speak the \
+                                    native wire (an MLX rank, or a nuvec rank without \
+                                    NUVEC_DISTRIBUTED_WIRE=native)")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_port_scanner_does_not_break_setup() {
+        for key in [None, Some(SECRET)] {
+            let nodes = hostfile(4, 2);
+            let t = Duration::from_secs(20);
+            let first = addrs(&nodes, 0);
+            let scanned: Vec<SocketAddr> = first.listen.clone();
+            let rank0 = start(vec![(first, options(t, key))]).pop().unwrap();
+            // Connects to each of rank 0's addresses and closes, a few times, before the
+            // other ranks start.
+            let until = Instant::now() + Duration::from_secs(10);
+            let mut scans = 0;
+            while scans < 6 {
+                for &a in &scanned {
+                    match std::net::TcpStream::connect(a) {
+                        Ok(s) => {
+                            drop(s);
+                            scans += 1;
+                        }
+                        Err(_) => {
+                            assert!(Instant::now() < until, "rank 0 never listened");
+                            thread::sleep(Duration::from_millis(2));
+                        }
+                    }
+                }
+            }
+            let others = start(
+                (1..4)
+                    .map(|r| (addrs(&nodes, r), options(t, key)))
+                    .collect(),
+            );
+            let (r0, _) = rank0.join().unwrap();
+            r0.unwrap();
+            for h in others {
+                h.join().unwrap().0.unwrap();
+            }
+        }
+    }
+
+    /// Reads from an MLX-wire ring's connection until it fails; the error it reports.
+    fn first_failure(mut t: crate::ring::transport::Transport) -> Error {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 64];
+        loop {
+            match t.conn(0).read(&mut buf) {
+                Err(e) => return t.conn(0).failed(PeerOp::Receive, Phase::AllSum, e),
+                Ok(Transfer::Blocked) => {
+                    assert!(Instant::now() < deadline, "nothing arrived");
+                    t.wait(deadline).unwrap();
+                }
+                Ok(other) => panic!("the native hello was taken for data: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_mlx_wire_rank_and_a_native_one_name_each_other() {
+        let t = Duration::from_secs(20);
+        // Without a key: the MLX-wire rank forms (no bytes are exchanged on its wire) and
+        // finds the native hello on its first receive; its NO_KEY reply names it.
+        let nodes = hostfile(2, 1);
+        let native = start(vec![(addrs(&nodes, 0), options(t, None))])
+            .pop()
+            .unwrap();
+        let ring_addrs = addrs(&nodes, 1);
+        let ring = crate::ring::bootstrap::connect(&ring_addrs, &options(t, None)).unwrap();
+        let e = first_failure(ring);
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("rank 0 runs the native wire and this rank the MLX wire")),
+            "{e}"
+        );
+        let (result, took) = native.join().unwrap();
+        let e = result.err().expect("formed against the MLX wire");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
+                && e.to_string().contains("is on the MLX wire"),
+            "{e}"
+        );
+        // With a key on the MLX-wire rank: its handshake names the native hello, and the
+        // native rank its keyed greeting.
+        let nodes = hostfile(2, 1);
+        let native = start(vec![(addrs(&nodes, 0), options(t, None))])
+            .pop()
+            .unwrap();
+        let started = Instant::now();
+        let e = crate::ring::bootstrap::connect(&addrs(&nodes, 1), &options(t, Some(SECRET)))
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("runs the native wire (NUVEC_DISTRIBUTED_WIRE=native)")),
+            "{e}"
+        );
+        let (result, took) = native.join().unwrap();
+        let e = result.err().expect("formed against the MLX wire");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
+                && e.to_string().contains("MLX wire's keyed handshake"),
+            "{e}"
+        );
     }
 }

@@ -155,9 +155,10 @@ impl Malformed {
     /// sends a broken hello of this version misbehaves.
     fn fault(self) -> Fault {
         match self {
-            Malformed::Data | Malformed::MlxUnkeyed | Malformed::MlxKeyed | Malformed::Version(_) => {
-                Fault::Incompatible
-            }
+            Malformed::Data
+            | Malformed::MlxUnkeyed
+            | Malformed::MlxKeyed
+            | Malformed::Version(_) => Fault::Incompatible,
             Malformed::Short | Malformed::Reserved | Malformed::Kind(..) => Fault::Peer,
         }
     }
@@ -190,7 +191,10 @@ impl fmt::Display for Malformed {
             ),
             Malformed::Reserved => f.write_str("sent a hello with reserved bytes set"),
             Malformed::Kind(k, i) => {
-                write!(f, "sent a hello with connection kind {k}, index {i}, which do not exist")
+                write!(
+                    f,
+                    "sent a hello with connection kind {k}, index {i}, which do not exist"
+                )
             }
         }
     }
@@ -227,7 +231,9 @@ impl Hello {
         if bytes[9..12] != [0; 3] {
             return Err(Malformed::Reserved);
         }
-        let word = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let word = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
         let mut capabilities = [0u8; 8];
         capabilities.copy_from_slice(&bytes[12..20]);
         let (kind, index) = (word(32), word(36));
@@ -569,7 +575,8 @@ impl Connector {
         match auth::Connector::new(Some(key), link) {
             Ok(c) => self.auth = Some(Box::new(c.bind(bound))),
             Err(e) => {
-                self.exchange.outcome = reject(Fault::Peer, None, format!("cannot authenticate: {e}"));
+                self.exchange.outcome =
+                    reject(Fault::Peer, None, format!("cannot authenticate: {e}"));
             }
         }
     }
@@ -736,8 +743,11 @@ impl Acceptor {
         match auth::Acceptor::new(Some(key), link) {
             Ok(a) => self.auth = Some(a.bind(bound)),
             Err(e) => {
-                self.exchange.outcome =
-                    reject(Fault::Peer, Some(peer.from), format!("cannot authenticate: {e}"));
+                self.exchange.outcome = reject(
+                    Fault::Peer,
+                    Some(peer.from),
+                    format!("cannot authenticate: {e}"),
+                );
             }
         }
     }
@@ -796,6 +806,465 @@ impl Handshake for Acceptor {
         match &self.auth {
             Some(a) => a.outcome(),
             None => &self.exchange.outcome,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::auth::Secret;
+
+    fn key(s: &str) -> Key {
+        Secret::new(s.as_bytes()).key().unwrap()
+    }
+
+    const SECRET: &str = "a shared secret of enough length";
+
+    fn all(p: usize) -> Vec<Vec<String>> {
+        (0..p)
+            .map(|r| vec![format!("127.0.0.1:{}", 5000 + r)])
+            .collect()
+    }
+
+    fn expect(me: u32, size: u32, key: Option<&Key>) -> Expect {
+        Expect {
+            me,
+            identity: Identity {
+                capabilities: 0,
+                size,
+                group: group_identity(&all(size as usize), key),
+                host: [7; 16],
+            },
+            keyed: key.is_some(),
+        }
+    }
+
+    fn sample() -> Hello {
+        Hello {
+            identity: Identity {
+                capabilities: 0x0102_0304_0506_0708,
+                size: 6,
+                group: [3; 32],
+                host: [4; 16],
+            },
+            from: 5,
+            to: 2,
+            kind: Kind::Ring(1),
+        }
+    }
+
+    /// Moves at most one chunk each way for `hs`; whether anything moved.
+    fn step(
+        hs: &mut dyn Handshake,
+        out: &mut Vec<u8>,
+        log: &mut Vec<u8>,
+        inq: &mut Vec<u8>,
+        chunk: &mut dyn FnMut() -> usize,
+    ) -> bool {
+        let mut moved = false;
+        let t = hs.transmit();
+        // Parting bytes after a rejection go out too, as over a socket.
+        if !t.is_empty() {
+            let n = chunk().clamp(1, t.len());
+            out.extend_from_slice(&t[..n]);
+            log.extend_from_slice(&t[..n]);
+            hs.handle_sent(n);
+            moved = true;
+        }
+        if hs.wants() > 0 && !inq.is_empty() {
+            let n = chunk().clamp(1, inq.len());
+            let wanted = hs.wants();
+            let took = hs.handle_recv(&inq[..n]);
+            assert!(took <= n.min(wanted));
+            inq.drain(..took);
+            moved |= took > 0;
+        }
+        moved
+    }
+
+    /// Runs both machines against each other through in-memory pipes, in chunks of the
+    /// sizes `chunk` draws, until neither moves; a side that rejected then drops the
+    /// connection. Returns what each side wrote.
+    fn converse(
+        c: &mut dyn Handshake,
+        a: &mut dyn Handshake,
+        chunk: &mut dyn FnMut() -> usize,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
+        let (mut from_c, mut from_a) = (Vec::new(), Vec::new());
+        for _ in 0..100_000 {
+            let moved = step(c, &mut to_a, &mut from_c, &mut to_c, chunk)
+                | step(a, &mut to_c, &mut from_a, &mut to_a, chunk);
+            if !moved {
+                break;
+            }
+        }
+        let rejected = |o: &Outcome| matches!(o, Outcome::Rejected(_));
+        if rejected(c.outcome()) {
+            a.handle_closed();
+        }
+        if rejected(a.outcome()) {
+            c.handle_closed();
+        }
+        (from_c, from_a)
+    }
+
+    fn rejection(o: &Outcome) -> &Rejection {
+        match o {
+            Outcome::Rejected(r) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    /// Rank 3 of 4 opening ring connection 1 to rank 0, which accepts on its address 1.
+    fn ring_pair(ck: Option<&Key>, ak: Option<&Key>) -> (Connector, Acceptor) {
+        (
+            Connector::new(expect(3, 4, ck), ck.copied(), 0, Kind::Ring(1)),
+            Acceptor::new(expect(0, 4, ak), ak.copied(), 1),
+        )
+    }
+
+    #[test]
+    fn the_hello_round_trips_and_its_layout_is_fixed() {
+        let h = sample();
+        let bytes = h.encode();
+        assert_eq!(bytes.len(), 88);
+        assert_eq!(&bytes[..9], b"nuvecRNG\x02");
+        assert_eq!(bytes[9..12], [0; 3]);
+        assert_eq!(bytes[12..20], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(bytes[20..24], 6u32.to_le_bytes());
+        assert_eq!(bytes[24..28], 5u32.to_le_bytes());
+        assert_eq!(bytes[28..32], 2u32.to_le_bytes());
+        assert_eq!(bytes[32..40], [1, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(bytes[40..72], [3; 32]);
+        assert_eq!(bytes[72..88], [4; 16]);
+        assert_eq!(Hello::decode(&bytes), Ok(h));
+        // Bytes after the hello are not its business.
+        let mut longer = bytes.to_vec();
+        longer.extend_from_slice(b"data");
+        assert_eq!(Hello::decode(&longer), Ok(h));
+        for kind in [
+            Kind::Ring(0),
+            Kind::Ring(u32::MAX),
+            Kind::Mesh,
+            Kind::Accepted(3),
+        ] {
+            let h = Hello { kind, ..h };
+            assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        }
+    }
+
+    #[test]
+    fn every_malformed_field_is_rejected() {
+        let good = sample().encode();
+        assert_eq!(Hello::decode(&good[..87]), Err(Malformed::Short));
+        for i in 0..8 {
+            let mut b = good;
+            b[i] ^= 0x20;
+            assert_eq!(Hello::decode(&b), Err(Malformed::Data), "magic byte {i}");
+            // Decided on that byte, whatever follows.
+            assert_eq!(early(&b[..=i]), Err(Malformed::Data), "magic byte {i}");
+        }
+        for (v, m) in [
+            (0, Malformed::MlxUnkeyed),
+            (1, Malformed::MlxKeyed),
+            (3, Malformed::Version(3)),
+            (255, Malformed::Version(255)),
+        ] {
+            let mut b = good;
+            b[8] = v;
+            assert_eq!(Hello::decode(&b), Err(m));
+            assert_eq!(early(&b[..9]), Err(m));
+        }
+        for i in 9..12 {
+            let mut b = good;
+            b[i] = 1;
+            assert_eq!(Hello::decode(&b), Err(Malformed::Reserved), "byte {i}");
+        }
+        for (kind, index) in [(0, 0), (4, 0), (u32::MAX, 0), (2, 1)] {
+            let mut b = good;
+            b[32..36].copy_from_slice(&u32::to_le_bytes(kind));
+            b[36..40].copy_from_slice(&u32::to_le_bytes(index));
+            assert_eq!(Hello::decode(&b), Err(Malformed::Kind(kind, index)));
+        }
+        assert_eq!(early(&good[..8]), Ok(()));
+        assert_eq!(early(b"nuvec"), Ok(()));
+        assert_eq!(early(&[]), Ok(()));
+    }
+
+    #[test]
+    fn ring_and_mesh_pairs_establish_and_learn_each_other() {
+        let k = key(SECRET);
+        for keyed in [None, Some(&k)] {
+            let (mut c, mut a) = ring_pair(keyed, keyed);
+            let (from_c, from_a) = converse(&mut c, &mut a, &mut || usize::MAX);
+            assert_eq!(c.outcome(), &Outcome::Established);
+            assert_eq!(a.outcome(), &Outcome::Established);
+            assert_eq!(Hello::decode(&from_c).unwrap().kind, Kind::Ring(1));
+            let theirs = a.peer_hello().unwrap();
+            assert_eq!((theirs.from, theirs.to, theirs.kind), (3, 0, Kind::Ring(1)));
+            let theirs = c.peer_hello().unwrap();
+            assert_eq!(
+                (theirs.from, theirs.to, theirs.kind),
+                (0, ANY, Kind::Accepted(1))
+            );
+            assert_eq!(theirs.identity.host, [7; 16]);
+            // Without a key the hellos are all; with one the authentication follows.
+            let extra = Hello::LEN + if keyed.is_some() { 60 + 32 } else { 0 };
+            assert_eq!(from_c.len(), extra);
+            assert_eq!(
+                from_a.len(),
+                Hello::LEN + if keyed.is_some() { 76 + 1 } else { 0 }
+            );
+            // Rank 0 opening the mesh connection to rank 2 of 4? Those are not
+            // neighbours only from 4 ranks up: rank 0 and 2 of 4 are not.
+            let mut c = Connector::new(expect(0, 4, keyed), keyed.copied(), 2, Kind::Mesh);
+            let mut a = Acceptor::new(expect(2, 4, keyed), keyed.copied(), 0);
+            converse(&mut c, &mut a, &mut || 7);
+            assert_eq!(c.outcome(), &Outcome::Established);
+            assert_eq!(a.outcome(), &Outcome::Established);
+            assert_eq!(a.peer_hello().unwrap().kind, Kind::Mesh);
+        }
+    }
+
+    #[test]
+    fn connections_not_expected_on_an_address_are_refused() {
+        // (connector, its kind, acceptor, the acceptor's address) that must not pass.
+        for (from, kind, to, slot, size) in [
+            (2, Kind::Ring(1), 0, 1, 4), // not the left neighbour
+            (3, Kind::Ring(0), 0, 1, 4), // another index than the address
+            (0, Kind::Mesh, 2, 1, 4),    // mesh on an address other than the first
+            (1, Kind::Mesh, 2, 0, 4),    // mesh from a neighbour
+            (2, Kind::Mesh, 0, 0, 4),    // mesh from a higher rank
+            (0, Kind::Mesh, 2, 0, 3),    // no mesh at 3 ranks
+        ] {
+            let mut c = Connector::new(expect(from, size, None), None, to, kind);
+            let mut a = Acceptor::new(expect(to, size, None), None, slot);
+            converse(&mut c, &mut a, &mut || usize::MAX);
+            let r = rejection(a.outcome());
+            assert_eq!(
+                (r.fault, r.claimed),
+                (Fault::Incompatible, Some(from as usize))
+            );
+            assert!(
+                r.reason
+                    .contains(&format!("introduced itself as rank {from} of {size}")),
+                "{}",
+                r.reason
+            );
+            // The connector, for its part, reached the rank and address it dialled or not.
+            assert_ne!(c.outcome(), &Outcome::Pending);
+        }
+        // A connector that reached another rank than the one it dialled.
+        let mut c = Connector::new(expect(3, 4, None), None, 0, Kind::Ring(1));
+        let mut a = Acceptor::new(expect(1, 4, None), None, 1);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        let r = rejection(c.outcome());
+        assert!(
+            r.reason
+                .contains("answered as rank 1 of 4 (a connection it accepted on its address 1), but this rank dialled rank 0 of 4"),
+            "{}",
+            r.reason
+        );
+    }
+
+    #[test]
+    fn the_group_identity_names_what_differs() {
+        let k = key(SECRET);
+        let other = key("another secret of enough length");
+        let base = group_identity(&all(4), None);
+        assert_eq!(base[16..], [0; 16], "no key, no key half");
+        assert_eq!(base, group_identity(&all(4), None));
+        let mut swapped = all(4);
+        swapped.swap(1, 2);
+        assert_ne!(group_identity(&swapped, None)[..16], base[..16]);
+        let mut joined = all(4);
+        joined[0][0].push('1');
+        joined[1][0].remove(0);
+        assert_ne!(group_identity(&joined, None)[..16], base[..16]);
+        let keyed = group_identity(&all(4), Some(&k));
+        assert_eq!(keyed[..16], base[..16]);
+        assert_ne!(keyed[16..], [0; 16]);
+        assert_ne!(group_identity(&all(4), Some(&other))[16..], keyed[16..]);
+        // Machines: another hostfile, another key, a key against none.
+        let mut a_exp = expect(0, 4, None);
+        a_exp.identity.group = group_identity(&swapped, None);
+        let mut c = Connector::new(expect(3, 4, None), None, 0, Kind::Ring(1));
+        let mut a = Acceptor::new(a_exp, None, 1);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        for o in [c.outcome(), a.outcome()] {
+            let r = rejection(o);
+            assert_eq!(r.fault, Fault::Incompatible);
+            assert!(
+                r.reason.contains("belongs to another group"),
+                "{}",
+                r.reason
+            );
+        }
+        let (mut c, mut a) = (
+            Connector::new(expect(3, 4, Some(&k)), Some(k), 0, Kind::Ring(1)),
+            Acceptor::new(expect(0, 4, Some(&other)), Some(other), 1),
+        );
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        for o in [c.outcome(), a.outcome()] {
+            assert_eq!(rejection(o).fault, Fault::Keys);
+        }
+        let (mut c, mut a) = ring_pair(Some(&k), None);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        assert!(rejection(c.outcome()).reason.contains("has no key"));
+        assert!(rejection(a.outcome()).reason.contains("has a key"));
+        assert_eq!(rejection(a.outcome()).fault, Fault::NoKey);
+    }
+
+    #[test]
+    fn a_man_in_the_middle_cannot_alter_a_hello_undetected() {
+        // The host identity and capabilities are not checked against anything, so only the
+        // authentication can tell that they were altered on the way.
+        let k = key(SECRET);
+        for tamper_from_acceptor in [false, true] {
+            let (mut c, mut a) = ring_pair(Some(&k), Some(&k));
+            let mut hello_c = c.transmit().to_vec();
+            let mut hello_a = a.transmit().to_vec();
+            let target = if tamper_from_acceptor {
+                &mut hello_a
+            } else {
+                &mut hello_c
+            };
+            target[75] ^= 1; // a host identity byte
+            c.handle_sent(Hello::LEN);
+            a.handle_sent(Hello::LEN);
+            assert_eq!(c.handle_recv(&hello_a), Hello::LEN);
+            assert_eq!(a.handle_recv(&hello_c), Hello::LEN);
+            converse(&mut c, &mut a, &mut || usize::MAX);
+            assert_eq!(rejection(c.outcome()).fault, Fault::Keys);
+            assert_eq!(rejection(a.outcome()).fault, Fault::Keys);
+        }
+    }
+
+    #[test]
+    fn peers_that_are_not_native_are_named_on_their_first_bytes() {
+        let cases: [(&[u8], &str); 4] = [
+            (
+                &2.0f32.to_le_bytes(),
+                "does not speak the native wire: it sent collective data",
+            ),
+            (
+                &auth::NO_KEY,
+                "is on the MLX wire: it answered this rank's hello",
+            ),
+            (
+                b"nuvecRNG\x01\0\0\0",
+                "is on the MLX wire: it opened the MLX wire's keyed",
+            ),
+            (
+                b"nuvecRNG\x03",
+                "sent native hello version 3, and this build speaks version 2",
+            ),
+        ];
+        for (bytes, says) in cases {
+            let (mut c, mut a) = ring_pair(None, None);
+            for hs in [&mut c as &mut dyn Handshake, &mut a] {
+                assert_eq!(hs.handle_recv(bytes), bytes.len());
+                let r = rejection(hs.outcome());
+                assert_eq!(r.fault, Fault::Incompatible);
+                assert!(r.reason.contains(says), "{}", r.reason);
+                // Our hello still goes out, so that the peer learns who we are.
+                assert_eq!(hs.transmit().len(), Hello::LEN);
+                assert_eq!(hs.wants(), 0);
+            }
+        }
+        // Data that starts like the magic waits for the byte that differs.
+        let (mut c, _) = ring_pair(None, None);
+        c.handle_recv(b"nuvec");
+        assert_eq!(c.outcome(), &Outcome::Pending);
+        c.handle_recv(b"X");
+        assert_eq!(rejection(c.outcome()).fault, Fault::Incompatible);
+    }
+
+    #[test]
+    fn a_peer_leaving_before_its_hello_is_its_fault_and_unclaimed() {
+        let (mut c, mut a) = ring_pair(None, None);
+        c.handle_recv(&sample().encode()[..40]);
+        for hs in [&mut c as &mut dyn Handshake, &mut a] {
+            hs.handle_closed();
+            let r = rejection(hs.outcome());
+            assert_eq!((r.fault, r.claimed), (Fault::Peer, None));
+            assert!(
+                r.reason.contains("before sending its hello"),
+                "{}",
+                r.reason
+            );
+        }
+    }
+
+    #[test]
+    fn reads_never_reach_past_the_hello() {
+        let (mut c, a) = ring_pair(None, None);
+        let mut from_a = a.transmit().to_vec();
+        from_a.extend_from_slice(&[0xAB; 50]);
+        assert_eq!(c.handle_recv(&from_a), Hello::LEN);
+        assert_eq!(c.wants(), 0);
+        assert_eq!(
+            c.outcome(),
+            &Outcome::Pending,
+            "its own hello is not out yet"
+        );
+        c.handle_sent(Hello::LEN);
+        assert_eq!(c.outcome(), &Outcome::Established);
+        assert_eq!(c.handle_recv(&[1, 2, 3]), 0);
+    }
+
+    #[test]
+    fn the_host_identity_is_stable_and_known_here() {
+        let id = host_identity();
+        assert_eq!(id, host_identity());
+        #[cfg(target_os = "linux")]
+        if std::path::Path::new("/etc/machine-id").exists() {
+            assert_ne!(id, [0; 16]);
+            assert_eq!(host_facts().map(|f| f.is_empty()), Some(false));
+        }
+    }
+
+    fn arb_kind() -> impl Strategy<Value = Kind> {
+        prop_oneof![
+            any::<u32>().prop_map(Kind::Ring),
+            Just(Kind::Mesh),
+            any::<u32>().prop_map(Kind::Accepted),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_hello_round_trips(
+            capabilities: u64, size: u32, from: u32, to: u32, kind in arb_kind(),
+            group: [u8; 32], host: [u8; 16],
+        ) {
+            let h = Hello { identity: Identity { capabilities, size, group, host }, from, to, kind };
+            prop_assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panicking_and_re_encode(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
+            if let Ok(h) = Hello::decode(&bytes) {
+                prop_assert_eq!(&h.encode()[..], &bytes[..Hello::LEN]);
+            }
+        }
+
+        #[test]
+        fn any_chunking_gives_the_same_outcome(
+            sizes in proptest::collection::vec(1usize..100, 1..32),
+            keyed: bool,
+        ) {
+            let k = key(SECRET);
+            let keyed = keyed.then_some(&k);
+            let (mut c, mut a) = ring_pair(keyed, keyed);
+            let mut i = 0;
+            converse(&mut c, &mut a, &mut || { i += 1; sizes[i % sizes.len()] });
+            prop_assert_eq!(c.outcome(), &Outcome::Established);
+            prop_assert_eq!(a.outcome(), &Outcome::Established);
         }
     }
 }
