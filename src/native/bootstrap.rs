@@ -892,7 +892,7 @@ mod tests {
     fn pair_fails(a: (RingAddresses, Options), b: (RingAddresses, Options)) -> [Error; 2] {
         let mut errors = start(vec![a, b]).into_iter().map(|h| {
             let (result, took) = h.join().unwrap();
-            let e = result.err().expect("the pair formed");
+            let e = result.expect_err("the pair formed");
             assert!(took < Duration::from_secs(5), "failed after {took:?}: {e}");
             e
         });
@@ -982,7 +982,7 @@ mod tests {
         let (result, took) = rank0.join().unwrap();
         let _ = stop.send(());
         fake.join().unwrap();
-        (result.err().expect("formed with a stand-in"), took)
+        (result.expect_err("formed with a stand-in"), took)
     }
 
     const NOT_NATIVE: &str = "rank 1 does not speak the native wire: it sent collective data \
@@ -1136,7 +1136,7 @@ mod tests {
             "{e}"
         );
         let (result, took) = native.join().unwrap();
-        let e = result.err().expect("formed against the MLX wire");
+        let e = result.expect_err("formed against the MLX wire");
         assert!(took < Duration::from_secs(5), "took {took:?}");
         assert!(
             matches!(&e, Error::PeerIncompatible { peer: 1, .. })
@@ -1159,7 +1159,7 @@ mod tests {
             "{e}"
         );
         let (result, took) = native.join().unwrap();
-        let e = result.err().expect("formed against the MLX wire");
+        let e = result.expect_err("formed against the MLX wire");
         assert!(took < Duration::from_secs(5), "took {took:?}");
         assert!(
             matches!(&e, Error::PeerIncompatible { peer: 1, .. })
