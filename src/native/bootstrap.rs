@@ -206,8 +206,8 @@ struct Setup<'a> {
     expect: Expect,
     poll: Poll,
     events: Events,
-    /// Kept open until the mesh forms, so that a scanner never takes a slot.
-    #[allow(dead_code, reason = "held only to keep the addresses open")]
+    /// Every address stays open until the mesh forms: address 0 takes ring and mesh
+    /// connections, and a connection that fails its hello leaves room for the next.
     listeners: Vec<TcpListener>,
     targets: Vec<Target>,
     dials: Vec<Dial>,
@@ -596,8 +596,8 @@ impl<'a> Setup<'a> {
         for (rank, slot) in self.mesh_in.drain(..).enumerate() {
             if let Some((stream, peer)) = slot {
                 peers[rank] = Some(peer);
-                let addr = stream.peer_addr().unwrap_or_else(|_| self.addrs.listen[0]);
-                others.push((stream, rank, addr));
+                // As for the ring's left connections: the address it arrived at.
+                others.push((stream, rank, self.addrs.listen[0]));
             }
         }
         others.sort_by_key(|&(_, rank, _)| rank);

@@ -641,9 +641,10 @@ impl Handshake for Connector {
 /// the left neighbour, and on address 0 the mesh connections of the lower ranks that are
 /// not neighbours.
 fn expected_here(size: u32, me: u32, slot: u32, from: u32, kind: Kind) -> bool {
-    let left = (me + size - 1) % size;
     match kind {
-        Kind::Ring(i) => from == left && i == slot,
+        Kind::Ring(i) => {
+            size > 0 && i == slot && (u64::from(from) + 1) % u64::from(size) == u64::from(me)
+        }
         Kind::Mesh => slot == 0 && from < me && !neighbours(size, from, me),
         Kind::Accepted(_) => false,
     }
@@ -651,7 +652,8 @@ fn expected_here(size: u32, me: u32, slot: u32, from: u32, kind: Kind) -> bool {
 
 /// Whether ranks `a` and `b` of a group of `size` are ring neighbours (or the same rank).
 pub(crate) fn neighbours(size: u32, a: u32, b: u32) -> bool {
-    a == b || (a + 1) % size == b || (b + 1) % size == a
+    let (size, a, b) = (u64::from(size), u64::from(a), u64::from(b));
+    size == 0 || a == b || (a + 1) % size == b || (b + 1) % size == a
 }
 
 /// The side that accepted, on its address `slot`: sends its hello at once, checks that the
