@@ -33,6 +33,13 @@
 //! straight away), rejects the peer as having no key at once, on the first byte that differs,
 //! rather than waiting for a whole message or the timeout.
 //!
+//! The native wire (`crate::native`) opens every connection with a hello that also starts
+//! with [`MAGIC`], followed by [`NATIVE_VERSION`]: a keyed rank here names such a peer as a
+//! native-wire rank on that byte ([`Fault::Incompatible`]), and the native wire runs these
+//! same machines after its hellos, with both hellos bound into the proofs
+//! ([`Connector::bind`]); without a binding the proofs are the first version's, byte for
+//! byte.
+//!
 //! Only the handshake is protected. The collectives' traffic that follows is neither
 //! encrypted nor authenticated: someone who can see or alter packets on the network can see
 //! or alter the data. On an untrusted network, run the ring over a VPN or an encrypted

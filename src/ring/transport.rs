@@ -106,7 +106,8 @@ pub(crate) struct Conn {
 
 /// The check a rank without a key makes of the first bytes each connection delivers, once
 /// per connection: a keyed peer greets first (see [`crate::auth`]), so [`auth::MAGIC`]
-/// there means the peer has a key and this rank has none, and those bytes must never be
+/// there means the peer has a key and this rank has none, or, followed by
+/// [`auth::NATIVE_VERSION`], that the peer runs the native wire; those bytes must never be
 /// taken for data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FirstBytes {
@@ -319,7 +320,7 @@ impl Conn {
         }
         match greeting {
             auth::Greeting::Keyed => {
-                self.first = if first.get(auth::MAGIC.len()) == Some(&auth::NATIVE_VERSION) {
+                self.first = if first[..n].get(auth::MAGIC.len()) == Some(&auth::NATIVE_VERSION) {
                     FirstBytes::NativePeer
                 } else {
                     FirstBytes::KeyedPeer
