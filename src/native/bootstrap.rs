@@ -410,8 +410,8 @@ impl<'a> Setup<'a> {
                     self.dials[i] = Dial::Up(s, peer);
                 }
             }
-            // The peer left before its hello: it may be restarting; try again.
-            Outcome::Rejected(r) if r.fault == Fault::Peer && hs.peer_hello().is_none() => {
+            // The peer left before sending a byte: it may be restarting; try again.
+            Outcome::Rejected(r) if r.fault == Fault::Peer && !hs.heard() => {
                 self.retry(i, r.reason);
             }
             Outcome::Rejected(r) => {
@@ -1044,6 +1044,30 @@ mod tests {
             assert!(matches!(e, Error::PeerIncompatible { .. }), "{e:?}");
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn a_broken_hello_is_misbehaviour_named_at_once() {
+        let mut broken = hello::Hello {
+            identity: Identity {
+                capabilities: 0,
+                size: 2,
+                group: [0; 32],
+                host: [0; 16],
+            },
+            from: 1,
+            to: 0,
+            kind: Kind::Accepted(0),
+        }
+        .encode();
+        broken[9] = 1;
+        let (e, took) = against(broken.to_vec(), Duration::from_secs(20), None);
+        assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+        assert!(
+            matches!(&e, Error::PeerMisbehaved { peer: 1, reason, .. }
+                if reason.contains("rank 1 sent a hello with reserved bytes set")),
+            "{e}"
+        );
     }
 
     #[test]

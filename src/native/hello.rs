@@ -526,6 +526,11 @@ impl Connector {
         self.exchange.peer.as_ref()
     }
 
+    /// Whether any byte arrived from the acceptor.
+    pub(crate) fn heard(&self) -> bool {
+        self.exchange.got > 0
+    }
+
     fn check(&self, hello: &Hello) -> Result<(), (Fault, String)> {
         check_group(&self.expect, hello)?;
         let fits = hello.identity.size == self.expect.identity.size
