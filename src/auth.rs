@@ -33,6 +33,13 @@
 //! straight away), rejects the peer as having no key at once, on the first byte that differs,
 //! rather than waiting for a whole message or the timeout.
 //!
+//! The native wire (`crate::native`) opens every connection with a hello that also starts
+//! with [`MAGIC`], followed by [`NATIVE_VERSION`]: a keyed rank here names such a peer as a
+//! native-wire rank on that byte ([`Fault::Incompatible`]), and the native wire runs these
+//! same machines after its hellos, with both hellos bound into the proofs
+//! ([`Connector::bind`]); without a binding the proofs are the first version's, byte for
+//! byte.
+//!
 //! Only the handshake is protected. The collectives' traffic that follows is neither
 //! encrypted nor authenticated: someone who can see or alter packets on the network can see
 //! or alter the data. On an untrusted network, run the ring over a VPN or an encrypted
@@ -66,6 +73,11 @@ pub(crate) const MAGIC: [u8; 8] = *b"nuvecRNG";
 
 /// The protocol version this build speaks.
 pub(crate) const VERSION: u8 = 1;
+
+/// The version byte of the native wire's hello (see `crate::native`), which also starts
+/// with [`MAGIC`]: a rank on the MLX wire that reads it names the peer as a native-wire rank
+/// instead of taking it for a keyed one or for another handshake version.
+pub(crate) const NATIVE_VERSION: u8 = 2;
 
 /// How many bytes of its [`Challenge`] the acceptor sends before it has read the hello: the
 /// magic, version, reserved bytes and its nonce.
@@ -145,6 +157,14 @@ impl fmt::Debug for Key {
     }
 }
 
+impl Key {
+    /// A keyed BLAKE3 hash of `data` under this key: a value only holders of the key can
+    /// compute (the native wire's group identity uses it to tell keys apart).
+    pub(crate) fn tag(&self, data: &[u8]) -> [u8; 32] {
+        *blake3::keyed_hash(&self.0, data).as_bytes()
+    }
+}
+
 /// The connector's opening message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
@@ -180,6 +200,8 @@ pub(crate) enum Malformed {
     NoKey,
     /// A protocol version this build does not speak.
     Version(u8),
+    /// The native wire's hello ([`NATIVE_VERSION`]): the peer is on the other wire.
+    Native,
 }
 
 impl fmt::Display for Malformed {
@@ -198,6 +220,11 @@ impl fmt::Display for Malformed {
             Malformed::Version(v) => {
                 write!(f, "handshake version {v}, this build speaks {VERSION}")
             }
+            Malformed::Native => write!(
+                f,
+                "a native-wire hello: it runs the native wire (NUVEC_DISTRIBUTED_WIRE=native) \
+                 and this rank the MLX wire; choose the same wire on every rank"
+            ),
         }
     }
 }
@@ -303,6 +330,9 @@ fn early(received: &[u8]) -> std::result::Result<(), Malformed> {
     if received.get(8) == Some(&NO_KEY[8]) {
         return Err(Malformed::NoKey);
     }
+    if received.get(8) == Some(&NATIVE_VERSION) {
+        return Err(Malformed::Native);
+    }
     Ok(())
 }
 
@@ -311,6 +341,7 @@ fn malformed_fault(m: Malformed) -> Fault {
     match m {
         Malformed::Magic | Malformed::NoKey => Fault::NoKey,
         Malformed::Short | Malformed::Version(_) => Fault::Peer,
+        Malformed::Native => Fault::Incompatible,
     }
 }
 
@@ -336,8 +367,16 @@ enum Role {
     Acceptor,
 }
 
-/// The proof `role` sends for the handshake of `hello` and the acceptor's `acceptor_nonce`.
-fn proof(key: &Key, role: Role, hello: &Hello, acceptor_nonce: &[u8; 32]) -> [u8; 32] {
+/// The proof `role` sends for the handshake of `hello` and the acceptor's `acceptor_nonce`,
+/// and of `bound` when the caller binds more into the transcript (the native wire's hellos;
+/// without it the proof is the MLX wire's, byte for byte).
+fn proof(
+    key: &Key,
+    role: Role,
+    hello: &Hello,
+    acceptor_nonce: &[u8; 32],
+    bound: Option<&[u8; 32]>,
+) -> [u8; 32] {
     let mut h = blake3::Hasher::new_keyed(&key.0);
     h.update(match role {
         Role::Connector => b"connector proof",
@@ -345,6 +384,10 @@ fn proof(key: &Key, role: Role, hello: &Hello, acceptor_nonce: &[u8; 32]) -> [u8
     });
     h.update(&hello.encode());
     h.update(acceptor_nonce);
+    if let Some(bound) = bound {
+        h.update(b"bound");
+        h.update(bound);
+    }
     *h.finalize().as_bytes()
 }
 
@@ -354,9 +397,11 @@ fn verify(
     role: Role,
     hello: &Hello,
     acceptor_nonce: &[u8; 32],
+    bound: Option<&[u8; 32]>,
     received: &[u8; 32],
 ) -> bool {
-    blake3::Hash::from(proof(key, role, hello, acceptor_nonce)) == blake3::Hash::from(*received)
+    blake3::Hash::from(proof(key, role, hello, acceptor_nonce, bound))
+        == blake3::Hash::from(*received)
 }
 
 /// The ranks and connection a handshake is about: what a connector claims, and what an
@@ -413,6 +458,9 @@ pub(crate) enum Fault {
     /// The peer has no key (it said so, or sent data where a greeting belongs) and this
     /// rank has one: the ranks were configured differently.
     NoKey,
+    /// The peer runs the other wire (native against MLX), another version of it, or belongs
+    /// to another group: the ranks were configured differently.
+    Incompatible,
 }
 
 impl fmt::Display for Fault {
@@ -421,6 +469,7 @@ impl fmt::Display for Fault {
             Fault::Peer => "the peer broke the handshake",
             Fault::Keys => "the keys differ",
             Fault::NoKey => "the peer has no key",
+            Fault::Incompatible => "the peer is incompatible",
         })
     }
 }
@@ -489,6 +538,8 @@ enum ConnectorPhase {
 pub(crate) struct Connector {
     key: Option<Key>,
     hello: Hello,
+    /// What the proofs bind besides the MLX wire's transcript (see [`Connector::bind`]).
+    bound: Option<[u8; 32]>,
     phase: ConnectorPhase,
     out: Vec<u8>,
     sent: usize,
@@ -516,6 +567,7 @@ impl Connector {
         Ok(Connector {
             key,
             hello,
+            bound: None,
             phase: ConnectorPhase::Challenge,
             out,
             sent: 0,
@@ -523,6 +575,13 @@ impl Connector {
             got: 0,
             outcome,
         })
+    }
+
+    /// Binds `bound` into both proofs (the native wire binds its hellos, so that no one can
+    /// alter them undetected); both sides must bind the same value.
+    pub(crate) fn bind(mut self, bound: [u8; 32]) -> Connector {
+        self.bound = Some(bound);
+        self
     }
 
     fn challenge_read(&mut self, key: &Key) {
@@ -535,13 +594,15 @@ impl Connector {
         };
         // Our proof goes out even if theirs is wrong, so that the acceptor can tell its
         // operator that we did not prove the key either.
-        self.out = proof(key, Role::Connector, &self.hello, &challenge.nonce).to_vec();
+        let bound = self.bound.as_ref();
+        self.out = proof(key, Role::Connector, &self.hello, &challenge.nonce, bound).to_vec();
         self.sent = 0;
         if !verify(
             key,
             Role::Acceptor,
             &self.hello,
             &challenge.nonce,
+            bound,
             &challenge.proof,
         ) {
             self.outcome =
@@ -643,6 +704,8 @@ enum AcceptorPhase {
 pub(crate) struct Acceptor {
     key: Option<Key>,
     expect: Link,
+    /// What the proofs bind besides the MLX wire's transcript (see [`Acceptor::bind`]).
+    bound: Option<[u8; 32]>,
     nonce: [u8; 32],
     phase: AcceptorPhase,
     inbuf: [u8; Hello::LEN],
@@ -673,6 +736,7 @@ impl Acceptor {
         Acceptor {
             key,
             expect,
+            bound: None,
             nonce,
             phase: AcceptorPhase::Hello,
             inbuf: [0; Hello::LEN],
@@ -685,6 +749,12 @@ impl Acceptor {
                 None => Outcome::Established,
             },
         }
+    }
+
+    /// Binds `bound` into both proofs, as [`Connector::bind`].
+    pub(crate) fn bind(mut self, bound: [u8; 32]) -> Acceptor {
+        self.bound = Some(bound);
+        self
     }
 
     fn hello_read(&mut self, key: &Key) {
@@ -719,7 +789,13 @@ impl Acceptor {
             return;
         }
         // The greeting went out (or is going out) already; the proof completes it.
-        let proof = proof(key, Role::Acceptor, &hello, &self.nonce);
+        let proof = proof(
+            key,
+            Role::Acceptor,
+            &hello,
+            &self.nonce,
+            self.bound.as_ref(),
+        );
         self.out[GREETING_LEN..].copy_from_slice(&proof);
         self.out_len = Challenge::LEN;
         self.phase = AcceptorPhase::Challenge(hello);
@@ -730,7 +806,7 @@ impl Acceptor {
     /// rank, tentatively.
     fn sent_by_client(&self, m: Malformed) -> String {
         match m {
-            Malformed::Magic | Malformed::NoKey => format!(
+            Malformed::Magic | Malformed::NoKey | Malformed::Native => format!(
                 "a client (rank {}, if it is the neighbour expected there) sent {m}",
                 self.expect.connector
             ),
@@ -823,7 +899,8 @@ impl Handshake for Acceptor {
             AcceptorPhase::Proof(hello) if self.got == 32 => {
                 let mut received = [0u8; 32];
                 received.copy_from_slice(&self.inbuf[..32]);
-                let ok = verify(&key, Role::Connector, &hello, &self.nonce, &received);
+                let bound = self.bound.as_ref();
+                let ok = verify(&key, Role::Connector, &hello, &self.nonce, bound, &received);
                 self.out[0] = u8::from(ok);
                 self.out_len = 1;
                 self.sent = 0;
@@ -883,9 +960,12 @@ mod tests {
         assert_eq!(Challenge::decode(&challenge.encode()), Ok(challenge));
         assert_eq!(Hello::decode(&hello.encode()[..59]), Err(Malformed::Short));
         assert_eq!(Hello::decode(&[0u8; 60]), Err(Malformed::Magic));
-        let mut v2 = hello.encode();
-        v2[8] = 2;
-        assert_eq!(Hello::decode(&v2), Err(Malformed::Version(2)));
+        let mut v3 = hello.encode();
+        v3[8] = 3;
+        assert_eq!(Hello::decode(&v3), Err(Malformed::Version(3)));
+        // Version 2 is the native wire's hello, named as such.
+        v3[8] = NATIVE_VERSION;
+        assert_eq!(Hello::decode(&v3), Err(Malformed::Native));
     }
 
     #[test]
@@ -902,25 +982,31 @@ mod tests {
         let k = key("a shared secret of enough length");
         let hello = Hello::new(3, 2, 0, 1).unwrap();
         let n = [5u8; 32];
-        let p = proof(&k, Role::Acceptor, &hello, &n);
-        assert!(verify(&k, Role::Acceptor, &hello, &n, &p));
+        let p = proof(&k, Role::Acceptor, &hello, &n, None);
+        assert!(verify(&k, Role::Acceptor, &hello, &n, None, &p));
+        // What the caller binds is covered too, and binding nothing is not binding zeros.
+        let b = proof(&k, Role::Acceptor, &hello, &n, Some(&[0; 32]));
+        assert_ne!(b, p);
+        assert!(verify(&k, Role::Acceptor, &hello, &n, Some(&[0; 32]), &b));
+        assert!(!verify(&k, Role::Acceptor, &hello, &n, Some(&[1; 32]), &b));
         // Another key, the other role, another nonce, another connection: all fail.
         assert!(!verify(
             &key("another secret of enough length"),
             Role::Acceptor,
             &hello,
             &n,
+            None,
             &p
         ));
-        assert!(!verify(&k, Role::Connector, &hello, &n, &p));
-        assert!(!verify(&k, Role::Acceptor, &hello, &[6u8; 32], &p));
+        assert!(!verify(&k, Role::Connector, &hello, &n, None, &p));
+        assert!(!verify(&k, Role::Acceptor, &hello, &[6u8; 32], None, &p));
         let other = Hello { index: 0, ..hello };
-        assert!(!verify(&k, Role::Acceptor, &other, &n, &p));
+        assert!(!verify(&k, Role::Acceptor, &other, &n, None, &p));
         let replayed = Hello {
             nonce: [1; 32],
             ..hello
         };
-        assert!(!verify(&k, Role::Acceptor, &replayed, &n, &p));
+        assert!(!verify(&k, Role::Acceptor, &replayed, &n, None, &p));
     }
 
     /// A ring of 4 where rank 3 opens connection 1 to rank 0.
@@ -1023,10 +1109,10 @@ mod tests {
                 nonce: [1; 32],
             };
             let mut expect_c = hello.encode().to_vec();
-            expect_c.extend(proof(&k, Role::Connector, &hello, &[2; 32]));
+            expect_c.extend(proof(&k, Role::Connector, &hello, &[2; 32], None));
             let mut expect_a = Challenge {
                 nonce: [2; 32],
-                proof: proof(&k, Role::Acceptor, &hello, &[2; 32]),
+                proof: proof(&k, Role::Acceptor, &hello, &[2; 32], None),
             }
             .encode()
             .to_vec();
@@ -1229,14 +1315,14 @@ mod tests {
             assert!(r.reason.contains(says), "{}", r.reason);
             assert!(c.transmit().is_empty(), "no proof for garbage");
         }
-        let mut v2 = Hello::new(4, 3, 0, 1).unwrap().encode();
-        v2[8] = 2;
+        let mut v3 = Hello::new(4, 3, 0, 1).unwrap().encode();
+        v3[8] = 3;
         let (_, mut a) = pair(Some(k), Some(k), LINK);
-        a.handle_recv(&v2);
+        a.handle_recv(&v3);
         assert!(
             rejection(a.outcome())
                 .reason
-                .contains("handshake version 2")
+                .contains("handshake version 3")
         );
     }
 
@@ -1375,6 +1461,30 @@ mod tests {
         assert_eq!((r.fault, r.said_no_key), (Fault::NoKey, true));
         assert!(r.reason.contains("rank 3"), "{}", r.reason);
         assert!(r.reason.contains("has no key"), "{}", r.reason);
+    }
+
+    #[test]
+    fn a_native_hello_is_named_as_the_native_wire_on_either_side() {
+        let k = key(SECRET);
+        let mut native = MAGIC.to_vec();
+        native.extend_from_slice(&[NATIVE_VERSION, 0, 0, 0]);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        // Decided on the version byte, without waiting for a whole message.
+        assert_eq!(a.handle_recv(&native[..9]), 9);
+        let r = rejection(a.outcome());
+        assert_eq!((r.fault, r.said_no_key), (Fault::Incompatible, false));
+        assert!(
+            r.reason
+                .contains("rank 3, if it is the neighbour expected there")
+                && r.reason.contains("runs the native wire"),
+            "{}",
+            r.reason
+        );
+        c.handle_sent(Hello::LEN);
+        assert_eq!(c.handle_recv(&native), native.len());
+        let r = rejection(c.outcome());
+        assert_eq!(r.fault, Fault::Incompatible);
+        assert!(r.reason.contains("a native-wire hello"), "{}", r.reason);
     }
 
     #[test]

@@ -10,7 +10,9 @@ use crate::config::env;
 use crate::error::{Error, Result};
 use crate::group::{Group, set_default_group};
 use crate::hostfile;
-use crate::options::Options;
+use crate::hostfile::RingAddresses;
+use crate::native::Native;
+use crate::options::{Options, Wire};
 use crate::ring::Ring;
 
 pub use crate::config::env::{HOSTFILE_VAR, RANK_VAR};
@@ -179,7 +181,7 @@ fn ring_from_env() -> Result<std::result::Result<Group, String>> {
     if addrs.size == 1 {
         return Ok(Ok(Group::single()));
     }
-    Ok(Ok(Group::new(Arc::new(Ring::connect(&addrs, &options)?))))
+    Ok(Ok(form_ring(&addrs, &options)?))
 }
 
 /// JACCL from MLX's launch environment ([`crate::jaccl::Config::from_env`]). As for the
@@ -214,5 +216,16 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
     if addrs.size == 1 {
         return Ok(Group::single());
     }
-    Ok(Group::new(Arc::new(Ring::connect(&addrs, options)?)))
+    form_ring(&addrs, options)
+}
+
+/// Forms the ring of two or more ranks described by `addrs` on the wire `options` asks for.
+fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Group> {
+    Ok(match options.wire {
+        Wire::Mlx => Group::new(Arc::new(Ring::connect(addrs, options)?)),
+        Wire::Native => {
+            let formed = crate::native::bootstrap::connect(addrs, options)?;
+            Group::new(Arc::new(Native::new(formed, options)?))
+        }
+    })
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// What one rank needs from the hostfile.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RingAddresses {
     /// This rank.
     pub(crate) rank: usize,
@@ -37,6 +37,12 @@ pub(crate) struct RingAddresses {
     /// Ranks whose first address names the same host as this rank's (this one included):
     /// the ranks likely to share this machine's CPUs.
     pub(crate) local_ranks: usize,
+    /// Every rank's addresses as the hostfile writes them, in rank order: the native wire
+    /// connects to ranks that are not neighbours ([`RingAddresses::first_address`]) and
+    /// derives the group's identity from them. The MLX wire does not use them.
+    pub(crate) all: Vec<Vec<String>>,
+    /// The hostfile (or [`IN_CODE`]) they come from, for errors.
+    pub(crate) origin: PathBuf,
 }
 
 impl RingAddresses {
@@ -48,6 +54,32 @@ impl RingAddresses {
     /// The right neighbour's rank.
     pub(crate) fn right_rank(&self) -> usize {
         (self.rank + 1) % self.size
+    }
+
+    /// Resolves rank `r`'s first address, which the native wire connects to when `r` is not
+    /// a neighbour. Entries other than the neighbours' are only resolved here, so the MLX
+    /// wire keeps accepting placeholders there (port 0, hosts it cannot resolve).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the file, the rank and the address.
+    pub(crate) fn first_address(&self, r: usize) -> Result<SocketAddr> {
+        let fail = |reason: String| Error::Config {
+            path: self.origin.clone(),
+            reason,
+        };
+        let Some(written) = self.all.get(r).and_then(|a| a.first()) else {
+            return Err(fail(format!(
+                "rank {r} has no address in the hostfile's {} entries",
+                self.all.len()
+            )));
+        };
+        lookup(written).map_err(|why| {
+            fail(format!(
+                "rank {r}, address 0: {why} (the native wire connects every pair of ranks, so \
+                 every rank's first address must be real)"
+            ))
+        })
     }
 }
 
@@ -158,6 +190,8 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
             Vec::new()
         },
         local_ranks,
+        all: nodes.to_vec(),
+        origin: origin.to_path_buf(),
     })
 }
 
@@ -352,7 +386,21 @@ mod tests {
             &["no-such-host.invalid:0"],
             &["127.0.0.1:4"],
         ]);
-        assert!(resolve(&n, 0, Path::new("h")).is_ok());
+        let a = resolve(&n, 0, Path::new("h")).unwrap();
+        // The native wire resolves them when it needs them, naming the file and rank.
+        assert_eq!(a.first_address(3).unwrap(), "127.0.0.1:4".parse().unwrap());
+        assert_eq!(a.all, n);
+        let e = a.first_address(2).unwrap_err().to_string();
+        assert!(
+            e.starts_with("h: rank 2, address 0:") && e.contains("native wire"),
+            "{e}"
+        );
+        assert!(
+            a.first_address(4)
+                .unwrap_err()
+                .to_string()
+                .contains("rank 4")
+        );
     }
 
     #[test]

@@ -34,6 +34,9 @@
 //! whose next call that reads from the receiver (any group collective, a `recv`) fails
 //! with the same mismatch (see `header`).
 
+pub(crate) mod bootstrap;
+mod hello;
+
 use crate::ring::transport::Transport;
 
 /// A formed native mesh, handed from the bootstrap to the data path.
@@ -42,7 +45,6 @@ use crate::ring::transport::Transport;
 /// `i` to the left neighbour at index `i`, to the right one at `C + i`) and then one
 /// connection to each rank that is not a neighbour, in increasing rank order (see
 /// [`Transport::mesh`], [`Transport::send_conn`], [`Transport::recv_conn`]).
-#[allow(dead_code, reason = "the native wire's, in progress")]
 #[derive(Debug)]
 pub(crate) struct Formed {
     /// Every connection, each of which completed the hello.
@@ -58,7 +60,6 @@ pub(crate) struct Formed {
 }
 
 /// What a rank's hello said about it.
-#[allow(dead_code, reason = "the native wire's, in progress")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Peer {
     /// Identifies the host the rank runs on: equal for ranks on one host (shared memory).
@@ -236,15 +237,24 @@ impl Native {
     /// # Errors
     ///
     /// None today; kept fallible for the resources a later version may reserve up front.
-    #[allow(dead_code, reason = "init wires the native wire in at the merge")]
     pub(crate) fn new(formed: Formed, options: &Options) -> Result<Native> {
         let Formed {
             transport,
             rank,
             size,
             local_ranks,
-            ..
+            peers,
         } = formed;
+        // The hellos' host identities: which ranks share this host (shared memory will
+        // take those links; today every link is TCP). All zeros is an unknown host.
+        let known = |r: &usize| peers[*r].host != [0; 16];
+        let here: Vec<usize> = (0..size)
+            .filter(|r| known(r) && peers[*r].host == peers[rank].host)
+            .collect();
+        crate::verbose::verbose!(
+            rank,
+            "native wire: {size} ranks, ranks {here:?} on this host by their hellos, every link TCP"
+        );
         // A close from another thread wakes a collective blocked on the poller; should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
         let waker = transport.waker();

@@ -47,7 +47,7 @@ use crate::verbose::verbose;
 const CONTEXT: Phase = Phase::RingSetup;
 
 /// The first retry of a refused connection; doubled after each refusal up to the cap.
-const FIRST_RETRY: Duration = Duration::from_millis(10);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(10);
 const MAX_RETRY: Duration = Duration::from_millis(250);
 
 /// How long an accepted connection must have been up before it may be taken, without a key.
@@ -153,7 +153,7 @@ fn form(
 
 /// Moves a handshake on as far as the socket allows now, reading no more than it wants.
 /// `Err` for an I/O error other than the peer closing (which the handshake is told of).
-fn pump(stream: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<()> {
+pub(crate) fn pump(stream: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<()> {
     let mut buf = [0u8; HANDSHAKE_READ];
     loop {
         match hs.outcome() {
@@ -191,7 +191,7 @@ fn pump(stream: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<()> {
 }
 
 /// The wait before the next try of a connection that just failed after waiting `current`.
-fn next_backoff(current: Duration) -> Duration {
+pub(crate) fn next_backoff(current: Duration) -> Duration {
     (current * 2).min(MAX_RETRY)
 }
 
@@ -352,7 +352,7 @@ fn timed_out(
 /// ([`Error::PeerIncompatible`]), anything else a failed authentication.
 fn refusal(fault: auth::Fault, peer: usize, addr: Option<SocketAddr>, reason: String) -> Error {
     match fault {
-        auth::Fault::NoKey => Error::PeerIncompatible {
+        auth::Fault::NoKey | auth::Fault::Incompatible => Error::PeerIncompatible {
             peer,
             addr,
             context: CONTEXT,
@@ -727,7 +727,9 @@ impl<'a> Setup<'a> {
                         rejection.fault,
                         rejection.reason,
                     );
-                    if rejection.said_no_key {
+                    // A native-wire rank's hello is as sure a sign as a rank saying it has no
+                    // key: no other client will come for this address.
+                    if rejection.said_no_key || rejection.fault == auth::Fault::Incompatible {
                         self.said_no_key = Some(turned.clone());
                     }
                     self.rejected[c.slot] = Some(turned);
@@ -874,6 +876,7 @@ mod tests {
             listen: vec![a(5001), a(5002)],
             right: vec![a(6001), a(6002)],
             local_ranks: 3,
+            ..RingAddresses::default()
         }
     }
 
@@ -963,6 +966,7 @@ mod tests {
             listen: vec![ports[rank]],
             right: vec![ports[1 - rank]],
             local_ranks: 2,
+            ..RingAddresses::default()
         }
     }
 

@@ -106,7 +106,8 @@ pub(crate) struct Conn {
 
 /// The check a rank without a key makes of the first bytes each connection delivers, once
 /// per connection: a keyed peer greets first (see [`crate::auth`]), so [`auth::MAGIC`]
-/// there means the peer has a key and this rank has none, and those bytes must never be
+/// there means the peer has a key and this rank has none, or, followed by
+/// [`auth::NATIVE_VERSION`], that the peer runs the native wire; those bytes must never be
 /// taken for data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FirstBytes {
@@ -116,6 +117,9 @@ enum FirstBytes {
     Unchecked,
     /// They were a keyed peer's greeting: every read fails.
     KeyedPeer,
+    /// They were a native-wire rank's hello (the magic, then [`auth::NATIVE_VERSION`]):
+    /// every read fails.
+    NativePeer,
 }
 
 /// The result of one non-blocking transfer attempt.
@@ -150,6 +154,20 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
+        if self.first == FirstBytes::NativePeer {
+            return Error::PeerIncompatible {
+                peer: self.peer,
+                addr: Some(self.addr),
+                context,
+                reason: format!(
+                    "rank {} runs the native wire and this rank the MLX wire: the peer's first \
+                     bytes on this connection are its native hello; set the same {} (or \
+                     Options::wire) on every rank",
+                    self.peer,
+                    crate::config::env::WIRE_VAR
+                ),
+            };
+        }
         if self.first == FirstBytes::KeyedPeer {
             return Error::PeerIncompatible {
                 peer: self.peer,
@@ -270,12 +288,14 @@ impl Conn {
     /// the read needs more anyway, so it never holds back data the caller could finish with.
     #[cold]
     fn check_first_bytes(&mut self, wanted: usize) -> io::Result<Option<Transfer>> {
-        if self.first == FirstBytes::KeyedPeer {
+        if matches!(self.first, FirstBytes::KeyedPeer | FirstBytes::NativePeer) {
             return Err(io::Error::other(
-                "the peer has a key and this rank has none",
+                "the peer's first bytes are a handshake this rank does not run",
             ));
         }
-        let mut first = [0u8; auth::MAGIC.len()];
+        // The magic and the version byte after it, which tells a native hello from a keyed
+        // greeting.
+        let mut first = [0u8; auth::MAGIC.len() + 1];
         let n = loop {
             match self.stream.peek(&mut first) {
                 Ok(n) => break n,
@@ -291,14 +311,26 @@ impl Conn {
         if n == 0 {
             return Ok(None);
         }
-        match auth::greeting(&first[..n]) {
+        let greeting = auth::greeting(&first[..n]);
+        if greeting == auth::Greeting::Keyed && n == auth::MAGIC.len() && wanted > n {
+            // The version byte is still to come; a native hello and a keyed greeting are each
+            // sent in one write, so it follows at once.
+            self.readable = false;
+            return Ok(Some(Transfer::Blocked));
+        }
+        match greeting {
             auth::Greeting::Keyed => {
-                self.first = FirstBytes::KeyedPeer;
-                // Tells the keyed peer, still in its handshake, why this rank leaves, so it
-                // fails at once naming this rank rather than at its timeout. Best effort.
+                self.first = if first[..n].get(auth::MAGIC.len()) == Some(&auth::NATIVE_VERSION) {
+                    FirstBytes::NativePeer
+                } else {
+                    FirstBytes::KeyedPeer
+                };
+                // Tells the peer, still in its handshake, why this rank leaves, so it fails at
+                // once naming this rank rather than at its timeout (a native rank reads it as
+                // a rank on the MLX wire without a key). Best effort.
                 let _ = self.stream.write(&auth::NO_KEY);
                 Err(io::Error::other(
-                    "the peer has a key and this rank has none",
+                    "the peer's first bytes are a handshake this rank does not run",
                 ))
             }
             auth::Greeting::Undecided if wanted > n => {
@@ -415,7 +447,6 @@ impl Transport {
     /// As [`Transport::new`], plus one connection to each rank that is not a neighbour
     /// (the native wire's mesh): `others` holds them in increasing order of peer rank, and
     /// they follow the neighbours' connections, from index `2C` on.
-    #[allow(dead_code, reason = "the native wire's, in progress")]
     pub(crate) fn mesh(
         poll: Poll,
         me: usize,
@@ -502,7 +533,6 @@ impl Transport {
     /// right neighbour, else the first to the left one, else the mesh connection. With two
     /// ranks the peer is both neighbours, and this rank sends on the connection it opened
     /// and receives ([`Transport::recv_conn`]) on the one it accepted.
-    #[allow(dead_code, reason = "the native wire's, in progress")]
     pub(crate) fn send_conn(&self, peer: usize) -> usize {
         let size = self.ranks();
         let me = self.rank();
@@ -517,7 +547,6 @@ impl Transport {
 
     /// The index of the connection messages from `peer` arrive on: the mirror of
     /// [`Transport::send_conn`].
-    #[allow(dead_code, reason = "the native wire's, in progress")]
     pub(crate) fn recv_conn(&self, peer: usize) -> usize {
         let size = self.ranks();
         let me = self.rank();
@@ -531,7 +560,6 @@ impl Transport {
     }
 
     /// The index of the mesh connection to `peer`, a rank that is not a neighbour.
-    #[allow(dead_code, reason = "the native wire's, in progress")]
     fn other(&self, peer: usize) -> usize {
         let size = self.ranks();
         let me = self.rank();
@@ -546,7 +574,6 @@ impl Transport {
     }
 
     /// The number of ranks.
-    #[allow(dead_code, reason = "the native wire's, in progress")]
     pub(crate) fn ranks(&self) -> usize {
         self.conns.first().map_or(1, |c| c.ranks)
     }

@@ -1,0 +1,1194 @@
+//! Forming the native wire's mesh: the ring's connections plus one between every pair of
+//! ranks that are not neighbours, each through the hello of [`super::hello`] (and, with a
+//! key, the authentication of [`crate::auth`] bound to it).
+//!
+//! Connections are those of the ring (rank `r` dials its right neighbour's address `i` for
+//! every `i`, and accepts the left neighbour's on its own address `i`), plus, for every pair
+//! of ranks `a < b` that are not neighbours (only from 4 ranks on), one that `a` dials to
+//! `b`'s first address. So a rank's first address receives ring and mesh connections alike:
+//! the acceptor tells them apart by the connector's hello, never by arrival order. As the
+//! ring's setup does ([`crate::ring::bootstrap`]), a rank listens on all its addresses at
+//! once, dials concurrently and retries refused connections quickly until the deadline.
+//!
+//! Every rank speaks first on every connection, so a peer that is not native is named as
+//! soon as its first bytes arrive (see [`super::hello`]) and setup fails at once; a peer
+//! that sends nothing is named at the deadline, with that as the likely cause. A client
+//! that connects and closes before its hello (a port scanner) is passed over. One that
+//! sends data instead of a hello fails setup at once, as an MLX rank does: whoever can
+//! reach a forming group's ports can abort it that way, but cannot join it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::hello::{self, Expect, Identity, Kind};
+use super::{Formed, Peer};
+use crate::auth::{self, Fault, Handshake, Key, Outcome};
+use crate::error::{Error, PeerOp, Phase, Result};
+use crate::hostfile::RingAddresses;
+use crate::options::Options;
+use crate::ring::bootstrap::{FIRST_RETRY, next_backoff, pump};
+use crate::tcp::{self, SocketTuning};
+use crate::verbose::verbose;
+
+const CONTEXT: Phase = Phase::RingSetup;
+
+/// Tokens: listeners from 0, outgoing connections from `DIAL_BASE`, accepted candidates
+/// from `CANDIDATE_BASE`.
+const DIAL_BASE: usize = 1 << 16;
+const CANDIDATE_BASE: usize = 1 << 24;
+
+/// What a peer that sends nothing is most likely, for the timeout's error.
+fn silent_peer(timeout: Duration) -> String {
+    format!(
+        "it sent no hello within {timeout:?}: it likely does not speak the native wire (an MLX \
+         rank, or a nuvec rank without {}=native), or it hangs",
+        crate::config::env::WIRE_VAR
+    )
+}
+
+/// Forms this rank's part of the native mesh within `options.timeout`.
+#[allow(dead_code, reason = "wired into init with the native data path")]
+pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed> {
+    let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
+    if let Some(algorithm) = &options.tcp_congestion {
+        tcp::check_congestion(algorithm).map_err(|e| {
+            Error::invalid(format!(
+                "Options::tcp_congestion ({} for init): {e}",
+                crate::config::env::TCP_CONGESTION_VAR
+            ))
+        })?;
+    }
+    let rank = addrs.rank;
+    verbose!(
+        rank,
+        "forming a native mesh of {} ({} connection(s) per neighbour{}): listening on {:?}",
+        addrs.size,
+        addrs.listen.len(),
+        if key.is_some() { ", authenticated" } else { "" },
+        addrs.listen,
+    );
+    ffi::probes::register();
+    let started = Instant::now();
+    let tuning = SocketTuning::from_options(options);
+    let result = form(
+        addrs,
+        tuning,
+        key,
+        crate::options::deadline(started, options.timeout),
+        options.timeout,
+    );
+    let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
+    let elapsed = started.elapsed().as_nanos() as u64;
+    ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
+    match &result {
+        Ok(_) => verbose!(rank, "native mesh formed in {:?}", started.elapsed()),
+        Err(e) => verbose!(
+            rank,
+            "forming the native mesh failed after {:?}: {e}",
+            started.elapsed()
+        ),
+    }
+    result
+}
+
+fn form(
+    addrs: &RingAddresses,
+    tuning: SocketTuning,
+    key: Option<Key>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Formed> {
+    let mut setup = Setup::new(addrs, tuning, key)?;
+    loop {
+        setup.start_due_dials()?;
+        if let Some(error) = setup.failure.take() {
+            return Err(error);
+        }
+        if setup.formed() {
+            return setup.finish();
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(setup.give_up(timeout));
+        }
+        let wake = setup.next_retry().unwrap_or(deadline).min(deadline);
+        match setup
+            .poll
+            .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::local("waiting to form the native mesh", e)),
+        }
+        let tokens: Vec<usize> = setup.events.iter().map(|e| e.token().0).collect();
+        for token in tokens {
+            if token < DIAL_BASE {
+                setup.accept(token)?;
+            } else if token < CANDIDATE_BASE {
+                setup.progress_dial(token - DIAL_BASE);
+            } else {
+                setup.progress_candidate(token - CANDIDATE_BASE);
+            }
+        }
+    }
+}
+
+/// The error for a handshake with `peer` that failed with `fault`.
+fn refusal(fault: Fault, peer: usize, addr: Option<SocketAddr>, reason: String) -> Error {
+    match fault {
+        Fault::NoKey | Fault::Incompatible => Error::PeerIncompatible {
+            peer,
+            addr,
+            context: CONTEXT,
+            reason,
+        },
+        Fault::Keys => Error::Auth {
+            peer,
+            addr,
+            context: CONTEXT,
+            reason,
+        },
+        Fault::Peer => Error::PeerMisbehaved {
+            peer,
+            addr,
+            context: CONTEXT,
+            reason,
+        },
+    }
+}
+
+/// Where an outgoing connection goes.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    peer: usize,
+    addr: SocketAddr,
+    kind: Kind,
+}
+
+/// One outgoing connection.
+enum Dial {
+    /// Waiting to (re)try at the instant.
+    Idle(Instant),
+    /// A non-blocking connect in flight.
+    Connecting(TcpStream),
+    /// Connected; running the hello (and authentication).
+    Handshake(TcpStream, Box<hello::Connector>),
+    /// Ready, with what the peer said about itself.
+    Up(TcpStream, Peer),
+}
+
+/// An accepted connection not yet placed.
+struct Candidate {
+    stream: TcpStream,
+    /// The listening address (index) it arrived on.
+    slot: usize,
+    from: SocketAddr,
+    acceptor: Box<hello::Acceptor>,
+}
+
+/// Where an accepted connection that completed its hello belongs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Ring connection `i` from the left neighbour.
+    Ring(usize),
+    /// The mesh connection from this lower rank.
+    Mesh(usize),
+}
+
+struct Setup<'a> {
+    addrs: &'a RingAddresses,
+    tuning: SocketTuning,
+    key: Option<Key>,
+    expect: Expect,
+    poll: Poll,
+    events: Events,
+    /// Every address stays open until the mesh forms: address 0 takes ring and mesh
+    /// connections, and a connection that fails its hello leaves room for the next.
+    listeners: Vec<TcpListener>,
+    targets: Vec<Target>,
+    dials: Vec<Dial>,
+    backoff: Vec<Duration>,
+    /// Why each outgoing connection last failed, for the error at the deadline.
+    dial_failures: Vec<Option<String>>,
+    candidates: Vec<Option<Candidate>>,
+    /// The left neighbour's ring connections, by index.
+    ring_in: Vec<Option<(TcpStream, Peer)>>,
+    /// The lower non-neighbours' mesh connections, by rank.
+    mesh_in: Vec<Option<(TcpStream, Peer)>>,
+    /// Ranks that must dial this one's first address for the mesh.
+    mesh_from: Vec<usize>,
+    /// The last client passed over on each address, for the error at the deadline.
+    passed_over: Vec<Option<(SocketAddr, String)>>,
+    /// A failure that ends setup at once.
+    failure: Option<Error>,
+}
+
+impl<'a> Setup<'a> {
+    fn new(addrs: &'a RingAddresses, tuning: SocketTuning, key: Option<Key>) -> Result<Self> {
+        let (me, size) = (addrs.rank, addrs.size);
+        let word = |v: usize| {
+            u32::try_from(v).map_err(|_| Error::invalid(format!("{v} ranks do not fit a hello")))
+        };
+        let expect = Expect {
+            me: word(me)?,
+            identity: Identity {
+                capabilities: 0,
+                size: word(size)?,
+                group: hello::group_identity(&addrs.all, key.as_ref()),
+                host: hello::host_identity(),
+            },
+            keyed: key.is_some(),
+        };
+        let mut targets = Vec::new();
+        let mut mesh_from = Vec::new();
+        if size > 1 {
+            for (i, &addr) in addrs.right.iter().enumerate() {
+                targets.push(Target {
+                    peer: addrs.right_rank(),
+                    addr,
+                    kind: Kind::Ring(word(i)?),
+                });
+            }
+            for other in 0..size {
+                if hello::neighbours(word(size)?, word(me)?, word(other)?) {
+                    continue;
+                }
+                if other > me {
+                    targets.push(Target {
+                        peer: other,
+                        addr: addrs.first_address(other)?,
+                        kind: Kind::Mesh,
+                    });
+                } else {
+                    mesh_from.push(other);
+                }
+            }
+        }
+        let poll = Poll::new().map_err(|e| Error::local("creating the mesh's poller", e))?;
+        let mut listeners = Vec::with_capacity(addrs.listen.len());
+        for (i, &addr) in addrs.listen.iter().enumerate() {
+            let mut listener = tcp::listen(addr, &tuning).map_err(|e| {
+                Error::local(
+                    format!("rank {me} cannot listen on {addr} (its address {i})"),
+                    e,
+                )
+            })?;
+            poll.registry()
+                .register(&mut listener, Token(i), Interest::READABLE)
+                .map_err(|e| Error::local("registering a listener", e))?;
+            listeners.push(listener);
+        }
+        let now = Instant::now();
+        let (c, dials) = (addrs.listen.len(), targets.len());
+        Ok(Setup {
+            addrs,
+            tuning,
+            key,
+            expect,
+            poll,
+            events: Events::with_capacity(64),
+            listeners,
+            targets,
+            dials: (0..dials).map(|_| Dial::Idle(now)).collect(),
+            backoff: vec![FIRST_RETRY; dials],
+            dial_failures: vec![None; dials],
+            candidates: Vec::new(),
+            ring_in: (0..c).map(|_| None).collect(),
+            mesh_in: (0..size).map(|_| None).collect(),
+            mesh_from,
+            passed_over: vec![None; c],
+            failure: None,
+        })
+    }
+
+    fn formed(&self) -> bool {
+        self.dials.iter().all(|d| matches!(d, Dial::Up(..)))
+            && self.ring_in.iter().all(Option::is_some)
+            && self.mesh_from.iter().all(|&r| self.mesh_in[r].is_some())
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.dials
+            .iter()
+            .filter_map(|d| match d {
+                Dial::Idle(at) => Some(*at),
+                _ => None,
+            })
+            .min()
+    }
+
+    fn start_due_dials(&mut self) -> Result<()> {
+        let now = Instant::now();
+        for i in 0..self.dials.len() {
+            if !matches!(self.dials[i], Dial::Idle(at) if at <= now) {
+                continue;
+            }
+            match tcp::dial(self.targets[i].addr, &self.tuning) {
+                Ok(mut stream) => {
+                    self.poll
+                        .registry()
+                        .register(
+                            &mut stream,
+                            Token(DIAL_BASE + i),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
+                        .map_err(|e| Error::local("registering a connection", e))?;
+                    self.dials[i] = Dial::Connecting(stream);
+                }
+                Err(e) => self.retry(i, e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops outgoing connection `i` and schedules another attempt.
+    fn retry(&mut self, i: usize, why: String) {
+        let old = std::mem::replace(
+            &mut self.dials[i],
+            Dial::Idle(Instant::now() + self.backoff[i]),
+        );
+        if let Dial::Connecting(mut s) | Dial::Handshake(mut s, _) | Dial::Up(mut s, _) = old {
+            let _ = self.poll.registry().deregister(&mut s);
+        }
+        self.backoff[i] = next_backoff(self.backoff[i]);
+        let target = self.targets[i];
+        verbose!(
+            self.addrs.rank,
+            "{} to rank {} at {} failed ({why}); retrying",
+            target.kind,
+            target.peer,
+            target.addr
+        );
+        self.dial_failures[i] = Some(why);
+    }
+
+    fn progress_dial(&mut self, i: usize) {
+        let Some(target) = self.targets.get(i).copied() else {
+            return;
+        };
+        if let Dial::Connecting(stream) = &self.dials[i] {
+            match tcp::dial_outcome(stream) {
+                Ok(false) => return,
+                Ok(true) => {
+                    let hs = hello::Connector::new(
+                        self.expect.clone(),
+                        self.key,
+                        target.peer as u32,
+                        target.kind,
+                    );
+                    if let Dial::Connecting(s) =
+                        std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now()))
+                    {
+                        self.dials[i] = Dial::Handshake(s, Box::new(hs));
+                    }
+                }
+                Err(e) => return self.retry(i, e.to_string()),
+            }
+        }
+        let Dial::Handshake(stream, hs) = &mut self.dials[i] else {
+            return;
+        };
+        if let Err(e) = pump(stream, &mut **hs) {
+            return self.retry(i, e.to_string());
+        }
+        let peer = hs.peer_hello().map(|h| Peer {
+            host: h.identity.host,
+            capabilities: h.identity.capabilities,
+        });
+        match hs.outcome().clone() {
+            Outcome::Pending => {}
+            Outcome::Established => {
+                if let (Dial::Handshake(mut s, _), Some(peer)) = (
+                    std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now())),
+                    peer,
+                ) {
+                    let _ = self.poll.registry().deregister(&mut s);
+                    self.dials[i] = Dial::Up(s, peer);
+                }
+            }
+            // The peer left before sending a byte: it may be restarting; try again.
+            Outcome::Rejected(r) if r.fault == Fault::Peer && !hs.heard() => {
+                self.retry(i, r.reason);
+            }
+            Outcome::Rejected(r) => {
+                verbose!(
+                    self.addrs.rank,
+                    "{} to rank {} at {}: {}",
+                    target.kind,
+                    target.peer,
+                    target.addr,
+                    r.reason
+                );
+                let reason = format!("rank {} {}", target.peer, r.reason);
+                self.fail(refusal(r.fault, target.peer, Some(target.addr), reason));
+            }
+        }
+    }
+
+    fn fail(&mut self, error: Error) {
+        if self.failure.is_none() {
+            self.failure = Some(error);
+        }
+    }
+
+    fn accept(&mut self, slot: usize) -> Result<()> {
+        loop {
+            let Some(listener) = self.listeners.get_mut(slot) else {
+                return Ok(());
+            };
+            let (mut stream, from) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if tcp::is_transient_accept_error(&e) => continue,
+                Err(e) => {
+                    return Err(Error::Io {
+                        peer: self.addrs.left_rank(),
+                        addr: Some(self.addrs.listen[slot]),
+                        op: PeerOp::Accept,
+                        context: CONTEXT,
+                        source: e.into(),
+                    });
+                }
+            };
+            let id = self.candidates.len();
+            self.poll
+                .registry()
+                .register(
+                    &mut stream,
+                    Token(CANDIDATE_BASE + id),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .map_err(|e| Error::local("registering an accepted connection", e))?;
+            let acceptor = hello::Acceptor::new(self.expect.clone(), self.key, slot as u32);
+            self.candidates.push(Some(Candidate {
+                stream,
+                slot,
+                from,
+                acceptor: Box::new(acceptor),
+            }));
+            self.progress_candidate(id);
+        }
+    }
+
+    /// Who a client on address `slot` most likely is, before its hello says: the left
+    /// neighbour, whose ring connection arrives there.
+    fn tentative(&self, slot: usize, from: SocketAddr) -> String {
+        let at = self.addrs.listen[slot];
+        if slot == 0 && !self.mesh_from.is_empty() {
+            format!(
+                "a client from {from} (rank {} or one of ranks {:?}, if it is a connection \
+                 expected at {at})",
+                self.addrs.left_rank(),
+                self.mesh_from
+            )
+        } else {
+            format!(
+                "a client from {from} (rank {}, if it is the connection expected at {at})",
+                self.addrs.left_rank()
+            )
+        }
+    }
+
+    fn progress_candidate(&mut self, id: usize) {
+        let Some(Some(candidate)) = self.candidates.get_mut(id) else {
+            return;
+        };
+        if pump(&mut candidate.stream, &mut *candidate.acceptor).is_err() {
+            candidate.acceptor.handle_closed();
+        }
+        let outcome = candidate.acceptor.outcome().clone();
+        let said = candidate.acceptor.peer_hello().copied();
+        if outcome == Outcome::Pending {
+            return;
+        }
+        let Some(mut c) = self.candidates[id].take() else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        match outcome {
+            Outcome::Pending => {}
+            Outcome::Established => {
+                let Some(hello) = said else {
+                    return;
+                };
+                let peer = Peer {
+                    host: hello.identity.host,
+                    capabilities: hello.identity.capabilities,
+                };
+                let place = match hello.kind {
+                    Kind::Ring(i) => Place::Ring(i as usize),
+                    Kind::Mesh | Kind::Accepted(_) => Place::Mesh(hello.from as usize),
+                };
+                // A later connection for a place replaces an earlier one: the connector
+                // only dials again after giving up on the first.
+                match place {
+                    Place::Ring(i) => {
+                        if let Some(s) = self.ring_in.get_mut(i) {
+                            *s = Some((c.stream, peer));
+                        }
+                    }
+                    Place::Mesh(r) => {
+                        if let Some(s) = self.mesh_in.get_mut(r) {
+                            *s = Some((c.stream, peer));
+                        }
+                    }
+                }
+            }
+            Outcome::Rejected(r) => {
+                let who = match r.claimed {
+                    Some(rank) => format!("rank {rank} (connecting from {})", c.from),
+                    None => self.tentative(c.slot, c.from),
+                };
+                verbose!(
+                    self.addrs.rank,
+                    "turned away {who} on {}: {}",
+                    self.addrs.listen[c.slot],
+                    r.reason
+                );
+                if r.fault == Fault::Peer && r.claimed.is_none() {
+                    // A scanner, or a client that broke off before saying who it is: pass
+                    // over it, and mention it if the mesh does not form.
+                    self.passed_over[c.slot] = Some((c.from, format!("{who} {}", r.reason)));
+                } else {
+                    let peer = r.claimed.unwrap_or(self.addrs.left_rank());
+                    let reason = format!("{who} {}", r.reason);
+                    self.fail(refusal(r.fault, peer, Some(c.from), reason));
+                }
+            }
+        }
+    }
+
+    /// Hands the formed connections to a transport.
+    fn finish(mut self) -> Result<Formed> {
+        let (me, size) = (self.addrs.rank, self.addrs.size);
+        let (left, right) = (self.addrs.left_rank(), self.addrs.right_rank());
+        let mut peers: Vec<Option<Peer>> = vec![None; size];
+        if let Some(own) = peers.get_mut(me) {
+            *own = Some(Peer {
+                host: self.expect.identity.host,
+                capabilities: self.expect.identity.capabilities,
+            });
+        }
+        let mut left_conns = Vec::with_capacity(self.ring_in.len());
+        for (slot, &addr) in self.ring_in.drain(..).zip(&self.addrs.listen) {
+            if let Some((stream, peer)) = slot {
+                peers[left] = Some(peer);
+                left_conns.push((stream, left, addr));
+            }
+        }
+        let mut right_conns = Vec::new();
+        let mut others = Vec::new();
+        for (dial, target) in self.dials.drain(..).zip(&self.targets) {
+            if let Dial::Up(stream, peer) = dial {
+                peers[target.peer] = Some(peer);
+                match target.kind {
+                    Kind::Ring(_) => right_conns.push((stream, right, target.addr)),
+                    Kind::Mesh | Kind::Accepted(_) => {
+                        others.push((stream, target.peer, target.addr))
+                    }
+                }
+            }
+        }
+        for (rank, slot) in self.mesh_in.drain(..).enumerate() {
+            if let Some((stream, peer)) = slot {
+                peers[rank] = Some(peer);
+                // As for the ring's left connections: the address it arrived at.
+                others.push((stream, rank, self.addrs.listen[0]));
+            }
+        }
+        others.sort_by_key(|&(_, rank, _)| rank);
+        let peers = peers
+            .into_iter()
+            .enumerate()
+            .map(|(rank, p)| {
+                p.ok_or_else(|| Error::Bug {
+                    context: CONTEXT,
+                    what: format!("the mesh formed without a hello from rank {rank}"),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let transport = crate::ring::transport::Transport::mesh(
+            self.poll,
+            me,
+            size,
+            left_conns,
+            right_conns,
+            others,
+            &self.tuning.liveness,
+        )
+        .map_err(|e| Error::local("setting up the mesh's connections", e))?;
+        Ok(Formed {
+            transport,
+            rank: me,
+            size,
+            peers,
+            local_ranks: self.addrs.local_ranks,
+        })
+    }
+
+    /// The error for a mesh that did not form by the deadline: the first connection this
+    /// rank could not open or finish, else the first that never arrived.
+    fn give_up(mut self, timeout: Duration) -> Error {
+        for (i, dial) in self.dials.iter().enumerate() {
+            let target = self.targets[i];
+            let (peer, addr) = (target.peer, Some(target.addr));
+            return match dial {
+                Dial::Up(..) => continue,
+                Dial::Handshake(_, hs) if hs.peer_hello().is_none() => Error::PeerIncompatible {
+                    peer,
+                    addr,
+                    context: CONTEXT,
+                    reason: format!(
+                        "rank {peer} accepted {} but {}",
+                        target.kind,
+                        silent_peer(timeout)
+                    ),
+                },
+                Dial::Handshake(..) => Error::Auth {
+                    peer,
+                    addr,
+                    context: CONTEXT,
+                    reason: format!("rank {peer} did not finish authenticating within {timeout:?}"),
+                },
+                Dial::Idle(_) | Dial::Connecting(_) => match self.dial_failures[i].take() {
+                    Some(why) => Error::Io {
+                        peer,
+                        addr,
+                        op: PeerOp::Connect,
+                        context: CONTEXT,
+                        source: std::sync::Arc::new(io::Error::other(why)),
+                    },
+                    None => Error::Timeout {
+                        peer,
+                        addr,
+                        op: PeerOp::Connect,
+                        context: CONTEXT,
+                        after: timeout,
+                    },
+                },
+            };
+        }
+        // A connection that arrived and said nothing.
+        if let Some(c) = self
+            .candidates
+            .iter()
+            .flatten()
+            .find(|c| c.acceptor.peer_hello().is_none())
+        {
+            let who = self.tentative(c.slot, c.from);
+            return Error::PeerIncompatible {
+                peer: self.addrs.left_rank(),
+                addr: Some(c.from),
+                context: CONTEXT,
+                reason: format!("{who} {}", silent_peer(timeout)),
+            };
+        }
+        let missing_ring = self.ring_in.iter().position(Option::is_none);
+        let missing_mesh = self
+            .mesh_from
+            .iter()
+            .copied()
+            .find(|&r| self.mesh_in[r].is_none());
+        let (peer, slot) = match (missing_ring, missing_mesh) {
+            (Some(i), _) => (self.addrs.left_rank(), i),
+            (None, Some(r)) => (r, 0),
+            (None, None) => (self.addrs.left_rank(), 0),
+        };
+        let listen = self.addrs.listen.get(slot).copied();
+        match self.passed_over.get_mut(slot).and_then(Option::take) {
+            Some((from, why)) => Error::PeerMisbehaved {
+                peer,
+                addr: Some(from),
+                context: CONTEXT,
+                reason: format!(
+                    "{why}; no connection from rank {peer} completed its hello at {} within \
+                     {timeout:?}",
+                    listen.map_or_else(String::new, |a| a.to_string())
+                ),
+            },
+            None => Error::Timeout {
+                peer,
+                addr: listen,
+                op: PeerOp::Accept,
+                context: CONTEXT,
+                after: timeout,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::mpsc;
+    use std::thread;
+
+    use super::*;
+    use crate::ring::transport::Transfer;
+
+    /// `n` loopback addresses nobody listens on (bound by the kernel, then released).
+    fn free_ports(n: usize) -> Vec<SocketAddr> {
+        let held: Vec<_> = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        held.iter().map(|l| l.local_addr().unwrap()).collect()
+    }
+
+    /// A hostfile's entries for `p` ranks of `c` addresses each.
+    fn hostfile(p: usize, c: usize) -> Vec<Vec<String>> {
+        let ports = free_ports(p * c);
+        (0..p)
+            .map(|r| (0..c).map(|i| ports[r * c + i].to_string()).collect())
+            .collect()
+    }
+
+    fn addrs(nodes: &[Vec<String>], rank: usize) -> RingAddresses {
+        crate::hostfile::resolve(nodes, rank, Path::new("hosts.json")).unwrap()
+    }
+
+    const SECRET: &str = "a shared secret of enough length";
+
+    fn options(timeout: Duration, key: Option<&str>) -> Options {
+        let options = Options::default().timeout(timeout);
+        match key {
+            Some(k) => options.key(k),
+            None => options,
+        }
+    }
+
+    /// Runs `connect` for every rank in `ranks` on its own thread.
+    fn start(
+        ranks: Vec<(RingAddresses, Options)>,
+    ) -> Vec<thread::JoinHandle<(Result<Formed>, Duration)>> {
+        ranks
+            .into_iter()
+            .map(|(a, o)| {
+                thread::spawn(move || {
+                    let started = Instant::now();
+                    let r = connect(&a, &o);
+                    (r, started.elapsed())
+                })
+            })
+            .collect()
+    }
+
+    /// Writes one byte on `from`'s connection to `to` and reads it on `to`'s from `from`.
+    fn exchange(formed: &mut [Formed], from: usize, to: usize, byte: u8) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let s = formed[from].transport.send_conn(to);
+        assert_eq!(
+            formed[from].transport.conn(s).peer,
+            to,
+            "{from} sends to {to}"
+        );
+        loop {
+            match formed[from].transport.conn(s).write(&[byte]).unwrap() {
+                Transfer::Moved(1) => break,
+                Transfer::Blocked => {
+                    formed[from].transport.wait(deadline).unwrap();
+                }
+                other => panic!("{from} -> {to}: {other:?}"),
+            }
+        }
+        let r = formed[to].transport.recv_conn(from);
+        assert_eq!(
+            formed[to].transport.conn(r).peer,
+            from,
+            "{to} receives from {from}"
+        );
+        let mut got = [0u8; 2];
+        loop {
+            match formed[to].transport.conn(r).read(&mut got).unwrap() {
+                Transfer::Moved(n) => {
+                    assert_eq!(&got[..n], &[byte], "{from} -> {to}");
+                    return;
+                }
+                Transfer::Blocked => {
+                    assert!(Instant::now() < deadline, "{from} -> {to}: nothing arrived");
+                    formed[to].transport.wait(deadline).unwrap();
+                }
+                Transfer::Closed => panic!("{from} -> {to}: closed"),
+            }
+        }
+    }
+
+    fn form_all(p: usize, c: usize, key: Option<&str>) -> Vec<Formed> {
+        let nodes = hostfile(p, c);
+        let ranks = (0..p)
+            .map(|r| (addrs(&nodes, r), options(Duration::from_secs(20), key)))
+            .collect();
+        start(ranks)
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let (result, _) = h.join().unwrap();
+                result.unwrap_or_else(|e| panic!("P = {p}, C = {c}, rank {r}: {e}"))
+            })
+            .collect()
+    }
+
+    fn check_mesh(p: usize, c: usize, key: Option<&str>) {
+        let mut formed = form_all(p, c, key);
+        let host = hello::host_identity();
+        for (r, f) in formed.iter_mut().enumerate() {
+            assert_eq!((f.rank, f.size, f.local_ranks), (r, p, p));
+            assert_eq!(f.peers.len(), p);
+            for peer in &f.peers {
+                assert_eq!(
+                    *peer,
+                    Peer {
+                        host,
+                        capabilities: 0
+                    }
+                );
+            }
+            // Left neighbour's C, right neighbour's C, then the others in rank order.
+            let (left, right) = ((r + p - 1) % p, (r + 1) % p);
+            let mut expected = vec![left; c];
+            expected.extend(vec![right; c]);
+            expected.extend((0..p).filter(|&o| !hello::neighbours(p as u32, r as u32, o as u32)));
+            let got: Vec<usize> = f.transport.conns().iter().map(|conn| conn.peer).collect();
+            assert_eq!(got, expected, "P = {p}, C = {c}, rank {r}");
+        }
+        for from in 0..p {
+            for to in 0..p {
+                if from != to {
+                    exchange(&mut formed, from, to, (from * 16 + to) as u8);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_mesh_forms_for_2_to_6_ranks_and_1_or_2_connections() {
+        for p in 2..=6 {
+            for c in 1..=2 {
+                check_mesh(p, c, None);
+            }
+        }
+    }
+
+    #[test]
+    fn the_mesh_forms_with_a_key() {
+        for p in 2..=6 {
+            for c in 1..=2 {
+                check_mesh(p, c, Some(SECRET));
+            }
+        }
+    }
+
+    #[test]
+    fn one_rank_forms_alone() {
+        let nodes = vec![vec!["127.0.0.1:1".to_string()]];
+        let f = connect(&addrs(&nodes, 0), &Options::default()).unwrap();
+        assert_eq!((f.rank, f.size, f.peers.len()), (0, 1, 1));
+    }
+
+    /// Runs both ranks of a pair and returns each one's error.
+    fn pair_fails(a: (RingAddresses, Options), b: (RingAddresses, Options)) -> [Error; 2] {
+        let mut errors = start(vec![a, b]).into_iter().map(|h| {
+            let (result, took) = h.join().unwrap();
+            let e = result.expect_err("the pair formed");
+            assert!(took < Duration::from_secs(5), "failed after {took:?}: {e}");
+            e
+        });
+        [errors.next().unwrap(), errors.next().unwrap()]
+    }
+
+    #[test]
+    fn another_hostfile_is_rejected_on_both_sides_naming_the_file() {
+        let nodes = hostfile(2, 1);
+        let mut other = addrs(&nodes, 1);
+        // The same ports, written another way: another hostfile.
+        other.all[0][0] = other.all[0][0].replace("127.0.0.1", "127.0.0.01");
+        let t = Duration::from_secs(20);
+        for e in pair_fails(
+            (addrs(&nodes, 0), options(t, None)),
+            (other, options(t, None)),
+        ) {
+            let text = e.to_string();
+            assert!(
+                matches!(e, Error::PeerIncompatible { .. })
+                    && text.contains("belongs to another group")
+                    && text.contains("same hostfile (MLX_HOSTFILE)"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn another_key_or_none_is_rejected_on_both_sides() {
+        let t = Duration::from_secs(20);
+        let nodes = hostfile(2, 1);
+        for e in pair_fails(
+            (addrs(&nodes, 0), options(t, Some(SECRET))),
+            (
+                addrs(&nodes, 1),
+                options(t, Some("another secret of enough length")),
+            ),
+        ) {
+            assert!(
+                matches!(&e, Error::Auth { reason, .. } if reason.contains("holds another key")),
+                "{e}"
+            );
+        }
+        let nodes = hostfile(2, 1);
+        let [keyed, unkeyed] = pair_fails(
+            (addrs(&nodes, 0), options(t, Some(SECRET))),
+            (addrs(&nodes, 1), options(t, None)),
+        );
+        assert!(
+            matches!(&keyed, Error::PeerIncompatible { peer: 1, reason, .. }
+                if reason.contains("has no key (NUVEC_DISTRIBUTED_KEY), and this rank has one")),
+            "{keyed}"
+        );
+        assert!(
+            matches!(&unkeyed, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("has a key (NUVEC_DISTRIBUTED_KEY), and this rank has none")),
+            "{unkeyed}"
+        );
+    }
+
+    /// Rank 0 of a pair against a stand-in for rank 1 that, on both connections (the one it
+    /// accepts and the one it dials), writes `bytes` and then holds the connection open.
+    fn against(bytes: Vec<u8>, timeout: Duration, key: Option<&str>) -> (Error, Duration) {
+        let nodes = hostfile(2, 1);
+        let a0 = addrs(&nodes, 0);
+        let (p0, p1) = (a0.listen[0], a0.right[0]);
+        let listener = std::net::TcpListener::bind(p1).unwrap();
+        let rank0 = start(vec![(a0, options(timeout, key))]).pop().unwrap();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let fake = thread::spawn(move || {
+            let mut held = Vec::new();
+            let until = Instant::now() + Duration::from_secs(10);
+            let mut dialled = loop {
+                match std::net::TcpStream::connect(p0) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < until => thread::sleep(Duration::from_millis(2)),
+                    Err(e) => panic!("rank 0 never listened: {e}"),
+                }
+            };
+            let _ = std::io::Write::write_all(&mut dialled, &bytes);
+            held.push(dialled);
+            let (mut accepted, _) = listener.accept().unwrap();
+            let _ = std::io::Write::write_all(&mut accepted, &bytes);
+            held.push(accepted);
+            let _ = stopped.recv_timeout(Duration::from_secs(30));
+        });
+        let (result, took) = rank0.join().unwrap();
+        let _ = stop.send(());
+        fake.join().unwrap();
+        (result.expect_err("formed with a stand-in"), took)
+    }
+
+    const NOT_NATIVE: &str = "rank 1 does not speak the native wire: it sent collective data \
+                              instead of a hello (an MLX rank, or a nuvec rank without \
+                              NUVEC_DISTRIBUTED_WIRE=native)";
+
+    #[test]
+    fn a_rank_sending_data_is_named_at_once() {
+        let long = Duration::from_secs(20);
+        for key in [None, Some(SECRET)] {
+            let (e, took) = against(2.0f32.to_le_bytes().to_vec(), long, key);
+            // Rank 0 may see the data first on either connection: the one it dialled names
+            // rank 1 for sure, the one it accepted tentatively.
+            assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(NOT_NATIVE)
+                    || text.contains("(rank 1, if it is the connection expected at")
+                        && text.contains("does not speak the native wire: it sent collective data"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_versions_and_wires_are_named_at_once() {
+        let long = Duration::from_secs(20);
+        let mut v3 = hello::Hello {
+            identity: Identity {
+                capabilities: 0,
+                size: 2,
+                group: [0; 32],
+                host: [0; 16],
+            },
+            from: 1,
+            to: 0,
+            kind: Kind::Ring(0),
+        }
+        .encode();
+        v3[8] = 3;
+        let mlx_keyed = auth::Hello::new(2, 1, 0, 0).unwrap().encode().to_vec();
+        for (bytes, says) in [
+            (
+                v3.to_vec(),
+                "sent native hello version 3, and this build speaks version 2",
+            ),
+            (
+                auth::NO_KEY.to_vec(),
+                "is on the MLX wire: it answered this rank's hello as a nuvec rank on the MLX \
+                 wire without a key does",
+            ),
+            (
+                mlx_keyed,
+                "is on the MLX wire: it opened the MLX wire's keyed handshake (version 1)",
+            ),
+        ] {
+            let (e, took) = against(bytes, long, None);
+            assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+            assert!(matches!(e, Error::PeerIncompatible { .. }), "{e:?}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_broken_hello_is_misbehaviour_named_at_once() {
+        let mut broken = hello::Hello {
+            identity: Identity {
+                capabilities: 0,
+                size: 2,
+                group: [0; 32],
+                host: [0; 16],
+            },
+            from: 1,
+            to: 0,
+            kind: Kind::Accepted(0),
+        }
+        .encode();
+        broken[9] = 1;
+        let (e, took) = against(broken.to_vec(), Duration::from_secs(20), None);
+        assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
+        assert!(
+            matches!(&e, Error::PeerMisbehaved { peer: 1, reason, .. }
+                if reason.contains("rank 1 sent a hello with reserved bytes set")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn silence_is_named_at_the_deadline_with_the_likely_cause() {
+        let short = Duration::from_millis(400);
+        let (e, took) = against(Vec::new(), short, None);
+        assert!(
+            took >= short && took < Duration::from_secs(3),
+            "took {took:?}: {e}"
+        );
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, reason, .. }
+                if reason.contains("sent no hello within 400ms: it likely does not speak the \
+                                    native wire (an MLX rank, or a nuvec rank without \
+                                    NUVEC_DISTRIBUTED_WIRE=native)")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_port_scanner_does_not_break_setup() {
+        for key in [None, Some(SECRET)] {
+            let nodes = hostfile(4, 2);
+            let t = Duration::from_secs(20);
+            let first = addrs(&nodes, 0);
+            let scanned: Vec<SocketAddr> = first.listen.clone();
+            let rank0 = start(vec![(first, options(t, key))]).pop().unwrap();
+            // Connects to each of rank 0's addresses and closes, a few times, before the
+            // other ranks start.
+            let until = Instant::now() + Duration::from_secs(10);
+            let mut scans = 0;
+            while scans < 6 {
+                for &a in &scanned {
+                    match std::net::TcpStream::connect(a) {
+                        Ok(s) => {
+                            drop(s);
+                            scans += 1;
+                        }
+                        Err(_) => {
+                            assert!(Instant::now() < until, "rank 0 never listened");
+                            thread::sleep(Duration::from_millis(2));
+                        }
+                    }
+                }
+            }
+            let others = start(
+                (1..4)
+                    .map(|r| (addrs(&nodes, r), options(t, key)))
+                    .collect(),
+            );
+            let (r0, _) = rank0.join().unwrap();
+            r0.unwrap();
+            for h in others {
+                h.join().unwrap().0.unwrap();
+            }
+        }
+    }
+
+    /// Reads from an MLX-wire ring's connection until it fails; the error it reports.
+    fn first_failure(mut t: crate::ring::transport::Transport) -> Error {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 64];
+        loop {
+            match t.conn(0).read(&mut buf) {
+                Err(e) => return t.conn(0).failed(PeerOp::Receive, Phase::AllSum, e),
+                Ok(Transfer::Blocked) => {
+                    assert!(Instant::now() < deadline, "nothing arrived");
+                    t.wait(deadline).unwrap();
+                }
+                Ok(other) => panic!("the native hello was taken for data: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_mlx_wire_rank_and_a_native_one_name_each_other() {
+        let t = Duration::from_secs(20);
+        // Without a key: the MLX-wire rank forms (no bytes are exchanged on its wire) and
+        // finds the native hello on its first receive; its NO_KEY reply names it.
+        let nodes = hostfile(2, 1);
+        let native = start(vec![(addrs(&nodes, 0), options(t, None))])
+            .pop()
+            .unwrap();
+        let ring_addrs = addrs(&nodes, 1);
+        let ring = crate::ring::bootstrap::connect(&ring_addrs, &options(t, None)).unwrap();
+        let e = first_failure(ring);
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("rank 0 runs the native wire and this rank the MLX wire")),
+            "{e}"
+        );
+        let (result, took) = native.join().unwrap();
+        let e = result.expect_err("formed against the MLX wire");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
+                && e.to_string().contains("is on the MLX wire"),
+            "{e}"
+        );
+        // With a key on the MLX-wire rank: its handshake names the native hello, and the
+        // native rank its keyed greeting.
+        let nodes = hostfile(2, 1);
+        let native = start(vec![(addrs(&nodes, 0), options(t, None))])
+            .pop()
+            .unwrap();
+        let started = Instant::now();
+        let e = crate::ring::bootstrap::connect(&addrs(&nodes, 1), &options(t, Some(SECRET)))
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 0, reason, .. }
+                if reason.contains("runs the native wire (NUVEC_DISTRIBUTED_WIRE=native)")),
+            "{e}"
+        );
+        let (result, took) = native.join().unwrap();
+        let e = result.expect_err("formed against the MLX wire");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
+                && e.to_string().contains("MLX wire's keyed handshake"),
+            "{e}"
+        );
+    }
+}
