@@ -274,6 +274,92 @@ fn check_send_recv(g: &Group) {
     }
 }
 
+/// On the native wire every rank may send to any other: each rank sends to the rank
+/// `hop` places to its right and receives from the one `hop` places to its left, for every
+/// hop. Even ranks send first; with an odd number of ranks the two neighbours of the last
+/// even rank are both even, so every exchange is also checked for not needing that order:
+/// messages up to 1 MiB fit the kernel's buffers on loopback.
+fn check_send_recv_any(g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    for hop in 1..size {
+        let (to, from) = ((rank + hop) % size, (rank + size - hop) % size);
+        for n in [0usize, 1, 1025, 70_000] {
+            let salt = (hop as u64) << 32 | n as u64;
+            let mine: Vec<i32> = exact_input(rank, salt, n);
+            let theirs: Vec<i32> = exact_input(from, salt, n);
+            let mut got = vec![0i32; n];
+            if rank.is_multiple_of(2) {
+                g.send(&mine, to).unwrap();
+                g.recv(&mut got, from).unwrap();
+            } else {
+                g.recv(&mut got, from).unwrap();
+                g.send(&mine, to).unwrap();
+            }
+            assert_same_bits(&format!("recv from {from} x{n}"), &got, &theirs);
+        }
+    }
+}
+
+/// The whole matrix on the native wire (`NUVEC_DISTRIBUTED_WIRE=native`): the same types,
+/// ops and counts, which cross its switches between algorithms (a few elements, a few
+/// KiB, past a MiB), and send/recv between any two ranks.
+fn native_matrix(size: usize, connections: usize, name: &str) {
+    Launch::new(size, connections)
+        .env("NUVEC_DISTRIBUTED_WIRE", "native")
+        .all_ok(name, |g| {
+            assert_eq!(g.size(), size);
+            check_type::<bool>(&g, connections, 1);
+            check_type::<u8>(&g, connections, 2);
+            check_type::<u16>(&g, connections, 3);
+            check_type::<u32>(&g, connections, 4);
+            check_type::<u64>(&g, connections, 5);
+            check_type::<i8>(&g, connections, 6);
+            check_type::<i16>(&g, connections, 7);
+            check_type::<i32>(&g, connections, 8);
+            check_type::<i64>(&g, connections, 9);
+            check_type::<f16>(&g, connections, 10);
+            check_type::<bf16>(&g, connections, 11);
+            check_type::<f32>(&g, connections, 12);
+            check_type::<f64>(&g, connections, 13);
+            check_type::<Complex64>(&g, connections, 14);
+            check_send_recv_any(&g);
+            g.barrier().unwrap();
+        });
+}
+
+#[test]
+fn native_matrix_p1_c1() {
+    native_matrix(1, 1, "native_matrix_p1_c1");
+}
+#[test]
+fn native_matrix_p2_c1() {
+    native_matrix(2, 1, "native_matrix_p2_c1");
+}
+#[test]
+fn native_matrix_p2_c2() {
+    native_matrix(2, 2, "native_matrix_p2_c2");
+}
+#[test]
+fn native_matrix_p3_c1() {
+    native_matrix(3, 1, "native_matrix_p3_c1");
+}
+#[test]
+fn native_matrix_p4_c2() {
+    native_matrix(4, 2, "native_matrix_p4_c2");
+}
+#[test]
+fn native_matrix_p5_c1() {
+    native_matrix(5, 1, "native_matrix_p5_c1");
+}
+#[test]
+fn native_matrix_p6_c1() {
+    native_matrix(6, 1, "native_matrix_p6_c1");
+}
+#[test]
+fn native_matrix_p8_c1() {
+    native_matrix(8, 1, "native_matrix_p8_c1");
+}
+
 fn matrix(size: usize, connections: usize, name: &str) {
     Launch::new(size, connections).all_ok(name, |g| {
         assert_eq!(g.size(), size);
@@ -387,6 +473,43 @@ fn float_sums_agree(size: usize, connections: usize, name: &str) {
             );
         }
     }
+}
+
+fn native_float_sums_agree(size: usize, name: &str) {
+    let outputs = Launch::new(size, 1)
+        .env("NUVEC_DISTRIBUTED_WIRE", "native")
+        .all_ok(name, |g| {
+            for n in [1, 4099, 3 * size * MIN_SEND / 4 + 5] {
+                float_agreement::<f16>(&g, n);
+                float_agreement::<bf16>(&g, n);
+                float_agreement::<f32>(&g, n);
+                float_agreement::<f64>(&g, n);
+                float_agreement::<Complex64>(&g, n);
+            }
+        });
+    if let Some(first) = outputs.first() {
+        let want = first.lines("BITS");
+        assert!(!want.is_empty());
+        for o in &outputs {
+            assert_eq!(
+                o.lines("BITS"),
+                want,
+                "rank {} disagrees with rank 0",
+                o.rank
+            );
+        }
+    }
+}
+
+/// Sums with real rounding on the native wire: identical bits on every rank and on a rerun,
+/// whichever algorithm the size picks.
+#[test]
+fn native_float_sums_agree_p2() {
+    native_float_sums_agree(2, "native_float_sums_agree_p2");
+}
+#[test]
+fn native_float_sums_agree_p4() {
+    native_float_sums_agree(4, "native_float_sums_agree_p4");
 }
 
 #[test]
