@@ -9,7 +9,8 @@
 //! `all_sum,all_gather,sum_scatter,sendrecv`; `NUVEC_BENCH_OPS` is its old name),
 //! `NUVEC_BENCH_OP` (reductions, default `sum`), `NUVEC_BENCH_DTYPE` (default `float32`),
 //! `NUVEC_BENCH_TARGET_MS` (default 500), `NUVEC_BENCH_JSON` (a directory to write
-//! `collectives-n<N>.json` into).
+//! `collectives-n<N>.json` into). The ranks inherit `NUVEC_DISTRIBUTED_WIRE`: set it to
+//! `native` to measure the native wire.
 
 use std::time::Duration;
 
@@ -91,10 +92,15 @@ fn main() {
         name: "cargo bench".into(),
         ..RunOptions::default()
     };
-    print!("{}", Header::detect(1).text());
+    // The ranks inherit NUVEC_DISTRIBUTED_WIRE, as any other variable of this process.
+    let wire = std::env::var(nuvec_distributed::WIRE_VAR)
+        .ok()
+        .map(|w| w.parse().expect("NUVEC_DISTRIBUTED_WIRE is mlx or native"))
+        .unwrap_or(nuvec_distributed::Wire::Mlx);
+    print!("{}", Header::detect(1, wire).text());
     for ranks in env_list::<usize>("NUVEC_BENCH_RANKS", "2,3,4") {
         let port = launch::free_port_block(ranks).expect("free ports on 127.0.0.1");
-        let mut plan = launch::local_ring(ranks, 1, port, command.clone()).expect("a plan");
+        let mut plan = launch::local_ring(ranks, 1, port, None, command.clone()).expect("a plan");
         plan.env.push((WORKER.into(), "1".into()));
         match runner::run_plan(&plan, &options) {
             Ok(Outcome::Success) => {}

@@ -490,7 +490,9 @@ impl<'a> Setup<'a> {
         let Dial::Refused(fault, reason) = &self.dials[i] else {
             return None;
         };
-        if !settled {
+        // A peer on the native wire answered: no other connection can tell more, and it
+        // may already have left, so its own address would never settle.
+        if !settled && *fault != auth::Fault::Incompatible {
             return None;
         }
         // A peer without a key that finds our greeting leaves, and this rank may see that
