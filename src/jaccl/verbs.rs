@@ -292,7 +292,9 @@ impl VerbsFabric {
         Ok(VerbsFabric {
             conns: ready,
             pool: Pool::new(buffers),
-            scratch: Vec::new(),
+            // A poll returns at most a completion queue's worth: reserved now, so that no
+            // burst of completions makes a collective allocate.
+            scratch: Vec::with_capacity(CQ_ENTRIES as usize),
         })
     }
 
