@@ -6,8 +6,9 @@
 //! them, so the ring's wires progress side by side on the calling thread, and the wait
 //! between completions follows a policy: spin for a few microseconds (a peer on its own CPU
 //! answers in about that time over Thunderbolt), then yield the CPU, then sleep in short,
-//! growing naps on the side channel's poller, which wakes at once if a peer's side channel
-//! closes. Every wait is bounded: a collective that sees no completion for the group's
+//! growing naps (at most [`NAP_MAX`]): on the fabric's completion channels when it has them
+//! ([`Fabric::wait`], which wakes at the next completion), else on the side channel's
+//! poller, which wakes at once if a peer's side channel closes. Every wait is bounded: a collective that sees no completion for the group's
 //! timeout fails, naming the peer [`blame`](crate::comm::progress::blame) picks from the
 //! work outstanding on each connection.
 //!

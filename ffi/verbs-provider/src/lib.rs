@@ -30,6 +30,13 @@
 //! arriving when the receiving process next polls, not when it was sent: in `drop` mode a
 //! receive posted after the send but before that poll still gets the message, where
 //! hardware would have dropped it. Tests of that rule make the receiver poll first.
+//!
+//! Completion channels are there too (`ibv_create_comp_channel`, `ibv_req_notify_cq`
+//! through the operations table, `ibv_get_cq_event`, `ibv_ack_cq_events`): a channel's
+//! descriptor is the socket of the first queue pair whose receive CQ uses it, readable when
+//! a datagram waits for it, and `ibv_get_cq_event` never blocks (it moves data, then reports
+//! an armed CQ that has completions, or `EAGAIN`). [`CHANNELS_VAR`]` = off` refuses channels,
+//! as a library without them would.
 
 mod abi;
 pub mod config;
