@@ -4,6 +4,13 @@
 //! The allocation count uses `ffi`'s counting global allocator, installed in this test
 //! binary; it counts only the calling thread's allocations, because a collective runs
 //! entirely on the thread that calls it.
+//!
+//! JACCL (feature `jaccl`) is counted on the project's test verbs provider
+//! (`ffi/verbs-provider`), ranks in separate processes, through the real binding: the count
+//! covers this crate and the binding (Rust code allocating through this binary's allocator).
+//! The provider is a `cdylib` with its own copy of the standard library and allocator, so
+//! what it allocates inside `post_send` or `poll_cq` is not counted, as a vendor's library
+//! would not be.
 
 use ffi::alloc::CountingAllocator;
 use nuvec_distributed::{Complex64, Group, bf16, f16};
@@ -27,9 +34,27 @@ fn steady_allocations(rounds: usize, mut f: impl FnMut()) -> u64 {
     allocations() - before
 }
 
-fn every_collective(g: &Group, elems: usize) -> Vec<(String, u64)> {
+/// How [`every_collective`] pairs ranks for send and recv.
+#[derive(Clone, Copy)]
+enum Exchange {
+    /// Everyone sends right and receives from the left, even ranks sending first.
+    Around,
+    /// Ranks 2k and 2k+1 swap messages, the lower sending first; a rank without a partner
+    /// skips (JACCL's ring reaches neighbours only, and MLX's JACCL posts no handshake, so
+    /// a cycle of sends would wait on itself).
+    #[cfg_attr(
+        not(feature = "jaccl"),
+        allow(dead_code, reason = "only JACCL pairs ranks")
+    )]
+    Pairs,
+}
+
+fn every_collective(g: &Group, elems: usize, exchange: Exchange) -> Vec<(String, u64)> {
     let (rank, size) = (g.rank(), g.size());
-    let (left, right) = ((rank + size - 1) % size, (rank + 1) % size);
+    let (left, right) = match exchange {
+        Exchange::Around => ((rank + size - 1) % size, (rank + 1) % size),
+        Exchange::Pairs => (rank ^ 1, rank ^ 1),
+    };
     let mut f32s = vec![1.0f32; elems];
     let mut f16s = vec![f16::ONE; elems];
     let mut bf16s = vec![bf16::ONE; elems];
@@ -84,7 +109,9 @@ fn every_collective(g: &Group, elems: usize) -> Vec<(String, u64)> {
         ),
     ];
     let sendrecv = steady_allocations(rounds, || {
-        if rank.is_multiple_of(2) {
+        if right >= size {
+            // No partner: nothing to exchange.
+        } else if rank.is_multiple_of(2) {
             g.send(&message, right).unwrap();
             g.recv(&mut received, left).unwrap();
         } else {
@@ -105,7 +132,7 @@ fn every_collective(g: &Group, elems: usize) -> Vec<(String, u64)> {
 fn collectives_do_not_allocate_once_warm() {
     Launch::new(3, 2).all_ok("collectives_do_not_allocate_once_warm", |g| {
         for elems in [1, 3, 1000, 700_000] {
-            for (what, count) in every_collective(&g, elems) {
+            for (what, count) in every_collective(&g, elems, Exchange::Around) {
                 assert_eq!(
                     count,
                     0,
@@ -145,4 +172,163 @@ fn an_idle_group_uses_no_cpu() {
         );
         g.all_sum(&mut x).unwrap();
     });
+}
+
+/// JACCL on the test verbs provider: a mesh of three ranks (which takes the scatter-gather
+/// all-reduce as well as the fully connected one) and a ring of two ranks on two cables.
+#[cfg(feature = "jaccl")]
+mod jaccl {
+    use std::path::{Path, PathBuf};
+    use std::process::Stdio;
+
+    use super::{Exchange, every_collective};
+    use nuvec_distributed::{Backend, init_backend};
+    use nuvec_tools::testing;
+
+    /// The provider's shared library, built with this test binary's profile.
+    fn provider() -> PathBuf {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary sits in target/<profile>/deps");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "-p", "nuvec-verbs-provider"]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build
+            .status()
+            .expect("running cargo build for the provider");
+        assert!(
+            status.success(),
+            "cargo build -p nuvec-verbs-provider failed"
+        );
+        let name = if cfg!(target_os = "macos") {
+            "libnuvec_verbs_provider.dylib"
+        } else {
+            "libnuvec_verbs_provider.so"
+        };
+        profile_dir.join(name)
+    }
+
+    /// The device file and the provider's device list of a mesh (`wires == 0`) or a ring.
+    fn layout(size: usize, wires: usize) -> (String, Vec<String>) {
+        let mut devices = Vec::new();
+        let rows: Vec<String> = (0..size)
+            .map(|i| {
+                let cells: Vec<String> = (0..size)
+                    .map(|j| {
+                        let neighbour = j == (i + 1) % size || i == (j + 1) % size;
+                        if i == j || (wires > 0 && !neighbour) {
+                            return "null".to_string();
+                        }
+                        if wires == 0 {
+                            devices.push(format!("m{i}to{j}"));
+                            return format!("\"m{i}to{j}\"");
+                        }
+                        let names: Vec<String> = (0..wires)
+                            .map(|k| {
+                                devices.push(format!("r{i}to{j}c{k}"));
+                                format!("\"r{i}to{j}c{k}\"")
+                            })
+                            .collect();
+                        format!("[{}]", names.join(", "))
+                    })
+                    .collect();
+                format!("[{}]", cells.join(", "))
+            })
+            .collect();
+        (format!("[{}]", rows.join(", ")), devices)
+    }
+
+    fn no_allocation_on(name: &str, size: usize, wires: usize) {
+        if testing::is_rank(name) {
+            let g = init_backend(true, Backend::Jaccl).unwrap();
+            assert_eq!(g.backend(), "jaccl");
+            // 1 element; under 4 KiB; 32 KiB of f32 and more (the mesh's scatter-gather,
+            // the ring's both directions on every wire); several 512 KiB messages.
+            for elems in [1, 3, 1000, 9000, 300_000] {
+                for (what, count) in every_collective(&g, elems, Exchange::Pairs) {
+                    assert_eq!(
+                        count,
+                        0,
+                        "rank {}: JACCL {what} allocated {count} times in 20 rounds",
+                        g.rank()
+                    );
+                }
+            }
+            println!("{}", testing::DONE);
+            return;
+        }
+        let lib = provider();
+        let dir = tempfile::tempdir().unwrap();
+        let (matrix, devices) = layout(size, wires);
+        let file = dir.path().join("devices.json");
+        std::fs::write(&file, matrix).unwrap();
+        let port = testing::free_port_block(1).unwrap();
+        let children: Vec<_> = (0..size)
+            .map(|rank| {
+                let mut cmd = testing::this_test(name);
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                for var in [
+                    "NUVEC_VERBS_PROVIDER_FAULT",
+                    "NUVEC_JACCL_BUFFERS",
+                    "MLX_HOSTFILE",
+                ] {
+                    cmd.env_remove(var);
+                }
+                cmd.env(ffi::verbs::LIBRARY_VAR, &lib)
+                    .env("NUVEC_VERBS_PROVIDER_DIR", dir.path())
+                    .env("NUVEC_VERBS_PROVIDER_DEVICES", devices.join(","))
+                    .env("NUVEC_DISTRIBUTED_TIMEOUT", "60")
+                    .env("MLX_RANK", rank.to_string())
+                    .env("MLX_IBV_DEVICES", &file)
+                    .env("MLX_JACCL_COORDINATOR", format!("127.0.0.1:{port}"));
+                if wires > 0 {
+                    cmd.env("MLX_JACCL_RING", "1");
+                } else {
+                    cmd.env_remove("MLX_JACCL_RING");
+                }
+                cmd.spawn().unwrap()
+            })
+            .collect();
+        let outputs: Vec<_> = children
+            .into_iter()
+            .map(|c| std::thread::spawn(move || c.wait_with_output().unwrap()))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect();
+        for (rank, o) in outputs.iter().enumerate() {
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success() && stdout.contains(testing::DONE),
+                "rank {rank} ({}):\n{stdout}{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+
+    #[test]
+    fn jaccl_mesh_collectives_do_not_allocate_once_warm() {
+        no_allocation_on(
+            "jaccl::jaccl_mesh_collectives_do_not_allocate_once_warm",
+            3,
+            0,
+        );
+    }
+
+    #[test]
+    fn jaccl_ring_collectives_do_not_allocate_once_warm() {
+        no_allocation_on(
+            "jaccl::jaccl_ring_collectives_do_not_allocate_once_warm",
+            2,
+            2,
+        );
+    }
 }

@@ -14,9 +14,12 @@ int main(void) {
     OFF(ibv_context, device);
     OFF(ibv_context, ops);
     OFF(ibv_context, ops.poll_cq);
+    OFF(ibv_context, ops.req_notify_cq);
     OFF(ibv_context, ops.post_send);
     OFF(ibv_context, ops.post_recv);
     OFF(ibv_cq, context);
+    OFF(ibv_comp_channel, context);
+    OFF(ibv_comp_channel, fd);
     OFF(ibv_qp, context);
     OFF(ibv_qp, pd);
     OFF(ibv_qp, send_cq);

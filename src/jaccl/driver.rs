@@ -6,8 +6,9 @@
 //! them, so the ring's wires progress side by side on the calling thread, and the wait
 //! between completions follows a policy: spin for a few microseconds (a peer on its own CPU
 //! answers in about that time over Thunderbolt), then yield the CPU, then sleep in short,
-//! growing naps on the side channel's poller, which wakes at once if a peer's side channel
-//! closes. Every wait is bounded: a collective that sees no completion for the group's
+//! growing naps (at most [`NAP_MAX`]): on the fabric's completion channels when it has them
+//! ([`Fabric::wait`], which wakes at the next completion), else on the side channel's
+//! poller, which wakes at once if a peer's side channel closes. Every wait is bounded: a collective that sees no completion for the group's
 //! timeout fails, naming the peer [`blame`](crate::comm::progress::blame) picks from the
 //! work outstanding on each connection.
 //!
@@ -171,6 +172,28 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// What [`run`] needs between calls, kept by the group so that a collective allocates
+/// nothing.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// What one poll of the completion queues found.
+    completions: Vec<Completion>,
+    /// The machine each connection's completions go to.
+    owner: Vec<Option<usize>>,
+}
+
+impl Scratch {
+    /// Room for `conns` connections whose completion queues hold `cq_entries` each: one
+    /// round of polls finds at most that many, so however completions bunch up (which
+    /// depends on timing, not on the collective) the vectors never grow.
+    pub(crate) fn new(conns: usize, cq_entries: usize) -> Self {
+        Scratch {
+            completions: Vec::with_capacity(conns * cq_entries),
+            owner: Vec::with_capacity(conns),
+        }
+    }
+}
+
 /// For ranks on machines of their own, as JACCL's are.
 pub(crate) const DEDICATED: Spin = Spin {
     eager: Duration::from_micros(50),
@@ -222,15 +245,15 @@ pub(crate) fn run<M: Machine>(
     live: &mut dyn Liveness,
     timeout: Duration,
     spin: Spin,
-    completions: &mut Vec<Completion>,
+    scratch: &mut Scratch,
     closed: &CloseFlag,
 ) -> Result<()> {
     for m in machines.iter_mut() {
         m.start(cx, mem)?;
     }
-    let owner = (0..cx.peers.len())
-        .map(|c| machines.iter().position(|m| m.owns(c)))
-        .collect();
+    let Scratch { completions, owner } = scratch;
+    owner.clear();
+    owner.extend((0..cx.peers.len()).map(|c| machines.iter().position(|m| m.owns(c))));
     let mut driver = Driver {
         cx,
         mem,
@@ -251,7 +274,7 @@ struct Driver<'d, 'a, 'm, M> {
     mem: &'d mut Mem<'m>,
     machines: &'d mut [M],
     /// The machine each connection's completions go to.
-    owner: Vec<Option<usize>>,
+    owner: &'d [Option<usize>],
     live: &'d mut dyn Liveness,
     completions: &'d mut Vec<Completion>,
     /// The next nap, growing from [`NAP_MIN`] to [`NAP_MAX`] while nothing moves.

@@ -55,8 +55,9 @@ pub(crate) trait Fabric: Send {
 
     /// Blocks up to `wait` until something may have completed, if the fabric can tell;
     /// returns `false` at once if it cannot. Queue pairs without a completion channel (MLX
-    /// creates none, and neither does the verbs fabric) cannot, and the caller sleeps on its
-    /// side channel instead.
+    /// creates none; the verbs fabric does when the library has them) cannot, and the
+    /// caller sleeps on its side channel instead. Returning `true` without blocking is
+    /// allowed (the verbs fabric does so once to arm its queues): the caller polls again.
     fn wait(&mut self, wait: std::time::Duration) -> bool {
         let _ = wait;
         false

@@ -22,9 +22,9 @@ use memmap2::MmapMut;
 
 use super::bootstrap::{self, Destination, SideChannel};
 use super::buffers::BufferPlan;
-use super::driver::{self, Cx, Machine, Mem};
-use super::fabric::{Completion, Fabric};
-use super::frames::{PIPELINE, SizeClasses};
+use super::driver::{self, Cx, Machine, Mem, Scratch};
+use super::fabric::Fabric;
+use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, SizeClasses};
 use super::{mesh, ring};
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
@@ -86,7 +86,12 @@ struct State<F> {
     plan: BufferPlan,
     staging: MmapMut,
     activity: Activity,
-    completions: Vec<Completion>,
+    /// Storage reused by every collective, so that none allocates once warm (as the TCP
+    /// ring keeps its lanes): the driver's, and the ring's machines.
+    scratch: Scratch,
+    wires: Vec<ring::Wire>,
+    scatter: Vec<ring::ScatterWire>,
+    stripes: Vec<ring::Stripe>,
 }
 
 /// One rank's end of a JACCL group over fabric `F`.
@@ -150,6 +155,18 @@ impl<F: Fabric> Jaccl<F> {
         let Setup {
             rank, size, kind, ..
         } = setup;
+        // The machines keep per-peer state in fixed arrays; the configuration already holds
+        // these limits, this only keeps a group formed some other way from panicking later.
+        let too_big = match kind {
+            Kind::Mesh => size > MESH_MAX_RANKS,
+            Kind::Ring { wires } => wires > RING_MAX_CONNECTIONS,
+        };
+        if too_big {
+            return Err(Error::invalid(format!(
+                "a JACCL {kind:?} of {size} ranks exceeds MLX's limits ({MESH_MAX_RANKS} ranks \
+                 in a mesh, {RING_MAX_CONNECTIONS} wires per neighbour in a ring)"
+            )));
+        }
         let peers = kind.peers(rank, size);
         let present = kind.present(rank, size);
         let setup_error = |conn: usize, reason: String| Error::Rdma {
@@ -228,6 +245,7 @@ impl<F: Fabric> Jaccl<F> {
             .len((PIPELINE * largest).max(1))
             .map_anon()
             .map_err(|e| Error::local("mapping JACCL's staging memory", e))?;
+        let conns = peers.len();
         Ok(Jaccl {
             rank,
             size,
@@ -242,7 +260,10 @@ impl<F: Fabric> Jaccl<F> {
                 plan,
                 staging,
                 activity: Activity::default(),
-                completions: Vec::new(),
+                scratch: Scratch::new(conns, CQ_ENTRIES as usize),
+                wires: Vec::new(),
+                scatter: Vec::new(),
+                stripes: Vec::new(),
             }),
         })
     }
@@ -265,7 +286,8 @@ impl<F: Fabric> Jaccl<F> {
             plan,
             staging,
             activity,
-            completions,
+            scratch,
+            ..
         } = state;
         let Some(fabric) = fabric.as_mut() else {
             return Err(Error::GroupClosed);
@@ -278,7 +300,7 @@ impl<F: Fabric> Jaccl<F> {
             side,
             self.timeout,
             self.spin,
-            completions,
+            scratch,
             self.state.close_flag(),
         );
         match result {
@@ -288,6 +310,23 @@ impl<F: Fabric> Jaccl<F> {
             }
             other => other,
         }
+    }
+
+    /// Runs the ring machines kept in the vector `pick` chooses, after `fill` set them up
+    /// for this collective; the vector returns to the state whatever the outcome.
+    fn run_kept<M: Machine>(
+        &self,
+        state: &mut State<F>,
+        pick: fn(&mut State<F>) -> &mut Vec<M>,
+        fill: impl FnOnce(&mut Vec<M>),
+        mem: &mut Mem<'_>,
+        context: Phase,
+    ) -> Result<()> {
+        let mut machines = std::mem::take(pick(state));
+        fill(&mut machines);
+        let result = self.run(state, &mut machines, mem, context);
+        *pick(state) = machines;
+        result
     }
 
     fn neighbours(&self) -> Neighbours {
@@ -384,15 +423,13 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     context,
                 )
             }
-            Kind::Ring { wires } => {
-                let mut wires = ring::all_reduce(rank, size, wires, classes, op, dtype, count);
-                self.run(
-                    &mut state,
-                    &mut wires,
-                    &mut Mem { data, input: None },
-                    context,
-                )
-            }
+            Kind::Ring { wires } => self.run_kept(
+                &mut state,
+                |s| &mut s.wires,
+                |m| ring::all_reduce(rank, size, wires, classes, (op, dtype), count, m),
+                &mut Mem { data, input: None },
+                context,
+            ),
         }
     }
 
@@ -414,10 +451,13 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
                 self.run(&mut state, &mut m, &mut mem, CONTEXT)
             }
-            Kind::Ring { wires } => {
-                let mut w = ring::all_gather(self.rank, self.size, wires, self.classes, n);
-                self.run(&mut state, &mut w, &mut mem, CONTEXT)
-            }
+            Kind::Ring { wires } => self.run_kept(
+                &mut state,
+                |s| &mut s.wires,
+                |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
+                &mut mem,
+                CONTEXT,
+            ),
         }
     }
 
@@ -448,11 +488,13 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                 )];
                 self.run(&mut state, &mut m, &mut mem, CONTEXT)
             }
-            Kind::Ring { wires } => {
-                let mut w =
-                    ring::sum_scatter(self.rank, self.size, wires, self.classes, dtype, chunk);
-                self.run(&mut state, &mut w, &mut mem, CONTEXT)
-            }
+            Kind::Ring { wires } => self.run_kept(
+                &mut state,
+                |s| &mut s.scatter,
+                |m| ring::sum_scatter(self.rank, self.size, wires, self.classes, (dtype, chunk), m),
+                &mut mem,
+                CONTEXT,
+            ),
         }
     }
 
@@ -476,9 +518,14 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     return Ok(());
                 }
                 // Towards the left neighbour in direction 1 (with two ranks, always).
-                let mut s =
-                    ring::stripes(false, dst == self.left(), wires, self.classes, data.len());
-                self.run(&mut state, &mut s, &mut mem, Phase::Send)
+                let towards = (false, dst == self.left());
+                self.run_kept(
+                    &mut state,
+                    |s| &mut s.stripes,
+                    |m| ring::stripes(towards, wires, self.classes, data.len(), m),
+                    &mut mem,
+                    Phase::Send,
+                )
             }
         }
     }
@@ -501,8 +548,14 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     return Ok(());
                 }
                 // From the right neighbour in direction 1 (with two ranks, always).
-                let mut s = ring::stripes(true, src == self.right(), wires, self.classes, len);
-                self.run(&mut state, &mut s, &mut mem, Phase::Recv)
+                let towards = (true, src == self.right());
+                self.run_kept(
+                    &mut state,
+                    |s| &mut s.stripes,
+                    |m| ring::stripes(towards, wires, self.classes, len, m),
+                    &mut mem,
+                    Phase::Recv,
+                )
             }
         }
     }

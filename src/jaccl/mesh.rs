@@ -24,7 +24,7 @@
 //! - **send/recv** (`M` = the message): frames on the peer's queue pair, two in flight.
 
 use super::driver::{Cx, Machine, Mem};
-use super::frames::{Class, PIPELINE, SizeClasses, WorkTag};
+use super::frames::{Class, MESH_MAX_RANKS, PIPELINE, SizeClasses, WorkTag};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
@@ -114,8 +114,9 @@ pub(crate) struct AllReduce {
     /// Elements staged for sending so far (MLX's `read_offset`).
     read: usize,
     sends: SlotSends,
-    /// Per rank, how many of its chunks are available to reduce.
-    recv_end: Vec<usize>,
+    /// Per rank, how many of its chunks are available to reduce (a fixed array: a
+    /// collective allocates nothing; the configuration caps a mesh at [`MESH_MAX_RANKS`]).
+    recv_end: [usize; MESH_MAX_RANKS],
     reduce_chunk: usize,
     reduce_rank: usize,
     in_flight: usize,
@@ -146,7 +147,7 @@ impl AllReduce {
             chunks: count.div_ceil(n),
             read: 0,
             sends: SlotSends::new(size),
-            recv_end: vec![0; size],
+            recv_end: [0; MESH_MAX_RANKS],
             reduce_chunk: 0,
             reduce_rank: 0,
             in_flight: 0,
@@ -295,7 +296,8 @@ pub(crate) struct AllGather {
     s: usize,
     read: usize,
     sends: SlotSends,
-    written: Vec<usize>,
+    /// Per peer, the bytes (or elements) received so far; fixed, as `recv_end` above.
+    written: [usize; MESH_MAX_RANKS],
     in_flight: usize,
     started: bool,
 }
@@ -311,7 +313,7 @@ impl AllGather {
             s: class.bytes(),
             read: 0,
             sends: SlotSends::new(size),
-            written: vec![0; size],
+            written: [0; MESH_MAX_RANKS],
             in_flight: 0,
             started: false,
         }
@@ -397,7 +399,8 @@ pub(crate) struct SumScatter {
     total: usize,
     read: usize,
     sends: SlotSends,
-    written: Vec<usize>,
+    /// Per peer, the bytes (or elements) received so far; fixed, as `recv_end` above.
+    written: [usize; MESH_MAX_RANKS],
     in_flight: usize,
     started: bool,
 }
@@ -423,7 +426,7 @@ impl SumScatter {
             total: count,
             read: 0,
             sends: SlotSends::new(size),
-            written: vec![0; size],
+            written: [0; MESH_MAX_RANKS],
             in_flight: 0,
             started: false,
         }

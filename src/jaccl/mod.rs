@@ -57,8 +57,10 @@
 //!   rank that goes away (MLX spins forever). Errors name the peer. After one, the group is
 //!   failed; nuvec ranks tell each other which rank was lost, MLX ranks are only closed on.
 //! - **One thread.** MLX runs each ring wire on a thread of its own and busy-polls; here the
-//!   calling thread drives every wire, spinning briefly, then yielding, then napping on the
-//!   side channel's poller.
+//!   calling thread drives every wire, spinning briefly, then yielding, then sleeping on the
+//!   completion channels (one per CQ, created only when the verbs library has them; MLX
+//!   creates none) or, without them, napping up to 1 ms at a time on the side channel's
+//!   poller.
 //! - **The GID index** of the route at RTR is the one the GID scan found, not MLX's fixed 1
 //!   (see `verbs.rs`); the two agree on every Thunderbolt setup reported so far.
 //! - **Configuration** is stricter: see [`Config`].

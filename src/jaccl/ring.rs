@@ -131,17 +131,18 @@ pub(crate) struct Wire {
 }
 
 /// The wires of an all-reduce of `count` elements, as MLX's `RingGroup::all_reduce` splits
-/// it.
+/// it, into `out` (cleared first; the group keeps it across calls so that a collective
+/// allocates nothing).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn all_reduce(
     rank: usize,
     size: usize,
     wires: usize,
     classes: SizeClasses,
-    op: ReduceOp,
-    dtype: DType,
+    (op, dtype): (ReduceOp, DType),
     count: usize,
-) -> Vec<Wire> {
+    out: &mut Vec<Wire>,
+) {
     let es = dtype.size();
     let (dirs, active) = if count * es <= ALL_REDUCE_ONE_WIRE_UP_TO || count < size * 2 * wires {
         (1, 1)
@@ -152,95 +153,95 @@ pub(crate) fn all_reduce(
     let spw = chunk.div_ceil(dirs * active);
     let class = classes.class_for(spw * es);
     let n = class.bytes() / es;
-    (0..active)
-        .map(|w| {
-            let mut wire_offset = [0; 2];
-            let mut wire_end = [0; 2];
-            for d in 0..dirs {
-                wire_offset[d] = d * active * spw + w * spw;
-                let region_end = chunk.min((d + 1) * active * spw);
-                wire_end[d] = region_end.min(wire_offset[d] + spw);
-            }
-            Wire {
-                size,
-                wire: w,
-                wires,
-                dirs,
-                es,
-                passes: [Some(Pass::Reduce(op, dtype)), Some(Pass::Copy)],
-                pass: 0,
-                len: count,
-                stride: chunk,
-                total: size * chunk,
-                class,
-                n,
-                n_steps: spw.div_ceil(n),
-                wire_offset,
-                wire_end,
-                send_offset: [rank * chunk; 2],
-                recv_offset: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
-                send_limit: [0; 2],
-                recv_limit: [0; 2],
-                send_count: [0; 2],
-                recv_count: [0; 2],
-                step: 0,
-                in_flight: 0,
-                started: false,
-                done: false,
-            }
-        })
-        .collect()
+    out.clear();
+    out.extend((0..active).map(|w| {
+        let mut wire_offset = [0; 2];
+        let mut wire_end = [0; 2];
+        for d in 0..dirs {
+            wire_offset[d] = d * active * spw + w * spw;
+            let region_end = chunk.min((d + 1) * active * spw);
+            wire_end[d] = region_end.min(wire_offset[d] + spw);
+        }
+        Wire {
+            size,
+            wire: w,
+            wires,
+            dirs,
+            es,
+            passes: [Some(Pass::Reduce(op, dtype)), Some(Pass::Copy)],
+            pass: 0,
+            len: count,
+            stride: chunk,
+            total: size * chunk,
+            class,
+            n,
+            n_steps: spw.div_ceil(n),
+            wire_offset,
+            wire_end,
+            send_offset: [rank * chunk; 2],
+            recv_offset: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
+            send_limit: [0; 2],
+            recv_limit: [0; 2],
+            send_count: [0; 2],
+            recv_count: [0; 2],
+            step: 0,
+            in_flight: 0,
+            started: false,
+            done: false,
+        }
+    }));
 }
 
 /// The wires of an all_gather of `block` bytes per rank (this crate's corrected form of
-/// MLX's; see the module docs). This rank's block must already be in place.
+/// MLX's; see the module docs), into `out` (cleared first). This rank's block must already
+/// be in place.
 pub(crate) fn all_gather(
     rank: usize,
     size: usize,
     wires: usize,
     classes: SizeClasses,
     block: usize,
-) -> Vec<Wire> {
+    out: &mut Vec<Wire>,
+) {
     let npw = block.div_ceil(2 * wires);
     let class = classes.class_for(npw);
     let n = class.bytes();
-    (0..wires)
-        .map(|w| {
-            let mut wire_offset = [0; 2];
-            let mut wire_end = [0; 2];
-            for d in 0..2 {
-                wire_offset[d] = d * wires * npw + w * npw;
-                wire_end[d] = block.min(wire_offset[d] + npw);
-            }
-            Wire {
-                size,
-                wire: w,
-                wires,
-                dirs: 2,
-                es: 1,
-                passes: [Some(Pass::Copy), None],
-                pass: 0,
-                len: size * block,
-                stride: block,
-                total: size * block,
-                class,
-                n,
-                n_steps: npw.div_ceil(n),
-                wire_offset,
-                wire_end,
-                send_offset: [rank * block; 2],
-                recv_offset: [(rank + size - 1) % size * block, (rank + 1) % size * block],
-                send_limit: [0; 2],
-                recv_limit: [0; 2],
-                send_count: [0; 2],
-                recv_count: [0; 2],
-                step: 0,
-                in_flight: 0,
-                started: false,
-                done: false,
-            }
-        })
-        .collect()
+    out.clear();
+    out.extend((0..wires).map(|w| {
+        let mut wire_offset = [0; 2];
+        let mut wire_end = [0; 2];
+        for d in 0..2 {
+            wire_offset[d] = d * wires * npw + w * npw;
+            wire_end[d] = block.min(wire_offset[d] + npw);
+        }
+        Wire {
+            size,
+            wire: w,
+            wires,
+            dirs: 2,
+            es: 1,
+            passes: [Some(Pass::Copy), None],
+            pass: 0,
+            len: size * block,
+            stride: block,
+            total: size * block,
+            class,
+            n,
+            n_steps: npw.div_ceil(n),
+            wire_offset,
+            wire_end,
+            send_offset: [rank * block; 2],
+            recv_offset: [(rank + size - 1) % size * block, (rank + 1) % size * block],
+            send_limit: [0; 2],
+            recv_limit: [0; 2],
+            send_count: [0; 2],
+            recv_count: [0; 2],
+            step: 0,
+            in_flight: 0,
+            started: false,
+            done: false,
+        }
+    }));
 }
 
 impl Wire {
@@ -399,15 +400,15 @@ pub(crate) struct ScatterWire {
 }
 
 /// The wires of a sum_scatter with `chunk` output elements per rank (input in `mem.input`,
-/// output in `mem.data`).
+/// output in `mem.data`), into `out` (cleared first).
 pub(crate) fn sum_scatter(
     rank: usize,
     size: usize,
     wires: usize,
     classes: SizeClasses,
-    dtype: DType,
-    chunk: usize,
-) -> Vec<ScatterWire> {
+    (dtype, chunk): (DType, usize),
+    out: &mut Vec<ScatterWire>,
+) {
     let es = dtype.size();
     let total = size * chunk;
     let active = if total < size * 2 * wires || chunk * es <= SUM_SCATTER_ONE_WIRE_UP_TO {
@@ -418,42 +419,41 @@ pub(crate) fn sum_scatter(
     let spw = chunk.div_ceil(2 * active);
     let class = classes.class_for(spw * es);
     let n = class.bytes() / es;
-    (0..active)
-        .map(|w| {
-            let mut wire_offset = [0; 2];
-            let mut wire_end = [0; 2];
-            for d in 0..2 {
-                wire_offset[d] = d * active * spw + w * spw;
-                let region_end = chunk.min((d + 1) * active * spw);
-                wire_end[d] = region_end.min(wire_offset[d] + spw);
-            }
-            ScatterWire {
-                size,
-                wire: w,
-                wires,
-                dtype,
-                chunk,
-                total,
-                class,
-                n,
-                n_steps: spw.div_ceil(n),
-                wire_offset,
-                wire_end,
-                in_send: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
-                in_recv: [
-                    (rank + 2 * size - 2) % size * chunk,
-                    (rank + 2) % size * chunk,
-                ],
-                send_count: [0; 2],
-                recv_count: [0; 2],
-                deferred: [0; 2],
-                step: 0,
-                in_flight: 0,
-                started: false,
-                done: false,
-            }
-        })
-        .collect()
+    out.clear();
+    out.extend((0..active).map(|w| {
+        let mut wire_offset = [0; 2];
+        let mut wire_end = [0; 2];
+        for d in 0..2 {
+            wire_offset[d] = d * active * spw + w * spw;
+            let region_end = chunk.min((d + 1) * active * spw);
+            wire_end[d] = region_end.min(wire_offset[d] + spw);
+        }
+        ScatterWire {
+            size,
+            wire: w,
+            wires,
+            dtype,
+            chunk,
+            total,
+            class,
+            n,
+            n_steps: spw.div_ceil(n),
+            wire_offset,
+            wire_end,
+            in_send: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
+            in_recv: [
+                (rank + 2 * size - 2) % size * chunk,
+                (rank + 2) % size * chunk,
+            ],
+            send_count: [0; 2],
+            recv_count: [0; 2],
+            deferred: [0; 2],
+            step: 0,
+            in_flight: 0,
+            started: false,
+            done: false,
+        }
+    }));
 }
 
 impl ScatterWire {
@@ -614,35 +614,35 @@ pub(crate) struct Stripe {
 }
 
 /// The stripes of a send of `len` bytes (`to_left`: to the left neighbour) or of a receive
-/// (`from_right`: from the right neighbour), over all `wires` wires.
+/// (`from_right`: from the right neighbour), over all `wires` wires, into `out` (cleared
+/// first).
 pub(crate) fn stripes(
-    recv: bool,
-    towards_dir1: bool,
+    (recv, towards_dir1): (bool, bool),
     wires: usize,
     classes: SizeClasses,
     len: usize,
-) -> Vec<Stripe> {
+    out: &mut Vec<Stripe>,
+) {
     let per_wire = len.div_ceil(wires);
     let class = classes.class_for(per_wire);
     let dir = usize::from(towards_dir1);
-    (0..wires)
-        .map(|w| Stripe {
-            recv,
-            wire: w,
-            conn: if recv {
-                recv_conn(wires, w, dir)
-            } else {
-                send_conn(wires, w, dir)
-            },
-            dir,
-            class,
-            s: class.bytes(),
-            at: (w * per_wire).min(len),
-            limit: ((w + 1) * per_wire).min(len),
-            in_flight: 0,
-            started: false,
-        })
-        .collect()
+    out.clear();
+    out.extend((0..wires).map(|w| Stripe {
+        recv,
+        wire: w,
+        conn: if recv {
+            recv_conn(wires, w, dir)
+        } else {
+            send_conn(wires, w, dir)
+        },
+        dir,
+        class,
+        s: class.bytes(),
+        at: (w * per_wire).min(len),
+        limit: ((w + 1) * per_wire).min(len),
+        in_flight: 0,
+        started: false,
+    }));
 }
 
 impl Stripe {

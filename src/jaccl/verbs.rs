@@ -184,6 +184,40 @@ pub(crate) struct VerbsFabric {
     conns: Vec<Option<Conn>>,
     pool: Pool<FrameBuffer>,
     scratch: Vec<VerbsCompletion>,
+    /// Sleeping on the completion channels; `None` when the library has none (MLX's
+    /// set-up, and possibly Apple's), and the driver naps on the side channel instead.
+    waiter: Option<Waiter>,
+}
+
+/// A poller over every connection's completion-channel descriptor.
+struct Waiter {
+    poll: mio::Poll,
+    events: mio::Events,
+    /// Whether every completion queue is armed since the last wake-up.
+    armed: bool,
+}
+
+impl Waiter {
+    /// A poller over `conns`' channels, if every connection has one and all register.
+    fn new(conns: &[Option<Conn>]) -> Option<Waiter> {
+        let poll = mio::Poll::new().ok()?;
+        for (c, conn) in conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            let fd = conn.conn.completion_fd()?;
+            poll.registry()
+                .register(
+                    &mut mio::unix::SourceFd(&fd),
+                    mio::Token(c),
+                    mio::Interest::READABLE,
+                )
+                .ok()?;
+        }
+        Some(Waiter {
+            poll,
+            events: mio::Events::with_capacity(conns.len().max(1)),
+            armed: false,
+        })
+    }
 }
 
 impl VerbsFabric {
@@ -289,10 +323,14 @@ impl VerbsFabric {
                 gid_index,
             }));
         }
+        let waiter = Waiter::new(&ready);
         Ok(VerbsFabric {
+            waiter,
             conns: ready,
             pool: Pool::new(buffers),
-            scratch: Vec::new(),
+            // A poll returns at most a completion queue's worth: reserved now, so that no
+            // burst of completions makes a collective allocate.
+            scratch: Vec::with_capacity(CQ_ENTRIES as usize),
         })
     }
 
@@ -384,6 +422,35 @@ impl Fabric for VerbsFabric {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// With completion channels: the first call arms every completion queue and returns at
+    /// once, so that the caller polls once more (completions queued before arming raise no
+    /// event); the next sleeps until a channel fires or `wait` passes, then takes and
+    /// acknowledges the events. A channel that fails puts the fabric back on naps.
+    fn wait(&mut self, wait: std::time::Duration) -> bool {
+        let VerbsFabric { conns, waiter, .. } = self;
+        let Some(w) = waiter else {
+            return false;
+        };
+        let mut live = conns.iter_mut().flatten();
+        if !w.armed {
+            if live.all(|c| c.conn.arm().is_ok()) {
+                w.armed = true;
+                return true;
+            }
+            *waiter = None;
+            return false;
+        }
+        if w.poll.poll(&mut w.events, Some(wait)).is_err() {
+            *waiter = None;
+            return false;
+        }
+        w.armed = false;
+        if !live.all(|c| c.conn.take_events().is_ok()) {
+            *waiter = None;
+        }
+        true
     }
 
     fn poll(&mut self, conn: usize, out: &mut Vec<Completion>) -> FabricResult<()> {

@@ -117,6 +117,8 @@ pub(crate) struct Api {
     pub(crate) query_gid: sys::QueryGidFn,
     pub(crate) reg_mr: sys::RegMrFn,
     pub(crate) dereg_mr: sys::DeregMrFn,
+    /// The completion-channel functions, if the library exports all four (MLX uses none).
+    pub(crate) channels: Option<ChannelApi>,
     pub(crate) library: &'static str,
     _library: Library,
 }
@@ -188,8 +190,40 @@ impl Api {
             reg_mr: unsafe { symbol(l, b"ibv_reg_mr\0") }?,
             // SAFETY: see above; `int ibv_dereg_mr(struct ibv_mr *)`.
             dereg_mr: unsafe { symbol(l, b"ibv_dereg_mr\0") }?,
+            channels: ChannelApi::load(l),
             library,
             _library: lib,
+        })
+    }
+}
+
+/// The functions of completion channels: optional, because MLX's JACCL does not use them
+/// and a library may lack them (whether Apple's `librdma` exports them is not known here;
+/// the binding asks the loader at run time rather than assuming).
+#[derive(Clone, Copy)]
+pub(crate) struct ChannelApi {
+    pub(crate) create: sys::CreateCompChannelFn,
+    pub(crate) destroy: sys::DestroyCompChannelFn,
+    pub(crate) get_event: sys::GetCqEventFn,
+    pub(crate) ack_events: sys::AckCqEventsFn,
+}
+
+impl ChannelApi {
+    /// The four functions, or `None` if any is missing.
+    fn load(l: (&Library, &'static str)) -> Option<ChannelApi> {
+        // SAFETY (each `symbol` call below): as in `Api::load`, the types are verbs.h's
+        // signatures, transcribed in `sys`.
+        Some(ChannelApi {
+            // SAFETY: see above; `struct ibv_comp_channel *ibv_create_comp_channel(struct
+            // ibv_context *)`.
+            create: unsafe { symbol(l, b"ibv_create_comp_channel\0") }.ok()?,
+            // SAFETY: see above; `int ibv_destroy_comp_channel(struct ibv_comp_channel *)`.
+            destroy: unsafe { symbol(l, b"ibv_destroy_comp_channel\0") }.ok()?,
+            // SAFETY: see above; `int ibv_get_cq_event(struct ibv_comp_channel *, struct
+            // ibv_cq **, void **cq_context)`.
+            get_event: unsafe { symbol(l, b"ibv_get_cq_event\0") }.ok()?,
+            // SAFETY: see above; `void ibv_ack_cq_events(struct ibv_cq *, unsigned int)`.
+            ack_events: unsafe { symbol(l, b"ibv_ack_cq_events\0") }.ok()?,
         })
     }
 }

@@ -343,13 +343,22 @@ impl Context {
         });
         let entries = c_int::try_from(sizes.cq_entries)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many CQ entries"))?;
-        // SAFETY: the context is open; no completion channel (NULL) and vector 0, as MLX.
-        let cq =
-            unsafe { (api.create_cq)(ctx, entries, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        // A completion channel if the library offers them (MLX creates none: this is local,
+        // nothing of it reaches the wire); without one the caller polls and naps.
+        let channel = self.channel();
+        let channel_ptr = channel
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |c| c.ch.as_ptr());
+        // SAFETY: the context is open; the channel is NULL or a live channel of this
+        // context, which outlives the CQ (`Cq` destroys the CQ before its channel); vector
+        // 0, as MLX.
+        let cq = unsafe { (api.create_cq)(ctx, entries, std::ptr::null_mut(), channel_ptr, 0) };
         let cq = NonNull::new(cq).ok_or_else(|| last_error("ibv_create_cq"))?;
         let cq = Cq {
             api: api.clone(),
             cq,
+            unacked: 0,
+            channel,
             _ctx: self.inner.clone(),
         };
         let mut init = sys::ibv_qp_init_attr {
@@ -388,6 +397,53 @@ impl Context {
     }
 }
 
+impl Context {
+    /// A new completion channel with a non-blocking descriptor, or `None` if the library
+    /// has no channels, its operations table cannot arm a CQ, or creating one fails.
+    fn channel(&self) -> Option<Channel> {
+        let fns = self.inner.api.channels?;
+        let ctx = self.inner.ctx.as_ptr();
+        // SAFETY: the context is open (held by `self`); its operations table is only read.
+        let can_arm = unsafe { (*ctx).ops.req_notify_cq.is_some() };
+        if !can_arm {
+            return None;
+        }
+        // SAFETY: the context is open; the result is NULL or a new channel of it.
+        let ch = NonNull::new(unsafe { (fns.create)(ctx) })?;
+        let channel = Channel {
+            destroy: fns.destroy,
+            ch,
+            _ctx: self.inner.clone(),
+        };
+        // SAFETY: `ch` is the live channel just created; its prefix `sys::ibv_comp_channel`
+        // mirrors the header's (checked by the layout test); `fd` is read once.
+        let fd = unsafe { (*ch.as_ptr()).fd };
+        // SAFETY: `fd` is the channel's open descriptor; F_GETFL and F_SETFL only read and
+        // set its status flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return None;
+        }
+        Some(channel)
+    }
+}
+
+/// A completion channel, destroyed after the CQ that uses it.
+struct Channel {
+    destroy: sys::DestroyCompChannelFn,
+    ch: NonNull<sys::ibv_comp_channel>,
+    _ctx: Arc<ContextInner>,
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: the channel is live and its only CQ is already destroyed (`Cq` declares
+        // it after its handle and destroys the CQ in its own `Drop`); destroyed once.
+        unsafe { (self.destroy)(self.ch.as_ptr()) };
+    }
+}
+
 /// A protection domain, deallocated when the last connection or memory region using it is
 /// gone.
 struct PdInner {
@@ -413,11 +469,22 @@ impl Drop for PdInner {
 struct Cq {
     api: Arc<Api>,
     cq: NonNull<sys::ibv_cq>,
+    /// Events taken from the channel and not yet acknowledged (destroying a CQ waits for
+    /// every event to be acknowledged).
+    unacked: u32,
+    /// Dropped after the CQ is destroyed (fields drop after `Drop::drop`).
+    channel: Option<Channel>,
     _ctx: Arc<ContextInner>,
 }
 
 impl Drop for Cq {
     fn drop(&mut self) {
+        if let Some(fns) = self.api.channels
+            && self.unacked > 0
+        {
+            // SAFETY: the CQ is live; `unacked` events of it were taken and not acknowledged.
+            unsafe { (fns.ack_events)(self.cq.as_ptr(), self.unacked) };
+        }
         // SAFETY: the only queue pair using this CQ is destroyed before it (the connection
         // destroys its QP in `Drop`, then drops this field); destroyed exactly once.
         unsafe { (self.api.destroy_cq)(self.cq.as_ptr()) };
@@ -729,6 +796,82 @@ impl Connection {
             return Err(self.unpost(slot, rc));
         }
         Ok(())
+    }
+
+    /// The descriptor of this connection's completion channel, readable once an armed
+    /// completion queue has a completion; `None` without a channel (the library has none),
+    /// when the caller must poll.
+    pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        let channel = self.cq.channel.as_ref()?;
+        // SAFETY: the channel is live (held by `self.cq`); `fd` is read once.
+        Some(unsafe { (*channel.ch.as_ptr()).fd })
+    }
+
+    /// Asks for one event on the channel at the next completion. Completions that are
+    /// already queued raise none: poll once more after arming, before waiting.
+    ///
+    /// # Errors
+    ///
+    /// The connection has no channel, or the library refused.
+    pub fn arm(&mut self) -> io::Result<()> {
+        if self.cq.channel.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the connection has no completion channel",
+            ));
+        }
+        let ctx = self.ctx.inner.ctx.as_ptr();
+        // SAFETY: the context is open (held by `self.ctx`); its table is only read.
+        let Some(notify) = (unsafe { (*ctx).ops.req_notify_cq }) else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the library cannot arm a completion queue",
+            ));
+        };
+        // SAFETY: the CQ is live and has a channel; 0 asks for any completion, not only
+        // solicited ones.
+        let rc = unsafe { notify(self.cq.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc.abs()));
+        }
+        Ok(())
+    }
+
+    /// Takes and acknowledges the events waiting on the channel, without blocking; returns
+    /// how many there were (0 without a channel).
+    ///
+    /// # Errors
+    ///
+    /// The library reports an error other than "no event" (`EAGAIN`).
+    pub fn take_events(&mut self) -> io::Result<u32> {
+        let (Some(fns), Some(channel)) = (self.api.channels, self.cq.channel.as_ref()) else {
+            return Ok(0);
+        };
+        let mut taken = 0;
+        loop {
+            let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+            let mut context: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the channel is live and its descriptor non-blocking (set when it was
+            // created), so the call returns at once; it writes the two out-pointers, which
+            // are live locals.
+            let rc = unsafe { (fns.get_event)(channel.ch.as_ptr(), &mut cq, &mut context) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock || taken > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+            taken += 1;
+            self.cq.unacked = self.cq.unacked.saturating_add(1);
+        }
+        if self.cq.unacked > 0 {
+            // SAFETY: the CQ is live; `unacked` events of it were taken and not yet
+            // acknowledged.
+            unsafe { (fns.ack_events)(self.cq.cq.as_ptr(), self.cq.unacked) };
+            self.cq.unacked = 0;
+        }
+        Ok(taken)
     }
 
     /// Polls the completion queue once, appending what completed (with its buffer) to

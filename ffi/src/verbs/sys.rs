@@ -30,7 +30,7 @@
 
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// The library the binding loads.
 #[cfg(target_os = "linux")]
@@ -91,10 +91,12 @@ pub(crate) struct ibv_pd {
     _opaque: [u8; 0],
 }
 
-/// `struct ibv_comp_channel`: opaque; always passed as null.
+/// `struct ibv_comp_channel`, prefix: the context and the file descriptor that becomes
+/// readable when an armed completion queue of the channel gets a completion.
 #[repr(C)]
 pub(crate) struct ibv_comp_channel {
-    _opaque: [u8; 0],
+    pub(crate) context: *mut ibv_context,
+    pub(crate) fd: c_int,
 }
 
 /// `union ibv_gid`: 16 raw bytes, aligned as the union's pair of `__be64`.
@@ -112,7 +114,7 @@ pub(crate) struct ibv_context_ops {
     /// `_compat_query_device` .. `_compat_create_cq` (11 entries).
     _before_poll_cq: [*mut c_void; 11],
     pub(crate) poll_cq: Option<PollCqFn>,
-    _req_notify_cq: *mut c_void,
+    pub(crate) req_notify_cq: Option<ReqNotifyCqFn>,
     /// `_compat_cq_event` .. `_compat_destroy_qp` (12 entries).
     _before_post_send: [*mut c_void; 12],
     pub(crate) post_send: Option<PostSendFn>,
@@ -365,9 +367,16 @@ pub(crate) type QueryGidFn =
 pub(crate) type RegMrFn =
     unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
 pub(crate) type DeregMrFn = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
+pub(crate) type CreateCompChannelFn =
+    unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+pub(crate) type DestroyCompChannelFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
+pub(crate) type GetCqEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+pub(crate) type AckCqEventsFn = unsafe extern "C" fn(*mut ibv_cq, c_uint);
 
 // Entries of the operations table, called as the header's inline functions call them.
 pub(crate) type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub(crate) type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 pub(crate) type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub(crate) type PostRecvFn =
@@ -398,9 +407,12 @@ pub(crate) fn layout() -> Vec<(&'static str, usize)> {
         off!(ibv_context, device),
         off!(ibv_context, ops),
         off!(ibv_context, ops.poll_cq),
+        off!(ibv_context, ops.req_notify_cq),
         off!(ibv_context, ops.post_send),
         off!(ibv_context, ops.post_recv),
         off!(ibv_cq, context),
+        off!(ibv_comp_channel, context),
+        off!(ibv_comp_channel, fd),
         off!(ibv_qp, context),
         off!(ibv_qp, pd),
         off!(ibv_qp, send_cq),

@@ -81,7 +81,7 @@ pub(crate) struct ibv_device {
 pub(crate) struct ibv_context_ops {
     pub(crate) _before_poll_cq: [*const c_void; 11],
     pub(crate) poll_cq: Option<PollCqFn>,
-    pub(crate) _req_notify_cq: *const c_void,
+    pub(crate) req_notify_cq: Option<ReqNotifyCqFn>,
     pub(crate) _before_post_send: [*const c_void; 12],
     pub(crate) post_send: Option<PostSendFn>,
     pub(crate) post_recv: Option<PostRecvFn>,
@@ -105,6 +105,14 @@ pub(crate) struct ibv_context {
 pub(crate) struct ibv_pd {
     pub(crate) context: *mut ibv_context,
     pub(crate) handle: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub(crate) struct ibv_comp_channel {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) fd: c_int,
+    pub(crate) refcnt: c_int,
 }
 
 /// `struct ibv_cq`, up to `cqe` (the mutex and condition variable after it are not used).
@@ -312,6 +320,8 @@ pub(crate) struct ibv_qp_attr {
 
 /// The operations table's entries this provider fills in.
 pub(crate) type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+/// See [`PollCqFn`].
+pub(crate) type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 /// See [`PollCqFn`].
 pub(crate) type PostSendFn =
     unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;

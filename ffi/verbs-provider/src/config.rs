@@ -32,6 +32,9 @@ pub const DIR_VAR: &str = "NUVEC_VERBS_PROVIDER_DIR";
 pub const EARLY_VAR: &str = "NUVEC_VERBS_PROVIDER_EARLY";
 /// Faults to inject in this process.
 pub const FAULT_VAR: &str = "NUVEC_VERBS_PROVIDER_FAULT";
+/// Set to `off` to refuse completion channels (`ibv_create_comp_channel` fails with
+/// `ENOSYS`), as a library without them would: the binding then polls and naps.
+pub const CHANNELS_VAR: &str = "NUVEC_VERBS_PROVIDER_CHANNELS";
 
 /// One device, with its single port.
 #[derive(Clone, Debug, PartialEq, Eq)]

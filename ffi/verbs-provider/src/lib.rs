@@ -30,6 +30,13 @@
 //! arriving when the receiving process next polls, not when it was sent: in `drop` mode a
 //! receive posted after the send but before that poll still gets the message, where
 //! hardware would have dropped it. Tests of that rule make the receiver poll first.
+//!
+//! Completion channels are there too (`ibv_create_comp_channel`, `ibv_req_notify_cq`
+//! through the operations table, `ibv_get_cq_event`, `ibv_ack_cq_events`): a channel's
+//! descriptor is the socket of the first queue pair whose receive CQ uses it, readable when
+//! a datagram waits for it, and `ibv_get_cq_event` never blocks (it moves data, then reports
+//! an armed CQ that has completions, or `EAGAIN`). [`CHANNELS_VAR`]` = off` refuses channels,
+//! as a library without them would.
 
 mod abi;
 pub mod config;
@@ -42,7 +49,7 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use abi::*;
-pub use config::{DEVICES_VAR, DIR_VAR, EARLY_VAR, FAULT_VAR};
+pub use config::{CHANNELS_VAR, DEVICES_VAR, DIR_VAR, EARLY_VAR, FAULT_VAR};
 
 /// The largest payload of one fragment: well under the default socket buffer limits of
 /// Linux and macOS, so one fragment always fits a datagram.
@@ -88,6 +95,23 @@ struct Cq {
     cqe: usize,
     entries: VecDeque<ibv_wc>,
     overrun: bool,
+    /// The completion channel's address, or 0.
+    channel: usize,
+    /// Armed by `req_notify_cq`: the next completion raises an event.
+    armed: bool,
+    /// Events handed out and not yet acknowledged.
+    unacked: u64,
+}
+
+/// A completion channel. Its descriptor starts as a placeholder socket and becomes (by
+/// `dup2`) the socket of the first queue pair whose receive CQ uses the channel, so it is
+/// readable exactly when a datagram waits for that queue pair: what a process waiting on
+/// it needs to wake up, since data moves only when it calls in. (Sends complete when they
+/// are posted, so only arrivals need a wake-up.)
+struct Channel {
+    ctx: usize,
+    fd: std::os::fd::OwnedFd,
+    bound: bool,
 }
 
 /// What happens to a send, decided when it is posted.
@@ -152,6 +176,7 @@ struct State {
     pds: HashMap<usize, Pd>,
     mrs: HashMap<usize, Mr>,
     cqs: HashMap<usize, Cq>,
+    channels: HashMap<usize, Channel>,
     qps: HashMap<usize, Qp>,
     next_key: u32,
     sends_posted: u64,
@@ -576,6 +601,7 @@ pub extern "C" fn ibv_open_device(device: *mut c_void) -> *mut c_void {
         return std::ptr::null_mut();
     };
     let poll: PollCqFn = poll_cq;
+    let notify: ReqNotifyCqFn = req_notify_cq;
     let send: PostSendFn = post_send;
     let recv: PostRecvFn = post_recv;
     let ctx = ibv_context {
@@ -583,7 +609,7 @@ pub extern "C" fn ibv_open_device(device: *mut c_void) -> *mut c_void {
         ops: ibv_context_ops {
             _before_poll_cq: [std::ptr::null(); 11],
             poll_cq: Some(poll),
-            _req_notify_cq: std::ptr::null(),
+            req_notify_cq: Some(notify),
             _before_post_send: [std::ptr::null(); 12],
             post_send: Some(send),
             post_recv: Some(recv),
@@ -615,7 +641,10 @@ fn close_device(ctx: *mut c_void) -> c_int {
     if !st.contexts.contains_key(&addr) {
         return libc::EINVAL;
     }
-    if st.pds.values().any(|p| p.ctx == addr) || st.cqs.values().any(|c| c.ctx == addr) {
+    if st.pds.values().any(|p| p.ctx == addr)
+        || st.cqs.values().any(|c| c.ctx == addr)
+        || st.channels.values().any(|c| c.ctx == addr)
+    {
         return libc::EBUSY;
     }
     st.contexts.remove(&addr);
@@ -813,8 +842,8 @@ fn region_holds(st: &State, pd: usize, lkey: u32, addr: u64, len: u32) -> bool {
 // Completion queues
 
 /// `struct ibv_cq *ibv_create_cq(struct ibv_context *, int cqe, void *cq_context, struct
-/// ibv_comp_channel *, int comp_vector)`. Completion channels are not implemented: a
-/// non-NULL channel is `EOPNOTSUPP`.
+/// ibv_comp_channel *, int comp_vector)`. The channel, if any, must be one of the same
+/// context.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_create_cq(
     ctx: *mut c_void,
@@ -828,8 +857,13 @@ pub extern "C" fn ibv_create_cq(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    if !channel.is_null() {
-        set_errno(libc::EOPNOTSUPP);
+    if !channel.is_null()
+        && st
+            .channels
+            .get(&channel.addr())
+            .is_none_or(|c| c.ctx != ctx.addr())
+    {
+        set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
     st.next_key += 1;
@@ -851,6 +885,9 @@ pub extern "C" fn ibv_create_cq(
             cqe: cqe as usize,
             entries: VecDeque::with_capacity(cqe as usize),
             overrun: false,
+            channel: channel.addr(),
+            armed: false,
+            unacked: 0,
         },
     );
     std::ptr::with_exposed_provenance_mut(addr)
@@ -881,6 +918,128 @@ fn destroy_cq(cq: *mut c_void) -> c_int {
     // SAFETY: a live CQ from `give::<ibv_cq>`, removed from the table: freed once.
     unsafe { reclaim::<ibv_cq>(addr) };
     0
+}
+
+/// `struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ibv_create_comp_channel(ctx: *mut c_void) -> *mut c_void {
+    if std::env::var(CHANNELS_VAR).is_ok_and(|v| v == "off") {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    }
+    let mut st = state();
+    if !st.contexts.contains_key(&ctx.addr()) {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let placeholder = match UnixDatagram::unbound().and_then(|s| {
+        s.set_nonblocking(true)?;
+        Ok(s)
+    }) {
+        Ok(s) => std::os::fd::OwnedFd::from(s),
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            return std::ptr::null_mut();
+        }
+    };
+    let addr = give(ibv_comp_channel {
+        context: ctx.cast(),
+        fd: std::os::fd::AsRawFd::as_raw_fd(&placeholder),
+        refcnt: 0,
+    });
+    trace(format_args!("create_comp_channel"));
+    st.channels.insert(
+        addr,
+        Channel {
+            ctx: ctx.addr(),
+            fd: placeholder,
+            bound: false,
+        },
+    );
+    std::ptr::with_exposed_provenance_mut(addr)
+}
+
+/// `int ibv_destroy_comp_channel(struct ibv_comp_channel *)`: `EBUSY` while a CQ uses it.
+#[unsafe(no_mangle)]
+pub extern "C" fn ibv_destroy_comp_channel(channel: *mut c_void) -> c_int {
+    let rc = destroy_comp_channel(channel);
+    trace(format_args!("destroy_comp_channel rc={rc}"));
+    rc
+}
+
+fn destroy_comp_channel(channel: *mut c_void) -> c_int {
+    let mut st = state();
+    let addr = channel.addr();
+    if !st.channels.contains_key(&addr) {
+        return libc::EINVAL;
+    }
+    if st.cqs.values().any(|c| c.channel == addr) {
+        return libc::EBUSY;
+    }
+    st.channels.remove(&addr);
+    // SAFETY: a live channel from `give::<ibv_comp_channel>`, removed from the table: freed
+    // once (its descriptor closed with the table entry).
+    unsafe { reclaim::<ibv_comp_channel>(addr) };
+    0
+}
+
+/// `ibv_req_notify_cq`, through the operations table: the next completion of `cq` raises an
+/// event on its channel. Solicited-only is treated as any (UC SENDs here are unsolicited).
+extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    let mut st = state();
+    match st.cqs.get_mut(&cq.addr()) {
+        Some(c) if c.channel != 0 => {
+            c.armed = true;
+            0
+        }
+        _ => libc::EINVAL,
+    }
+}
+
+/// `int ibv_get_cq_event(struct ibv_comp_channel *, struct ibv_cq **, void **)`: moves data,
+/// then hands out the event of an armed CQ of the channel that has completions (disarming
+/// it). Never blocks: with no event it fails with `EAGAIN`, as a non-blocking channel does.
+///
+/// # Safety
+///
+/// `cq_out` and `context_out` point to writable pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut c_void,
+    cq_out: *mut *mut c_void,
+    context_out: *mut *mut c_void,
+) -> c_int {
+    let mut st = state();
+    if !st.channels.contains_key(&channel.addr()) || cq_out.is_null() || context_out.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    st.progress();
+    let ready = st.cqs.iter_mut().find(|(_, c)| {
+        c.channel == channel.addr() && c.armed && (!c.entries.is_empty() || c.overrun)
+    });
+    let Some((&addr, cq)) = ready else {
+        set_errno(libc::EAGAIN);
+        return -1;
+    };
+    cq.armed = false;
+    cq.unacked += 1;
+    let cq_ptr = std::ptr::with_exposed_provenance_mut::<ibv_cq>(addr);
+    // SAFETY: `addr` is a live CQ from `give::<ibv_cq>`; its `cq_context` is read.
+    let context = unsafe { (*cq_ptr).cq_context };
+    // SAFETY: the caller guarantees both out-pointers are writable.
+    unsafe { cq_out.write(cq_ptr.cast()) };
+    // SAFETY: as above.
+    unsafe { context_out.write(context) };
+    0
+}
+
+/// `void ibv_ack_cq_events(struct ibv_cq *, unsigned int nevents)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ibv_ack_cq_events(cq: *mut c_void, nevents: std::ffi::c_uint) {
+    if let Some(c) = state().cqs.get_mut(&cq.addr()) {
+        c.unacked = c.unacked.saturating_sub(u64::from(nevents));
+    }
 }
 
 /// `ibv_poll_cq`, through the operations table: moves data, then hands out up to `n`
@@ -1006,6 +1165,18 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
         attr.sq_sig_all,
         attr.send_cq == attr.recv_cq
     ));
+    // The receive CQ's channel, if any and not yet bound, follows this queue pair's socket.
+    let channel = st.cqs.get(&attr.recv_cq.addr()).map_or(0, |c| c.channel);
+    if let Some(ch) = st.channels.get_mut(&channel)
+        && !ch.bound
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: both descriptors are open and owned by this provider (the socket by the
+        // queue pair, the target by the channel); `dup2` makes the channel's descriptor
+        // number refer to the socket, closing the placeholder, without touching memory.
+        let rc = unsafe { libc::dup2(sock.as_raw_fd(), ch.fd.as_raw_fd()) };
+        ch.bound = rc >= 0;
+    }
     st.qps.insert(
         addr,
         Qp {
