@@ -220,7 +220,7 @@ impl Traced {
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Error {
     let rank = transport.rank();
-    verbose!(rank, "collective failed: {error}");
+    verbose!(warn: rank, "collective failed: {error}");
     ffi::probes::error(
         error.peer().map_or(u64::MAX, |p| p as u64),
         error_kind(&error),
@@ -234,7 +234,7 @@ fn fail(transport: &mut Transport, group: &Guarded<State>, error: Error) -> Erro
         Error::Timeout { context, .. } => transport.notice(context).unwrap_or(error),
         error => error,
     };
-    verbose!(rank, "the group is failed: {error}");
+    verbose!(warn: rank, "the group is failed: {error}");
     group.fail(error)
 }
 
