@@ -210,6 +210,47 @@ fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
 ///
 /// Malformed or unresolvable addresses, a rank out of range, or a neighbour that does not
 /// connect or accept within `options.timeout` (the error names it).
+///
+/// # Examples
+///
+/// Two ranks of a ring on loopback, as two threads of one process (two processes, or two
+/// hosts, run the same code with their own `rank`):
+///
+/// ```
+/// use std::time::Duration;
+/// use nuvec_distributed::{Options, init_with};
+///
+/// // Each rank listens on the addresses of its entry: here one port each, on loopback.
+/// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+/// # // dial of another example running in parallel can take one.
+/// # let ports = nuvec_tools::testing::free_ports(2, 1);
+/// # let (p0, p1) = (ports[0][0], ports[1][0]);
+/// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+/// let options = Options::default().timeout(Duration::from_secs(10));
+/// let sums = std::thread::scope(|s| {
+///     let ranks: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (nodes, options) = (&nodes, &options);
+///             s.spawn(move || -> nuvec_distributed::Result<[f32; 1]> {
+///                 let group = init_with(nodes, rank, options)?;
+///                 assert_eq!((group.rank(), group.size()), (rank, 2));
+///                 let mut x = [rank as f32 + 1.0];
+///                 group.all_sum(&mut x)?;
+///                 Ok(x)
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|r| r.join().unwrap()).collect::<Vec<_>>()
+/// });
+/// for sum in sums {
+///     assert_eq!(sum?, [3.0]);
+/// }
+///
+/// // One entry is the group of this process alone; a rank out of range is refused.
+/// assert_eq!(init_with(&[vec!["127.0.0.1:0".into()]], 0, &Options::default())?.size(), 1);
+/// assert!(init_with(&nodes, 2, &options).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Result<Group> {
     options.validate()?;
     let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;

@@ -89,6 +89,30 @@ impl fmt::Display for Phase {
 }
 
 /// Everything that can go wrong in this crate.
+///
+/// # Examples
+///
+/// Sorting an error by its class ([`Error::fault`]) rather than by variant, which may grow:
+///
+/// ```
+/// use nuvec_distributed::{Error, Fault, Group};
+///
+/// fn what_to_do(e: &Error) -> &'static str {
+///     match e.fault() {
+///         Fault::Misuse => "fix the call; the group is still usable",
+///         Fault::PeerFailed | Fault::FailedEarlier | Fault::PeerMisbehaved => "close and re-form",
+///         Fault::Closed => "form a new group",
+///         _ => "fix the configuration or the machine",
+///     }
+/// }
+///
+/// let group = Group::single();
+/// let err = group.all_gather(&[1u8, 2], &mut [0u8; 3]).unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// assert_eq!(what_to_do(&err), "fix the call; the group is still usable");
+/// assert_eq!(err.peer(), None); // no peer to blame
+/// assert!(err.to_string().starts_with("invalid argument: all_gather"), "{err}");
+/// ```
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -352,6 +376,42 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 /// rank tell the others that the peer was lost: a local failure or a bug never blames a peer.
 /// After a peer's failure, misbehaviour or incompatibility, a mismatch, or a bug, the group is failed
 /// ([`Error::is_fatal`]), and every later call returns [`Error::Failed`] at once.
+///
+/// # Examples
+///
+/// A peer that leaves: rank 1 closes its group, and rank 0's next collective fails naming it.
+///
+/// ```
+/// use std::time::Duration;
+/// use nuvec_distributed::{Error, Fault, Options, init_with};
+///
+/// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+/// # // dial of another example running in parallel can take one.
+/// # let ports = nuvec_tools::testing::free_ports(2, 1);
+/// # let (p0, p1) = (ports[0][0], ports[1][0]);
+/// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+/// let options = Options::default().timeout(Duration::from_secs(10));
+/// let (group, err) = std::thread::scope(|s| {
+///     let leaver = s.spawn(|| {
+///         let group = init_with(&nodes, 1, &options).unwrap();
+///         group.barrier().unwrap(); // both ranks have formed the group
+///         group.close().unwrap();
+///     });
+///     let group = init_with(&nodes, 0, &options).unwrap();
+///     group.barrier().unwrap();
+///     leaver.join().unwrap();
+///     let err = group.all_sum(&mut [1.0f32; 16]).unwrap_err();
+///     (group, err)
+/// });
+/// assert_eq!(err.fault(), Fault::PeerFailed);
+/// assert_eq!((err.peer(), err.lost_peer()), (Some(1), Some(1)));
+/// assert!(err.is_fatal());
+/// // The group is failed: every later call returns the first error inside `Failed`.
+/// let again = group.barrier().unwrap_err();
+/// assert!(matches!(again, Error::Failed(_)));
+/// assert_eq!((again.fault(), again.peer()), (Fault::FailedEarlier, Some(1)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fault {

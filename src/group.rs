@@ -56,27 +56,167 @@ impl fmt::Debug for Group {
 impl Group {
     /// The group of this process alone: collectives return their input; `send` and `recv`
     /// are errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Group;
+    ///
+    /// let group = Group::single();
+    /// assert_eq!((group.rank(), group.size(), group.backend()), (0, 1, "single"));
+    /// let mut x = [1.5f32, -2.0];
+    /// group.all_sum(&mut x)?; // the sum over one rank is the input
+    /// assert_eq!(x, [1.5, -2.0]);
+    /// assert!(group.send(&x, 1).is_err()); // there is no one to send to
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
     pub fn single() -> Group {
         Group::new(Arc::new(Single))
     }
 
     /// A group over a backend's communicator.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use nuvec_distributed::{Communicator, DType, Error, Group, ReduceOp, Result};
+    ///
+    /// /// A backend of one rank that keeps every buffer as it is.
+    /// #[derive(Debug)]
+    /// struct Alone;
+    ///
+    /// impl Communicator for Alone {
+    ///     fn rank(&self) -> usize { 0 }
+    ///     fn size(&self) -> usize { 1 }
+    ///     fn backend(&self) -> &'static str { "alone" }
+    ///     fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> { Ok(()) }
+    ///     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+    ///         output.copy_from_slice(input);
+    ///         Ok(())
+    ///     }
+    ///     fn sum_scatter(&self, _: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+    ///         output.copy_from_slice(input);
+    ///         Ok(())
+    ///     }
+    ///     fn send(&self, _: &[u8], _: usize) -> Result<()> { Err(Error::Unsupported("no peers".into())) }
+    ///     fn recv(&self, _: &mut [u8], _: usize) -> Result<()> { Err(Error::Unsupported("no peers".into())) }
+    ///     fn barrier(&self) -> Result<()> { Ok(()) }
+    ///     fn health(&self) -> Result<()> { Ok(()) }
+    ///     fn close(&self) -> Result<()> { Ok(()) }
+    /// }
+    ///
+    /// let group = Group::new(Arc::new(Alone));
+    /// assert_eq!((group.rank(), group.size(), group.backend()), (0, 1, "alone"));
+    /// let mut out = [0u16; 2];
+    /// group.all_gather(&[7u16, 8], &mut out)?;
+    /// assert_eq!(out, [7, 8]);
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
     pub fn new(comm: Arc<dyn Communicator>) -> Group {
         let (rank, size) = (comm.rank(), comm.size());
         Group { comm, rank, size }
     }
 
     /// This process's rank, from 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// assert!(group.rank() < group.size());
+    /// // Ranks are numbered in hostfile order: the other rank is the one this rank is not.
+    /// let other = 1 - group.rank();
+    /// assert_ne!(other, group.rank());
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn rank(&self) -> usize {
         self.rank
     }
 
     /// The number of ranks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// assert_eq!(group.size(), 2);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// The backend's name: `"ring"`, `"jaccl"`, or `"single"` for the group of one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// assert_eq!(group.backend(), "ring");
+    /// assert_eq!(nuvec_distributed::Group::single().backend(), "single");
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn backend(&self) -> &'static str {
         self.comm.backend()
     }
@@ -86,6 +226,38 @@ impl Group {
     /// # Errors
     ///
     /// A transport error names the peer; afterwards the group is failed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // Rank 0 holds [1, 2, 3] and rank 1 holds [10, 20, 30]; both end with the sum.
+    /// let scale = if group.rank() == 0 { 1.0 } else { 10.0 };
+    /// let mut x = [1.0f32, 2.0, 3.0].map(|v| v * scale);
+    /// group.all_sum(&mut x)?;
+    /// assert_eq!(x, [11.0, 22.0, 33.0]);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn all_sum<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Sum, data)
     }
@@ -95,6 +267,36 @@ impl Group {
     /// # Errors
     ///
     /// As [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// let mut x = if group.rank() == 0 { [1i32, 50] } else { [9, -4] };
+    /// group.all_max(&mut x)?;
+    /// assert_eq!(x, [9, 50]);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn all_max<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Max, data)
     }
@@ -104,6 +306,39 @@ impl Group {
     /// # Errors
     ///
     /// As [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// use nuvec_distributed::f16;
+    ///
+    /// let mine = if group.rank() == 0 { 0.5 } else { -3.0 };
+    /// let mut x = [f16::from_f32(mine); 4];
+    /// group.all_min(&mut x)?;
+    /// assert_eq!(x, [f16::from_f32(-3.0); 4]);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn all_min<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Min, data)
     }
@@ -113,6 +348,39 @@ impl Group {
     /// # Errors
     ///
     /// As [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// use nuvec_distributed::ReduceOp;
+    ///
+    /// // The op chosen at run time; every rank must pass the same one.
+    /// let mut x = [group.rank() as u64 + 1; 3];
+    /// group.all_reduce(ReduceOp::Max, &mut x)?;
+    /// assert_eq!(x, [2; 3]);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn all_reduce<T: Element>(&self, op: ReduceOp, data: &mut [T]) -> Result<()> {
         if self.size == 1 {
             return Ok(());
@@ -127,6 +395,41 @@ impl Group {
     ///
     /// [`Error::InvalidArgument`] if `output` has the wrong length (the group stays usable);
     /// otherwise as [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// let mine = [group.rank() as u8; 2];
+    /// let mut all = vec![0u8; 2 * group.size()];
+    /// group.all_gather(&mine, &mut all)?;
+    /// assert_eq!(all, [0, 0, 1, 1]); // rank 0's block, then rank 1's
+    ///
+    /// // An output of the wrong length is refused, and the group stays usable.
+    /// let err = group.all_gather(&mine, &mut [0u8; 3]).unwrap_err();
+    /// assert_eq!(err.fault(), nuvec_distributed::Fault::Misuse);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         if output.len() != input.len() * self.size {
             return Err(Error::invalid(format!(
@@ -155,6 +458,39 @@ impl Group {
     ///
     /// [`Error::InvalidArgument`] if the lengths do not match; otherwise as
     /// [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // Both ranks contribute [1, 2, 3, 4]; the sum is [2, 4, 6, 8], rank 0 keeps the first
+    /// // half and rank 1 the second.
+    /// let input = [1.0f64, 2.0, 3.0, 4.0];
+    /// let mut mine = [0.0; 2];
+    /// group.sum_scatter(&input, &mut mine)?;
+    /// assert_eq!(mine, if group.rank() == 0 { [2.0, 4.0] } else { [6.0, 8.0] });
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn sum_scatter<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         if input.len() != output.len() * self.size {
             return Err(Error::invalid(format!(
@@ -181,6 +517,41 @@ impl Group {
     ///
     /// [`Error::InvalidArgument`] for a rank out of range or this rank itself, and on the
     /// ring for a rank that is not a neighbour; otherwise as [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // Rank 0 sends, rank 1 receives the same number of elements.
+    /// if group.rank() == 0 {
+    ///     group.send(&[3i16, 1, 4], 1)?;
+    /// } else {
+    ///     let mut got = [0i16; 3];
+    ///     group.recv(&mut got, 0)?;
+    ///     assert_eq!(got, [3, 1, 4]);
+    /// }
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn send<T: Element>(&self, data: &[T], dst: usize) -> Result<()> {
         self.check_peer("send to", dst)?;
         self.comm.send(T::as_wire(data), dst)
@@ -191,6 +562,44 @@ impl Group {
     /// # Errors
     ///
     /// As [`Group::send`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // Each rank sends its rank to the other: one sends first, the other receives first.
+    /// let other = 1 - group.rank();
+    /// let mut got = [0u32];
+    /// if group.rank() == 0 {
+    ///     group.send(&[0u32], other)?;
+    ///     group.recv(&mut got, other)?;
+    /// } else {
+    ///     group.recv(&mut got, other)?;
+    ///     group.send(&[1u32], other)?;
+    /// }
+    /// assert_eq!(got, [other as u32]);
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn recv<T: Element>(&self, data: &mut [T], src: usize) -> Result<()> {
         self.check_peer("receive from", src)?;
         T::with_wire_mut(data, |bytes| self.comm.recv(bytes, src))
@@ -201,6 +610,42 @@ impl Group {
     /// # Errors
     ///
     /// As [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// use std::time::{Duration, Instant};
+    ///
+    /// // Rank 1 arrives late; rank 0 waits for it in the barrier.
+    /// let start = Instant::now();
+    /// if group.rank() == 1 {
+    ///     std::thread::sleep(Duration::from_millis(50));
+    /// }
+    /// group.barrier()?;
+    /// assert!(start.elapsed() >= Duration::from_millis(50));
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn barrier(&self) -> Result<()> {
         if self.size == 1 {
             return Ok(());
@@ -219,6 +664,37 @@ impl Group {
     ///
     /// The transport error of the first lost peer; afterwards the group is failed.
     /// [`Error::GroupClosed`] or [`Error::Failed`] for a group closed or failed earlier.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // Between collectives, check that the other rank is still there.
+    /// group.health()?;
+    /// group.barrier()?; // neither rank closes before both have checked
+    /// group.all_sum(&mut [1u8])?;
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn health(&self) -> Result<()> {
         self.comm.health()
     }
@@ -238,6 +714,42 @@ impl Group {
     /// # Errors
     ///
     /// None at present; the `Result` leaves room for backends whose teardown can fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
+    /// #     // another ring running in parallel can take one of them.
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 // Both ranks have formed the ring before either may drop it.
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// use nuvec_distributed::{Error, Fault};
+    ///
+    /// group.barrier()?;
+    /// group.close()?;
+    /// // Every later call fails, on this handle and on every clone.
+    /// let err = group.clone().all_sum(&mut [1.0f32]).unwrap_err();
+    /// assert!(matches!(err, Error::GroupClosed));
+    /// assert_eq!(err.fault(), Fault::Closed);
+    /// group.close()?; // closing twice is not an error
+    /// # Ok(())
+    /// # });
+    /// ```
     pub fn close(&self) -> Result<()> {
         self.comm.close()
     }

@@ -114,7 +114,18 @@
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
 //! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::wire`]: `mlx` (default) or `native` |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
-//! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | the ring | if present, logs forming and failures to stderr (`[ring] rank R: ...`) |
+//! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | every backend | if present, the diagnostics the program's [`log`] logger does not take (all of them, with no logger installed) go to stderr as MLX's: `[ring] rank R: ...` (`[jaccl]` for JACCL) |
+//!
+//! # Logging
+//!
+//! Forming and failing are logged through the [`log`] facade, with targets
+//! `nuvec_distributed::ring`, `nuvec_distributed::jaccl` and `nuvec_distributed::native`:
+//! progress at `debug`, a formed group at `info`, a failure at `warn`, each message starting
+//! with the rank. A program that installs a logger gets them through its filter (with
+//! env_logger: `RUST_LOG=nuvec_distributed=debug`). A line the logger does not take is
+//! written to stderr instead when `MLX_RING_VERBOSE` or `NUVEC_DISTRIBUTED_VERBOSE` is set,
+//! so `mlx.launch --verbose` works for programs without a logger; nothing is written twice,
+//! and this crate never installs a logger itself. No collective logs on its fast path.
 //!
 //! [`config::env`](mod@config::env) names every variable, JACCL's included; [`config`] also writes the ring's
 //! hostfile and JACCL's device file as `mlx.launch` does.
@@ -187,6 +198,31 @@ pub use reduce::reduce_scalar;
 /// # Errors
 ///
 /// As [`init_backend`].
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_distributed::{Fault, init};
+///
+/// // Run outside a launch (no MLX_HOSTFILE, MLX_RANK or JACCL variable set)...
+/// # for var in ["MLX_HOSTFILE", "MLX_RANK", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR"] {
+/// #     assert!(std::env::var_os(var).is_none(), "the example expects {var} unset");
+/// # }
+/// // ...strict, it is an error that names what is missing:
+/// let err = init(true).unwrap_err();
+/// assert_eq!(err.fault(), Fault::Unavailable);
+/// assert!(err.to_string().contains("MLX_HOSTFILE"), "{err}");
+///
+/// // ...not strict, it is this process alone, so one program runs launched or not:
+/// let group = init(false)?;
+/// assert_eq!((group.rank(), group.size()), (0, 1));
+/// let mut x = [1.0f32, 2.0];
+/// group.all_sum(&mut x)?;
+/// assert_eq!(x, [1.0, 2.0]);
+/// // It is also the default group the free functions use.
+/// nuvec_distributed::all_sum(&mut x, None)?;
+/// # Ok::<(), nuvec_distributed::Error>(())
+/// ```
 pub fn init(strict: bool) -> Result<Group> {
     init_backend(strict, Backend::Any)
 }

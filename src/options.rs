@@ -29,6 +29,26 @@ pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
 }
 
 /// Options of [`init_with`](crate::init_with).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use nuvec_distributed::{Options, Wire, init_with};
+///
+/// // The defaults, then only what differs, by builder or by field.
+/// let mut options = Options::default().timeout(Duration::from_secs(5));
+/// options.spin = Duration::ZERO;
+/// assert_eq!(options.timeout, Duration::from_secs(5));
+/// assert_eq!(options.wire, Wire::Mlx);
+/// let group = init_with(&[vec!["127.0.0.1:0".into()]], 0, &options)?;
+/// assert_eq!(group.size(), 1);
+///
+/// // Values no group can use are refused when one is formed.
+/// let zero = Options::default().timeout(Duration::ZERO);
+/// assert!(init_with(&[vec!["127.0.0.1:0".into()]], 0, &zero).is_err());
+/// # Ok::<(), nuvec_distributed::Error>(())
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Options {
@@ -149,6 +169,27 @@ impl fmt::Debug for Options {
 
 impl Options {
     /// Sets the timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use nuvec_distributed::{Fault, Options, init_with};
+    ///
+    /// // Rank 1 of this ring never starts: rank 0 gives up after the timeout, naming it.
+    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+    /// # // dial of another example running in parallel can take one.
+    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+    /// let options = Options::default().timeout(Duration::from_millis(300));
+    /// let start = Instant::now();
+    /// let err = init_with(&nodes, 0, &options).unwrap_err();
+    /// assert!(start.elapsed() >= Duration::from_millis(300));
+    /// assert!(start.elapsed() < Duration::from_secs(10));
+    /// assert_eq!((err.fault(), err.peer()), (Fault::PeerFailed, Some(1)), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -163,6 +204,36 @@ impl Options {
     /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
     /// ranks only. The traffic after the handshake is **not encrypted** or authenticated;
     /// on an untrusted network, run the ring over a VPN.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::{Options, init_with};
+    ///
+    /// // Two ranks with the same key form their ring (one thread each here).
+    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+    /// # // dial of another example running in parallel can take one.
+    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+    /// let options = Options::default().key("a secret of at least sixteen bytes");
+    /// std::thread::scope(|s| {
+    ///     for rank in 0..2 {
+    ///         let (nodes, options) = (&nodes, &options);
+    ///         s.spawn(move || {
+    ///             let group = init_with(nodes, rank, options).unwrap();
+    ///             let mut x = [1u32];
+    ///             group.all_sum(&mut x).unwrap();
+    ///             assert_eq!(x, [2]);
+    ///         });
+    ///     }
+    /// });
+    ///
+    /// // A key shorter than 16 bytes is refused before any connection is made.
+    /// let short = Options::default().key("too short");
+    /// assert!(init_with(&nodes, 0, &short).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn key(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.key = Some(Secret::new(secret.as_ref()));
         self
@@ -170,6 +241,17 @@ impl Options {
 
     /// Sets the TCP congestion control of every connection (see
     /// [`Options::tcp_congestion`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Options;
+    ///
+    /// let options = Options::default().tcp_congestion("reno");
+    /// assert_eq!(options.tcp_congestion.as_deref(), Some("reno"));
+    /// // The default leaves the system's choice alone.
+    /// assert_eq!(Options::default().tcp_congestion, None);
+    /// ```
     pub fn tcp_congestion(mut self, algorithm: impl Into<String>) -> Self {
         self.tcp_congestion = Some(algorithm.into());
         self
@@ -177,18 +259,51 @@ impl Options {
 
     /// Sets the send and receive buffer size of every connection (see
     /// [`Options::socket_buffer`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Options;
+    ///
+    /// let options = Options::default().socket_buffer(4 << 20);
+    /// assert_eq!(options.socket_buffer, Some(4 << 20));
+    /// assert_eq!(Options::default().socket_buffer, None); // the kernel's autotuning
+    /// ```
     pub fn socket_buffer(mut self, bytes: usize) -> Self {
         self.socket_buffer = Some(bytes);
         self
     }
 
     /// Sets how long a waiting collective retries before it sleeps (see [`Options::spin`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nuvec_distributed::Options;
+    ///
+    /// // Never spin: the lowest CPU use, for ranks that share cores with other work.
+    /// let options = Options::default().spin(Duration::ZERO);
+    /// assert_eq!(options.spin, Duration::ZERO);
+    /// assert_eq!(Options::default().spin, Duration::from_micros(50));
+    /// ```
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
         self
     }
 
     /// Chooses the wire (see [`Wire`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::{Options, Wire};
+    ///
+    /// assert_eq!(Options::default().wire, Wire::Mlx); // MLX's ranks can join
+    /// let options = Options::default().wire("native".parse()?);
+    /// assert_eq!(options.wire, Wire::Native); // nuvec ranks only
+    /// # Ok::<(), String>(())
+    /// ```
     pub fn wire(mut self, wire: Wire) -> Self {
         self.wire = wire;
         self

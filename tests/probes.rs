@@ -68,16 +68,21 @@ fn bpftrace_can_attach() -> Result<(), String> {
     Ok(())
 }
 
-/// What each rank of the bpftrace test runs: 50 all_sums of 1000 f32, once the parent has
-/// attached the tracer.
+/// What each rank of the bpftrace test runs: 50 all_sums of 1000 f32 and 3 barriers, once
+/// the parent has attached the tracer.
 fn fifty_sums(g: nuvec_distributed::Group) {
     common::wait_for_parent();
     for _ in 0..50 {
         g.all_sum(&mut vec![1.0f32; 1000]).unwrap();
     }
+    for _ in 0..3 {
+        g.barrier().unwrap();
+    }
 }
 
-/// Two ranks run 50 all_sums while bpftrace, attached to rank 0, counts its probes.
+/// Two ranks run 50 all_sums and 3 barriers while bpftrace, attached to rank 0, counts its
+/// probes: the barriers must show as op 7 (the code tools/trace/ documents), not as the
+/// all_sum of one f32 they are underneath.
 ///
 /// Attached by process id: attached by binary path, bpftrace 0.17 did not enable the probes'
 /// semaphores in processes started after it, for test binaries.
@@ -98,6 +103,9 @@ fn the_probes_fire_under_bpftrace() {
         panic!("bpftrace cannot attach here: {why}");
     }
     let script = "usdt::nuvec:collective_done /arg0 == 0 && arg2 == 4000 && arg5 == 1/ { @done = count(); } \
+                  usdt::nuvec:collective_done /arg0 == 0 && arg2 != 4000/ { @other_sums = count(); } \
+                  usdt::nuvec:collective_start /arg0 == 7/ { @barrier_starts = count(); } \
+                  usdt::nuvec:collective_done /arg0 == 7 && arg5 == 1/ { @barriers = count(); } \
                   usdt::nuvec:send_step { @steps = count(); }";
     let mut tracer = Command::new("bpftrace")
         .args(["-p", &running.pid(0).to_string(), "-e", script])
@@ -135,6 +143,16 @@ fn the_probes_fire_under_bpftrace() {
         count("done"),
         50,
         "collective_done for 50 all_sums on rank 0 ({status}):\n{text}"
+    );
+    assert_eq!(
+        (count("barriers"), count("barrier_starts")),
+        (3, 3),
+        "collective_start and collective_done with op 7 for 3 barriers on rank 0:\n{text}"
+    );
+    assert_eq!(
+        count("other_sums"),
+        0,
+        "barriers traced as all_sums on rank 0:\n{text}"
     );
     assert!(
         count("steps") >= 100,

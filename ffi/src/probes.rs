@@ -15,9 +15,15 @@
 //! | `connect_done` | rank, ranks, connections per neighbour, duration in ns, 1 if it formed |
 //! | `error` | peer rank (or `u64::MAX`), error kind |
 //!
+//! Both backends (the TCP ring and JACCL) fire the same probes with the same codes; only
+//! the ring has `send_step` and `recv_step`. `connect_done`'s connections are per neighbour
+//! on a ring and 1 for a JACCL mesh (one queue pair per peer).
+//!
 //! Op codes: 0 all_sum, 1 all_max, 2 all_min, 3 all_gather, 4 sum_scatter, 5 send,
-//! 6 recv, 7 barrier. Dtype codes follow MLX's order (0 bool ... 13 complex64); 255 for
-//! byte-level collectives. The macros live here, not in nuvec-distributed, because they
+//! 6 recv, 7 barrier (an all_sum of one element underneath, traced as the barrier). Dtype
+//! codes follow MLX's order (0 bool ... 13 complex64); 255 for byte-level collectives.
+//! Error kinds: 1 I/O, 2 closed, 3 lost (a peer's notice), 4 timeout, 5 authentication,
+//! 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA, 0 other. The macros live here, not in nuvec-distributed, because they
 //! expand to inline assembly, which is `unsafe` and so belongs in this crate.
 
 #[cfg(feature = "probes")]

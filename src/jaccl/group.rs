@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::sync::MutexGuard;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
@@ -33,6 +33,8 @@ use crate::comm::state::Guarded;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::ReduceOp;
+use crate::ring::Traced;
+use crate::verbose::verbose;
 
 /// How a group's connections are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,6 +307,7 @@ impl<F: Fabric> Jaccl<F> {
         );
         match result {
             Err(error) if error.is_fatal() => {
+                failed(self.rank, &error);
                 side.abandon(error.lost_peer());
                 Err(self.state.fail(error))
             }
@@ -326,6 +329,26 @@ impl<F: Fabric> Jaccl<F> {
         fill(&mut machines);
         let result = self.run(state, &mut machines, mem, context);
         *pick(state) = machines;
+        result
+    }
+
+    /// Runs `collective` between the `collective_start` and `collective_done` probes, as
+    /// the ring does (see `ring::Traced`).
+    fn traced(&self, traced: Traced, collective: impl FnOnce() -> Result<()>) -> Result<()> {
+        let ranks = self.size as u64;
+        // Timestamps only in builds with probes: without them this is free.
+        let start = ffi::probes::ENABLED.then(Instant::now);
+        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
+        let result = collective();
+        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        ffi::probes::collective_done(
+            traced.op,
+            traced.dtype,
+            traced.bytes,
+            ranks,
+            elapsed,
+            result.is_ok(),
+        );
         result
     }
 
@@ -351,22 +374,9 @@ impl<F: Fabric> Jaccl<F> {
              without MLX_JACCL_RING) to reach any rank",
         )
     }
-}
 
-impl<F: Fabric + 'static> Communicator for Jaccl<F> {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn backend(&self) -> &'static str {
-        "jaccl"
-    }
-
-    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+    /// An all-reduce, untraced (its callers are).
+    fn reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
         let context = op.phase();
         debug_assert!(
             data.len().is_multiple_of(dtype.size()),
@@ -432,137 +442,182 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             ),
         }
     }
+}
+
+impl<F: Fabric + 'static> Communicator for Jaccl<F> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "jaccl"
+    }
+
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+        let traced = Traced::reduce(op, dtype, data.len());
+        self.traced(traced, || self.reduce(op, dtype, data))
+    }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: Phase = Phase::AllGather;
-        let n = input.len();
-        debug_assert_eq!(output.len(), n * self.size, "Group checks the lengths");
-        let mut state = self.lock()?;
-        output[self.rank * n..(self.rank + 1) * n].copy_from_slice(input);
-        if n == 0 {
-            return Ok(());
-        }
-        let mut mem = Mem {
-            data: output,
-            input: None,
-        };
-        match self.kind {
-            Kind::Mesh => {
-                let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
-                self.run(&mut state, &mut m, &mut mem, CONTEXT)
+        let traced = Traced::bytes(Traced::ALL_GATHER, Phase::AllGather, input.len());
+        self.traced(traced, || {
+            const CONTEXT: Phase = Phase::AllGather;
+            let n = input.len();
+            debug_assert_eq!(output.len(), n * self.size, "Group checks the lengths");
+            let mut state = self.lock()?;
+            output[self.rank * n..(self.rank + 1) * n].copy_from_slice(input);
+            if n == 0 {
+                return Ok(());
             }
-            Kind::Ring { wires } => self.run_kept(
-                &mut state,
-                |s| &mut s.wires,
-                |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
-                &mut mem,
-                CONTEXT,
-            ),
-        }
+            let mut mem = Mem {
+                data: output,
+                input: None,
+            };
+            match self.kind {
+                Kind::Mesh => {
+                    let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
+                    self.run(&mut state, &mut m, &mut mem, CONTEXT)
+                }
+                Kind::Ring { wires } => self.run_kept(
+                    &mut state,
+                    |s| &mut s.wires,
+                    |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
+                    &mut mem,
+                    CONTEXT,
+                ),
+            }
+        })
     }
 
     fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
-        const CONTEXT: Phase = Phase::SumScatter;
-        debug_assert!(
-            output.len().is_multiple_of(dtype.size()) && input.len() == output.len() * self.size,
-            "Group checks the lengths"
-        );
-        let chunk = output.len() / dtype.size();
-        let mut state = self.lock()?;
-        if chunk == 0 {
-            return Ok(());
-        }
-        let mut mem = Mem {
-            data: output,
-            input: Some(input),
+        let traced = Traced {
+            op: Traced::SUM_SCATTER,
+            dtype: Traced::dtype(dtype),
+            bytes: input.len() as u64,
+            context: Phase::SumScatter,
         };
-        match self.kind {
-            Kind::Mesh => {
-                let mut m = [mesh::SumScatter::new(
-                    self.rank,
-                    self.size,
-                    self.classes,
-                    (ReduceOp::Sum, dtype),
-                    0,
-                    chunk,
-                )];
-                self.run(&mut state, &mut m, &mut mem, CONTEXT)
+        self.traced(traced, || {
+            const CONTEXT: Phase = Phase::SumScatter;
+            debug_assert!(
+                output.len().is_multiple_of(dtype.size())
+                    && input.len() == output.len() * self.size,
+                "Group checks the lengths"
+            );
+            let chunk = output.len() / dtype.size();
+            let mut state = self.lock()?;
+            if chunk == 0 {
+                return Ok(());
             }
-            Kind::Ring { wires } => self.run_kept(
-                &mut state,
-                |s| &mut s.scatter,
-                |m| ring::sum_scatter(self.rank, self.size, wires, self.classes, (dtype, chunk), m),
-                &mut mem,
-                CONTEXT,
-            ),
-        }
+            let mut mem = Mem {
+                data: output,
+                input: Some(input),
+            };
+            match self.kind {
+                Kind::Mesh => {
+                    let mut m = [mesh::SumScatter::new(
+                        self.rank,
+                        self.size,
+                        self.classes,
+                        (ReduceOp::Sum, dtype),
+                        0,
+                        chunk,
+                    )];
+                    self.run(&mut state, &mut m, &mut mem, CONTEXT)
+                }
+                Kind::Ring { wires } => self.run_kept(
+                    &mut state,
+                    |s| &mut s.scatter,
+                    |m| {
+                        let shape = (dtype, chunk);
+                        ring::sum_scatter(self.rank, self.size, wires, self.classes, shape, m)
+                    },
+                    &mut mem,
+                    CONTEXT,
+                ),
+            }
+        })
     }
 
     fn send(&self, data: &[u8], dst: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let mut mem = Mem {
-            data: &mut [],
-            input: Some(data),
-        };
-        match self.kind {
-            Kind::Mesh => {
-                if data.is_empty() {
-                    return Ok(());
+        let traced = Traced::bytes(Traced::SEND, Phase::Send, data.len());
+        self.traced(traced, || {
+            let mut state = self.lock()?;
+            let mut mem = Mem {
+                data: &mut [],
+                input: Some(data),
+            };
+            match self.kind {
+                Kind::Mesh => {
+                    if data.is_empty() {
+                        return Ok(());
+                    }
+                    let mut m = [mesh::Send::new(dst, self.classes, data.len())];
+                    self.run(&mut state, &mut m, &mut mem, Phase::Send)
                 }
-                let mut m = [mesh::Send::new(dst, self.classes, data.len())];
-                self.run(&mut state, &mut m, &mut mem, Phase::Send)
-            }
-            Kind::Ring { wires } => {
-                self.check_neighbour("send to", dst)?;
-                if data.is_empty() {
-                    return Ok(());
+                Kind::Ring { wires } => {
+                    self.check_neighbour("send to", dst)?;
+                    if data.is_empty() {
+                        return Ok(());
+                    }
+                    // Towards the left neighbour in direction 1 (with two ranks, always).
+                    let towards = (false, dst == self.left());
+                    self.run_kept(
+                        &mut state,
+                        |s| &mut s.stripes,
+                        |m| ring::stripes(towards, wires, self.classes, data.len(), m),
+                        &mut mem,
+                        Phase::Send,
+                    )
                 }
-                // Towards the left neighbour in direction 1 (with two ranks, always).
-                let towards = (false, dst == self.left());
-                self.run_kept(
-                    &mut state,
-                    |s| &mut s.stripes,
-                    |m| ring::stripes(towards, wires, self.classes, data.len(), m),
-                    &mut mem,
-                    Phase::Send,
-                )
             }
-        }
+        })
     }
 
     fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let len = data.len();
-        let mut mem = Mem { data, input: None };
-        match self.kind {
-            Kind::Mesh => {
-                if len == 0 {
-                    return Ok(());
+        let traced = Traced::bytes(Traced::RECV, Phase::Recv, data.len());
+        self.traced(traced, || {
+            let mut state = self.lock()?;
+            let len = data.len();
+            let mut mem = Mem { data, input: None };
+            match self.kind {
+                Kind::Mesh => {
+                    if len == 0 {
+                        return Ok(());
+                    }
+                    let mut m = [mesh::Recv::new(src, self.classes, len)];
+                    self.run(&mut state, &mut m, &mut mem, Phase::Recv)
                 }
-                let mut m = [mesh::Recv::new(src, self.classes, len)];
-                self.run(&mut state, &mut m, &mut mem, Phase::Recv)
-            }
-            Kind::Ring { wires } => {
-                self.check_neighbour("receive from", src)?;
-                if len == 0 {
-                    return Ok(());
+                Kind::Ring { wires } => {
+                    self.check_neighbour("receive from", src)?;
+                    if len == 0 {
+                        return Ok(());
+                    }
+                    // From the right neighbour in direction 1 (with two ranks, always).
+                    let towards = (true, src == self.right());
+                    self.run_kept(
+                        &mut state,
+                        |s| &mut s.stripes,
+                        |m| ring::stripes(towards, wires, self.classes, len, m),
+                        &mut mem,
+                        Phase::Recv,
+                    )
                 }
-                // From the right neighbour in direction 1 (with two ranks, always).
-                let towards = (true, src == self.right());
-                self.run_kept(
-                    &mut state,
-                    |s| &mut s.stripes,
-                    |m| ring::stripes(towards, wires, self.classes, len, m),
-                    &mut mem,
-                    Phase::Recv,
-                )
             }
-        }
+        })
     }
 
     fn barrier(&self) -> Result<()> {
-        // MLX's JACCL barrier: an all_sum of one uint8.
-        self.all_reduce(ReduceOp::Sum, DType::U8, &mut [0u8])
+        // MLX's JACCL barrier: an all_sum of one uint8, which the probes see as a barrier
+        // (op 7), as the ring's.
+        let traced = Traced {
+            op: Traced::BARRIER,
+            ..Traced::reduce(ReduceOp::Sum, DType::U8, 1)
+        };
+        self.traced(traced, || self.reduce(ReduceOp::Sum, DType::U8, &mut [0u8]))
     }
 
     fn close(&self) -> Result<()> {
@@ -591,9 +646,19 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         match state.side.check(Phase::HealthCheck) {
             Ok(()) => Ok(()),
             Err(error) => {
+                failed(self.rank, &error);
                 state.side.abandon(error.lost_peer());
                 Err(self.state.fail(error))
             }
         }
     }
+}
+
+/// Tells the probes and the log that `error` fails rank `rank`'s group, as the ring does.
+fn failed(rank: usize, error: &Error) {
+    verbose!(warn: rank, "the group is failed: {error}");
+    ffi::probes::error(
+        error.peer().map_or(u64::MAX, |p| p as u64),
+        crate::ring::error_kind(error),
+    );
 }

@@ -90,6 +90,7 @@ mod tests;
 mod verbs;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 pub use config::{
     COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, RANK_VARS, RING_VARS, Topology,
@@ -100,6 +101,7 @@ pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::options::Options;
+use crate::verbose::verbose;
 use bootstrap::SideChannel;
 use group::{Jaccl, Kind, Setup};
 
@@ -138,19 +140,44 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
             left.into_iter().chain(right).map(Some).collect(),
         ),
     };
-    let side = SideChannel::connect(rank, size, coordinator, options.timeout)?;
-    let plan = kind.plan(rank, size, config.buffers);
-    let peers = kind.peers(rank, size);
-    let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, &peers)?;
-    let setup = Setup {
-        rank,
-        size,
-        kind,
-        classes: config.buffers,
-        timeout: options.timeout,
-        spin: driver::DEDICATED,
+    let connections = match kind {
+        Kind::Mesh => 1,
+        Kind::Ring { wires } => wires,
     };
-    Ok(Group::new(Arc::new(Jaccl::form(
-        setup, side, fabric, plan,
-    )?)))
+    verbose!(
+        rank,
+        "forming a JACCL {} of {size} ({connections} connection(s) per peer) through the \
+         coordinator at {coordinator}",
+        if kind == Kind::Mesh { "mesh" } else { "ring" },
+    );
+    ffi::probes::register();
+    let started = Instant::now();
+    let formed = (|| {
+        let side = SideChannel::connect(rank, size, coordinator, options.timeout)?;
+        let plan = kind.plan(rank, size, config.buffers);
+        let peers = kind.peers(rank, size);
+        let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, &peers)?;
+        let setup = Setup {
+            rank,
+            size,
+            kind,
+            classes: config.buffers,
+            timeout: options.timeout,
+            spin: driver::DEDICATED,
+        };
+        Jaccl::form(setup, side, fabric, plan)
+    })();
+    let elapsed = started.elapsed();
+    ffi::probes::connect_done(
+        rank as u64,
+        size as u64,
+        connections as u64,
+        elapsed.as_nanos() as u64,
+        formed.is_ok(),
+    );
+    match &formed {
+        Ok(_) => verbose!(info: rank, "JACCL group formed in {elapsed:?}"),
+        Err(e) => verbose!(warn: rank, "forming the JACCL group failed after {elapsed:?}: {e}"),
+    }
+    Ok(Group::new(Arc::new(formed?)))
 }

@@ -97,9 +97,9 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
     match &result {
-        Ok(_) => verbose!(rank, "ring formed in {:?}", started.elapsed()),
+        Ok(_) => verbose!(info: rank, "ring formed in {:?}", started.elapsed()),
         Err(e) => verbose!(
-            rank,
+            warn: rank,
             "forming the ring failed after {:?}: {e}",
             started.elapsed()
         ),

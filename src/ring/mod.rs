@@ -164,31 +164,33 @@ impl Ring {
     }
 }
 
-/// What the tracing probes are told about a collective (codes in `ffi::probes`).
+/// What the tracing probes are told about a collective (codes in `ffi::probes`). JACCL
+/// uses it too.
 #[derive(Clone, Copy, Debug)]
-struct Traced {
-    op: u8,
-    dtype: u8,
-    bytes: u64,
-    context: Phase,
+pub(crate) struct Traced {
+    pub(crate) op: u8,
+    pub(crate) dtype: u8,
+    pub(crate) bytes: u64,
+    pub(crate) context: Phase,
 }
 
 impl Traced {
-    const ALL_GATHER: u8 = 3;
-    const SUM_SCATTER: u8 = 4;
-    const SEND: u8 = 5;
-    const RECV: u8 = 6;
+    pub(crate) const ALL_GATHER: u8 = 3;
+    pub(crate) const SUM_SCATTER: u8 = 4;
+    pub(crate) const SEND: u8 = 5;
+    pub(crate) const RECV: u8 = 6;
+    pub(crate) const BARRIER: u8 = 7;
     /// The dtype code of byte-level collectives.
     const BYTES: u8 = 255;
 
-    fn dtype(dtype: DType) -> u8 {
+    pub(crate) fn dtype(dtype: DType) -> u8 {
         DType::ALL
             .iter()
             .position(|&d| d == dtype)
             .map_or(Self::BYTES, |i| i as u8)
     }
 
-    fn reduce(op: ReduceOp, dtype: DType, bytes: usize) -> Traced {
+    pub(crate) fn reduce(op: ReduceOp, dtype: DType, bytes: usize) -> Traced {
         let code = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Max => 1,
@@ -202,7 +204,7 @@ impl Traced {
         }
     }
 
-    fn bytes(op: u8, context: Phase, bytes: usize) -> Traced {
+    pub(crate) fn bytes(op: u8, context: Phase, bytes: usize) -> Traced {
         Traced {
             op,
             dtype: Self::BYTES,
@@ -216,7 +218,7 @@ impl Traced {
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Error) -> Error {
     let rank = transport.rank();
-    verbose!(rank, "collective failed: {error}");
+    verbose!(warn: rank, "collective failed: {error}");
     ffi::probes::error(
         error.peer().map_or(u64::MAX, |p| p as u64),
         error_kind(&error),
@@ -230,14 +232,14 @@ pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Erro
         Error::Timeout { context, .. } => transport.notice(context).unwrap_or(error),
         error => error,
     };
-    verbose!(rank, "the group is failed: {error}");
+    verbose!(warn: rank, "the group is failed: {error}");
     group.fail(error)
 }
 
 /// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
-/// 5 authentication, 6 protocol violation, 7 incompatible peer, 8 local or a bug,
-/// 0 anything else.
-fn error_kind(error: &Error) -> u8 {
+/// 5 authentication, 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA
+/// (JACCL), 0 anything else.
+pub(crate) fn error_kind(error: &Error) -> u8 {
     match error {
         Error::Io { .. } => 1,
         Error::Closed { .. } => 2,
@@ -247,6 +249,7 @@ fn error_kind(error: &Error) -> u8 {
         Error::PeerMisbehaved { .. } => 6,
         Error::PeerIncompatible { .. } => 7,
         Error::Local { .. } | Error::Bug { .. } => 8,
+        Error::Rdma { .. } => 9,
         _ => 0,
     }
 }
@@ -265,50 +268,8 @@ impl Communicator for Ring {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let context = op.phase();
-        let esize = dtype.size();
-        debug_assert!(
-            data.len().is_multiple_of(esize),
-            "Group checks whole elements"
-        );
-        let elems = data.len() / esize;
-        if elems >= self.size {
-            let mut state = self.lock()?;
-            let topo = self.topology(&state);
-            protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
-            let traced = Traced::reduce(op, dtype, data.len());
-            return self.run(&mut state, &mut Buffers { data, input: &[] }, traced);
-        }
-
-        // Fewer elements than ranks: MLX pads them with zeros to exactly one element per rank
-        // and reduces that on connection pair 0 in direction -1.
-        let padded = self.size * esize;
-        if padded > SMALL_PAD_BYTES {
-            return Err(Error::invalid(format!(
-                "{context}: {elems} {dtype} elements cannot be reduced by a ring of {} ranks: \
-                 MLX pads fewer elements than ranks to one per rank, at most {SMALL_PAD_BYTES} \
-                 bytes",
-                self.size
-            )));
-        }
-        // u64s, so the pad is aligned for every element type.
-        let mut words = [0u64; SMALL_PAD_BYTES / 8];
-        let pad = &mut words.as_mut_bytes()[..padded];
-        pad[..data.len()].copy_from_slice(data);
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let topo = self.topology(state);
-        protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
-        self.run(
-            state,
-            &mut Buffers {
-                data: pad,
-                input: &[],
-            },
-            Traced::reduce(op, dtype, data.len()),
-        )?;
-        data.copy_from_slice(&pad[..data.len()]);
-        Ok(())
+        let code = Traced::reduce(op, dtype, 0).op;
+        self.reduce(op, dtype, data, code)
     }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
@@ -397,7 +358,8 @@ impl Communicator for Ring {
     fn barrier(&self) -> Result<()> {
         // An all_sum of one f32 zero: what `mx.eval(mx.distributed.all_sum(mx.zeros(1)))`
         // sends, so a barrier also lines up with MLX ranks doing that.
-        self.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4])
+        // The probes see it as a barrier (op 7), as the tracing docs say.
+        self.reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4], Traced::BARRIER)
     }
 
     fn close(&self) -> Result<()> {
@@ -437,6 +399,61 @@ impl Communicator for Ring {
 }
 
 impl Ring {
+    /// An all-reduce, which the probes see as the collective `code` (a reduction or a
+    /// barrier).
+    fn reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8], code: u8) -> Result<()> {
+        let context = op.phase();
+        let esize = dtype.size();
+        debug_assert!(
+            data.len().is_multiple_of(esize),
+            "Group checks whole elements"
+        );
+        let elems = data.len() / esize;
+        if elems >= self.size {
+            let mut state = self.lock()?;
+            let topo = self.topology(&state);
+            protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
+            let traced = Traced {
+                op: code,
+                ..Traced::reduce(op, dtype, data.len())
+            };
+            return self.run(&mut state, &mut Buffers { data, input: &[] }, traced);
+        }
+
+        // Fewer elements than ranks: MLX pads them with zeros to exactly one element per rank
+        // and reduces that on connection pair 0 in direction -1.
+        let padded = self.size * esize;
+        if padded > SMALL_PAD_BYTES {
+            return Err(Error::invalid(format!(
+                "{context}: {elems} {dtype} elements cannot be reduced by a ring of {} ranks: \
+                 MLX pads fewer elements than ranks to one per rank, at most {SMALL_PAD_BYTES} \
+                 bytes",
+                self.size
+            )));
+        }
+        // u64s, so the pad is aligned for every element type.
+        let mut words = [0u64; SMALL_PAD_BYTES / 8];
+        let pad = &mut words.as_mut_bytes()[..padded];
+        pad[..data.len()].copy_from_slice(data);
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        let topo = self.topology(state);
+        protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
+        self.run(
+            state,
+            &mut Buffers {
+                data: pad,
+                input: &[],
+            },
+            Traced {
+                op: code,
+                ..Traced::reduce(op, dtype, data.len())
+            },
+        )?;
+        data.copy_from_slice(&pad[..data.len()]);
+        Ok(())
+    }
+
     fn not_a_neighbour(&self, what: &str, peer: usize) -> Error {
         self.neighbours()
             .refusal(what, peer, "the ring backend", ", as MLX's ring does")

@@ -8,7 +8,8 @@
  *
  * (System Integrity Protection must allow dtrace.) Every second: bytes sent to and received
  * from each peer rank in that second; at exit (Ctrl-C), a power-of-two latency histogram
- * in microseconds per collective and size.
+ * in microseconds per collective and size. The ring and JACCL fire the same probes (JACCL
+ * has no send_step and recv_step).
  */
 
 #pragma D option quiet
@@ -16,7 +17,7 @@
 inline string opname[int op] =
     op == 0 ? "all_sum" : op == 1 ? "all_max" : op == 2 ? "all_min" :
     op == 3 ? "all_gather" : op == 4 ? "sum_scatter" : op == 5 ? "send" :
-    op == 6 ? "recv" : "other";
+    op == 6 ? "recv" : op == 7 ? "barrier" : "other";
 
 dtrace:::BEGIN
 {
@@ -41,13 +42,13 @@ nuvec*:::recv_step { @received_from_rank[arg0] = sum(arg2); }
 
 nuvec*:::connect_done
 {
-    printf("rank %d of %d formed its ring (%d connection(s) per neighbour) in %d us, ok=%d\n",
+    printf("rank %d of %d formed its group (%d connection(s) per neighbour) in %d us, ok=%d\n",
         arg0, arg1, arg2, arg3 / 1000, arg4);
 }
 
 nuvec*:::error
 {
-    printf("group failed: peer %d, kind %d (1 io, 2 closed, 3 lost, 4 timeout, 5 auth)\n",
+    printf("group failed: peer %d, kind %d (1 io, 2 closed, 3 lost, 4 timeout, 5 auth, 6 protocol, 7 incompatible, 8 local, 9 rdma)\n",
         arg0, arg1);
 }
 

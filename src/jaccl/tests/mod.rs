@@ -5,12 +5,15 @@
 //! - `collectives`: every op, dtype and size class against a reference computed here;
 //! - `frames`: the messages each algorithm posts, against MLX 0.32.1's schedule derived
 //!   independently from the reference;
-//! - `faults`: failed and lost messages, lost ranks and timeouts end in errors naming the peer.
+//! - `faults`: failed and lost messages, lost ranks and timeouts end in errors naming the peer;
+//! - `probes` (feature `probes`, Linux, as root): the tracing probes, under bpftrace.
 
 mod abort;
 mod collectives;
 mod faults;
 mod frames;
+#[cfg(all(feature = "probes", target_os = "linux"))]
+mod probes;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
