@@ -144,6 +144,26 @@ fn collectives_do_not_allocate_once_warm() {
     });
 }
 
+/// The same on the native wire, at four ranks (so some peers are reached over the mesh's own
+/// connections), across its switches between algorithms: one-shot, direct, ring.
+#[test]
+fn native_collectives_do_not_allocate_once_warm() {
+    Launch::new(4, 1)
+        .env("NUVEC_DISTRIBUTED_WIRE", "native")
+        .all_ok("native_collectives_do_not_allocate_once_warm", |g| {
+            for elems in [1, 3, 1000, 100_000, 700_000] {
+                for (what, count) in every_collective(&g, elems, Exchange::Around) {
+                    assert_eq!(
+                        count,
+                        0,
+                        "rank {}: native {what} allocated {count} times in 20 rounds",
+                        g.rank()
+                    );
+                }
+            }
+        });
+}
+
 /// CPU time of this process, from /proc (user + system, in clock ticks of 10 ms or less).
 #[cfg(target_os = "linux")]
 fn cpu_ticks() -> u64 {
@@ -158,7 +178,20 @@ fn cpu_ticks() -> u64 {
 #[cfg(target_os = "linux")]
 #[test]
 fn an_idle_group_uses_no_cpu() {
-    Launch::new(2, 1).all_ok("an_idle_group_uses_no_cpu", |g| {
+    idle("an_idle_group_uses_no_cpu", "mlx");
+}
+
+/// The same on the native wire.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_idle_native_group_uses_no_cpu() {
+    idle("an_idle_native_group_uses_no_cpu", "native");
+}
+
+#[cfg(target_os = "linux")]
+fn idle(name: &str, wire: &str) {
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_WIRE", wire);
+    launch.all_ok(name, |g| {
         let mut x = [1.0f32; 16];
         g.all_sum(&mut x).unwrap();
         let before = cpu_ticks();
