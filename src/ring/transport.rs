@@ -529,14 +529,19 @@ impl Transport {
     }
 
     /// The index of the connection this rank sends to `peer` on, when each message to a
-    /// peer goes out whole on one connection (the native wire): the first connection to the
-    /// right neighbour, else the first to the left one, else the mesh connection. With two
-    /// ranks the peer is both neighbours, and this rank sends on the connection it opened
-    /// and receives ([`Transport::recv_conn`]) on the one it accepted.
+    /// peer goes out whole on one connection (the native wire). Messages both ways between
+    /// two ranks share one connection ([`Transport::recv_conn`] is the same), so each data
+    /// segment carries the acknowledgement of the last one received, instead of each
+    /// direction's bytes and acknowledgements travelling as separate packets: the first
+    /// connection to the right neighbour, else the first to the left one, else the mesh
+    /// connection. With two ranks the peer is both neighbours: both use the connection
+    /// rank 0 opened.
     pub(crate) fn send_conn(&self, peer: usize) -> usize {
         let size = self.ranks();
         let me = self.rank();
-        if peer == (me + 1) % size {
+        if size == 2 {
+            if me == 0 { self.right(0) } else { self.left(0) }
+        } else if peer == (me + 1) % size {
             self.right(0)
         } else if peer == (me + size - 1) % size {
             self.left(0)
@@ -545,18 +550,10 @@ impl Transport {
         }
     }
 
-    /// The index of the connection messages from `peer` arrive on: the mirror of
-    /// [`Transport::send_conn`].
+    /// The index of the connection messages from `peer` arrive on: the same as
+    /// [`Transport::send_conn`]'s.
     pub(crate) fn recv_conn(&self, peer: usize) -> usize {
-        let size = self.ranks();
-        let me = self.rank();
-        if peer == (me + size - 1) % size {
-            self.left(0)
-        } else if peer == (me + 1) % size {
-            self.right(0)
-        } else {
-            self.other(peer)
-        }
+        self.send_conn(peer)
     }
 
     /// The index of the mesh connection to `peer`, a rank that is not a neighbour.
