@@ -50,8 +50,21 @@ fn kill_during(
     victim: usize,
     collective: fn(&Group) -> nuvec_distributed::Result<()>,
 ) {
+    kill_during_on("mlx", name, size, victim, collective);
+}
+
+/// [`kill_during`] on `wire` (`NUVEC_DISTRIBUTED_WIRE`).
+fn kill_during_on(
+    wire: &str,
+    name: &str,
+    size: usize,
+    victim: usize,
+    collective: fn(&Group) -> nuvec_distributed::Result<()>,
+) {
     const TIMEOUT_S: f64 = 10.0;
-    let launch = Launch::new(size, 1).timeout(TIMEOUT_S);
+    let launch = Launch::new(size, 1)
+        .timeout(TIMEOUT_S)
+        .env("NUVEC_DISTRIBUTED_WIRE", wire);
     let Some(mut running) = launch.start(name, |g| until_failure(&g, collective)) else {
         return;
     };
@@ -107,6 +120,31 @@ fn kill_9_during_a_64_mib_all_sum_p3() {
 #[test]
 fn kill_9_during_a_64_mib_all_sum_p4() {
     kill_during("kill_9_during_a_64_mib_all_sum_p4", 4, 1, large_sum);
+}
+
+/// On the native wire every rank hears from every other during a small all_sum, so each
+/// survivor finds the killed rank itself.
+#[test]
+fn native_kill_9_during_a_small_all_sum_p4() {
+    kill_during_on(
+        "native",
+        "native_kill_9_during_a_small_all_sum_p4",
+        4,
+        2,
+        small_sum,
+    );
+}
+
+/// A 64 MiB all_sum takes the pipelined ring on the native wire too.
+#[test]
+fn native_kill_9_during_a_64_mib_all_sum_p3() {
+    kill_during_on(
+        "native",
+        "native_kill_9_during_a_64_mib_all_sum_p3",
+        3,
+        1,
+        large_sum,
+    );
 }
 
 /// Stops `victim` (SIGSTOP) while every rank loops on small all_sums: the others fail within
@@ -358,11 +396,21 @@ fn a_port_scan_does_not_break_an_unkeyed_ring() {
 /// ports in the same processes, and compute on it; the old group says it is closed.
 #[test]
 fn survivors_close_and_form_a_new_group() {
-    let name = "survivors_close_and_form_a_new_group";
+    survivors_reform("survivors_close_and_form_a_new_group", "mlx");
+}
+
+/// The same on the native wire, the new group native too.
+#[test]
+fn native_survivors_close_and_form_a_new_group() {
+    survivors_reform("native_survivors_close_and_form_a_new_group", "native");
+}
+
+fn survivors_reform(name: &str, wire: &str) {
     let fresh = testing::free_ports(2, 1);
     let fresh = format!("{},{}", fresh[0][0], fresh[1][0]);
     let launch = Launch::new(3, 1)
         .timeout(10.0)
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
         .env("NUVEC_TEST_FRESH_PORTS", &fresh);
     let outputs = launch.run(name, |g| {
         g.barrier().unwrap();
@@ -379,8 +427,10 @@ fn survivors_close_and_form_a_new_group() {
             .split(',')
             .map(|p| vec![format!("127.0.0.1:{p}")])
             .collect();
-        let g2 = nuvec_distributed::init_with(&nodes, g.rank(), &Options::default())
-            .expect("a new group forms");
+        let wire = std::env::var("NUVEC_DISTRIBUTED_WIRE").unwrap();
+        let options = Options::default().wire(wire.parse().unwrap());
+        let g2 =
+            nuvec_distributed::init_with(&nodes, g.rank(), &options).expect("a new group forms");
         let mut x = vec![g2.rank() as i32 + 10; 100_000];
         g2.all_sum(&mut x).unwrap();
         assert!(x.iter().all(|&v| v == 21));

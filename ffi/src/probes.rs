@@ -23,7 +23,7 @@
 //! 6 recv, 7 barrier (an all_sum of one element underneath, traced as the barrier). Dtype
 //! codes follow MLX's order (0 bool ... 13 complex64); 255 for byte-level collectives.
 //! Error kinds: 1 I/O, 2 closed, 3 lost (a peer's notice), 4 timeout, 5 authentication,
-//! 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA, 0 other. The macros live here, not in nuvec-distributed, because they
+//! 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA, 10 mismatched calls (native wire), 0 other. The macros live here, not in nuvec-distributed, because they
 //! expand to inline assembly, which is `unsafe` and so belongs in this crate.
 
 #[cfg(feature = "probes")]

@@ -196,7 +196,8 @@ impl Traced {
                 };
                 (op, code(dtype), count * dtype.size() as u64)
             }
-            Kind::Barrier => (0, 255, 0),
+            // Op 7, as the MLX wire's barrier (see `ffi::probes`).
+            Kind::Barrier => (7, 255, 0),
             Kind::AllGather => (3, 255, count),
             Kind::SumScatter(dtype) => (4, code(dtype), count * dtype.size() as u64),
             Kind::Send if call.recv_from.is_some() => (6, 255, count),

@@ -238,7 +238,7 @@ pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Erro
 
 /// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
 /// 5 authentication, 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA
-/// (JACCL), 0 anything else.
+/// (JACCL), 10 mismatched calls (the native wire), 0 anything else.
 pub(crate) fn error_kind(error: &Error) -> u8 {
     match error {
         Error::Io { .. } => 1,
@@ -250,6 +250,7 @@ pub(crate) fn error_kind(error: &Error) -> u8 {
         Error::PeerIncompatible { .. } => 7,
         Error::Local { .. } | Error::Bug { .. } => 8,
         Error::Rdma { .. } => 9,
+        Error::Mismatch { .. } => 10,
         _ => 0,
     }
 }

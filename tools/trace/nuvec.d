@@ -48,7 +48,7 @@ nuvec*:::connect_done
 
 nuvec*:::error
 {
-    printf("group failed: peer %d, kind %d (1 io, 2 closed, 3 lost, 4 timeout, 5 auth, 6 protocol, 7 incompatible, 8 local, 9 rdma)\n",
+    printf("group failed: peer %d, kind %d (1 io, 2 closed, 3 lost, 4 timeout, 5 auth, 6 protocol, 7 incompatible, 8 local, 9 rdma, 10 mismatch)\n",
         arg0, arg1);
 }
 
