@@ -301,6 +301,8 @@ fi
 # run says they were skipped. About 5 s a round.
 step "chaos run, 5 rounds (tools/chaos.sh 5)"
 tools/chaos.sh 5
+step "chaos run on the native wire, 5 rounds (tools/chaos.sh 5 --wire native)"
+tools/chaos.sh 5 --wire native
 
 step "probes under bpftrace (needs root and bpftrace; fails if they cannot attach)"
 if [ "$(id -u)" = 0 ] && command -v bpftrace >/dev/null; then

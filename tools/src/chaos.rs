@@ -288,6 +288,8 @@ pub struct Options {
     pub rank_program: Vec<String>,
     /// Print every rank's output for rounds that are not correct.
     pub verbose: bool,
+    /// The wire the ranks speak (`NUVEC_DISTRIBUTED_WIRE`).
+    pub wire: nuvec_distributed::Wire,
 }
 
 /// How a round (or one survivor of it) ended, best first.
@@ -560,8 +562,8 @@ pub fn run(options: &Options) -> Summary {
         println!("chaos: cut-link faults SKIPPED: they need root and a working `ip netns`");
     }
     println!(
-        "chaos: {} rounds from seed {}, timeout {:?}, {} collectives per round",
-        options.rounds, options.seed, options.timeout, options.steps
+        "chaos: {} rounds from seed {}, timeout {:?}, {} collectives per round, {} wire",
+        options.rounds, options.seed, options.timeout, options.steps, options.wire
     );
     for i in 0..options.rounds {
         if crate::runner::interrupted() {
@@ -892,6 +894,7 @@ fn spawn_rank(
             nuvec_distributed::config::env::TIMEOUT_VAR,
             format!("{}", options.timeout.as_secs_f64()),
         )
+        .env(nuvec_distributed::WIRE_VAR, options.wire.name())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

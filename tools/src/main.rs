@@ -62,6 +62,9 @@ struct ChaosArgs {
     /// Collectives per round.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(3..))]
     steps: u32,
+    /// The wire the ranks speak: mlx or native.
+    #[arg(long, default_value = "mlx", value_parser = parse_wire)]
+    wire: Wire,
     /// Print the ranks' output for rounds that are not correct.
     #[arg(long)]
     verbose: bool,
@@ -297,6 +300,7 @@ fn chaos(args: &ChaosArgs) -> ExitCode {
         steps: args.steps as usize,
         rank_program: vec![exe, "chaos-rank".into()],
         verbose: args.verbose,
+        wire: args.wire,
     });
     print!("{summary}");
     if summary.failures() > 0 {
