@@ -276,8 +276,23 @@ pub(crate) fn closed_by_peer(stream: &TcpStream) -> bool {
     }
 }
 
+/// The next connection waiting on `listener`, or `None` when none is: an `accept` that
+/// failed for that one connection only (aborted, reset, interrupted) is passed over.
+pub(crate) fn accept_next(
+    listener: &mio::net::TcpListener,
+) -> io::Result<Option<(mio::net::TcpStream, SocketAddr)>> {
+    loop {
+        match listener.accept() {
+            Ok(accepted) => return Ok(Some(accepted)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if is_transient_accept_error(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Errors of `accept` that concern only the one connection being accepted.
-pub(crate) fn is_transient_accept_error(e: &io::Error) -> bool {
+fn is_transient_accept_error(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::ConnectionAborted

@@ -440,19 +440,15 @@ impl<'a> Setup<'a> {
             let Some(listener) = self.listeners.get_mut(slot) else {
                 return Ok(());
             };
-            let (mut stream, from) = match listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if tcp::is_transient_accept_error(&e) => continue,
-                Err(e) => {
-                    return Err(Error::Io {
-                        peer: self.addrs.left_rank(),
-                        addr: Some(self.addrs.listen[slot]),
-                        op: PeerOp::Accept,
-                        context: CONTEXT,
-                        source: e.into(),
-                    });
-                }
+            let accepted = tcp::accept_next(listener).map_err(|e| Error::Io {
+                peer: self.addrs.left_rank(),
+                addr: Some(self.addrs.listen[slot]),
+                op: PeerOp::Accept,
+                context: CONTEXT,
+                source: e.into(),
+            })?;
+            let Some((mut stream, from)) = accepted else {
+                return Ok(());
             };
             let id = self.candidates.len();
             self.poll
