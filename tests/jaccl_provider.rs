@@ -18,9 +18,9 @@
 
 #![cfg(feature = "jaccl")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ffi::verbs::{
@@ -50,42 +50,6 @@ const LAUNCH_VARS: [&str; 16] = [
     "NUVEC_VERBS_PROVIDER_DIR",
     "NUVEC_VERBS_PROVIDER_FAULT",
 ];
-
-/// The provider's shared library, built once per test binary with its profile.
-fn provider() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        // target/<profile>/deps/<this test> -> target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary sits in target/<profile>/deps");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "-p", "nuvec-verbs-provider"]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("running cargo build for the provider");
-        assert!(
-            status.success(),
-            "cargo build -p nuvec-verbs-provider failed"
-        );
-        let name = if cfg!(target_os = "macos") {
-            "libnuvec_verbs_provider.dylib"
-        } else {
-            "libnuvec_verbs_provider.so"
-        };
-        let path = profile_dir.join(name);
-        assert!(path.exists(), "{} was not built", path.display());
-        path
-    })
-}
 
 /// A layout's device file and the provider's device list.
 struct Fabric {
@@ -183,7 +147,7 @@ fn launch_in(
     device_settings: &[(&str, &str)],
     per_rank: &[(usize, &str, String)],
 ) -> Vec<Output> {
-    let lib = provider();
+    let lib = testing::verbs_provider();
     let file = dir.join("devices.json");
     std::fs::write(&file, &fabric.matrix).unwrap();
     let devices: Vec<String> = fabric
@@ -749,7 +713,7 @@ fn in_provider_process(name: &str, body: impl FnOnce(&Verbs)) {
         println!("{DONE}");
         return;
     }
-    let lib = provider();
+    let lib = testing::verbs_provider();
     let dir = tempfile::tempdir().unwrap();
     let out = testing::this_test(name)
         .env(LIBRARY_VAR, lib)

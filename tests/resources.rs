@@ -211,42 +211,11 @@ fn idle(name: &str, wire: &str) {
 /// all-reduce as well as the fully connected one) and a ring of two ranks on two cables.
 #[cfg(feature = "jaccl")]
 mod jaccl {
-    use std::path::{Path, PathBuf};
     use std::process::Stdio;
 
     use super::{Exchange, every_collective};
     use nuvec_distributed::{Backend, init_backend};
     use nuvec_tools::testing;
-
-    /// The provider's shared library, built with this test binary's profile.
-    fn provider() -> PathBuf {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary sits in target/<profile>/deps");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "-p", "nuvec-verbs-provider"]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("running cargo build for the provider");
-        assert!(
-            status.success(),
-            "cargo build -p nuvec-verbs-provider failed"
-        );
-        let name = if cfg!(target_os = "macos") {
-            "libnuvec_verbs_provider.dylib"
-        } else {
-            "libnuvec_verbs_provider.so"
-        };
-        profile_dir.join(name)
-    }
 
     /// The device file and the provider's device list of a mesh (`wires == 0`) or a ring.
     fn layout(size: usize, wires: usize) -> (String, Vec<String>) {
@@ -297,7 +266,7 @@ mod jaccl {
             println!("{}", testing::DONE);
             return;
         }
-        let lib = provider();
+        let lib = testing::verbs_provider();
         let dir = tempfile::tempdir().unwrap();
         let (matrix, devices) = layout(size, wires);
         let file = dir.path().join("devices.json");
@@ -314,7 +283,7 @@ mod jaccl {
                 ] {
                     cmd.env_remove(var);
                 }
-                cmd.env(ffi::verbs::LIBRARY_VAR, &lib)
+                cmd.env(ffi::verbs::LIBRARY_VAR, lib)
                     .env("NUVEC_VERBS_PROVIDER_DIR", dir.path())
                     .env("NUVEC_VERBS_PROVIDER_DEVICES", devices.join(","))
                     .env("NUVEC_DISTRIBUTED_TIMEOUT", "60")

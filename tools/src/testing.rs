@@ -204,6 +204,44 @@ pub fn this_test_in(wrapper: &[&str], name: &str) -> Command {
     command
 }
 
+/// The test verbs provider's shared library (`ffi/verbs-provider`), built once per test
+/// binary with `cargo build -p nuvec-verbs-provider` in the profile the tests run in, so
+/// that JACCL's real binding can load it through `NUVEC_DISTRIBUTED_VERBS_LIBRARY`.
+pub fn verbs_provider() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        // target/<profile>/deps/<this test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary sits in target/<profile>/deps");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "-p", "nuvec-verbs-provider"]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build
+            .status()
+            .expect("running cargo build for the provider");
+        assert!(
+            status.success(),
+            "cargo build -p nuvec-verbs-provider failed"
+        );
+        let name = if cfg!(target_os = "macos") {
+            "libnuvec_verbs_provider.dylib"
+        } else {
+            "libnuvec_verbs_provider.so"
+        };
+        let path = profile_dir.join(name);
+        assert!(path.exists(), "{} was not built", path.display());
+        path
+    })
+}
+
 /// The Python of the venv with MLX's CPU build that `tools/mlx-venv.sh` makes (installing it
 /// when it is missing; `NUVEC_MLX_VENV` says where). Panics, saying why, when that fails:
 /// a test that needs MLX's ranks does not pass without them.
