@@ -166,8 +166,14 @@ fn a_foreign_address_a_busy_port_and_an_unreachable_host_fail_with_a_fix() {
             {"ssh": "down", "ips": ["127.0.0.1"]}, {"ssh": "h3", "ips": ["127.0.0.1"]}]"#,
     )
     .unwrap();
-    let port = free_port_block(4).unwrap();
-    let busy = TcpListener::bind(("127.0.0.1", port + 3)).unwrap();
+    // Another test may take a port of a block between its check and this bind: try again.
+    let (port, busy) = (0..20)
+        .find_map(|_| {
+            let port = free_port_block(4).ok()?;
+            let busy = TcpListener::bind(("127.0.0.1", port + 3)).ok()?;
+            Some((port, busy))
+        })
+        .expect("a free block of four ports, its last one bound here");
     let written = dir.path().join("ring.json");
     let (out, findings) = doctor(
         &path,
