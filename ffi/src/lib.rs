@@ -7,6 +7,8 @@
 //!
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
+//! - [`lend`]: lending a borrowed buffer to a thread that outlives the borrow, for the
+//!   nonblocking collectives; the lender waits for every loan before it returns.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 //! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
@@ -16,6 +18,7 @@
 //!   own their resources and hand registered memory to the hardware by ownership.
 
 pub mod alloc;
+pub mod lend;
 pub mod net;
 pub mod probes;
 pub mod process;
