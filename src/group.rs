@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use crate::comm::Communicator;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
+use crate::nonblocking::{self, Nonblocking, Scope};
 use crate::reduce::ReduceOp;
 
 /// A group of ranks that run collectives together. Cheap to clone; every clone is the same
@@ -41,6 +42,8 @@ pub struct Group {
     comm: Arc<dyn Communicator>,
     rank: usize,
     size: usize,
+    /// The loop thread and queue of nonblocking collectives, shared by every clone.
+    nb: Arc<Nonblocking>,
 }
 
 impl fmt::Debug for Group {
@@ -115,7 +118,12 @@ impl Group {
     /// ```
     pub fn new(comm: Arc<dyn Communicator>) -> Group {
         let (rank, size) = (comm.rank(), comm.size());
-        Group { comm, rank, size }
+        Group {
+            comm,
+            rank,
+            size,
+            nb: Arc::new(Nonblocking::new()),
+        }
     }
 
     /// This process's rank, from 0.
@@ -382,6 +390,7 @@ impl Group {
     /// # });
     /// ```
     pub fn all_reduce<T: Element>(&self, op: ReduceOp, data: &mut [T]) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         if self.size == 1 {
             return Ok(());
         }
@@ -431,6 +440,7 @@ impl Group {
     /// # });
     /// ```
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         if output.len() != input.len() * self.size {
             return Err(Error::invalid(format!(
                 "all_gather: the output holds {} elements but {} ranks x {} input elements \
@@ -492,6 +502,7 @@ impl Group {
     /// # });
     /// ```
     pub fn sum_scatter<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         if input.len() != output.len() * self.size {
             return Err(Error::invalid(format!(
                 "sum_scatter: the input holds {} elements but {} ranks x {} output elements \
@@ -553,6 +564,7 @@ impl Group {
     /// # });
     /// ```
     pub fn send<T: Element>(&self, data: &[T], dst: usize) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         self.check_peer("send to", dst)?;
         self.comm.send(T::as_wire(data), dst)
     }
@@ -601,6 +613,7 @@ impl Group {
     /// # });
     /// ```
     pub fn recv<T: Element>(&self, data: &mut [T], src: usize) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         self.check_peer("receive from", src)?;
         T::with_wire_mut(data, |bytes| self.comm.recv(bytes, src))
     }
@@ -647,6 +660,7 @@ impl Group {
     /// # });
     /// ```
     pub fn barrier(&self) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
         if self.size == 1 {
             return Ok(());
         }
@@ -754,12 +768,68 @@ impl Group {
         self.comm.close()
     }
 
+    // ---- Nonblocking collectives (issue 16): see `crate::nonblocking` ----
+
+    /// Runs `f` with a [`Scope`] that starts nonblocking collectives on buffers borrowed for
+    /// the whole scope, and returns once every operation started in it has finished (also
+    /// if `f` panics, or drops or forgets handles unwaited), like [`std::thread::scope`].
+    ///
+    /// The operations run in the order they were started on the group's own loop thread
+    /// while `f` goes on. A blocking collective on this group first waits for every
+    /// outstanding one. The [`Pending`](crate::Pending) handles say when an operation is
+    /// done and return its error. See the [module documentation](crate::Scope) for the
+    /// rules, and why the buffers are borrowed by a scope rather than by the handle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// let mut weights = vec![group.rank() as f32; 1 << 16];
+    /// let mut gathered = [0u32; 2];
+    /// let mine = [group.rank() as u32];
+    /// let busy = group.scope(|s| {
+    ///     let sum = s.start_all_sum(&mut weights)?;
+    ///     let gather = s.start_all_gather(&mine, &mut gathered)?;
+    ///     // Compute while both run on the loop thread.
+    ///     let busy: u64 = (0..100_000u64).map(|i| i % 7).sum();
+    ///     gather.wait()?; // any order
+    ///     sum.wait()?;
+    ///     Ok::<_, nuvec_distributed::Error>(busy)
+    /// })?;
+    /// assert!(busy > 0);
+    /// assert_eq!(weights[0], 1.0);
+    /// assert_eq!(gathered, [0, 1]);
+    /// # Ok(())
+    /// # });
+    /// ```
+    pub fn scope<'env, R>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R,
+    ) -> R {
+        nonblocking::scope(self, &self.comm, &self.nb, f)
+    }
+
     /// Whether the group was closed; the backend cache drops closed groups.
     pub(crate) fn is_closed(&self) -> bool {
         self.comm.is_closed()
     }
 
-    fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
+    pub(crate) fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
         if self.size == 1 {
             return Err(Error::invalid(format!(
                 "cannot {what} rank {peer}: this is a group of one process"

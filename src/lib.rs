@@ -154,6 +154,7 @@ use config::hostfile;
 #[cfg(feature = "jaccl")]
 pub mod jaccl;
 mod native;
+mod nonblocking;
 mod options;
 mod reduce;
 mod ring;
@@ -172,6 +173,7 @@ pub use group::{
     set_default_group, sum_scatter,
 };
 pub use half::{bf16, f16};
+pub use nonblocking::{Pending, Plain, Scope};
 pub use options::{
     Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
 };

@@ -7,6 +7,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every thread's allocations: work handed to another thread (a group's loop thread runs
+/// the nonblocking collectives) is counted here and not in the caller's count.
+static PROCESS_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -22,7 +27,13 @@ impl CountingAllocator {
         ALLOCATIONS.try_with(Cell::get).unwrap_or(0)
     }
 
+    /// Allocations (including reallocations) every thread of the process has made so far.
+    pub fn process_allocations() -> u64 {
+        PROCESS_ALLOCATIONS.load(Ordering::Relaxed)
+    }
+
     fn count() {
+        PROCESS_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // `try_with`: during thread teardown the counter may be gone; not counting then is
         // fine, failing would abort the process.
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
@@ -31,7 +42,8 @@ impl CountingAllocator {
 
 // SAFETY: every method forwards its arguments unchanged to `System`, which implements
 // `GlobalAlloc` correctly, so this one upholds the trait's contract exactly as `System`
-// does; the counter is a const-initialised thread-local `Cell`, which never allocates.
+// does; the counters are a const-initialised thread-local `Cell` and a static atomic, which
+// never allocate.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         Self::count();
