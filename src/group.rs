@@ -817,10 +817,7 @@ impl Group {
     /// # Ok(())
     /// # });
     /// ```
-    pub fn scope<'env, R>(
-        &'env self,
-        f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R,
-    ) -> R {
+    pub fn scope<'env, R>(&'env self, f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R) -> R {
         nonblocking::scope(self, &self.comm, &self.nb, f)
     }
 

@@ -193,7 +193,9 @@ impl Op {
 enum Slot {
     Free,
     /// Queued or running; `detached` once its handle was dropped unwaited.
-    Busy { detached: bool },
+    Busy {
+        detached: bool,
+    },
     Done(Result<()>),
 }
 
@@ -630,7 +632,10 @@ enum Inner<'scope> {
     /// Finished when it was started (a group of one); `None` once taken.
     Ready(Option<Result<()>>),
     /// In the loop's queue, or finished there; `index` is its slot.
-    Queued { shared: &'scope Shared, index: usize },
+    Queued {
+        shared: &'scope Shared,
+        index: usize,
+    },
     /// Waited for already.
     Taken,
 }

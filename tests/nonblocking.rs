@@ -185,7 +185,10 @@ fn the_scope_waits_for_dropped_forgotten_and_panicked_operations() {
                 })
             }));
             assert!(caught.is_err());
-            assert!(buf.iter().all(|&v| v == 2.0), "the all_sum before the panic");
+            assert!(
+                buf.iter().all(|&v| v == 2.0),
+                "the all_sum before the panic"
+            );
             // The group is in step: the next call pairs with the other rank's.
             let mut x = [g.rank() as u32 + 1];
             g.all_sum(&mut x).unwrap();
@@ -199,13 +202,16 @@ fn the_scope_waits_for_dropped_forgotten_and_panicked_operations() {
 fn mixing(g: Group) {
     let elems = 2 << 20;
     let mut big = vec![1.0f32; elems];
-    let mut after = vec![0u32; 4];
+    let mut after = [g.rank() as u32; 4];
     g.scope(|s| {
         let first = s.start_all_sum(&mut big)?;
         // Blocking, issued while `first` is outstanding: it must go on the wire after it.
         let mut x = [g.rank() as i64 + 1];
         g.all_sum(&mut x)?;
-        assert!(first.is_done(), "a blocking call ran before the nonblocking one");
+        assert!(
+            first.is_done(),
+            "a blocking call ran before the nonblocking one"
+        );
         assert!(first.test());
         assert_eq!(x[0], (1..=g.size() as i64).sum::<i64>());
         let second = s.start_all_max(&mut after[..])?;
@@ -216,6 +222,7 @@ fn mixing(g: Group) {
     })
     .unwrap();
     assert!(big.iter().all(|&v| v == g.size() as f32));
+    assert_eq!(after, [g.size() as u32 - 1; 4]);
     // Nonblocking again after blocking calls, then blocking after the scope.
     let mut y = vec![g.rank() as u16; 5];
     g.scope(|s| s.start_all_max(&mut y)?.wait()).unwrap();
@@ -227,7 +234,10 @@ fn mixing(g: Group) {
 
 #[test]
 fn blocking_calls_wait_for_outstanding_nonblocking_ones() {
-    Launch::new(3, 1).all_ok("blocking_calls_wait_for_outstanding_nonblocking_ones", mixing);
+    Launch::new(3, 1).all_ok(
+        "blocking_calls_wait_for_outstanding_nonblocking_ones",
+        mixing,
+    );
 }
 
 #[test]
@@ -315,7 +325,11 @@ fn killed_peer(name: &str, wire: &str) {
         let took = start.elapsed();
         for (i, r) in results.iter().enumerate() {
             let e = r.as_ref().expect_err("the victim took part in none");
-            assert_eq!(e.peer(), Some(victim), "op {i} does not name the victim: {e}");
+            assert_eq!(
+                e.peer(),
+                Some(victim),
+                "op {i} does not name the victim: {e}"
+            );
             println!("OP {i} {e}");
         }
         report_failure(results[0].as_ref().unwrap_err(), took);
@@ -441,4 +455,35 @@ fn a_group_of_one_finishes_at_once() {
     .unwrap();
     assert_eq!(x, [1.5, 2.0]);
     assert_eq!(out, [7, 8]);
+}
+
+/// `examples/overlap.rs` on two ranks, small: both orders give the right sums and product,
+/// and rank 0 reports the time saved. (Cargo builds the examples before the tests of a full
+/// `cargo test`.)
+#[test]
+fn the_overlap_example_runs_and_checks_its_results() {
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let example = deps.parent().unwrap().join("examples").join("overlap");
+    assert!(example.exists(), "{} was not built", example.display());
+    let outputs = Launch::new(2, 1)
+        .deadline(Duration::from_secs(120))
+        .command(move |_| {
+            let mut c = std::process::Command::new(&example);
+            c.args(["--mib", "2", "--n", "96", "--rounds", "2"]);
+            c
+        })
+        .spawn("the_overlap_example_runs_and_checks_its_results")
+        .finish();
+    for o in &outputs {
+        assert_eq!(o.status.map(|s| s.success()), Some(true), "{o}");
+    }
+    let report = &outputs[0].stdout;
+    assert!(
+        report.contains("saved") && report.contains("results: ok"),
+        "{report}"
+    );
 }
