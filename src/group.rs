@@ -777,7 +777,7 @@ impl Group {
     /// The operations run in the order they were started on the group's own loop thread
     /// while `f` goes on. A blocking collective on this group first waits for every
     /// outstanding one. The [`Pending`](crate::Pending) handles say when an operation is
-    /// done and return its error. See the [module documentation](crate::Scope) for the
+    /// done and return its error. See [`Scope`] for the
     /// rules, and why the buffers are borrowed by a scope rather than by the handle.
     ///
     /// # Examples

@@ -32,6 +32,26 @@
 //! data, and so does every later call on that group; close the group on every rank and form
 //! a new one.
 //!
+//! # Nonblocking collectives
+//!
+//! [`Group::scope`] starts collectives that run on the group's own loop thread while the
+//! caller computes, in the order they were started, and waits for all of them before it
+//! returns, as [`std::thread::scope`] does for threads:
+//!
+//! ```
+//! # let group = nuvec_distributed::Group::single();
+//! let mut grads = vec![1.0f32; 4096];
+//! group.scope(|s| {
+//!     let sum = s.start_all_sum(&mut grads)?;
+//!     // ... compute that does not touch `grads` ...
+//!     sum.wait()
+//! })?;
+//! # Ok::<(), nuvec_distributed::Error>(())
+//! ```
+//!
+//! A blocking call waits for the outstanding nonblocking ones first. See [`Scope`] for the
+//! rules, and why the buffers are borrowed by a scope rather than by a handle.
+//!
 //! # Backends, against MLX's support matrix
 //!
 //! | | ring (here) | MLX ring | jaccl mesh (here) | jaccl ring (here) | MLX jaccl |

@@ -1,74 +1,5 @@
-//! Nonblocking collectives: start one, keep computing, wait for it later.
-//!
-//! ```
-//! # use nuvec_distributed::Group;
-//! # let group = Group::single();
-//! let mut grads = vec![1.0f32; 1024];
-//! let mut stats = [0u64; 4];
-//! group.scope(|s| {
-//!     let sum = s.start_all_sum(&mut grads)?; // runs on the group's loop thread
-//!     let max = s.start_all_max(&mut stats)?; // queued behind it
-//!     // ... compute that does not touch `grads` or `stats` ...
-//!     max.wait()?; // waits in any order
-//!     sum.wait()
-//! })?;
-//! // The scope has waited for everything it started: the buffers are the caller's again.
-//! assert_eq!(grads[0], group.size() as f32);
-//! # Ok::<(), nuvec_distributed::Error>(())
-//! ```
-//!
-//! # Why a scope
-//!
-//! The operation runs on another thread while the caller goes on, so that thread writes the
-//! caller's buffer after the call that started it has returned. The shape
-//! `let p = group.start_all_sum(&mut buf)?; ...; p.wait()?`, with a handle whose `Drop`
-//! waits, cannot be made sound: `std::mem::forget(p)` is safe, ends the borrow of `buf`
-//! without waiting, and the caller could then read or free `buf` while the loop thread
-//! still writes it (the reason `std::thread::scoped` was withdrawn before Rust 1.0). So it is
-//! not offered.
-//!
-//! [`Group::scope`] is built like [`std::thread::scope`]: the buffers are borrowed for the
-//! whole scope, and the scope does not return (nor unwind from a panic) before every
-//! operation started in it has finished, whatever happened to the handles: waited, dropped
-//! or forgotten. The buffers are read back after the scope. Nothing is copied: the loop
-//! thread works on the caller's memory, reached through a *loan* from `ffi`'s `lend`, whose
-//! guarantee is recorded in `SAFETY.md`.
-//!
-//! An owned form (`start_all_sum_owned(Vec<T>) -> Pending<Vec<T>>`) would need no unsafe
-//! code, but it moves the buffer through a per-operation allocation (or a typed queue per
-//! buffer type) and keeps every operation from borrowing a part of a larger tensor; it is
-//! not offered for now.
-//!
-//! # Progress
-//!
-//! Each group has one loop thread, started at its first nonblocking operation. It runs the
-//! queued operations one after the other, in the order they were started, and sleeps (no
-//! CPU) while the queue is empty; during an operation it sleeps in the transport's poller
-//! like a blocking call. The thread ends when the last clone of the group is dropped.
-//!
-//! # Rules
-//!
-//! - **Order.** Operations of one group, blocking or not, go on the wire in the order they
-//!   were issued on this rank, and every rank must issue the same sequence, as for blocking
-//!   calls (see [`Group`]). Issue them from one thread.
-//! - **Mixing.** A blocking collective (or `send`, `recv`, `barrier`) first waits until every
-//!   outstanding nonblocking operation of the group has finished, then runs on the calling
-//!   thread with the latency it has without nonblocking operations. It does not report
-//!   their errors; a transport error has failed the group, so it fails with
-//!   [`Error::Failed`](crate::Error::Failed) naming the peer.
-//! - **Errors.** Argument errors (lengths, a peer out of range) are returned by the
-//!   `start_*` call and queue nothing. Transport errors are returned by
-//!   [`Pending::wait`]: the operation that met the failure names the peer, and every later
-//!   one fails with [`Error::Failed`](crate::Error::Failed) around that error. An error of a
-//!   handle that was dropped unwaited is not reported anywhere else.
-//! - **Close.** [`Group::close`] with operations outstanding aborts the one in flight
-//!   ([`Error::Aborted`](crate::Error::Aborted)) and fails each queued one with
-//!   [`Error::GroupClosed`](crate::Error::GroupClosed).
-//! - **Element types.** Every [`Element`] but `bool` ([`Plain`]): a `bool` buffer may not
-//!   hold the arbitrary bytes a peer sends while the operation runs, and the blocking calls
-//!   convert it through scratch memory. Send `bool`s as `u8`.
-//! - **Cost.** Once warm (the queue has grown to the most operations outstanding at once),
-//!   starting and waiting for an operation allocates nothing.
+//! Nonblocking collectives on a group's own loop thread: [`Group::scope`], [`Scope`],
+//! [`Pending`]. The rules are in [`Scope`]'s documentation.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -431,8 +362,78 @@ pub(crate) fn scope<'env, R>(
     })
 }
 
-/// Starts nonblocking operations on a group, on buffers borrowed until the scope ends; see
-/// [`Group::scope`] and the [module documentation](self).
+/// Starts nonblocking collectives on a group, on buffers borrowed until the scope ends
+/// ([`Group::scope`]).
+///
+/// ```
+/// # use nuvec_distributed::Group;
+/// # let group = Group::single();
+/// let mut grads = vec![1.0f32; 1024];
+/// let mut stats = [0u64; 4];
+/// group.scope(|s| {
+///     let sum = s.start_all_sum(&mut grads)?; // runs on the group's loop thread
+///     let max = s.start_all_max(&mut stats)?; // queued behind it
+///     // ... compute that does not touch `grads` or `stats` ...
+///     max.wait()?; // waits in any order
+///     sum.wait()
+/// })?;
+/// // The scope has waited for everything it started: the buffers are the caller's again.
+/// assert_eq!(grads[0], group.size() as f32);
+/// # Ok::<(), nuvec_distributed::Error>(())
+/// ```
+///
+/// # Why a scope
+///
+/// The operation runs on another thread while the caller goes on, so that thread writes the
+/// caller's buffer after the call that started it has returned. The shape
+/// `let p = group.start_all_sum(&mut buf)?; ...; p.wait()?`, with a handle whose `Drop`
+/// waits, cannot be made sound: `std::mem::forget(p)` is safe, ends the borrow of `buf`
+/// without waiting, and the caller could then read or free `buf` while the loop thread
+/// still writes it (the reason `std::thread::scoped` was withdrawn before Rust 1.0). So it is
+/// not offered.
+///
+/// [`Group::scope`] is built like [`std::thread::scope`]: the buffers are borrowed for the
+/// whole scope, and the scope does not return (nor unwind from a panic) before every
+/// operation started in it has finished, whatever happened to the handles: waited, dropped
+/// or forgotten. The buffers are read back after the scope. Nothing is copied: the loop
+/// thread works on the caller's memory, reached through a *loan* from `ffi`'s `lend`, whose
+/// guarantee is recorded in `SAFETY.md`.
+///
+/// An owned form (`start_all_sum_owned(Vec<T>) -> Pending<Vec<T>>`) would need no unsafe
+/// code, but it moves the buffer through a per-operation allocation (or a typed queue per
+/// buffer type) and keeps every operation from borrowing a part of a larger tensor; it is
+/// not offered for now.
+///
+/// # Progress
+///
+/// Each group has one loop thread, started at its first nonblocking operation. It runs the
+/// queued operations one after the other, in the order they were started, and sleeps (no
+/// CPU) while the queue is empty; during an operation it sleeps in the transport's poller
+/// like a blocking call. The thread ends when the last clone of the group is dropped.
+///
+/// # Rules
+///
+/// - **Order.** Operations of one group, blocking or not, go on the wire in the order they
+///   were issued on this rank, and every rank must issue the same sequence, as for blocking
+///   calls (see [`Group`]). Issue them from one thread.
+/// - **Mixing.** A blocking collective (or `send`, `recv`, `barrier`) first waits until every
+///   outstanding nonblocking operation of the group has finished, then runs on the calling
+///   thread with the latency it has without nonblocking operations. It does not report
+///   their errors; a transport error has failed the group, so it fails with
+///   [`Error::Failed`](crate::Error::Failed) naming the peer.
+/// - **Errors.** Argument errors (lengths, a peer out of range) are returned by the
+///   `start_*` call and queue nothing. Transport errors are returned by
+///   [`Pending::wait`]: the operation that met the failure names the peer, and every later
+///   one fails with [`Error::Failed`](crate::Error::Failed) around that error. An error of a
+///   handle that was dropped unwaited is not reported anywhere else.
+/// - **Close.** [`Group::close`] with operations outstanding aborts the one in flight
+///   ([`Error::Aborted`](crate::Error::Aborted)) and fails each queued one with
+///   [`Error::GroupClosed`](crate::Error::GroupClosed).
+/// - **Element types.** Every [`Element`] but `bool` ([`Plain`]): a `bool` buffer may not
+///   hold the arbitrary bytes a peer sends while the operation runs, and the blocking calls
+///   convert it through scratch memory. Send `bool`s as `u8`.
+/// - **Cost.** Once warm (the queue has grown to the most operations outstanding at once),
+///   starting and waiting for an operation allocates nothing.
 pub struct Scope<'scope, 'env: 'scope> {
     group: &'env Group,
     comm: &'env Arc<dyn Communicator>,

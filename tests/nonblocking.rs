@@ -432,6 +432,35 @@ fn nonblocking_operations_do_not_allocate_once_warm_native() {
         );
 }
 
+/// CPU time of this process, from /proc (user + system, in clock ticks of 10 ms or less).
+#[cfg(target_os = "linux")]
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Once its operations are done, the loop thread sleeps: the process uses no CPU.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_idle_loop_thread_uses_no_cpu() {
+    Launch::new(2, 1).all_ok("an_idle_loop_thread_uses_no_cpu", |g| {
+        let mut x = [1.0f32; 16];
+        g.scope(|s| s.start_all_sum(&mut x)?.wait()).unwrap();
+        assert_eq!(x, [2.0; 16]);
+        let before = cpu_ticks();
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks() - before;
+        // A spinning thread would use ~100 ticks in that second; allow one of noise.
+        assert!(used <= 1, "rank {}: {used} ticks while idle", g.rank());
+        // The thread is still there and still serves.
+        g.scope(|s| s.start_all_sum(&mut x)?.wait()).unwrap();
+        assert_eq!(x, [4.0; 16]);
+    });
+}
+
 /// The group of one: operations finish when started, arguments are checked, and no loop
 /// thread is needed.
 #[test]

@@ -89,9 +89,11 @@ impl<'scope> Lender<'scope, '_> {
     /// Lends `bytes` for writing until the returned loan is dropped.
     pub fn lend_mut(&'scope self, bytes: &'scope mut [u8]) -> LoanMut {
         self.ledger.take_out();
+        let len = bytes.len();
+        // `bytes` is not used after the pointer is taken from it: the loan is its only user.
         LoanMut {
-            ptr: NonNull::from(&mut *bytes).cast(),
-            len: bytes.len(),
+            ptr: NonNull::from(bytes).cast(),
+            len,
             ledger: Arc::clone(&self.ledger),
         }
     }
