@@ -34,6 +34,10 @@ struct Args {
     /// Timed rounds (after one warm-up round).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Calls of a one-element all_sum timed blocking and nonblocking (start, then wait at
+    /// once): what handing a call to the loop thread and back costs.
+    #[arg(long, default_value_t = 200)]
+    latency_calls: usize,
 }
 
 /// `c = a · b` for `n × n` row-major matrices: the compute the all_sum hides behind.
@@ -124,6 +128,7 @@ fn main() -> Result<()> {
             overlapped.push(overlapped_t);
         }
     }
+    let (blocking_us, nonblocking_us) = latency(&group, args.latency_calls)?;
     if rank == 0 && args.rounds > 0 {
         let (comm, compute) = (median(comm), median(compute));
         let (sequential, overlapped) = (median(sequential), median(overlapped));
@@ -142,6 +147,11 @@ fn main() -> Result<()> {
             ms(saved),
             100.0 * saved.as_secs_f64() / bound.as_secs_f64().max(1e-9),
             ms(bound)
+        );
+        println!(
+            "  one-element all_sum: blocking {blocking_us:.1} us, nonblocking start + wait \
+             {nonblocking_us:.1} us (mean of {} calls)",
+            args.latency_calls
         );
         println!("results: ok");
     }
@@ -162,6 +172,26 @@ fn overlap(
         matmul(a, b, c, n);
         sum.wait()
     })
+}
+
+/// Mean microseconds per call of a one-element all_sum, blocking and nonblocking.
+fn latency(group: &Group, calls: usize) -> Result<(f64, f64)> {
+    let calls = calls.max(1);
+    let mut x = [1.0f32];
+    group.barrier()?;
+    let t = Instant::now();
+    for _ in 0..calls {
+        group.all_sum(&mut x)?;
+    }
+    let blocking = t.elapsed();
+    group.barrier()?;
+    let t = Instant::now();
+    for _ in 0..calls {
+        group.scope(|s| s.start_all_sum(&mut x)?.wait())?;
+    }
+    let nonblocking = t.elapsed();
+    let per_call = |d: Duration| d.as_secs_f64() * 1e6 / calls as f64;
+    Ok((per_call(blocking), per_call(nonblocking)))
 }
 
 fn ms(d: Duration) -> f64 {

@@ -502,7 +502,16 @@ fn the_overlap_example_runs_and_checks_its_results() {
         .deadline(Duration::from_secs(120))
         .command(move |_| {
             let mut c = std::process::Command::new(&example);
-            c.args(["--mib", "2", "--n", "96", "--rounds", "2"]);
+            c.args([
+                "--mib",
+                "2",
+                "--n",
+                "96",
+                "--rounds",
+                "2",
+                "--latency-calls",
+                "20",
+            ]);
             c
         })
         .spawn("the_overlap_example_runs_and_checks_its_results")
@@ -512,7 +521,9 @@ fn the_overlap_example_runs_and_checks_its_results() {
     }
     let report = &outputs[0].stdout;
     assert!(
-        report.contains("saved") && report.contains("results: ok"),
+        report.contains("saved")
+            && report.contains("one-element all_sum")
+            && report.contains("results: ok"),
         "{report}"
     );
 }
