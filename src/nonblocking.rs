@@ -642,7 +642,9 @@ enum Inner<'scope> {
 }
 
 /// A started nonblocking operation (see [`Scope`]). Dropping it unwaited is allowed: the
-/// operation still runs, and the scope still waits for it.
+/// operation still runs, and the scope still waits for it. Forgetting it
+/// (`std::mem::forget`) is safe too, and the scope still waits, but its place in the
+/// group's queue is never reused.
 #[must_use = "an unwaited operation's error is lost; call wait()"]
 pub struct Pending<'scope> {
     inner: Inner<'scope>,
