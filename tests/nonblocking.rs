@@ -527,3 +527,35 @@ fn the_overlap_example_runs_and_checks_its_results() {
         "{report}"
     );
 }
+
+/// The same rounds on JACCL, two ranks of a mesh on the project's test verbs provider (its
+/// real binding, ranks in separate processes): the loop thread drives any backend.
+#[cfg(feature = "jaccl")]
+#[test]
+fn many_outstanding_operations_and_mixing_on_jaccl() {
+    let name = "many_outstanding_operations_and_mixing_on_jaccl";
+    let body = || {
+        let g = nuvec_distributed::init_backend(true, nuvec_distributed::Backend::Jaccl)
+            .expect("the JACCL mesh forms");
+        assert_eq!(g.backend(), "jaccl");
+        many_outstanding(g.clone());
+        mixing(g);
+    };
+    if nuvec_tools::testing::is_rank(name) {
+        nuvec_tools::testing::as_rank(name, body);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("devices.json");
+    std::fs::write(&file, r#"[[null, "m0to1"], ["m1to0", null]]"#).unwrap();
+    let port = nuvec_tools::testing::free_port_block(1).unwrap();
+    let provider = nuvec_tools::testing::verbs_provider();
+    let launch = Launch::new(2, 1)
+        .env(ffi::verbs::LIBRARY_VAR, &provider.to_string_lossy())
+        .env("NUVEC_VERBS_PROVIDER_DIR", &dir.path().to_string_lossy())
+        .env("NUVEC_VERBS_PROVIDER_DEVICES", "m0to1,m1to0")
+        .env("MLX_IBV_DEVICES", &file.to_string_lossy())
+        .env("MLX_JACCL_COORDINATOR", &format!("127.0.0.1:{port}"));
+    let outputs = launch.spawn(name).finish();
+    nuvec_tools::testing::assert_all_finished(&outputs);
+}
