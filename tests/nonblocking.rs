@@ -251,8 +251,8 @@ fn blocking_calls_wait_for_outstanding_nonblocking_ones_native() {
 }
 
 /// Rank 0 starts ten operations that cannot finish (rank 1 has not started its own) and
-/// closes the group: the one in flight is aborted, the queued ones fail as closed. Rank 1
-/// then starts its ten: each fails, naming rank 0.
+/// closes the group: the one in flight is aborted, the queued ones fail as closed. Rank 1,
+/// once it sees rank 0 gone, starts its ten: each fails, naming rank 0.
 #[test]
 fn close_with_operations_outstanding_fails_each_cleanly() {
     let launch = Launch::new(2, 1).timeout(5.0);
@@ -262,7 +262,12 @@ fn close_with_operations_outstanding_fails_each_cleanly() {
             g.barrier().unwrap();
             let mut bufs: Vec<Vec<f32>> = (0..10).map(|_| vec![1.0; 1 << 16]).collect();
             if g.rank() == 1 {
-                std::thread::sleep(Duration::from_millis(300));
+                // Start only once rank 0 has closed, however late the machine lets it run.
+                let until = Instant::now() + Duration::from_secs(20);
+                while g.health().is_ok() {
+                    assert!(Instant::now() < until, "rank 0 never closed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
             let results: Vec<Result<()>> = g.scope(|s| {
                 let pending: Vec<_> = bufs
