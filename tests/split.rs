@@ -421,3 +421,103 @@ fn the_tp_pp_example_matches_the_unsharded_model() {
         "{report}"
     );
 }
+
+/// One process holds a JACCL group (a mesh of 3 on the test verbs provider) next to a
+/// ring and the ring's sub-groups, and uses them in turn; the JACCL group refuses to split,
+/// naming why.
+#[cfg(feature = "jaccl")]
+#[test]
+fn a_jaccl_group_next_to_a_ring_and_its_sub_groups() {
+    use nuvec_distributed::{Backend, init_backend};
+    use std::process::Stdio;
+
+    const NAME: &str = "a_jaccl_group_next_to_a_ring_and_its_sub_groups";
+    const P: usize = 3;
+    const RING_PORTS: &str = "NUVEC_TEST_RING_PORTS";
+    if testing::is_rank(NAME) {
+        let jaccl = init_backend(true, Backend::Jaccl).unwrap();
+        assert_eq!((jaccl.backend(), jaccl.size()), ("jaccl", P));
+        let rank = jaccl.rank();
+        let ports: Vec<Vec<u16>> = std::env::var(RING_PORTS)
+            .unwrap()
+            .split(',')
+            .map(|p| vec![p.parse().unwrap()])
+            .collect();
+        let options = Options::default().timeout(Duration::from_secs(20));
+        let ring = init_with(&testing::loopback_nodes(&ports), rank, &options).unwrap();
+        let sub = ring.split((rank % 2) as i32, -1).unwrap();
+        let members: &[usize] = if rank.is_multiple_of(2) { &[0, 2] } else { &[1] };
+        let refused = jaccl.split(0, -1).unwrap_err();
+        assert!(matches!(refused, Error::Unsupported(_)), "{refused}");
+        assert!(refused.to_string().contains("JACCL"), "{refused}");
+        for round in 0..3 {
+            let what = format!("round {round}");
+            check_sub(&jaccl, rank, Some(&[0, 1, 2]), &what);
+            check_sub(&sub, rank, Some(members), &what);
+            check_sub(&ring, rank, Some(&[0, 1, 2]), &what);
+        }
+        // The JACCL group survives the ring's close, and the ring's sub-group too.
+        ring.close().unwrap();
+        check_sub(&jaccl, rank, Some(&[0, 1, 2]), "after closing the ring");
+        check_sub(&sub, rank, Some(members), "after closing the ring");
+        println!("{}", testing::DONE);
+        return;
+    }
+    // A full mesh: rank i reaches rank j through provider device m{i}to{j}.
+    let cell = |i: usize, j: usize| {
+        if i == j {
+            "null".to_string()
+        } else {
+            format!("\"m{i}to{j}\"")
+        }
+    };
+    let matrix: Vec<String> = (0..P)
+        .map(|i| {
+            format!(
+                "[{}]",
+                (0..P).map(|j| cell(i, j)).collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect();
+    let devices: Vec<String> = (0..P)
+        .flat_map(|i| {
+            (0..P)
+                .filter(move |&j| j != i)
+                .map(move |j| format!("m{i}to{j}"))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("devices.json");
+    std::fs::write(&file, format!("[{}]", matrix.join(", "))).unwrap();
+    let coordinator = testing::free_port_block(1).unwrap();
+    let ring_ports: Vec<String> = testing::free_ports(P, 1)
+        .iter()
+        .map(|p| p[0].to_string())
+        .collect();
+    let children = (0..P)
+        .map(|rank| {
+            let mut cmd = testing::this_test(NAME);
+            for var in [
+                "MLX_HOSTFILE",
+                "MLX_JACCL_RING",
+                "JACCL_RING",
+                "NUVEC_JACCL_BUFFERS",
+            ] {
+                cmd.env_remove(var);
+            }
+            cmd.env("NUVEC_DISTRIBUTED_VERBS_LIBRARY", testing::verbs_provider())
+                .env("NUVEC_VERBS_PROVIDER_DIR", dir.path())
+                .env("NUVEC_VERBS_PROVIDER_DEVICES", devices.join(","))
+                .env("NUVEC_DISTRIBUTED_TIMEOUT", "20")
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_IBV_DEVICES", &file)
+                .env("MLX_JACCL_COORDINATOR", format!("127.0.0.1:{coordinator}"))
+                .env(RING_PORTS, ring_ports.join(","))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            (rank, cmd.spawn().unwrap())
+        })
+        .collect();
+    testing::assert_all_finished(&testing::collect(children, Duration::from_secs(120)));
+}
