@@ -90,6 +90,33 @@ fn check_sub(sub: &Group, rank: usize, members: Option<&[usize]>, what: &str) {
     sub.barrier().unwrap();
 }
 
+/// Shows which wire `sub` runs on: the native wire sends to any rank, MLX's only to
+/// neighbours, so a sub-group of four or more tells them apart.
+fn check_wire(sub: &Group, wire: &str, what: &str) {
+    if sub.size() < 4 {
+        return;
+    }
+    let data = [sub.rank() as u64; 3];
+    match (wire, sub.rank()) {
+        ("native", 0) => sub.send(&data, 2).unwrap(),
+        ("native", 2) => {
+            let mut got = [9u64; 3];
+            sub.recv(&mut got, 0).unwrap();
+            assert_eq!(got, [0; 3], "{what}");
+        }
+        ("native", _) => {}
+        (_, 0) => {
+            let refused = sub.send(&data, 2).unwrap_err();
+            assert!(
+                matches!(refused, Error::InvalidArgument(_)),
+                "{what}: {refused}"
+            );
+        }
+        _ => {}
+    }
+    sub.barrier().unwrap();
+}
+
 /// Every pattern at this size, each sub-group checked and closed before the next split;
 /// the parent still works at the end.
 fn patterns(size: usize, connections: usize, wire: &str, keyed: bool, name: &str) {
@@ -107,6 +134,7 @@ fn patterns(size: usize, connections: usize, wire: &str, keyed: bool, name: &str
                 .split(color, key)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             check_sub(&sub, rank, expected(pattern, size, rank).as_deref(), &what);
+            check_wire(&sub, wire, &what);
             sub.close().unwrap();
         }
         let mut x = [1u16; 5];
@@ -192,6 +220,8 @@ fn nested(wire: &str, name: &str) {
             for group in [&again, &quarter, &half] {
                 group.close().unwrap();
             }
+            let closed = half.split(0, -1).unwrap_err();
+            assert!(matches!(closed, Error::GroupClosed), "{closed}");
             check_sub(&g, rank, Some(&[0, 1, 2, 3, 4, 5]), "parent after closes");
         });
 }
@@ -294,6 +324,36 @@ fn a_fault_in_a_sub_group_spares_the_parent_and_the_sibling() {
             check_sub(&fresh, rank, Some(&[0, 1, 2, 3, 4]), "a new split");
         },
     );
+}
+
+/// A sub-group waits as long as its parent would: a stalled member is named after the
+/// parent's timeout (1 s here), not the default 30 s.
+#[test]
+fn a_sub_group_keeps_the_parent_s_timeout() {
+    const NAME: &str = "a_sub_group_keeps_the_parent_s_timeout";
+    let outputs = Launch::new(3, 1).timeout(1.0).run(NAME, |g| {
+        let sub = g.split(i32::from(g.rank() == 2), -1).unwrap();
+        match g.rank() {
+            0 => {
+                let start = std::time::Instant::now();
+                let error = sub.all_sum(&mut [1i32; 4]).unwrap_err();
+                let took = start.elapsed();
+                assert_eq!((error.peer(), error.fault()), (Some(1), Fault::PeerFailed));
+                assert!(matches!(error, Error::Timeout { .. }), "{error}");
+                assert!(took < Duration::from_secs(5), "{took:?}: {error}");
+                println!("TIMED-OUT");
+            }
+            // Stalls well past the timeout, then finds its sub-group failed.
+            1 => {
+                std::thread::sleep(Duration::from_secs(3));
+                assert!(sub.all_sum(&mut [1i32; 4]).is_err());
+            }
+            _ => assert_eq!(sub.size(), 1),
+        }
+    });
+    let Some(outputs) = outputs else { return };
+    testing::assert_all_finished(&outputs);
+    assert_eq!(outputs[0].lines("TIMED-OUT").len(), 1, "{}", outputs[0]);
 }
 
 /// One process holds several groups at once: per thread (each thread a rank), two rings
@@ -446,7 +506,11 @@ fn a_jaccl_group_next_to_a_ring_and_its_sub_groups() {
         let options = Options::default().timeout(Duration::from_secs(20));
         let ring = init_with(&testing::loopback_nodes(&ports), rank, &options).unwrap();
         let sub = ring.split((rank % 2) as i32, -1).unwrap();
-        let members: &[usize] = if rank.is_multiple_of(2) { &[0, 2] } else { &[1] };
+        let members: &[usize] = if rank.is_multiple_of(2) {
+            &[0, 2]
+        } else {
+            &[1]
+        };
         let refused = jaccl.split(0, -1).unwrap_err();
         assert!(matches!(refused, Error::Unsupported(_)), "{refused}");
         assert!(refused.to_string().contains("JACCL"), "{refused}");
