@@ -124,8 +124,10 @@ pub(crate) fn split(
             "jaccl" => "split: a JACCL group cannot be split. JACCL sets up its queue pairs \
                         once, through its coordinator, for the one group it forms; a \
                         sub-group would need queue pairs of its own on the same Thunderbolt \
-                        devices, where queue pairs are a scarce resource, and MLX's jaccl \
-                        refuses split as well. Split a ring group instead."
+                        devices, which allow only about ten each, and on a JACCL ring the \
+                        members of a sub-group are in general not cabled to each other. \
+                        MLX's jaccl refuses split as well. Split a ring group (over the \
+                        same hosts) instead."
                 .to_string(),
             backend => format!(
                 "split: this {backend} group was not formed by init or init_with, so it has \
