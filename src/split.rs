@@ -222,7 +222,14 @@ pub(crate) fn split(
         "split: forming color {color} as rank {new_rank} of {} (parent ranks {order:?})",
         order.len()
     );
-    let group = form_ring(&addrs, &origin.options)?;
+    let group = form_ring(&addrs, &origin.options).inspect_err(|e| {
+        // The error names sub-group ranks; this says which parent ranks they are.
+        verbose!(
+            warn: rank,
+            "split: forming color {color} failed: {e} (sub-group ranks 0.. are parent ranks \
+             {order:?})"
+        );
+    })?;
     verbose!(
         info: rank,
         "split: color {color} formed; this rank is its rank {new_rank} of {}",
