@@ -261,12 +261,14 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
 }
 
 /// Forms the ring of two or more ranks described by `addrs` on the wire `options` asks for.
-fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Group> {
-    Ok(match options.wire {
+pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Group> {
+    let group = match options.wire {
         Wire::Mlx => Group::new(Arc::new(Ring::connect(addrs, options)?)),
         Wire::Native => {
             let formed = crate::native::bootstrap::connect(addrs, options)?;
             Group::new(Arc::new(Native::new(formed, options)?))
         }
-    })
+    };
+    // Kept so that the group can be split on the same links with the same options.
+    Ok(group.with_origin(crate::split::Origin::new(addrs, options)))
 }

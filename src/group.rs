@@ -32,8 +32,8 @@ use crate::reduce::ReduceOp;
 ///
 /// - issue all collectives of a group from one thread (other threads hand it their work), or
 /// - give each thread its own group: form one per thread with
-///   [`init_with`](crate::init_with) on its own ports (a `split` of a group would do the
-///   same, once it exists).
+///   [`init_with`](crate::init_with) on its own ports, or [`split`](Group::split) a group
+///   (with the same color everywhere) once per thread.
 ///
 /// Two threads may still share a group for [`Group::close`] and [`Group::health`], which
 /// never wait for a collective in flight (see each).
@@ -44,6 +44,9 @@ pub struct Group {
     size: usize,
     /// The loop thread and queue of nonblocking collectives, shared by every clone.
     nb: Arc<Nonblocking>,
+    /// How the group was formed, for [`Group::split`]; `None` for groups over other
+    /// communicators.
+    origin: Option<Arc<crate::split::Origin>>,
 }
 
 impl fmt::Debug for Group {
@@ -123,6 +126,7 @@ impl Group {
             rank,
             size,
             nb: Arc::new(Nonblocking::new()),
+            origin: None,
         }
     }
 
@@ -844,6 +848,90 @@ impl Group {
             )));
         }
         Ok(())
+    }
+}
+
+// ---- Split (issue 16): sub-groups with connections of their own ------------------------
+
+impl Group {
+    /// The color of a rank that takes part in no sub-group of [`Group::split`] (any
+    /// negative color does the same).
+    pub const NO_COLOR: i32 = -1;
+
+    /// Splits the group into sub-groups, as MLX's `Group.split(color, key=-1)`: the ranks
+    /// that pass the same `color` form one group, ranked by `key` (the smallest key is rank
+    /// 0), ties and negative keys going by rank in this group (a negative key is this
+    /// rank). Pass `-1` as `key` to keep this group's order.
+    ///
+    /// A collective on this group: every rank must call it, in the same place among its
+    /// collectives. Each sub-group forms connections of its own: the ranks gather each
+    /// other's records over this group (color, key and one fresh port per connection, on
+    /// the IP address each rank already uses here), then form on this group's wire with
+    /// the [`Options`](crate::Options) it was formed with (timeout, key, spin, socket
+    /// tuning). A sub-group lives on its own: closing or failing it leaves this group and
+    /// its other sub-groups as they are, and the other way round. Its errors name peers by
+    /// their rank in the sub-group.
+    ///
+    /// A rank whose `color` is negative ([`Group::NO_COLOR`]) takes part in no sub-group;
+    /// it still has to make the call, and gets the group of itself alone
+    /// ([`Group::single`]). MLX has no convention for it (its ring and JACCL refuse to
+    /// split); this follows MPI's `MPI_UNDEFINED` and NCCL's `NCCL_SPLIT_NOCOLOR`, which are
+    /// negative too, except that those hand back no group at all. A color that only this
+    /// rank chose also gives the group of itself alone. A group of one splits to itself.
+    ///
+    /// MLX's ranks cannot take part: their ring refuses `split`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a JACCL group (JACCL sets its queue pairs up once, for the
+    /// one group it forms) or a group over another [`Communicator`]. A failure of the
+    /// exchange over this group is that collective's error, and this group is failed;
+    /// a failure to form the sub-group is a formation error naming the sub-group's rank,
+    /// and leaves this group usable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use nuvec_distributed::{Group, Options, Result, init_with};
+    /// # // Two ranks on loopback, a thread each, both running the example's body.
+    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
+    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
+    /// #     std::thread::scope(|s| {
+    /// #         for rank in 0..2 {
+    /// #             let (nodes, body) = (&nodes, &body);
+    /// #             s.spawn(move || {
+    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
+    /// #                 group.barrier().unwrap();
+    /// #                 body(group).unwrap();
+    /// #             });
+    /// #         }
+    /// #     });
+    /// # }
+    /// # two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // One color, keys in reverse: the sub-group has both ranks, numbered the other way.
+    /// let sub = group.split(0, (group.size() - group.rank()) as i32)?;
+    /// assert_eq!((sub.size(), sub.rank()), (2, 1 - group.rank()));
+    /// let mut all = [0u8; 2];
+    /// sub.all_gather(&[group.rank() as u8], &mut all)?;
+    /// assert_eq!(all, [1, 0]); // sub-group rank 0 is rank 1 here
+    ///
+    /// // A color each: two groups of one.
+    /// let alone = group.split(group.rank() as i32, -1)?;
+    /// assert_eq!(alone.size(), 1);
+    /// sub.close()?; // closes the sub-group only
+    /// group.barrier()?;
+    /// # Ok(())
+    /// # });
+    /// ```
+    pub fn split(&self, color: i32, key: i32) -> Result<Group> {
+        crate::split::split(self, self.origin.as_deref(), color, key)
+    }
+
+    /// This group, kept with how it was formed so that it can be split.
+    pub(crate) fn with_origin(mut self, origin: crate::split::Origin) -> Group {
+        self.origin = Some(Arc::new(origin));
+        self
     }
 }
 

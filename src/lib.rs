@@ -61,7 +61,7 @@
 //! | `send` / `recv` | neighbours only | neighbours only | any peer | neighbours only | mesh: any; ring: neighbours |
 //! | `sum_scatter` | yes (between nuvec ranks) | refused | yes | yes | yes |
 //! | `barrier` | yes (an `all_sum` of one f32, MLX's idiom) | none in Python | yes (an `all_sum` of one u8, as MLX's C++) | yes | C++ only |
-//! | `split` | no | no | no | no | no |
+//! | `split` | yes ([`Group::split`], between nuvec ranks) | no | no | no | no |
 //! | timeouts, errors naming the peer | yes | no | yes | yes | no |
 //! | pre-shared-key authentication | optional (nuvec ranks only) | no | no | no | no |
 //! | mixed with MLX ranks | tested, bit for bit (P = 2..4, C = 1, 2) | — | unverified on hardware | unverified on hardware | — |
@@ -178,6 +178,7 @@ mod nonblocking;
 mod options;
 mod reduce;
 mod ring;
+mod split;
 mod tcp;
 mod verbose;
 

@@ -153,6 +153,9 @@ impl SocketTuning {
 /// A listening socket on `addr`, with `SO_REUSEADDR` so a ring can re-form on the same ports
 /// right after the last one closed. Accepted connections inherit its tuning.
 pub(crate) fn listen(addr: SocketAddr, tuning: &SocketTuning) -> io::Result<TcpListener> {
+    if let Some(listener) = take_reserved(addr) {
+        return Ok(listener);
+    }
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.set_nonblocking(true)?;
@@ -160,6 +163,41 @@ pub(crate) fn listen(addr: SocketAddr, tuning: &SocketTuning) -> io::Result<TcpL
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     Ok(TcpListener::from_std(socket.into()))
+}
+
+// ---- Listeners bound ahead of formation (Group::split) ---------------------------------
+
+/// Listeners that `Group::split` bound on port 0 before the sub-group forms, by the address
+/// the kernel gave them. Formation calls [`listen`] with that address, and must get this
+/// very socket: closing it and binding the port again would leave a window in which
+/// another process's outgoing connection could be handed the (ephemeral) port.
+static RESERVED: std::sync::Mutex<Vec<(SocketAddr, TcpListener)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Binds a listener on a fresh port of `ip` and keeps it for the next [`listen`] on the
+/// address it returns.
+pub(crate) fn reserve(ip: std::net::IpAddr, tuning: &SocketTuning) -> io::Result<SocketAddr> {
+    let listener = listen(SocketAddr::new(ip, 0), tuning)?;
+    let addr = listener.local_addr()?;
+    RESERVED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((addr, listener));
+    Ok(addr)
+}
+
+/// Closes the listener kept for `addr`, if formation did not take it.
+pub(crate) fn release(addr: SocketAddr) {
+    drop(take_reserved(addr));
+}
+
+fn take_reserved(addr: SocketAddr) -> Option<TcpListener> {
+    if addr.port() == 0 {
+        return None;
+    }
+    let mut reserved = RESERVED.lock().unwrap_or_else(|e| e.into_inner());
+    let at = reserved.iter().position(|(a, _)| *a == addr)?;
+    Some(reserved.swap_remove(at).1)
 }
 
 /// Starts a non-blocking connection to `addr`, tuned before the handshake so that the
