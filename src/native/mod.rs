@@ -20,7 +20,9 @@
 //! [`RING_MIN`], and over MLX's pipelined ring from there on (after a round of headers,
 //! so that a mismatch is found before data moves). all_gather and sum_scatter send every
 //! block straight to its rank; barrier is a round of headers; send/recv go on the mesh
-//! connection to any peer. See `protocol` for the order of combination, which makes every
+//! connection to any peer. A broadcast goes straight from the root up to
+//! [`BROADCAST_DIRECT_MAX`], by scatter + all-gather above it; all_to_all sends every
+//! block straight to its rank. See `protocol` for the order of combination, which makes every
 //! result identical on every rank and from run to run.
 //!
 //! # A mismatch
