@@ -192,3 +192,20 @@ fn wrong_arguments_are_refused_and_the_group_stays_usable() {
         });
     }
 }
+
+#[test]
+fn a_backend_without_them_refuses_by_name() {
+    // `Single` keeps the trait's defaults, as JACCL and users' backends do.
+    let e = Single.broadcast(&mut [0u8; 4], 0).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("broadcast from rank 0: the single backend"),
+        "{e}"
+    );
+    let e = Single.all_to_all(&[0u8; 4], &mut [0u8; 4]).unwrap_err();
+    assert!(
+        e.to_string().contains("all_to_all: the single backend"),
+        "{e}"
+    );
+}
