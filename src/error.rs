@@ -60,6 +60,10 @@ pub enum Phase {
     Send,
     /// A `recv`.
     Recv,
+    /// A `broadcast`.
+    Broadcast,
+    /// An `all_to_all`.
+    AllToAll,
     /// [`Group::health`](crate::Group::health).
     HealthCheck,
 }
@@ -77,6 +81,8 @@ impl Phase {
             Phase::SumScatter => "sum_scatter",
             Phase::Send => "send",
             Phase::Recv => "recv",
+            Phase::Broadcast => "broadcast",
+            Phase::AllToAll => "all_to_all",
             Phase::HealthCheck => "health check",
         }
     }

@@ -935,6 +935,150 @@ impl Group {
     }
 }
 
+// Issue 16: broadcast, all_to_all and the allocating conveniences.
+impl Group {
+    /// Copies rank `root`'s `data` into `data` on every other rank; every rank passes the
+    /// same length and the same `root`.
+    ///
+    /// On the native wire a small broadcast goes from the root straight to every rank
+    /// (one hop), a large one as a scatter from the root followed by an all-gather among
+    /// the other ranks, and a rank that disagrees about the root or the length fails with
+    /// [`Error::Mismatch`]. On the MLX wire it is pipelined around the ring from the root:
+    /// a schedule of this crate, which MLX ranks cannot take part in (MLX has no
+    /// broadcast; an MLX rank in the ring would see bytes it did not expect, and it or its
+    /// neighbours fail or wait out their timeout). JACCL refuses it with
+    /// [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `root` is not a rank of the group (the group stays
+    /// usable); otherwise as [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Group;
+    ///
+    /// let group = Group::single();
+    /// let mut weights = [0.5f32, 1.5];
+    /// group.broadcast(&mut weights, 0)?; // rank 0's weights, on every rank
+    /// assert_eq!(weights, [0.5, 1.5]);
+    /// assert!(group.broadcast(&mut weights, 1).is_err()); // no rank 1 in a group of one
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
+    pub fn broadcast<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
+        if root >= self.size {
+            return Err(Error::invalid(format!(
+                "broadcast: root {root} is not a rank of this group, which has ranks 0 to {}",
+                self.size - 1
+            )));
+        }
+        if self.size == 1 {
+            return Ok(());
+        }
+        T::with_wire_mut(data, |bytes| self.comm.broadcast(bytes, root))
+    }
+
+    /// Exchanges equal blocks between every pair of ranks: `input` and `output` hold
+    /// `size()` blocks of `input.len() / size()` elements; block `j` of `input` goes to
+    /// rank `j`, and block `i` of `output` is what rank `i` sent to this rank (block
+    /// `rank()` is this rank's own, copied).
+    ///
+    /// On the native wire every rank sends each block straight to its rank (one hop); a
+    /// rank that makes another call fails with [`Error::Mismatch`]. On the MLX wire the
+    /// blocks travel around the ring in `size() - 1` steps: a schedule of this crate, which
+    /// MLX ranks cannot take part in (MLX declined all_to_all; an MLX rank in the ring
+    /// would see bytes it did not expect, and it or its neighbours fail or wait out their
+    /// timeout). JACCL refuses it with [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the lengths differ or are not a multiple of `size()`
+    /// (the group stays usable); otherwise as [`Group::all_sum`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Group;
+    ///
+    /// let group = Group::single();
+    /// let mut out = [0u32; 2];
+    /// group.all_to_all(&[7u32, 8], &mut out)?; // one rank: its one block is its own
+    /// assert_eq!(out, [7, 8]);
+    /// assert!(group.all_to_all(&[7u32, 8], &mut [0u32; 3]).is_err());
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.nb.settle(); // nonblocking operations go first: see `scope`
+        if input.len() != output.len() {
+            return Err(Error::invalid(format!(
+                "all_to_all: the input holds {} elements and the output {}; they must be equal",
+                input.len(),
+                output.len()
+            )));
+        }
+        if !input.len().is_multiple_of(self.size) {
+            return Err(Error::invalid(format!(
+                "all_to_all: {} elements do not split into {} equal blocks, one per rank",
+                input.len(),
+                self.size
+            )));
+        }
+        if self.size == 1 {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        T::with_wire_mut(output, |out| self.comm.all_to_all(T::as_wire(input), out))
+    }
+
+    /// [`Group::all_gather`] into a new vector of `size() * input.len()` elements.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::all_gather`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Group;
+    ///
+    /// let all = Group::single().all_gather_vec(&[1i8, 2])?;
+    /// assert_eq!(all, [1, 2]);
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
+    pub fn all_gather_vec<T: Element>(&self, input: &[T]) -> Result<Vec<T>> {
+        // Filled with copies of the input: this rank's block is then already in place,
+        // and no zero value of `T` is needed.
+        let mut output = input.repeat(self.size);
+        self.all_gather(input, &mut output)?;
+        Ok(output)
+    }
+
+    /// [`Group::recv`] of `len` elements from rank `src` into a new vector.
+    ///
+    /// # Errors
+    ///
+    /// As [`Group::recv`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::Group;
+    ///
+    /// // A group of one has no one to receive from.
+    /// let err = Group::single().recv_vec::<f32>(4, 1).unwrap_err();
+    /// assert_eq!(err.fault(), nuvec_distributed::Fault::Misuse);
+    /// ```
+    pub fn recv_vec<T: Element + Default>(&self, len: usize, src: usize) -> Result<Vec<T>> {
+        // Checked before allocating: a wrong rank costs no memory.
+        self.check_peer("receive from", src)?;
+        let mut data = vec![T::default(); len];
+        self.recv(&mut data, src)?;
+        Ok(data)
+    }
+}
+
 /// The communicator of a group of one. [`Group`] short-circuits every collective for size
 /// 1, so these are reached only through [`Communicator`] directly.
 #[derive(Debug)]
@@ -1083,6 +1227,51 @@ pub fn recv<T: Element>(data: &mut [T], src: usize, group: Option<&Group>) -> Re
 pub fn barrier(group: Option<&Group>) -> Result<()> {
     pick(group).barrier()
 }
+
+/// [`Group::broadcast`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::broadcast`].
+pub fn broadcast<T: Element>(data: &mut [T], root: usize, group: Option<&Group>) -> Result<()> {
+    pick(group).broadcast(data, root)
+}
+
+/// [`Group::all_to_all`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::all_to_all`].
+pub fn all_to_all<T: Element>(input: &[T], output: &mut [T], group: Option<&Group>) -> Result<()> {
+    pick(group).all_to_all(input, output)
+}
+
+/// [`Group::all_gather_vec`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::all_gather`].
+pub fn all_gather_vec<T: Element>(input: &[T], group: Option<&Group>) -> Result<Vec<T>> {
+    pick(group).all_gather_vec(input)
+}
+
+/// [`Group::recv_vec`] on `group` or the default group.
+///
+/// # Errors
+///
+/// As [`Group::recv`].
+pub fn recv_vec<T: Element + Default>(
+    len: usize,
+    src: usize,
+    group: Option<&Group>,
+) -> Result<Vec<T>> {
+    pick(group).recv_vec(len, src)
+}
+
+// Issue 16: broadcast, all_to_all and the conveniences across ranks, on both wires.
+#[cfg(test)]
+#[path = "group_collectives_tests.rs"]
+mod collectives_tests;
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,9 @@
 //! on a ring and 1 for a JACCL mesh (one queue pair per peer).
 //!
 //! Op codes: 0 all_sum, 1 all_max, 2 all_min, 3 all_gather, 4 sum_scatter, 5 send,
-//! 6 recv, 7 barrier (an all_sum of one element underneath, traced as the barrier). Dtype
+//! 6 recv, 7 barrier (an all_sum of one element underneath, traced as the barrier),
+//! 8 broadcast, 9 all_to_all (one start and one done per call, though on the MLX wire
+//! they run as several steps, each of which fires `send_step`/`recv_step`). Dtype
 //! codes follow MLX's order (0 bool ... 13 complex64); 255 for byte-level collectives.
 //! Error kinds: 1 I/O, 2 closed, 3 lost (a peer's notice), 4 timeout, 5 authentication,
 //! 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA, 10 mismatched calls (native wire), 0 other. The macros live here, not in nuvec-distributed, because they

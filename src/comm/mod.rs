@@ -24,7 +24,10 @@ use crate::reduce::ReduceOp;
 /// - `all_reduce`: `data` holds whole elements of `dtype`;
 /// - `all_gather`: `output.len() == input.len() * size()`;
 /// - `sum_scatter`: `input.len() == output.len() * size()`, both whole elements of `dtype`;
-/// - `send`/`recv`: `dst`/`src` is in range and is not this rank.
+/// - `send`/`recv`: `dst`/`src` is in range and is not this rank;
+/// - `broadcast`: `root` is in range and the group has at least two ranks;
+/// - `all_to_all`: `input.len() == output.len()`, a multiple of `size()`, and the group
+///   has at least two ranks.
 ///
 /// A transport failure must leave the communicator failed: later calls return
 /// [`Error::Failed`].
@@ -71,5 +74,29 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// may keep the default.
     fn is_closed(&self) -> bool {
         false
+    }
+
+    // Issue 16, broadcast and all_to_all. Defaults refuse, so that a backend without them
+    // (JACCL today, a user's own) says so by name instead of failing to build.
+
+    /// Copies rank `root`'s `data` into every other rank's `data` (same length on every
+    /// rank). The default refuses with [`Error::Unsupported`] naming the backend.
+    fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
+        let _ = data;
+        Err(crate::error::Error::Unsupported(format!(
+            "broadcast from rank {root}: the {} backend does not offer it",
+            self.backend()
+        )))
+    }
+
+    /// Sends block `j` of `input` (`input.len() / size()` bytes) to rank `j`, and puts the
+    /// block rank `i` sent to this rank at block `i` of `output`. The default refuses with
+    /// [`Error::Unsupported`] naming the backend.
+    fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let _ = (input, output);
+        Err(crate::error::Error::Unsupported(format!(
+            "all_to_all: the {} backend does not offer it",
+            self.backend()
+        )))
     }
 }

@@ -6,11 +6,15 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | sequence number (wrapping) |
-//! | 4 | kind: 1 all-reduce, 2 all_gather, 3 sum_scatter, 4 barrier, 5 send, 6 rejected send |
-//! | 5 | op: 0 sum, 1 max, 2 min (0 unless an all-reduce) |
-//! | 6 | dtype: its index in [`DType::ALL`], [`NO_DTYPE`] for byte collectives |
+//! | 4 | kind: 1 all-reduce, 2 all_gather, 3 sum_scatter, 4 barrier, 5 send, 6 rejected send, 7 broadcast, 8 all_to_all |
+//! | 5 | op: 0 sum, 1 max, 2 min (0 unless an all-reduce); a broadcast's root, low byte |
+//! | 6 | dtype: its index in [`DType::ALL`], [`NO_DTYPE`] for byte collectives; a broadcast's root, high byte |
 //! | 7 | [`TAG`], a fixed byte: anything else means the stream is out of step |
-//! | 8..16 | count: elements (all-reduce, sum_scatter's input), bytes (all_gather's input, send), 0 (barrier) |
+//! | 8..16 | count: elements (all-reduce, sum_scatter's input), bytes (all_gather's input, send, broadcast, all_to_all's input), 0 (barrier) |
+//!
+//! A broadcast carries its root (so that ranks that disagree about it find out) where
+//! other kinds carry op and dtype, which it has no use for: 16 bits, so the native wire
+//! broadcasts from roots up to 65535.
 //!
 //! # Sequence numbers
 //!
@@ -62,6 +66,10 @@ pub(crate) enum Kind {
     Send,
     /// The receiver's answer to a send it refused: it expected `count` bytes.
     Rejected,
+    /// broadcast of `count` bytes from the root it holds.
+    Broadcast(u16),
+    /// all_to_all of `count` input bytes.
+    AllToAll,
 }
 
 /// One header: the call it describes, as the wire carries it.
@@ -111,6 +119,11 @@ impl Header {
             Kind::Barrier => (4, 0, NO_DTYPE),
             Kind::Send => (5, 0, NO_DTYPE),
             Kind::Rejected => (6, 0, NO_DTYPE),
+            Kind::Broadcast(root) => {
+                let [lo, hi] = root.to_le_bytes();
+                (7, lo, hi)
+            }
+            Kind::AllToAll => (8, 0, NO_DTYPE),
         };
         let mut out = [0u8; HEADER_BYTES];
         out[0..4].copy_from_slice(&self.seq.to_le_bytes());
@@ -133,6 +146,14 @@ impl Header {
         }
         let mut count = [0u8; 8];
         count.copy_from_slice(&bytes[8..16]);
+        let count = u64::from_le_bytes(count);
+        let seq = u32::from_le_bytes([s0, s1, s2, s3]);
+        if kind == 7 {
+            // The op and dtype bytes hold the root (see the module docs).
+            let root = u16::from_le_bytes([op, dtype]);
+            let kind = Kind::Broadcast(root);
+            return Ok(Header { seq, kind, count });
+        }
         let dtype_of = |code: u8| DType::ALL.get(usize::from(code)).copied();
         let op = match op {
             0 => ReduceOp::Sum,
@@ -148,13 +169,10 @@ impl Header {
             (4, NO_DTYPE) if plain => Kind::Barrier,
             (5, NO_DTYPE) if plain => Kind::Send,
             (6, NO_DTYPE) if plain => Kind::Rejected,
+            (8, NO_DTYPE) if plain => Kind::AllToAll,
             _ => return Err(garbled),
         };
-        Ok(Header {
-            seq: u32::from_le_bytes([s0, s1, s2, s3]),
-            kind,
-            count: u64::from_le_bytes(count),
-        })
+        Ok(Header { seq, kind, count })
     }
 }
 
@@ -190,6 +208,8 @@ impl Call {
             Kind::Barrier => Phase::AllSum,
             Kind::Send if self.recv_from.is_some() => Phase::Recv,
             Kind::Send | Kind::Rejected => Phase::Send,
+            Kind::Broadcast(_) => Phase::Broadcast,
+            Kind::AllToAll => Phase::AllToAll,
         }
     }
 
@@ -268,6 +288,8 @@ impl fmt::Display for Call {
             Kind::SumScatter(dtype) => write!(f, "sum_scatter {dtype} x {count}"),
             Kind::Barrier => f.write_str("barrier"),
             Kind::Rejected => write!(f, "recv of {count} bytes"),
+            Kind::Broadcast(root) => write!(f, "broadcast of {count} bytes from rank {root}"),
+            Kind::AllToAll => write!(f, "all_to_all of {count} bytes"),
             Kind::Send => match (self.recv_from, self.send_to) {
                 (Some(src), _) => write!(f, "recv of {count} bytes from rank {src}"),
                 (None, Some(dst)) => write!(f, "send of {count} bytes to rank {dst}"),
@@ -284,6 +306,7 @@ mod tests {
 
     fn kinds() -> Vec<Kind> {
         let mut kinds = vec![Kind::AllGather, Kind::Barrier, Kind::Send, Kind::Rejected];
+        kinds.extend([Kind::AllToAll, Kind::Broadcast(0), Kind::Broadcast(0x1234)]);
         for dtype in DType::ALL {
             kinds.push(Kind::SumScatter(dtype));
             for op in ReduceOp::ALL {
@@ -345,6 +368,63 @@ mod tests {
         garbage[7] = 0;
         let e = mine.check(1, 0, &garbage).unwrap_err();
         assert!(matches!(e, Error::PeerMisbehaved { peer: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn the_new_kinds_keep_the_old_encodings_and_carry_the_root() {
+        // The encodings of the kinds before broadcast and all_to_all are unchanged.
+        let old = Header {
+            seq: 2,
+            kind: Kind::Rejected,
+            count: 9,
+        };
+        assert_eq!(old.encode()[4..8], [6, 0, NO_DTYPE, TAG]);
+        let b = Header {
+            seq: 2,
+            kind: Kind::Broadcast(0x0102),
+            count: 9,
+        };
+        assert_eq!(b.encode()[4..8], [7, 0x02, 0x01, TAG]);
+        let a = Header {
+            seq: 2,
+            kind: Kind::AllToAll,
+            count: 9,
+        };
+        assert_eq!(a.encode()[4..8], [8, 0, NO_DTYPE, TAG]);
+        // Two roots are a mismatch naming both.
+        let mine = Call::group(5, Kind::Broadcast(1), 64);
+        let theirs = Header {
+            seq: 5,
+            kind: Kind::Broadcast(0),
+            count: 64,
+        };
+        let e = mine.check(2, 3, &theirs.encode()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "collective #5: rank 2 called broadcast of 64 bytes from rank 1, rank 3 called \
+             broadcast of 64 bytes from rank 0"
+        );
+        assert!(
+            matches!(
+                e,
+                Error::Mismatch {
+                    context: Phase::Broadcast,
+                    peer: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let gather = Header {
+            seq: 5,
+            kind: Kind::AllGather,
+            count: 16,
+        };
+        let e = Call::group(5, Kind::AllToAll, 64)
+            .check(0, 1, &gather.encode())
+            .unwrap_err();
+        assert!(matches!(e, Error::Mismatch { peer: 1, .. }), "{e}");
+        assert!(e.to_string().contains("all_to_all of 64 bytes"), "{e}");
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //! [`RING_MIN`], and over MLX's pipelined ring from there on (after a round of headers,
 //! so that a mismatch is found before data moves). all_gather and sum_scatter send every
 //! block straight to its rank; barrier is a round of headers; send/recv go on the mesh
-//! connection to any peer. See `protocol` for the order of combination, which makes every
+//! connection to any peer. A broadcast goes straight from the root up to
+//! [`BROADCAST_DIRECT_MAX`], by scatter + all-gather above it; all_to_all sends every
+//! block straight to its rank. See `protocol` for the order of combination, which makes every
 //! result identical on every rank and from run to run.
 //!
 //! # A mismatch
@@ -73,6 +75,9 @@ mod header;
 mod protocol;
 #[cfg(test)]
 mod tests;
+// Issue 16: broadcast and all_to_all.
+#[cfg(test)]
+mod bcast_tests;
 
 use std::fmt;
 use std::time::Duration;
@@ -131,6 +136,12 @@ impl Routes for Transport {
         Transport::recv_conn(self, peer)
     }
 }
+
+/// Largest broadcast (bytes) that goes from the root straight to every rank; larger ones
+/// scatter from the root and all-gather among the others. An estimate, not a measurement:
+/// the crossing of the all-reduce's one-shot and direct algorithms (between 8 and 64 KiB,
+/// above), which weigh one hop against the root's P - 1 copies the same way.
+const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 
 /// One rank's end of a formed native mesh (see the module docs).
 pub(crate) struct Native {
@@ -202,6 +213,9 @@ impl Traced {
             Kind::SumScatter(dtype) => (4, code(dtype), count * dtype.size() as u64),
             Kind::Send if call.recv_from.is_some() => (6, 255, count),
             Kind::Send | Kind::Rejected => (5, 255, count),
+            // Op codes 8 and 9 (see `ffi::probes`).
+            Kind::Broadcast(_) => (8, 255, count),
+            Kind::AllToAll => (9, 255, count),
         };
         Traced { op, dtype, bytes }
     }
@@ -425,6 +439,35 @@ impl Native {
         self.run(state, &call, data, &[])
     }
 
+    /// A broadcast, straight from the root if `direct`, else by scatter and all-gather
+    /// (tests force one).
+    fn broadcast_by(&self, direct: bool, data: &mut [u8], root: usize) -> Result<()> {
+        // Before the call is numbered: refused, the group stays usable and in step.
+        let Ok(wire_root) = u16::try_from(root) else {
+            return Err(Error::invalid(format!(
+                "broadcast: root {root} is past 65535, the last root the native wire's \
+                 header can name"
+            )));
+        };
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let call = Self::group_call(state, Kind::Broadcast(wire_root), data.len());
+        if self.size == 1 {
+            return Ok(());
+        }
+        let (me, p, len) = (self.rank, self.size, data.len());
+        if direct {
+            state
+                .exchange
+                .broadcast_direct(&state.transport, me, p, &call, root, len);
+        } else {
+            state
+                .exchange
+                .broadcast_scatter(&state.transport, me, p, &call, root, len);
+        }
+        self.run(state, &call, data, &[])
+    }
+
     /// A large all-reduce: headers with every peer, then MLX's pipelined ring over the
     /// neighbour connections.
     fn ring_all_reduce(
@@ -577,6 +620,30 @@ impl Communicator for Native {
             .exchange
             .headers(&state.transport, self.rank, self.size, &call);
         self.run(state, &call, &mut [], &[])
+    }
+
+    // Issue 16: broadcast and all_to_all.
+
+    fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
+        let direct = data.len() <= BROADCAST_DIRECT_MAX || self.size <= 2;
+        self.broadcast_by(direct, data, root)
+    }
+
+    fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let mut state = self.state.lock()?;
+        let state = &mut *state;
+        let block = input.len() / self.size;
+        debug_assert_eq!(input.len(), output.len(), "Group checks the lengths");
+        let call = Self::group_call(state, Kind::AllToAll, input.len());
+        let mine = self.rank * block..(self.rank + 1) * block;
+        output[mine.clone()].copy_from_slice(&input[mine]);
+        if self.size == 1 {
+            return Ok(());
+        }
+        state
+            .exchange
+            .all_to_all(&state.transport, self.rank, self.size, &call, block);
+        self.run(state, &call, output, input)
     }
 
     fn close(&self) -> Result<()> {

@@ -23,6 +23,14 @@
 //!   2 (P - 1) / P of the vector instead of P - 1 times it.
 //! - **all_gather**, **sum_scatter** (the first round of the above, without the second),
 //!   **barrier** (headers only), **send**/**recv** (one message) have one round.
+//! - **broadcast**, small ([`Exchange::broadcast_direct`]): the root sends the whole
+//!   array to every rank, one hop; every other rank sends its header alone to every
+//!   peer, so that each pair of ranks compares calls (a root or length disagreement is
+//!   found by every rank it concerns, not by the next collective).
+//! - **broadcast**, large ([`Exchange::broadcast_scatter`], van de Geijn): the root sends
+//!   block `k` of P - 1 to the k-th rank after it, then those ranks all-gather their
+//!   blocks among themselves. The root sends the array once instead of P - 1 times.
+//! - **all_to_all** ([`Exchange::all_to_all`]): block `j` straight to rank `j`, one round.
 //! - The pipelined ring for large vectors is MLX's ring itself (see `native::Native`),
 //!   after a round of headers only ([`Exchange::headers`]).
 //!
@@ -426,6 +434,88 @@ impl Exchange {
     ) {
         self.start(me, size, 1);
         self.inc(0, routes, peer, Some(call), Dst::Data(0..len));
+    }
+
+    /// A broadcast of `len` bytes of `data` from `root`, straight to every rank (see the
+    /// module docs).
+    pub(crate) fn broadcast_direct(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        root: usize,
+        len: usize,
+    ) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            let src = if me == root {
+                Src::Data(0..len)
+            } else {
+                Src::None
+            };
+            self.out(0, routes, peer, Some(call), src);
+            let dst = if peer == root {
+                Dst::Data(0..len)
+            } else {
+                Dst::None
+            };
+            self.inc(0, routes, peer, Some(call), dst);
+        }
+    }
+
+    /// A broadcast of `len` bytes of `data` from `root` as a scatter to the other ranks
+    /// and an all-gather among them (see the module docs).
+    pub(crate) fn broadcast_scatter(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        root: usize,
+        len: usize,
+    ) {
+        self.start(me, size, 2);
+        // Rank `root + 1 + k` (mod P) holds block k of P - 1 after the scatter.
+        let block = |r: usize| part(len, size - 1, (r + size - root - 1) % size);
+        for peer in self.peers() {
+            // Round 0: every pair exchanges headers; the root's carry the peer's block.
+            let src = if me == root {
+                Src::Data(block(peer))
+            } else {
+                Src::None
+            };
+            self.out(0, routes, peer, Some(call), src);
+            let dst = if peer == root {
+                Dst::Data(block(me))
+            } else {
+                Dst::None
+            };
+            self.inc(0, routes, peer, Some(call), dst);
+            // Round 1: the all-gather among the ranks other than the root, headers done.
+            if me != root && peer != root {
+                self.out(1, routes, peer, None, Src::Data(block(me)));
+                self.inc(1, routes, peer, None, Dst::Data(block(peer)));
+            }
+        }
+    }
+
+    /// An all_to_all of `block` bytes per rank from `input` into `data` (this rank's own
+    /// block is the caller's to copy).
+    pub(crate) fn all_to_all(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        block: usize,
+    ) {
+        self.start(me, size, 1);
+        for peer in self.peers() {
+            let at = peer * block..(peer + 1) * block;
+            self.out(0, routes, peer, Some(call), Src::Input(at.clone()));
+            self.inc(0, routes, peer, Some(call), Dst::Data(at));
+        }
     }
 
     /// Staging bytes the planned collective needs.

@@ -42,6 +42,11 @@ use crate::reduce::ReduceOp;
 use crate::verbose::verbose;
 use zerocopy::IntoBytes;
 
+/// Bytes per step of the ring's broadcast (a schedule of this crate): small enough that
+/// the pipeline fills quickly, large enough that a step's fixed cost is small beside its
+/// bytes. MLX's `min_send_size`, below which MLX does not split a collective either.
+const RING_BROADCAST_CHUNK: usize = schedule::MIN_SEND_SIZE;
+
 /// One rank's end of a formed ring.
 pub(crate) struct Ring {
     rank: usize,
@@ -180,6 +185,8 @@ impl Traced {
     pub(crate) const SEND: u8 = 5;
     pub(crate) const RECV: u8 = 6;
     pub(crate) const BARRIER: u8 = 7;
+    pub(crate) const BROADCAST: u8 = 8;
+    pub(crate) const ALL_TO_ALL: u8 = 9;
     /// The dtype code of byte-level collectives.
     const BYTES: u8 = 255;
 
@@ -363,6 +370,21 @@ impl Communicator for Ring {
         self.reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4], Traced::BARRIER)
     }
 
+    // Issue 16: broadcast and all_to_all, this crate's schedules over the ring (see
+    // `Ring::shift`); MLX ranks cannot take part.
+
+    fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
+        let traced = Traced::bytes(Traced::BROADCAST, Phase::Broadcast, data.len());
+        let mut state = self.lock()?;
+        self.traced(traced, || self.ring_broadcast(&mut state, data, root))
+    }
+
+    fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let traced = Traced::bytes(Traced::ALL_TO_ALL, Phase::AllToAll, input.len());
+        let mut state = self.lock()?;
+        self.traced(traced, || self.ring_all_to_all(&mut state, input, output))
+    }
+
     fn close(&self) -> Result<()> {
         self.state.close(|state| {
             state.transport.close();
@@ -452,6 +474,142 @@ impl Ring {
             },
         )?;
         data.copy_from_slice(&pad[..data.len()]);
+        Ok(())
+    }
+
+    /// Runs `body` between the probes of one collective `traced` (the ring's broadcast and
+    /// all_to_all take several steps, each a run of the engine, and show as one).
+    fn traced(&self, traced: Traced, body: impl FnOnce() -> Result<()>) -> Result<()> {
+        let ranks = self.size as u64;
+        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
+        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
+        let result = body();
+        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        ffi::probes::collective_done(
+            traced.op,
+            traced.dtype,
+            traced.bytes,
+            ranks,
+            elapsed,
+            result.is_ok(),
+        );
+        result
+    }
+
+    /// One step of this crate's ring schedules: sends `data[send]` to the right neighbour
+    /// while receiving `data[recv]` from the left one (`send` ends at or before `recv`
+    /// starts; either may be empty). A transport error fails the group.
+    ///
+    /// MLX ranks cannot take part: MLX has no broadcast or all_to_all, so an MLX rank in
+    /// the ring would be in some other collective, read these bytes as that one's, and it
+    /// or its neighbours would fail or wait out their timeout.
+    fn shift(
+        &self,
+        state: &mut State,
+        data: &mut [u8],
+        send: std::ops::Range<usize>,
+        recv: std::ops::Range<usize>,
+        context: Phase,
+    ) -> Result<()> {
+        if recv.is_empty() {
+            return self.shift_apart(state, &data[send], &mut [], context);
+        }
+        let (low, high) = data.split_at_mut(recv.start);
+        let output = &mut high[..recv.len()];
+        self.shift_apart(state, &low[send], output, context)
+    }
+
+    /// [`Ring::shift`] from and into separate buffers.
+    fn shift_apart(
+        &self,
+        state: &mut State,
+        input: &[u8],
+        output: &mut [u8],
+        context: Phase,
+    ) -> Result<()> {
+        if input.is_empty() && output.is_empty() {
+            return Ok(());
+        }
+        let topo = self.topology(state);
+        protocol::plan_shift(&mut state.lanes, &topo, input.len(), output.len());
+        let State {
+            transport,
+            staging,
+            lanes,
+        } = state;
+        match engine::run(
+            transport,
+            lanes,
+            &mut Buffers {
+                data: output,
+                input,
+            },
+            &mut staging.lanes,
+            self.timeout,
+            self.spin,
+            context,
+            self.state.close_flag(),
+        ) {
+            Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
+            result => result,
+        }
+    }
+
+    /// A broadcast pipelined rightwards around the ring from `root`, in chunks of
+    /// [`RING_BROADCAST_CHUNK`]: the rank `d` places after the root receives chunk `c` at
+    /// step `c + d - 1` and forwards it at step `c + d`, while it receives chunk `c + 1`;
+    /// the rank before the root only receives. Each rank moves the array in once and out
+    /// once, and the last chunk arrives `P - 2` steps after the root sent it.
+    fn ring_broadcast(&self, state: &mut State, data: &mut [u8], root: usize) -> Result<()> {
+        let p = self.size;
+        let d = (self.rank + p - root) % p;
+        let len = data.len();
+        let chunks = len.div_ceil(RING_BROADCAST_CHUNK);
+        let chunk = |c: usize| {
+            (c * RING_BROADCAST_CHUNK).min(len)..((c + 1) * RING_BROADCAST_CHUNK).min(len)
+        };
+        let none = 0..0;
+        for step in 0..(chunks + p).saturating_sub(2) {
+            // Chunk `step - d` goes out (not from the last rank), chunk `step - d + 1`
+            // comes in (not to the root).
+            let send = match step.checked_sub(d) {
+                Some(c) if c < chunks && d + 1 < p => chunk(c),
+                _ => none.clone(),
+            };
+            let recv = match (step + 1).checked_sub(d) {
+                Some(c) if c < chunks && d > 0 => chunk(c),
+                _ => none.clone(),
+            };
+            self.shift(state, data, send, recv, Phase::Broadcast)?;
+        }
+        Ok(())
+    }
+
+    /// An all_to_all in `P - 1` steps around the ring: at step `h` every rank sends its
+    /// right neighbour the `P - h` blocks it holds for the ranks after it (its own at step
+    /// 1, then what it received), and keeps the first block it receives, which rank
+    /// `rank - h` sent to it. Each link carries `P (P - 1) / 2` blocks; two scratch buffers
+    /// of `P - 1` blocks are allocated per call.
+    fn ring_all_to_all(&self, state: &mut State, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let (p, me) = (self.size, self.rank);
+        let block = input.len() / p;
+        let at = |r: usize| r * block..(r + 1) * block;
+        output[at(me)].copy_from_slice(&input[at(me)]);
+        if block == 0 {
+            return Ok(());
+        }
+        // The blocks for ranks `me + 1`, `me + 2`, ... in the order they leave.
+        let mut outgoing: Vec<u8> = (1..p)
+            .flat_map(|k| &input[at((me + k) % p)])
+            .copied()
+            .collect();
+        let mut incoming = vec![0u8; outgoing.len()];
+        for h in 1..p {
+            let n = (p - h) * block;
+            self.shift_apart(state, &outgoing[..n], &mut incoming[..n], Phase::AllToAll)?;
+            output[at((me + p - h) % p)].copy_from_slice(&incoming[..block]);
+            outgoing[..n - block].copy_from_slice(&incoming[block..n]);
+        }
         Ok(())
     }
 

@@ -241,6 +241,33 @@ pub(crate) fn plan_stripes(
     }
 }
 
+/// Replaces `lanes` with a send of `send` bytes to the right neighbour and, at the same
+/// time, a receive of `recv` bytes from the left one, each striped over the C connections
+/// as MLX's `send`/`recv` are: one step of this crate's ring broadcast and all_to_all
+/// (nuvec ranks only). Both sides run at once, so a ring of ranks that all send and all
+/// receive cannot wait on each other's socket buffers.
+pub(crate) fn plan_shift(lanes: &mut Vec<Lane>, topo: &Topology, send: usize, recv: usize) {
+    lanes.clear();
+    for (work, first, len) in [
+        (Work::Send, topo.right(0), send),
+        (Work::Recv, topo.left(0), recv),
+    ] {
+        for i in 0..topo.connections {
+            let range = schedule::stripe(len, topo.connections, i);
+            if range.is_empty() {
+                break;
+            }
+            let conn = first + i;
+            lanes.push(Lane::point(
+                work,
+                (conn, topo.peer(conn)),
+                range.start,
+                range.len(),
+            ));
+        }
+    }
+}
+
 /// One lane's progress through its pass.
 #[derive(Clone, Debug)]
 pub(crate) struct Lane {

@@ -17,7 +17,8 @@
 inline string opname[int op] =
     op == 0 ? "all_sum" : op == 1 ? "all_max" : op == 2 ? "all_min" :
     op == 3 ? "all_gather" : op == 4 ? "sum_scatter" : op == 5 ? "send" :
-    op == 6 ? "recv" : op == 7 ? "barrier" : "other";
+    op == 6 ? "recv" : op == 7 ? "barrier" : op == 8 ? "broadcast" :
+    op == 9 ? "all_to_all" : "other";
 
 dtrace:::BEGIN
 {
