@@ -85,6 +85,14 @@ enum Op {
         peer: usize,
     },
     Barrier,
+    Broadcast {
+        data: LoanMut,
+        root: usize,
+    },
+    AllToAll {
+        input: Loan,
+        output: LoanMut,
+    },
 }
 
 impl Op {
@@ -100,6 +108,8 @@ impl Op {
             Op::Send { data, peer } => comm.send(data.bytes(), *peer),
             Op::Recv { data, peer } => comm.recv(data.bytes_mut(), *peer),
             Op::Barrier => comm.barrier(),
+            Op::Broadcast { data, root } => comm.broadcast(data.bytes_mut(), *root),
+            Op::AllToAll { input, output } => comm.all_to_all(input.bytes(), output.bytes_mut()),
         }
     }
 
@@ -116,6 +126,8 @@ impl Op {
             Op::SumScatter { .. } => Phase::SumScatter,
             Op::Send { .. } => Phase::Send,
             Op::Recv { .. } => Phase::Recv,
+            Op::Broadcast { .. } => Phase::Broadcast,
+            Op::AllToAll { .. } => Phase::AllToAll,
         }
     }
 }
@@ -600,6 +612,61 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             return Ok(Pending::ready(Ok(())));
         }
         self.submit(Op::Barrier)
+    }
+
+    /// Starts [`Group::broadcast`] of rank `root`'s `data`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `root` is not a rank of the group (nothing is
+    /// started); otherwise as [`Scope::start_all_sum`].
+    pub fn start_broadcast<T: Plain>(
+        &self,
+        data: &'scope mut [T],
+        root: usize,
+    ) -> Result<Pending<'scope>> {
+        let size = self.group.size();
+        if root >= size {
+            return Err(Error::invalid(format!(
+                "start_broadcast: root {root} is not a rank of this group, which has ranks 0 \
+                 to {}",
+                size - 1
+            )));
+        }
+        if size == 1 {
+            return Ok(Pending::ready(Ok(())));
+        }
+        let data = self.lender.lend_mut(T::wire_mut(data));
+        self.submit(Op::Broadcast { data, root })
+    }
+
+    /// Starts [`Group::all_to_all`] of `input` into `output`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the lengths differ or do not split into `size()`
+    /// equal blocks (nothing is started); otherwise as [`Scope::start_all_sum`].
+    pub fn start_all_to_all<T: Plain>(
+        &self,
+        input: &'scope [T],
+        output: &'scope mut [T],
+    ) -> Result<Pending<'scope>> {
+        let size = self.group.size();
+        if input.len() != output.len() || !input.len().is_multiple_of(size) {
+            return Err(Error::invalid(format!(
+                "start_all_to_all: input {} and output {} elements must be equal and split \
+                 into {size} equal blocks",
+                input.len(),
+                output.len()
+            )));
+        }
+        if size == 1 {
+            output.copy_from_slice(input);
+            return Ok(Pending::ready(Ok(())));
+        }
+        let input = self.lender.lend(T::as_wire(input));
+        let output = self.lender.lend_mut(T::wire_mut(output));
+        self.submit(Op::AllToAll { input, output })
     }
 
     fn submit(&self, op: Op) -> Result<Pending<'scope>> {

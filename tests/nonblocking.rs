@@ -151,6 +151,60 @@ fn many_outstanding_operations_on_the_native_wire() {
         );
 }
 
+/// Broadcasts from every root and all_to_all, outstanding together and waited in reverse.
+fn broadcast_and_all_to_all(g: Group) {
+    let (rank, size) = (g.rank(), g.size());
+    for elems in [5, 40_000] {
+        let mut casts: Vec<Vec<i64>> = (0..size).map(|_| vec![rank as i64; elems]).collect();
+        let input: Vec<u16> = (0..elems * size)
+            .map(|i| (rank * 7 + i / elems) as u16)
+            .collect();
+        let mut output = vec![0u16; elems * size];
+        g.scope(|s| {
+            let mut pending = Vec::new();
+            for (root, buf) in casts.iter_mut().enumerate() {
+                pending.push(s.start_broadcast(buf, root)?);
+            }
+            pending.push(s.start_all_to_all(&input, &mut output)?);
+            while let Some(p) = pending.pop() {
+                p.wait()?;
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        for (root, buf) in casts.iter().enumerate() {
+            assert!(
+                buf.iter().all(|&v| v == root as i64),
+                "broadcast from {root}"
+            );
+        }
+        for (from, block) in output.chunks(elems).enumerate() {
+            assert!(
+                block.iter().all(|&v| v == (from * 7 + rank) as u16),
+                "all_to_all block from {from}"
+            );
+        }
+    }
+}
+
+#[test]
+fn broadcast_and_all_to_all_outstanding_together() {
+    Launch::new(3, 1).all_ok(
+        "broadcast_and_all_to_all_outstanding_together",
+        broadcast_and_all_to_all,
+    );
+}
+
+#[test]
+fn broadcast_and_all_to_all_outstanding_together_native() {
+    Launch::new(3, 1)
+        .env("NUVEC_DISTRIBUTED_WIRE", "native")
+        .all_ok(
+            "broadcast_and_all_to_all_outstanding_together_native",
+            broadcast_and_all_to_all,
+        );
+}
+
 /// Handles dropped and forgotten unwaited, and a scope whose closure panics: the scope
 /// still returns only after every operation finished, so the buffers hold the results.
 #[test]
