@@ -8,6 +8,8 @@
 //! - [`net`]: the socket calls that safe crates do not offer in a form that can be read
 //!   without `unsafe`.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
+//! - [`shm`]: shared-memory segments between the ranks of one host, and the address wait
+//!   (futex, `__ulock_wait`) a rank sleeps on until a peer publishes.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 //! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
@@ -19,6 +21,7 @@ pub mod alloc;
 pub mod net;
 pub mod probes;
 pub mod process;
+pub mod shm;
 pub mod simd;
 #[cfg(feature = "verbs")]
 pub mod verbs;
