@@ -26,8 +26,9 @@ fn mapped_segment() -> Option<(String, u32)> {
     Some((path, meta.mode() & 0o7777))
 }
 
-/// In a rank: prints the segment it maps (`SEGMENT <path>`), after checking that it is
-/// private and already unlinked.
+/// In a rank, after a collective (rank 0 unlinks the segment before its `init` returns,
+/// the others may return before that): prints the segment it maps (`SEGMENT <path>`),
+/// after checking that it is private and already unlinked.
 fn report_segment() {
     let (path, mode) = mapped_segment().expect("a native group on one host maps a segment");
     assert_eq!(mode, 0o600, "{path}");
@@ -47,6 +48,7 @@ fn the_segment_is_private_unlinked_and_used_for_every_collective() {
     let outputs = native(3).all_ok(
         "the_segment_is_private_unlinked_and_used_for_every_collective",
         |g| {
+            g.barrier().unwrap();
             report_segment();
             let size = g.size();
             let mut x = vec![g.rank() as u32 + 1; 3 << 20];
@@ -89,9 +91,9 @@ fn shm_0_keeps_every_link_on_tcp() {
 #[test]
 fn a_mismatch_on_shared_memory_names_both_calls() {
     let outputs = native(3).all_ok("a_mismatch_on_shared_memory_names_both_calls", |g| {
-        report_segment();
         let mut x = vec![1.0f32; 10];
         g.all_sum(&mut x).unwrap();
+        report_segment();
         let n = if g.rank() == 1 { 20 } else { 10 };
         let e = g.all_sum(&mut vec![1.0f32; n]).expect_err("a mismatch");
         assert!(matches!(e, Error::Mismatch { .. }), "{e}");
@@ -125,8 +127,8 @@ fn fault(name: &str, signal: &str, collective: fn(&Group) -> nuvec_distributed::
     let (size, victim) = (3, 1);
     let launch = native(size).timeout(TIMEOUT_S);
     let Some(mut running) = launch.start(name, |g| {
-        report_segment();
         g.barrier().unwrap();
+        report_segment();
         mark("looping");
         let mut last = Instant::now();
         let error = loop {

@@ -271,6 +271,14 @@ impl Native {
         } else {
             None
         };
+        if offered && here.len() > 1 && here.len() < size {
+            crate::verbose::verbose!(
+                rank,
+                "native wire: ranks {here:?} share this host but the group spans other \
+                 hosts; shared memory is used only when every rank is on one host, so every \
+                 link stays TCP"
+            );
+        }
         let links = match &shm {
             Some(link) if link.locked() => "shared memory (locked)",
             Some(_) => "shared memory",

@@ -102,7 +102,11 @@ impl Watch<'_> {
         self.transport
             .refresh()
             .map_err(|e| Error::local("polling the native wire's sockets", e))?;
-        for conn in self.transport.conns() {
+        // The awaited peer's connection first: when it died, it is the one to name.
+        let first = self.transport.recv_conn(peer);
+        let count = self.transport.conns().len();
+        for i in std::iter::once(first).chain((0..count).filter(|&i| i != first)) {
+            let conn = self.transport.conn(i);
             match conn.probe() {
                 Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, self.context)),
                 Err(e) => return Err(conn.failed(PeerOp::Receive, self.context, e)),
@@ -355,6 +359,7 @@ impl Link {
         let sleepers = self.word(self.layout.sleepers(peer), context)?;
         let start = Instant::now();
         let deadline = crate::options::deadline(start, self.timeout);
+        let mut checked = start;
         loop {
             let seen = word.load(Ordering::Acquire);
             if reached(seen, self.step) {
@@ -369,7 +374,16 @@ impl Link {
                 }
                 continue;
             }
-            watch.check(peer, deadline, self.timeout)?;
+            // The connections cost a few system calls to look at: once per slice of
+            // sleep, not before every sleep (a step that sleeps once is the common case
+            // when ranks share CPUs). The close flag is one load.
+            if watch.closed.is_set() {
+                return Err(Error::Aborted { context });
+            }
+            if checked.elapsed() >= SLICE || Instant::now() >= deadline {
+                watch.check(peer, deadline, self.timeout)?;
+                checked = Instant::now();
+            }
             // Counted before the last look, so the peer either sees the count when it
             // publishes (and wakes this rank) or published before the look.
             sleepers.fetch_add(1, Ordering::SeqCst);

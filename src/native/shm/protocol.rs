@@ -53,7 +53,7 @@ const CTRL: usize = 2 * LINE;
 
 /// Bytes of each of a rank's two buffers: large enough that the two waits a chunk costs
 /// are small against its copies, small enough that P of them stay in the caches.
-pub(crate) const CHUNK: usize = 256 << 10;
+pub(crate) const CHUNK: usize = 1 << 20;
 
 /// Largest all-reduce (bytes) that every rank folds whole in one step; larger ones take
 /// two steps per chunk, each rank folding a share.

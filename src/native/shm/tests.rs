@@ -74,7 +74,7 @@ fn fold(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn every_collective_on_shared_memory_folds_in_rank_order() {
-    for size in [2, 3, 5] {
+    for size in [2, 3, 4, 5, 8] {
         let ranks = group(size);
         assert!(
             ranks
