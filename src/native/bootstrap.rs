@@ -846,11 +846,12 @@ mod tests {
             assert_eq!((f.rank, f.size, f.local_ranks), (r, p, p));
             assert_eq!(f.peers.len(), p);
             for peer in &f.peers {
+                // Every rank offers shared memory (the default of `Options`).
                 assert_eq!(
                     *peer,
                     Peer {
                         host,
-                        capabilities: 0
+                        capabilities: hello::CAP_SHARED_MEMORY
                     }
                 );
             }
