@@ -365,13 +365,7 @@ impl Native {
                 context,
             }) => {
                 let mine = if mine.is_empty() {
-                    // A refused send of this rank's, answered after it had returned.
-                    let last = u64::from(sent[peer].wrapping_sub(1));
-                    if seq == last {
-                        format!("send of {} bytes to rank {peer}", sent_len[peer])
-                    } else {
-                        format!("send to rank {peer}")
-                    }
+                    refused_send(sent, sent_len, seq, peer)
                 } else {
                     if let Some(src) = call.recv_from
                         && exchange.refused().is_some()
@@ -417,7 +411,13 @@ impl Native {
         call: &Call,
         f: impl FnOnce(&mut shm::Link, &mut shm::Watch<'_>) -> Result<()>,
     ) -> Result<()> {
-        let State { transport, shm, .. } = state;
+        let State {
+            transport,
+            shm,
+            sent,
+            sent_len,
+            ..
+        } = state;
         let Some(link) = shm.as_mut() else {
             return Err(Error::Bug {
                 context: call.phase(),
@@ -432,8 +432,9 @@ impl Native {
             transport,
             closed: self.state.close_flag(),
             context: call.phase(),
+            call: Some((self.rank, call)),
         };
-        let result = f(link, &mut watch);
+        let result = f(link, &mut watch).map_err(|e| name_refused_send(sent, sent_len, e));
         let result = self.settle(transport, result);
         let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
         ffi::probes::collective_done(
@@ -550,6 +551,46 @@ impl Native {
             self.state.close_flag(),
         );
         self.settle(transport, result)
+    }
+}
+
+/// How this rank names its send that `peer` refused, with sequence number `seq`.
+fn refused_send(sent: &[u32], sent_len: &[u64], seq: u64, peer: usize) -> String {
+    // A refused send of this rank's, answered after it had returned.
+    let last = u64::from(sent[peer].wrapping_sub(1));
+    if seq == last {
+        format!("send of {} bytes to rank {peer}", sent_len[peer])
+    } else {
+        format!("send to rank {peer}")
+    }
+}
+
+/// `error`, with this rank's call named if it is a mismatch about a refused send (whose
+/// check leaves the call empty; see `header`).
+fn name_refused_send(sent: &[u32], sent_len: &[u64], error: Error) -> Error {
+    match error {
+        Error::Mismatch {
+            seq,
+            point_to_point,
+            rank,
+            call,
+            peer,
+            peer_call,
+            context,
+        } => Error::Mismatch {
+            call: if call.is_empty() {
+                refused_send(sent, sent_len, seq, peer)
+            } else {
+                call
+            },
+            seq,
+            point_to_point,
+            rank,
+            peer,
+            peer_call,
+            context,
+        },
+        error => error,
     }
 }
 

@@ -86,6 +86,8 @@ pub(crate) struct Watch<'a> {
     pub(crate) transport: &'a mut Transport,
     pub(crate) closed: &'a CloseFlag,
     pub(crate) context: Phase,
+    /// This rank and its call, to check a header that arrives on a connection meanwhile.
+    pub(crate) call: Option<(usize, &'a Call)>,
 }
 
 impl Watch<'_> {
@@ -110,6 +112,18 @@ impl Watch<'_> {
             match conn.probe() {
                 Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, self.context)),
                 Err(e) => return Err(conn.failed(PeerOp::Receive, self.context, e)),
+                Ok(Transfer::Moved(_)) => {
+                    // Only a send (or the answer to a refused one) travels on a connection
+                    // once the group is on shared memory: during a group collective that
+                    // is a mismatch, as on TCP, where it would be read in place of the
+                    // peer's header (a header not complete yet is looked at next time).
+                    let mut head = [0u8; super::header::HEADER_BYTES];
+                    if let Some((me, call)) = self.call
+                        && matches!(conn.peek(&mut head), Ok(n) if n == head.len())
+                    {
+                        call.check(me, conn.peer, &head)?;
+                    }
+                }
                 Ok(_) => {}
             }
         }
@@ -267,6 +281,7 @@ impl Link {
             transport,
             closed: &closed,
             context: SETUP,
+            call: None,
         };
         loop {
             let n = mapped.load(Ordering::SeqCst);
