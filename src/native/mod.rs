@@ -11,7 +11,10 @@
 //!   and the engine that drives them over the [`Formed`] transport: `header` (the
 //!   header every message starts with, and the mismatch it can reveal), `protocol` (the
 //!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
-//!   (their I/O), and [`Native`] (the [`Communicator`]).
+//!   (their I/O), and [`Native`] (the [`Communicator`]);
+//! - `shm`: shared memory for groups whose ranks all run on one host (every group
+//!   collective goes through one segment; send/recv, liveness and failure notices stay on
+//!   the connections). Groups spread over several hosts keep TCP for every link.
 //!
 //! # Which algorithm
 //!
