@@ -74,7 +74,7 @@ fn fold(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn every_collective_on_shared_memory_folds_in_rank_order() {
-    for size in [2, 3, 4, 5, 8] {
+    for size in [2, 3, 5] {
         let ranks = group(size);
         assert!(
             ranks
@@ -82,19 +82,25 @@ fn every_collective_on_shared_memory_folds_in_rank_order() {
                 .all(|r| r.state.lock().expect("open").shm.is_some()),
             "P = {size}: not on shared memory"
         );
-        for dtype in [DType::F32, DType::BF16, DType::I64, DType::Bool] {
+        for dtype in [DType::F32, DType::BF16, DType::Bool] {
             let ds = dtype.size();
-            // Around the one-shot limit, a chunk, and several chunks with a ragged end.
+            // Around P, the one-shot limit, and past a chunk with a ragged end (sum only:
+            // the ops share the schedule, and the unit tests run unoptimised too).
             let counts = [
                 0,
                 1,
                 size - 1,
                 4099,
                 ONE_SHOT_MAX / ds + 1,
-                3 * CHUNK / ds + 7,
+                CHUNK / ds + CHUNK / (2 * ds) + 7,
             ];
             for (i, &n) in counts.iter().enumerate() {
-                for op in ReduceOp::ALL {
+                let ops = if n * ds > CHUNK {
+                    &[ReduceOp::Sum][..]
+                } else {
+                    &ReduceOp::ALL[..]
+                };
+                for &op in ops {
                     let case = (size * 1000 + i * 10) as u64;
                     let mut inputs: Vec<Vec<u8>> =
                         (0..size).map(|r| random(case + r as u64, n * ds)).collect();
@@ -199,4 +205,24 @@ fn a_failed_setup_leaves_no_segment() {
         assert_eq!(error.peer(), Some(1), "{error}");
         assert!(!path.exists(), "{} left behind", path.display());
     });
+}
+
+/// A wait on shared memory ends when another thread closes the group (the close flag is
+/// looked at between sleeps), long before the timeout, and an idle peer is not blamed.
+#[test]
+fn a_close_from_another_thread_ends_a_wait_on_shared_memory() {
+    let ranks = group(2);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| ranks[0].barrier());
+        std::thread::sleep(Duration::from_millis(100));
+        ranks[0].close().expect("close");
+        let e = waiter.join().expect("the waiting thread").unwrap_err();
+        assert!(matches!(e, crate::Error::Aborted { .. }), "{e}");
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 }
