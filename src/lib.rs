@@ -198,7 +198,7 @@ pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
 pub use options::{
-    Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
+    Options, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
 };
 pub use reduce::{ReduceOp, simd_level};
 

@@ -8,7 +8,7 @@ use crate::auth::Secret;
 use crate::error::{Error, Result};
 // The environment's names for these options; `config::env` reads them.
 pub use crate::config::env::{
-    SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// The instant `wait` after `start`, for every deadline in the crate.
@@ -84,6 +84,11 @@ pub struct Options {
     /// Which wire the ring speaks: [`Wire::Mlx`] (the default), byte for byte MLX's, or
     /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`] for [`init`](crate::init)).
     pub wire: Wire,
+    /// Whether native-wire ranks on one host move data through shared memory (default
+    /// `true`; [`SHM_VAR`] for [`init`](crate::init)). A group uses it when every rank is on
+    /// the same host and offers it; otherwise every link stays TCP. The MLX wire never uses
+    /// it.
+    pub shared_memory: bool,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
 }
@@ -149,6 +154,7 @@ impl Default for Options {
             socket_buffer: None,
             spin: Duration::from_micros(50),
             wire: Wire::Mlx,
+            shared_memory: true,
             key: None,
         }
     }
@@ -162,6 +168,7 @@ impl fmt::Debug for Options {
             .field("socket_buffer", &self.socket_buffer)
             .field("spin", &self.spin)
             .field("wire", &self.wire)
+            .field("shared_memory", &self.shared_memory)
             .field("key", &self.key)
             .finish()
     }
@@ -306,6 +313,20 @@ impl Options {
     /// ```
     pub fn wire(mut self, wire: Wire) -> Self {
         self.wire = wire;
+        self
+    }
+
+    /// Turns shared memory between co-located native-wire ranks on (the default) or off
+    /// (every link TCP), as [`SHM_VAR`] does for [`init`](crate::init).
+    ///
+    /// ```
+    /// use nuvec_distributed::Options;
+    ///
+    /// assert!(Options::default().shared_memory);
+    /// assert!(!Options::default().shared_memory(false).shared_memory);
+    /// ```
+    pub fn shared_memory(mut self, on: bool) -> Self {
+        self.shared_memory = on;
         self
     }
 

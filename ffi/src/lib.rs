@@ -10,6 +10,8 @@
 //! - [`lend`]: lending a borrowed buffer to a thread that outlives the borrow, for the
 //!   nonblocking collectives; the lender waits for every loan before it returns.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
+//! - [`shm`]: shared-memory segments between the ranks of one host, and the address wait
+//!   (futex, `__ulock_wait`) a rank sleeps on until a peer publishes.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
 //! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
@@ -22,6 +24,7 @@ pub mod lend;
 pub mod net;
 pub mod probes;
 pub mod process;
+pub mod shm;
 pub mod simd;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -38,6 +38,10 @@ pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 /// `native`.
 pub const WIRE_VAR: &str = "NUVEC_DISTRIBUTED_WIRE";
 
+/// The variable [`init`](crate::init) reads [`Options::shared_memory`] from: `1` (the
+/// default) or `0`.
+pub const SHM_VAR: &str = "NUVEC_DISTRIBUTED_SHM";
+
 /// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
 /// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`](crate::init)
 /// rejects a value that names no level. See [`simd_level`](crate::simd_level).
@@ -161,7 +165,8 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 }
 
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
-/// [`SPIN_VAR`], [`WIRE_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
+/// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`] and [`KEY_VAR`]; unset variables keep the
+/// defaults.
 ///
 /// An empty value of any of them is an error naming it (see [`value`]); an empty key in
 /// particular never means "no authentication": unset the variable for that.
@@ -209,6 +214,18 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
             var: WIRE_VAR,
             reason,
         })?;
+    }
+    if let Some(text) = value(vars, SHM_VAR)? {
+        options.shared_memory = match text.trim() {
+            "1" => true,
+            "0" => false,
+            _ => {
+                return Err(Error::Environment {
+                    var: SHM_VAR,
+                    reason: format!("{text:?} is neither 1 (use shared memory) nor 0 (TCP only)"),
+                });
+            }
+        };
     }
     if let Some(text) = value(vars, SOCKET_BUFFER_VAR)? {
         let bytes = text

@@ -265,6 +265,23 @@ fn ring_launch_needs_both_variables_and_a_numeric_rank() {
 }
 
 #[test]
+fn shm_turns_shared_memory_on_and_off() {
+    assert!(
+        env::options(&lookup(&from_pairs(&[])))
+            .unwrap()
+            .shared_memory
+    );
+    for (value, on) in [("0", false), ("1", true), (" 0 ", false)] {
+        let vars = from_pairs(&[(env::SHM_VAR, value)]);
+        assert_eq!(
+            env::options(&lookup(&vars)).unwrap().shared_memory,
+            on,
+            "{value:?}"
+        );
+    }
+}
+
+#[test]
 fn option_variables_name_themselves_when_wrong() {
     let cases = [
         (env::TIMEOUT_VAR, "soon", "is not a number of seconds"),
@@ -282,6 +299,7 @@ fn option_variables_name_themselves_when_wrong() {
             "not a positive number of bytes",
         ),
         (env::KEY_VAR, "short", "16"),
+        (env::SHM_VAR, "yes", "neither 1"),
     ];
     for (name, value, why) in cases {
         let vars = from_pairs(&[(name, value)]);

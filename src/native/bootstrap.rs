@@ -78,6 +78,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         addrs,
         tuning,
         key,
+        options.shared_memory,
         crate::options::deadline(started, options.timeout),
         options.timeout,
     );
@@ -99,10 +100,11 @@ fn form(
     addrs: &RingAddresses,
     tuning: SocketTuning,
     key: Option<Key>,
+    shared_memory: bool,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Formed> {
-    let mut setup = Setup::new(addrs, tuning, key)?;
+    let mut setup = Setup::new(addrs, tuning, key, shared_memory)?;
     loop {
         setup.start_due_dials()?;
         if let Some(error) = setup.failure.take() {
@@ -228,7 +230,12 @@ struct Setup<'a> {
 }
 
 impl<'a> Setup<'a> {
-    fn new(addrs: &'a RingAddresses, tuning: SocketTuning, key: Option<Key>) -> Result<Self> {
+    fn new(
+        addrs: &'a RingAddresses,
+        tuning: SocketTuning,
+        key: Option<Key>,
+        shared_memory: bool,
+    ) -> Result<Self> {
         let (me, size) = (addrs.rank, addrs.size);
         let word = |v: usize| {
             u32::try_from(v).map_err(|_| Error::invalid(format!("{v} ranks do not fit a hello")))
@@ -236,7 +243,11 @@ impl<'a> Setup<'a> {
         let expect = Expect {
             me: word(me)?,
             identity: Identity {
-                capabilities: 0,
+                capabilities: if shared_memory {
+                    hello::CAP_SHARED_MEMORY
+                } else {
+                    0
+                },
                 size: word(size)?,
                 group: hello::group_identity(&addrs.all, key.as_ref()),
                 host: hello::host_identity(),
@@ -623,6 +634,7 @@ impl<'a> Setup<'a> {
             size,
             peers,
             local_ranks: self.addrs.local_ranks,
+            group: self.expect.identity.group,
         })
     }
 
@@ -834,11 +846,12 @@ mod tests {
             assert_eq!((f.rank, f.size, f.local_ranks), (r, p, p));
             assert_eq!(f.peers.len(), p);
             for peer in &f.peers {
+                // Every rank offers shared memory (the default of `Options`).
                 assert_eq!(
                     *peer,
                     Peer {
                         host,
-                        capabilities: 0
+                        capabilities: hello::CAP_SHARED_MEMORY
                     }
                 );
             }

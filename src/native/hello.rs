@@ -46,9 +46,7 @@ use crate::auth::{self, Fault, Handshake, Key, Link, Outcome, Rejection};
 /// The hello's version byte.
 pub(crate) const VERSION: u8 = auth::NATIVE_VERSION;
 
-/// Capability bit 0: shared memory between ranks on one host (issue 13). Reserved: no rank
-/// offers it yet.
-#[allow(dead_code, reason = "reserved for the shared-memory transport")]
+/// Capability bit 0: shared memory between ranks on one host ([`Options::shared_memory`](crate::Options::shared_memory)).
 pub(crate) const CAP_SHARED_MEMORY: u64 = 1;
 
 /// The receiver in an acceptor's hello: the acceptor does not know yet who dialled.

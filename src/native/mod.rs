@@ -11,7 +11,10 @@
 //!   and the engine that drives them over the [`Formed`] transport: `header` (the
 //!   header every message starts with, and the mismatch it can reveal), `protocol` (the
 //!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
-//!   (their I/O), and [`Native`] (the [`Communicator`]).
+//!   (their I/O), and [`Native`] (the [`Communicator`]);
+//! - `shm`: shared memory for groups whose ranks all run on one host (every group
+//!   collective goes through one segment; send/recv, liveness and failure notices stay on
+//!   the connections). Groups spread over several hosts keep TCP for every link.
 //!
 //! # Which algorithm
 //!
@@ -59,6 +62,8 @@ pub(crate) struct Formed {
     pub(crate) peers: Vec<Peer>,
     /// Ranks the hostfile puts on this host, this one included (for the spin policy).
     pub(crate) local_ranks: usize,
+    /// The group identity every hello carried (names the shared-memory segment).
+    pub(crate) group: [u8; 32],
 }
 
 /// What a rank's hello said about it.
@@ -73,6 +78,7 @@ pub(crate) struct Peer {
 mod engine;
 mod header;
 mod protocol;
+mod shm;
 #[cfg(test)]
 mod tests;
 // Issue 16: broadcast and all_to_all.
@@ -169,6 +175,9 @@ struct State {
     received: Vec<u32>,
     /// Scratch for the connections a stalled collective waits on.
     waits: Vec<(usize, PeerOp)>,
+    /// The group's shared memory, when every rank is on this host: group collectives go
+    /// through it, send/recv and liveness stay on the connections.
+    shm: Option<shm::Link>,
 }
 
 impl fmt::Debug for Native {
@@ -251,24 +260,52 @@ impl Native {
     ///
     /// # Errors
     ///
-    /// None today; kept fallible for the resources a later version may reserve up front.
+    /// Setting up shared memory failed: a co-located peer closed or stalled, or its
+    /// segment could not be mapped.
     pub(crate) fn new(formed: Formed, options: &Options) -> Result<Native> {
         let Formed {
-            transport,
+            mut transport,
             rank,
             size,
             local_ranks,
             peers,
+            group,
         } = formed;
-        // The hellos' host identities: which ranks share this host (shared memory will
-        // take those links; today every link is TCP). All zeros is an unknown host.
+        // The hellos' host identities: which ranks share this host. All zeros is an
+        // unknown host.
         let known = |r: &usize| peers[*r].host != [0; 16];
         let here: Vec<usize> = (0..size)
             .filter(|r| known(r) && peers[*r].host == peers[rank].host)
             .collect();
+        let offered = peers
+            .iter()
+            .all(|p| p.capabilities & hello::CAP_SHARED_MEMORY != 0);
+        let spin = Spin::for_local_ranks(options.spin, local_ranks);
+        // Every rank sees every hello, so all decide alike. A group spread over several
+        // hosts keeps TCP for every link (shared memory inside each host is not built).
+        let shm = if size > 1 && offered && here.len() == size {
+            shm::Link::establish(&mut transport, (rank, size), &group, options.timeout, spin)?
+        } else {
+            None
+        };
+        if offered && here.len() > 1 && here.len() < size {
+            crate::verbose::verbose!(
+                rank,
+                "native wire: ranks {here:?} share this host but the group spans other \
+                 hosts; shared memory is used only when every rank is on one host, so every \
+                 link stays TCP"
+            );
+        }
+        let links = match &shm {
+            Some(link) if link.locked() => "shared memory (locked)",
+            Some(_) => "shared memory",
+            None => "tcp",
+        };
         crate::verbose::verbose!(
             rank,
-            "native wire: {size} ranks, ranks {here:?} on this host by their hellos, every link TCP"
+            "native wire: {size} ranks, ranks {here:?} on this host by their hellos, \
+             shared memory {} by every rank, links: {links}",
+            if offered { "offered" } else { "not offered" }
         );
         // A close from another thread wakes a collective blocked on the poller; should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
@@ -277,7 +314,7 @@ impl Native {
             rank,
             size,
             timeout: options.timeout,
-            spin: Spin::for_local_ranks(options.spin, local_ranks),
+            spin,
             state: Guarded::new(State {
                 transport,
                 exchange: Exchange::default(),
@@ -289,6 +326,7 @@ impl Native {
                 sent_len: vec![0; size],
                 received: vec![0; size],
                 waits: Vec::new(),
+                shm,
             })
             .on_close(move || {
                 let _ = waker.wake();
@@ -344,13 +382,7 @@ impl Native {
                 context,
             }) => {
                 let mine = if mine.is_empty() {
-                    // A refused send of this rank's, answered after it had returned.
-                    let last = u64::from(sent[peer].wrapping_sub(1));
-                    if seq == last {
-                        format!("send of {} bytes to rank {peer}", sent_len[peer])
-                    } else {
-                        format!("send to rank {peer}")
-                    }
+                    refused_send(sent, sent_len, seq, peer)
                 } else {
                     if let Some(src) = call.recv_from
                         && exchange.refused().is_some()
@@ -388,6 +420,51 @@ impl Native {
         result
     }
 
+    /// Runs a group collective through shared memory (`f`, with the link and what it
+    /// watches while it waits); a fatal error fails the group.
+    fn run_shm(
+        &self,
+        state: &mut State,
+        call: &Call,
+        f: impl FnOnce(&mut shm::Link, &mut shm::Watch<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let State {
+            transport,
+            shm,
+            sent,
+            sent_len,
+            ..
+        } = state;
+        let Some(link) = shm.as_mut() else {
+            return Err(Error::Bug {
+                context: call.phase(),
+                what: "shared memory vanished".into(),
+            });
+        };
+        let traced = Traced::of(call);
+        let ranks = self.size as u64;
+        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
+        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
+        let mut watch = shm::Watch {
+            transport,
+            closed: self.state.close_flag(),
+            context: call.phase(),
+            call: Some((self.rank, call)),
+        };
+        let result = f(link, &mut watch).map_err(|e| name_refused_send(sent, sent_len, e));
+        let result = self.settle(transport, result);
+        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        ffi::probes::collective_done(
+            traced.op,
+            traced.dtype,
+            traced.bytes,
+            ranks,
+            elapsed,
+            result.is_ok(),
+        );
+        result
+    }
+
     /// Fails the group on a fatal error (telling the peers, as the ring does).
     fn settle(&self, transport: &mut Transport, result: Result<()>) -> Result<()> {
         match result {
@@ -412,7 +489,11 @@ impl Native {
             Algorithm::Ring if elems < self.size => Algorithm::OneShot,
             algorithm => algorithm,
         };
-        if algorithm == Algorithm::Ring && state.ring_stage.is_none() && self.size > 1 {
+        if algorithm == Algorithm::Ring
+            && state.ring_stage.is_none()
+            && state.shm.is_none()
+            && self.size > 1
+        {
             // Before the call is numbered: a mapping failure is local, leaves the group
             // usable, and must not put this rank's sequence ahead of its peers'.
             state.ring_stage = Some(Staging::new(state.transport.connections())?);
@@ -420,6 +501,11 @@ impl Native {
         let call = Self::group_call(state, Kind::AllReduce(op, dtype), elems);
         if self.size == 1 {
             return Ok(());
+        }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.all_reduce(&call, (op, dtype), data, watch)
+            });
         }
         let (me, p) = (self.rank, self.size);
         match algorithm {
@@ -514,6 +600,46 @@ impl Native {
     }
 }
 
+/// How this rank names its send that `peer` refused, with sequence number `seq`.
+fn refused_send(sent: &[u32], sent_len: &[u64], seq: u64, peer: usize) -> String {
+    // A refused send of this rank's, answered after it had returned.
+    let last = u64::from(sent[peer].wrapping_sub(1));
+    if seq == last {
+        format!("send of {} bytes to rank {peer}", sent_len[peer])
+    } else {
+        format!("send to rank {peer}")
+    }
+}
+
+/// `error`, with this rank's call named if it is a mismatch about a refused send (whose
+/// check leaves the call empty; see `header`).
+fn name_refused_send(sent: &[u32], sent_len: &[u64], error: Error) -> Error {
+    match error {
+        Error::Mismatch {
+            seq,
+            point_to_point,
+            rank,
+            call,
+            peer,
+            peer_call,
+            context,
+        } => Error::Mismatch {
+            call: if call.is_empty() {
+                refused_send(sent, sent_len, seq, peer)
+            } else {
+                call
+            },
+            seq,
+            point_to_point,
+            rank,
+            peer,
+            peer_call,
+            context,
+        },
+        error => error,
+    }
+}
+
 impl Communicator for Native {
     fn rank(&self) -> usize {
         self.rank
@@ -541,6 +667,11 @@ impl Communicator for Native {
         if self.size == 1 {
             return Ok(());
         }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.all_gather(&call, input, output, watch)
+            });
+        }
         state
             .exchange
             .all_gather(&state.transport, self.rank, self.size, &call, nbytes);
@@ -555,6 +686,11 @@ impl Communicator for Native {
         if self.size == 1 {
             output.copy_from_slice(input);
             return Ok(());
+        }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.sum_scatter(&call, dtype, input, output, watch)
+            });
         }
         state
             .exchange
@@ -616,6 +752,9 @@ impl Communicator for Native {
         if self.size == 1 {
             return Ok(());
         }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| link.barrier(&call, watch));
+        }
         state
             .exchange
             .headers(&state.transport, self.rank, self.size, &call);
@@ -652,6 +791,7 @@ impl Communicator for Native {
             state.stage = Vec::new();
             state.lanes = Vec::new();
             state.ring_stage = None;
+            state.shm = None;
         });
         Ok(())
     }

@@ -88,6 +88,7 @@ pub(crate) fn loopback_mesh(size: usize, connections: usize, timeout: Duration) 
                 size
             ],
             local_ranks: size,
+            group: [0; 32],
         });
     }
     formed

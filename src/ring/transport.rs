@@ -399,6 +399,12 @@ impl Conn {
         }
     }
 
+    /// Copies what the peer sent into `buf` without consuming it (non-blocking): the
+    /// shared-memory path looks at a header that arrives while it waits elsewhere.
+    pub(crate) fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.peek(buf)
+    }
+
     /// Whether the peer is still there: a non-blocking peek that does not consume data.
     pub(crate) fn probe(&mut self) -> io::Result<Transfer> {
         let mut byte = [0u8; 1];

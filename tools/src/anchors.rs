@@ -266,6 +266,39 @@ pub struct Anchors {
     pub env: PathBuf,
 }
 
+/// The transport (BTL) Open MPI's anchor runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MpiBtl {
+    /// TCP on loopback (`--mca btl tcp,self`), beside nuvec's TCP links.
+    #[default]
+    Tcp,
+    /// Shared memory, as Open MPI 4 names it (`--mca btl vader,self`), beside nuvec's
+    /// shared memory.
+    Vader,
+    /// Shared memory, as Open MPI 5 names it (`--mca btl sm,self`).
+    Sm,
+}
+
+impl MpiBtl {
+    /// The `--mca btl` value.
+    pub fn mca(self) -> &'static str {
+        match self {
+            MpiBtl::Tcp => "tcp,self",
+            MpiBtl::Vader => "vader,self",
+            MpiBtl::Sm => "sm,self",
+        }
+    }
+
+    /// How the bench names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MpiBtl::Tcp => "over TCP",
+            MpiBtl::Vader => "over shared memory (btl vader)",
+            MpiBtl::Sm => "over shared memory (btl sm)",
+        }
+    }
+}
+
 /// Which anchors a run wants.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Wanted {
@@ -407,8 +440,9 @@ impl Anchors {
         c
     }
 
-    /// The command that runs Open MPI's sweep over TCP on loopback with `ranks` ranks.
-    pub fn mpi_command(&self, ranks: usize, sweep: &Sweep, out: &Path) -> Command {
+    /// The command that runs Open MPI's sweep with `ranks` ranks over `btl`: TCP on
+    /// loopback, or its shared-memory transport.
+    pub fn mpi_command(&self, ranks: usize, sweep: &Sweep, out: &Path, btl: MpiBtl) -> Command {
         let mut c = Command::new("mpirun");
         c.args([
             "--allow-run-as-root",
@@ -416,13 +450,15 @@ impl Anchors {
             "-n",
             &ranks.to_string(),
         ])
-        .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
-        .args(["--mca", "btl_tcp_if_include", "lo"])
-        .arg(self.python())
-        .arg(self.dir.join("mpi_bench.py"))
-        .args(sweep_args(sweep, &["all_reduce", "all_gather", "sendrecv"]))
-        .arg("--out")
-        .arg(out);
+        .args(["--mca", "pml", "ob1", "--mca", "btl", btl.mca()]);
+        if btl == MpiBtl::Tcp {
+            c.args(["--mca", "btl_tcp_if_include", "lo"]);
+        }
+        c.arg(self.python())
+            .arg(self.dir.join("mpi_bench.py"))
+            .args(sweep_args(sweep, &["all_reduce", "all_gather", "sendrecv"]))
+            .arg("--out")
+            .arg(out);
         c
     }
 
@@ -447,10 +483,10 @@ impl Anchors {
     /// # Errors
     ///
     /// mpirun failed or wrote no results.
-    pub fn run_mpi(&self, ranks: usize, sweep: &Sweep) -> Result<AnchorRun, String> {
+    pub fn run_mpi(&self, ranks: usize, sweep: &Sweep, btl: MpiBtl) -> Result<AnchorRun, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let out = dir.path().join(format!("mpi-n{ranks}.json"));
-        run_anchor("mpirun", self.mpi_command(ranks, sweep, &out), &out)
+        run_anchor("mpirun", self.mpi_command(ranks, sweep, &out, btl), &out)
     }
 
     /// Measures the raw TCP limits: a busy-polling ping-pong for each size of the sweep up

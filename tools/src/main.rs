@@ -206,6 +206,10 @@ struct BenchArgs {
     /// Also run Open MPI over TCP on loopback: mpi_bench.py under mpirun.
     #[arg(long)]
     mpi: bool,
+    /// The transport of --mpi: `tcp` (loopback), or Open MPI's shared memory, `vader`
+    /// (Open MPI 4) or `sm` (Open MPI 5), beside nuvec's shared memory (--wire native).
+    #[arg(long, value_enum, default_value_t = anchors::MpiBtl::Tcp)]
+    mpi_btl: anchors::MpiBtl,
     /// Also measure raw TCP: a busy-polling ping-pong per size up to 1 MiB, and a 64 MiB
     /// stream both ways at once.
     #[arg(long)]
@@ -500,8 +504,11 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                 report.mlx.push(run);
             }
             if wanted.mpi {
-                println!("\n== Open MPI over TCP (mpirun), {ranks} ranks ==");
-                let run = anchors.run_mpi(ranks, &sweep)?;
+                println!(
+                    "\n== Open MPI {} (mpirun), {ranks} ranks ==",
+                    args.mpi_btl.describe()
+                );
+                let run = anchors.run_mpi(ranks, &sweep, args.mpi_btl)?;
                 print!("{}", report::anchor_tables(&run));
                 report.mpi.push(run);
             }

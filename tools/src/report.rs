@@ -33,7 +33,10 @@ pub struct Header {
     pub simd: String,
     /// The bytes on the wire: `mlx`, MLX's ring format, or `native`, nuvec's own.
     pub wire: String,
-    /// What carries them: `tcp`.
+    /// What carries them: `tcp`, or on the native wire with every rank on this host
+    /// `shared memory` (unless `NUVEC_DISTRIBUTED_SHM=0`; the ranks inherit this
+    /// environment and apply the same rule, and log the links they use with
+    /// `NUVEC_DISTRIBUTED_VERBOSE`).
     pub transport: String,
     /// Connections between neighbouring ranks.
     pub connections: usize,
@@ -70,7 +73,7 @@ impl Header {
             kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
             simd: nuvec_distributed::simd_level().into(),
             wire: wire.name().into(),
-            transport: "tcp".into(),
+            transport: links(wire).into(),
             connections,
             congestion,
         }
@@ -92,6 +95,17 @@ impl Header {
             .iter()
             .map(|(k, v)| format!("# {k:<12} {v}\n"))
             .collect()
+    }
+}
+
+/// What the bench's links use: its ranks all run on this host, so on the native wire
+/// shared memory unless the environment turns it off (as the library decides it).
+fn links(wire: nuvec_distributed::Wire) -> &'static str {
+    let off = std::env::var(nuvec_distributed::SHM_VAR).is_ok_and(|v| v.trim() == "0");
+    if wire == nuvec_distributed::Wire::Native && !off {
+        "shared memory (group collectives; send/recv tcp)"
+    } else {
+        "tcp"
     }
 }
 

@@ -1,0 +1,594 @@
+//! Shared memory between native-wire ranks on one host: the segment's setup and the driver
+//! that runs every group collective through it (`protocol` has the layout and the schedule).
+//!
+//! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv`, and it is
+//! how a rank learns that a co-located peer died (its connections close) while it waits.
+//!
+//! # Setup
+//!
+//! Rank 0 creates the segment under a name derived from the group identity (which covers
+//! the key, if any) and 16 random bytes of its own, with `O_EXCL` and mode 0600, and sends
+//! the random bytes to every peer over its mesh connection. Each peer maps the segment and
+//! counts itself in; rank 0 removes the file as soon as all did, before the first
+//! collective. A file from a crashed run is never reused (the name is new each time); a rank
+//! that dies leaves none behind once the group formed, and a failed setup removes it (the
+//! creator's [`Segment`] does when it drops).
+//!
+//! # Waiting
+//!
+//! A rank waits for a peer's step by spinning ([`Spin`]: eagerly only when every local rank
+//! has a CPU, yielding otherwise), then by sleeping on the peer's step word in slices of
+//! [`SLICE`]: the peer wakes sleepers when it publishes (a syscall only when someone
+//! sleeps). Between slices the rank looks at the group's close flag, answers and reads the
+//! TCP connections' urgent bytes (failure notices, liveness queries), and probes the
+//! connections, so a peer that died is named at once and one that stopped is named after
+//! the timeout, as on TCP. An idle group runs nothing.
+//!
+//! # Copies
+//!
+//! Each rank copies its input once into its buffer (the peers cannot read the caller's
+//! memory); folds read the peers' buffers in place with the SIMD kernels. A large
+//! all-reduce then copies the folded share back into shared memory and every rank copies
+//! the other shares out: the second and third copy exist because the result must reach
+//! each caller's own memory, which no peer can write.
+
+mod protocol;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use ffi::shm::Segment;
+
+pub(crate) use protocol::Layout;
+use protocol::{CHUNK, ONE_SHOT_MAX, pieces, reached, share};
+
+use super::header::Call;
+use crate::comm::progress::Spin;
+use crate::comm::state::CloseFlag;
+use crate::element::DType;
+use crate::error::{Error, PeerOp, Phase, Result};
+use crate::reduce::{ReduceOp, reduce_into};
+use crate::ring::transport::{Transfer, Transport};
+
+/// How long a sleeping wait lasts before the rank looks at its connections, the close flag
+/// and the clock again.
+const SLICE: Duration = Duration::from_millis(5);
+
+/// The setup message rank 0 sends every peer: a flag (1: shared memory, 0: every link
+/// stays TCP), then the segment's 16 random bytes.
+const OFFER_BYTES: usize = 17;
+
+/// The `derive_key` context of segment names.
+const NAME_CONTEXT: &str = "nuvec-distributed 2026-12-03 shared-memory segment name v1";
+
+/// The setup's phase, in errors.
+const SETUP: Phase = Phase::RingSetup;
+
+/// The segment's file name for a group identity and rank 0's random bytes: unguessable
+/// without both, and new for every group formed.
+pub(crate) fn segment_path(group: &[u8; 32], nonce: &[u8; 16]) -> PathBuf {
+    let mut hasher = blake3::Hasher::new_derive_key(NAME_CONTEXT);
+    hasher.update(group);
+    hasher.update(nonce);
+    let hash = hasher.finalize();
+    let hex: String = hash.as_bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    ffi::shm::directory().join(format!("nuvec-{hex}"))
+}
+
+/// What a wait watches besides the segment: the group's close flag and its connections.
+pub(crate) struct Watch<'a> {
+    pub(crate) transport: &'a mut Transport,
+    pub(crate) closed: &'a CloseFlag,
+    pub(crate) context: Phase,
+    /// This rank and its call, to check a header that arrives on a connection meanwhile.
+    pub(crate) call: Option<(usize, &'a Call)>,
+}
+
+impl Watch<'_> {
+    /// Looks at everything that can end a wait for `peer` other than the peer's step: a
+    /// close, a connection that ended, the deadline (then asks the peers who is alive, as
+    /// the TCP engine does, and names the one that is not).
+    fn check(&mut self, peer: usize, deadline: Instant, timeout: Duration) -> Result<()> {
+        if self.closed.is_set() {
+            return Err(Error::Aborted {
+                context: self.context,
+            });
+        }
+        // Answers liveness queries and takes in failure notices.
+        self.transport
+            .refresh()
+            .map_err(|e| Error::local("polling the native wire's sockets", e))?;
+        // The awaited peer's connection first: when it died, it is the one to name.
+        let first = self.transport.recv_conn(peer);
+        let count = self.transport.conns().len();
+        for i in std::iter::once(first).chain((0..count).filter(|&i| i != first)) {
+            let conn = self.transport.conn(i);
+            match conn.probe() {
+                Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, self.context)),
+                Err(e) => return Err(conn.failed(PeerOp::Receive, self.context, e)),
+                Ok(Transfer::Moved(_)) => {
+                    // Only a send (or the answer to a refused one) travels on a connection
+                    // once the group is on shared memory: during a group collective that
+                    // is a mismatch, as on TCP, where it would be read in place of the
+                    // peer's header (a header not complete yet is looked at next time).
+                    let mut head = [0u8; super::header::HEADER_BYTES];
+                    if let Some((me, call)) = self.call
+                        && matches!(conn.peek(&mut head), Ok(n) if n == head.len())
+                    {
+                        call.check(me, conn.peer, &head)?;
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+        if Instant::now() >= deadline {
+            let conn = self.transport.recv_conn(peer);
+            let waits = [(conn, PeerOp::Receive)];
+            return Err(self
+                .transport
+                .inquire(&waits, waits[0], timeout, self.context));
+        }
+        Ok(())
+    }
+}
+
+/// One rank's end of the group's segment (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Link {
+    seg: Segment,
+    layout: Layout,
+    me: usize,
+    size: usize,
+    /// The last step this rank published.
+    step: u32,
+    spin: Spin,
+    timeout: Duration,
+}
+
+/// A bug: the layout put a word or a range outside the segment.
+fn layout_bug(context: Phase, e: &std::io::Error) -> Error {
+    Error::Bug {
+        context,
+        what: format!("the shared-memory layout: {e}"),
+    }
+}
+
+impl Link {
+    /// Sets up the group's segment over the formed mesh (see the module docs): `Ok(None)`
+    /// if rank 0 could not create one (every rank then keeps TCP for everything).
+    ///
+    /// # Errors
+    ///
+    /// A peer that closes, stalls past `timeout`, or cannot map the segment.
+    pub(crate) fn establish(
+        transport: &mut Transport,
+        (me, size): (usize, usize),
+        group: &[u8; 32],
+        timeout: Duration,
+        spin: Spin,
+    ) -> Result<Option<Link>> {
+        let layout = Layout::new(size, CHUNK);
+        let deadline = crate::options::deadline(Instant::now(), timeout);
+        if me == 0 {
+            let mut nonce = [0u8; 16];
+            getrandom::fill(&mut nonce).map_err(|e| {
+                Error::local(
+                    "drawing a shared-memory segment's name",
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
+            let path = segment_path(group, &nonce);
+            let created = Segment::create(&path, layout.bytes());
+            let mut offer = [0u8; OFFER_BYTES];
+            if created.is_ok() {
+                offer[0] = 1;
+                offer[1..].copy_from_slice(&nonce);
+            }
+            if let Err(e) = &created {
+                crate::verbose::verbose!(
+                    warn: me,
+                    "shared memory: cannot create {} ({e}); every link stays TCP",
+                    path.display()
+                );
+            }
+            for peer in 1..size {
+                let conn = transport.send_conn(peer);
+                write_all(transport, conn, &offer, deadline, timeout)?;
+            }
+            let Ok(seg) = created else {
+                return Ok(None);
+            };
+            // Dropped on an error, the creator's segment removes its file.
+            let mut link = Link::new(seg, layout, (me, size), spin, timeout);
+            link.await_mapped(transport, deadline, timeout)?;
+            link.seg
+                .unlink()
+                .map_err(|e| Error::local(format!("removing {}", path.display()), e))?;
+            Ok(Some(link))
+        } else {
+            let mut offer = [0u8; OFFER_BYTES];
+            let conn = transport.recv_conn(0);
+            read_exact(transport, conn, &mut offer, deadline, timeout)?;
+            match offer[0] {
+                0 => return Ok(None),
+                1 => {}
+                flag => {
+                    return Err(Error::PeerMisbehaved {
+                        peer: 0,
+                        addr: None,
+                        context: SETUP,
+                        reason: format!("a shared-memory offer with flag {flag}, not 0 or 1"),
+                    });
+                }
+            }
+            let mut nonce = [0u8; 16];
+            nonce.copy_from_slice(&offer[1..]);
+            let path = segment_path(group, &nonce);
+            let seg = Segment::open(&path, layout.bytes()).map_err(|e| {
+                Error::local(
+                    format!("mapping rank 0's shared-memory segment {}", path.display()),
+                    e,
+                )
+            })?;
+            let mapped = seg
+                .u32_at(layout.mapped())
+                .ok_or_else(|| layout_bug(SETUP, &std::io::ErrorKind::InvalidInput.into()))?;
+            mapped.fetch_add(1, Ordering::SeqCst);
+            ffi::shm::wake_all(mapped);
+            Ok(Some(Link::new(seg, layout, (me, size), spin, timeout)))
+        }
+    }
+
+    fn new(
+        seg: Segment,
+        layout: Layout,
+        (me, size): (usize, usize),
+        spin: Spin,
+        timeout: Duration,
+    ) -> Link {
+        Link {
+            seg,
+            layout,
+            me,
+            size,
+            step: 0,
+            spin,
+            timeout,
+        }
+    }
+
+    /// Whether the segment's pages are locked in memory.
+    pub(crate) fn locked(&self) -> bool {
+        self.seg.locked()
+    }
+
+    /// Rank 0 waits until every peer mapped the segment.
+    fn await_mapped(
+        &self,
+        transport: &mut Transport,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mapped = self.word(self.layout.mapped(), SETUP)?;
+        let closed = CloseFlag::default();
+        let mut watch = Watch {
+            transport,
+            closed: &closed,
+            context: SETUP,
+            call: None,
+        };
+        loop {
+            let n = mapped.load(Ordering::SeqCst);
+            if n as usize >= self.size - 1 {
+                return Ok(());
+            }
+            // Blame the first rank that might still be missing (the count does not say
+            // which): its connection closing names it precisely.
+            watch.check(1, deadline, timeout)?;
+            ffi::shm::wait(mapped, n, SLICE);
+        }
+    }
+
+    fn word(&self, off: usize, context: Phase) -> Result<&AtomicU32> {
+        self.seg.u32_at(off).ok_or_else(|| Error::Bug {
+            context,
+            what: format!("the shared-memory layout: no aligned u32 at {off}"),
+        })
+    }
+
+    /// The buffer parity of the next step.
+    fn next_half(&self) -> usize {
+        (self.step.wrapping_add(1) % 2) as usize
+    }
+
+    fn copy_in(&self, off: usize, src: &[u8], context: Phase) -> Result<()> {
+        self.seg
+            .copy_in(off, src)
+            .map_err(|e| layout_bug(context, &e))
+    }
+
+    fn copy_out(&self, off: usize, dst: &mut [u8], context: Phase) -> Result<()> {
+        self.seg
+            .copy_out(off, dst)
+            .map_err(|e| layout_bug(context, &e))
+    }
+
+    /// Folds the `acc.len()` bytes at `off` into `acc`.
+    fn fold(
+        &self,
+        (op, dtype): (ReduceOp, DType),
+        acc: &mut [u8],
+        off: usize,
+        context: Phase,
+    ) -> Result<()> {
+        self.seg
+            .read_with(off, acc.len(), |src| reduce_into(op, dtype, acc, src))
+            .map_err(|e| layout_bug(context, &e))
+    }
+
+    /// One step (see `protocol`): publishes it (with `call`'s header, at a collective's
+    /// first step), waits for every peer to publish it, and compares their headers.
+    fn step(&mut self, call: Option<&Call>, watch: &mut Watch<'_>) -> Result<()> {
+        let context = watch.context;
+        let half = self.next_half();
+        if let Some(call) = call {
+            let off = self.layout.header(self.me, half);
+            self.copy_in(off, &call.header.encode(), context)?;
+        }
+        self.step = self.step.wrapping_add(1);
+        let word = self.word(self.layout.step(self.me), context)?;
+        word.store(self.step, Ordering::SeqCst);
+        if self
+            .word(self.layout.sleepers(self.me), context)?
+            .load(Ordering::SeqCst)
+            > 0
+        {
+            ffi::shm::wake_all(word);
+        }
+        for peer in (0..self.size).filter(|&p| p != self.me) {
+            self.wait_for(peer, watch)?;
+        }
+        if let Some(call) = call {
+            for peer in (0..self.size).filter(|&p| p != self.me) {
+                let mut got = [0u8; super::header::HEADER_BYTES];
+                self.copy_out(self.layout.header(peer, half), &mut got, context)?;
+                call.check(self.me, peer, &got)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `peer` published this rank's current step.
+    fn wait_for(&self, peer: usize, watch: &mut Watch<'_>) -> Result<()> {
+        let context = watch.context;
+        let word = self.word(self.layout.step(peer), context)?;
+        if reached(word.load(Ordering::Acquire), self.step) {
+            return Ok(());
+        }
+        let sleepers = self.word(self.layout.sleepers(peer), context)?;
+        let start = Instant::now();
+        let deadline = crate::options::deadline(start, self.timeout);
+        let mut checked = start;
+        loop {
+            let seen = word.load(Ordering::Acquire);
+            if reached(seen, self.step) {
+                return Ok(());
+            }
+            let idle = start.elapsed();
+            if idle < self.spin.total && idle < self.timeout {
+                if idle < self.spin.eager {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            // The connections cost a few system calls to look at: once per slice of
+            // sleep, not before every sleep (a step that sleeps once is the common case
+            // when ranks share CPUs). The close flag is one load.
+            if watch.closed.is_set() {
+                return Err(Error::Aborted { context });
+            }
+            if checked.elapsed() >= SLICE || Instant::now() >= deadline {
+                watch.check(peer, deadline, self.timeout)?;
+                checked = Instant::now();
+            }
+            // Counted before the last look, so the peer either sees the count when it
+            // publishes (and wakes this rank) or published before the look.
+            sleepers.fetch_add(1, Ordering::SeqCst);
+            let seen = word.load(Ordering::SeqCst);
+            if !reached(seen, self.step) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                ffi::shm::wait(word, seen, SLICE.min(left.max(Duration::from_micros(1))));
+            }
+            sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A barrier: one step of headers.
+    pub(crate) fn barrier(&mut self, call: &Call, watch: &mut Watch<'_>) -> Result<()> {
+        self.step(Some(call), watch)
+    }
+
+    /// An all-reduce of `data` in place (see `protocol`).
+    pub(crate) fn all_reduce(
+        &mut self,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let (me, size, l) = (self.me, self.size, self.layout);
+        let ds = dtype.size();
+        let elems = data.len() / ds;
+        if data.len() <= ONE_SHOT_MAX.min(l.chunk()) {
+            let h = self.next_half();
+            self.copy_in(l.data(me, h), data, context)?;
+            self.step(Some(call), watch)?;
+            // Rank order from x0; rank 0's own data is x0 already.
+            if me != 0 {
+                self.copy_out(l.data(0, h), data, context)?;
+            }
+            for p in 1..size {
+                self.fold((op, dtype), data, l.data(p, h), context)?;
+            }
+            return Ok(());
+        }
+        let mut first = true;
+        for chunk in pieces(elems, l.chunk() / ds) {
+            let h = self.next_half();
+            let bytes = chunk.start * ds..chunk.end * ds;
+            self.copy_in(l.data(me, h), &data[bytes], context)?;
+            self.step(first.then_some(call), watch)?;
+            first = false;
+            let mine = share(&chunk, size, me);
+            let at = (mine.start - chunk.start) * ds;
+            let target = &mut data[mine.start * ds..mine.end * ds];
+            if !target.is_empty() {
+                if me != 0 {
+                    self.copy_out(l.data(0, h) + at, target, context)?;
+                }
+                for p in 1..size {
+                    self.fold((op, dtype), target, l.data(p, h) + at, context)?;
+                }
+                // Into the buffer of the next step, which no peer reads before it.
+                self.copy_in(l.data(me, 1 - h) + at, target, context)?;
+            }
+            self.step(None, watch)?;
+            for p in (0..size).filter(|&p| p != me) {
+                let theirs = share(&chunk, size, p);
+                let at = (theirs.start - chunk.start) * ds;
+                let out = &mut data[theirs.start * ds..theirs.end * ds];
+                self.copy_out(l.data(p, 1 - h) + at, out, context)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An all_gather: `output` holds this rank's `input` at its block already.
+    pub(crate) fn all_gather(
+        &mut self,
+        call: &Call,
+        input: &[u8],
+        output: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let (me, size, l) = (self.me, self.size, self.layout);
+        let n = input.len();
+        let mut first = true;
+        for piece in pieces(n, l.chunk()) {
+            let h = self.next_half();
+            self.copy_in(l.data(me, h), &input[piece.clone()], context)?;
+            self.step(first.then_some(call), watch)?;
+            first = false;
+            for p in (0..size).filter(|&p| p != me) {
+                let out = &mut output[p * n + piece.start..p * n + piece.end];
+                self.copy_out(l.data(p, h), out, context)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A sum_scatter: `input` is P blocks of `output.len()` bytes; this rank's block of
+    /// the sum lands in `output`.
+    pub(crate) fn sum_scatter(
+        &mut self,
+        call: &Call,
+        dtype: DType,
+        input: &[u8],
+        output: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let (me, size, l) = (self.me, self.size, self.layout);
+        let ds = dtype.size();
+        let block = output.len();
+        let per = (l.chunk() / (size * ds)).max(1);
+        let mut first = true;
+        for piece in pieces(block / ds, per) {
+            let h = self.next_half();
+            let bytes = piece.start * ds..piece.end * ds;
+            for j in 0..size {
+                let src = &input[j * block + bytes.start..j * block + bytes.end];
+                self.copy_in(l.data(me, h) + j * per * ds, src, context)?;
+            }
+            self.step(first.then_some(call), watch)?;
+            first = false;
+            let target = &mut output[bytes];
+            let at = me * per * ds;
+            self.copy_out(l.data(0, h) + at, target, context)?;
+            for p in 1..size {
+                self.fold((ReduceOp::Sum, dtype), target, l.data(p, h) + at, context)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes all of `bytes` on connection `conn` by `deadline`.
+fn write_all(
+    transport: &mut Transport,
+    conn: usize,
+    bytes: &[u8],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        transport.assume_ready();
+        let c = transport.conn(conn);
+        match c.write(&bytes[done..]) {
+            Ok(Transfer::Moved(n)) => done += n,
+            Ok(Transfer::Closed) => return Err(c.closed(PeerOp::Send, SETUP)),
+            Err(e) => return Err(c.failed(PeerOp::Send, SETUP, e)),
+            Ok(Transfer::Blocked) => {
+                let waited = transport
+                    .wait(deadline)
+                    .map_err(|e| Error::local("waiting to set up shared memory", e))?;
+                if !waited {
+                    let waits = [(conn, PeerOp::Send)];
+                    return Err(transport.inquire(&waits, waits[0], timeout, SETUP));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads exactly `buf.len()` bytes from connection `conn` by `deadline`.
+fn read_exact(
+    transport: &mut Transport,
+    conn: usize,
+    buf: &mut [u8],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        transport.assume_ready();
+        let c = transport.conn(conn);
+        match c.read(&mut buf[done..]) {
+            Ok(Transfer::Moved(n)) => done += n,
+            Ok(Transfer::Closed) => return Err(c.closed(PeerOp::Receive, SETUP)),
+            Err(e) => return Err(c.failed(PeerOp::Receive, SETUP, e)),
+            Ok(Transfer::Blocked) => {
+                let waited = transport
+                    .wait(deadline)
+                    .map_err(|e| Error::local("waiting to set up shared memory", e))?;
+                if !waited {
+                    let waits = [(conn, PeerOp::Receive)];
+                    return Err(transport.inquire(&waits, waits[0], timeout, SETUP));
+                }
+            }
+        }
+    }
+    Ok(())
+}

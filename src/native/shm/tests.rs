@@ -1,0 +1,228 @@
+//! The shared-memory path in one process (a thread per rank over loopback meshes that
+//! claim one host): every collective against a rank-order fold, and a setup that fails
+//! leaves no segment.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+use super::super::hello::CAP_SHARED_MEMORY;
+use super::super::tests::loopback_mesh;
+use super::super::{Formed, Native};
+use super::*;
+use crate::comm::Communicator;
+use crate::options::Options;
+use crate::reduce::ReduceOp;
+
+/// Meshes whose hellos all said "this host, shared memory offered".
+fn on_one_host(size: usize, timeout: Duration) -> (Vec<Formed>, [u8; 32]) {
+    let mut group = [0u8; 32];
+    rand::rng().fill_bytes(&mut group);
+    let mut formed = loopback_mesh(size, 1, timeout);
+    for f in &mut formed {
+        for p in &mut f.peers {
+            p.host = [7; 16];
+            p.capabilities = CAP_SHARED_MEMORY;
+        }
+        f.group = group;
+    }
+    (formed, group)
+}
+
+fn group(size: usize) -> Vec<Native> {
+    let timeout = Duration::from_secs(20);
+    let options = Options::default().timeout(timeout);
+    let (formed, _) = on_one_host(size, timeout);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = formed
+            .into_iter()
+            .map(|f| s.spawn(|| Native::new(f, &options).expect("a native communicator")))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    })
+}
+
+fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|c| s.spawn(|| f(c))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    })
+}
+
+fn random(seed: u64, bytes: usize) -> Vec<u8> {
+    let mut v = vec![0u8; bytes];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+/// The fold every rank must compute: rank order from rank 0, with the crate's kernel.
+fn fold(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let mut acc = inputs[0].clone();
+    for x in &inputs[1..] {
+        reduce_into(op, dtype, &mut acc, x);
+    }
+    acc
+}
+
+#[test]
+fn every_collective_on_shared_memory_folds_in_rank_order() {
+    for size in [2, 3, 5] {
+        let ranks = group(size);
+        assert!(
+            ranks
+                .iter()
+                .all(|r| r.state.lock().expect("open").shm.is_some()),
+            "P = {size}: not on shared memory"
+        );
+        for dtype in [DType::F32, DType::BF16, DType::Bool] {
+            let ds = dtype.size();
+            // Around P, the one-shot limit, and past a chunk with a ragged end (sum only:
+            // the ops share the schedule, and the unit tests run unoptimised too).
+            let counts = [
+                0,
+                1,
+                size - 1,
+                4099,
+                ONE_SHOT_MAX / ds + 1,
+                CHUNK / ds + CHUNK / (2 * ds) + 7,
+            ];
+            for (i, &n) in counts.iter().enumerate() {
+                let ops = if n * ds > CHUNK {
+                    &[ReduceOp::Sum][..]
+                } else {
+                    &ReduceOp::ALL[..]
+                };
+                for &op in ops {
+                    let case = (size * 1000 + i * 10) as u64;
+                    let mut inputs: Vec<Vec<u8>> =
+                        (0..size).map(|r| random(case + r as u64, n * ds)).collect();
+                    if dtype == DType::Bool {
+                        inputs.iter_mut().flatten().for_each(|b| *b &= 1);
+                    }
+                    let want = fold(op, dtype, &inputs);
+                    let got = on_ranks(&ranks, |c| {
+                        let mut data = inputs[c.rank()].clone();
+                        c.all_reduce(op, dtype, &mut data).map(|()| data)
+                    });
+                    for (r, got) in got.into_iter().enumerate() {
+                        let got = got.unwrap_or_else(|e| panic!("P {size} {dtype} x{n}: {e}"));
+                        assert!(got == want, "P {size} all_{op:?} {dtype} x{n}: rank {r}");
+                    }
+                }
+            }
+        }
+        for n in [0, 3, CHUNK + 5] {
+            let inputs: Vec<Vec<u8>> = (0..size).map(|r| random(r as u64, n)).collect();
+            let got = on_ranks(&ranks, |c| {
+                let mut out = vec![0u8; n * size];
+                c.all_gather(&inputs[c.rank()], &mut out).map(|()| out)
+            });
+            for got in got {
+                assert!(
+                    got.expect("all_gather") == inputs.concat(),
+                    "all_gather x{n}"
+                );
+            }
+        }
+        for n in [0, 5, CHUNK / 4 + 3] {
+            let dtype = DType::F32;
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random(77 + r as u64, n * size * 4))
+                .collect();
+            let got = on_ranks(&ranks, |c| {
+                let mut out = vec![0u8; n * 4];
+                c.sum_scatter(dtype, &inputs[c.rank()], &mut out)
+                    .map(|()| out)
+            });
+            for (r, got) in got.into_iter().enumerate() {
+                let blocks: Vec<Vec<u8>> = inputs
+                    .iter()
+                    .map(|x| x[r * n * 4..(r + 1) * n * 4].to_vec())
+                    .collect();
+                let want = fold(ReduceOp::Sum, dtype, &blocks);
+                assert!(
+                    got.expect("sum_scatter") == want,
+                    "sum_scatter x{n} rank {r}"
+                );
+            }
+        }
+        for result in on_ranks(&ranks, |c| c.barrier()) {
+            result.expect("barrier");
+        }
+        // send/recv stay on the connections, in step with the collectives around them.
+        let got = on_ranks(&ranks, |c| {
+            let (me, p) = (c.rank(), size);
+            let mut got = [0u8; 3];
+            if me == 0 {
+                c.send(&[1, 2, 3], 1)?;
+            } else if me == 1 {
+                c.recv(&mut got, 0)?;
+            }
+            let mut x = [me as u8; 1];
+            c.all_reduce(ReduceOp::Sum, DType::U8, &mut x)?;
+            assert_eq!(x[0] as usize, p * (p - 1) / 2);
+            Ok::<_, crate::Error>(got)
+        });
+        assert_eq!(got[1].as_ref().expect("recv"), &[1, 2, 3]);
+    }
+}
+
+/// Rank 0 created the segment, rank 1 read its name and left without mapping it: rank 0's
+/// setup fails naming rank 1, and the file is gone.
+#[test]
+fn a_failed_setup_leaves_no_segment() {
+    let timeout = Duration::from_secs(10);
+    let (formed, group) = on_one_host(2, timeout);
+    let mut formed = formed.into_iter();
+    let (mut zero, mut one) = (
+        formed.next().expect("rank 0"),
+        formed.next().expect("rank 1"),
+    );
+    let spin = Spin::for_local_ranks(Duration::from_micros(50), 2);
+    std::thread::scope(|s| {
+        let creator = s.spawn(move || {
+            Link::establish(&mut zero.transport, (0, 2), &group, timeout, spin).map(|_| ())
+        });
+        let mut offer = [0u8; OFFER_BYTES];
+        let deadline = Instant::now() + timeout;
+        let conn = one.transport.recv_conn(0);
+        read_exact(&mut one.transport, conn, &mut offer, deadline, timeout).expect("the offer");
+        assert_eq!(offer[0], 1, "rank 0 offers shared memory");
+        let nonce: [u8; 16] = offer[1..].try_into().expect("16 bytes");
+        let path = segment_path(&group, &nonce);
+        let meta = std::fs::metadata(&path).expect("the segment exists while setup runs");
+        assert_eq!(meta.mode() & 0o7777, 0o600);
+        drop(one);
+        let error = creator.join().expect("rank 0's thread").unwrap_err();
+        assert_eq!(error.peer(), Some(1), "{error}");
+        assert!(!path.exists(), "{} left behind", path.display());
+    });
+}
+
+/// A wait on shared memory ends when another thread closes the group (the close flag is
+/// looked at between sleeps), long before the timeout, and an idle peer is not blamed.
+#[test]
+fn a_close_from_another_thread_ends_a_wait_on_shared_memory() {
+    let ranks = group(2);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| ranks[0].barrier());
+        std::thread::sleep(Duration::from_millis(100));
+        ranks[0].close().expect("close");
+        let e = waiter.join().expect("the waiting thread").unwrap_err();
+        assert!(matches!(e, crate::Error::Aborted { .. }), "{e}");
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -1,0 +1,199 @@
+//! Shared memory between native-wire ranks on one host, across real processes: the segment
+//! is private (mode 0600) and gone from the file system once the group formed, also after
+//! kill -9; a rank killed or stopped mid-collective is named within the timeout, for small
+//! and large all_sums; a mismatched call still fails every rank naming both calls; and
+//! `NUVEC_DISTRIBUTED_SHM=0` keeps every link on TCP. (The results of every collective on
+//! shared memory are checked by the native matrix of `tests/ring.rs`, which runs on it by
+//! default.) Linux only: the tests find the segment through `/proc/self/maps`.
+#![cfg(target_os = "linux")]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nuvec_distributed::{Error, Group};
+use nuvec_tools::testing::{Launch, mark, report_failure};
+
+/// The shared-memory segment this process maps: its path as the kernel names it (with
+/// " (deleted)" once unlinked) and the file's mode, read through `/proc/self/map_files`.
+fn mapped_segment() -> Option<(String, u32)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let line = maps.lines().find(|l| l.contains("/dev/shm/nuvec-"))?;
+    let range = line.split_whitespace().next().expect("an address range");
+    let path = line[line.find("/dev/shm/").expect("the path")..].to_string();
+    let meta = std::fs::metadata(Path::new("/proc/self/map_files").join(range))
+        .unwrap_or_else(|e| panic!("the mapped file of {range}: {e}"));
+    Some((path, meta.mode() & 0o7777))
+}
+
+/// In a rank, after a collective (rank 0 unlinks the segment before its `init` returns,
+/// the others may return before that): prints the segment it maps (`SEGMENT <path>`),
+/// after checking that it is private and already unlinked.
+fn report_segment() {
+    let (path, mode) = mapped_segment().expect("a native group on one host maps a segment");
+    assert_eq!(mode, 0o600, "{path}");
+    assert!(
+        path.ends_with(" (deleted)"),
+        "not unlinked after setup: {path}"
+    );
+    println!("SEGMENT {}", path.trim_end_matches(" (deleted)"));
+}
+
+fn native(size: usize) -> Launch {
+    Launch::new(size, 1).env("NUVEC_DISTRIBUTED_WIRE", "native")
+}
+
+#[test]
+fn the_segment_is_private_unlinked_and_used_for_every_collective() {
+    let outputs = native(3).all_ok(
+        "the_segment_is_private_unlinked_and_used_for_every_collective",
+        |g| {
+            g.barrier().unwrap();
+            report_segment();
+            let size = g.size();
+            let mut x = vec![g.rank() as u32 + 1; 3 << 20];
+            g.all_sum(&mut x).unwrap();
+            assert!(x.iter().all(|&v| v == 6));
+            let mut out = vec![0u16; size * 5000];
+            g.all_gather(&vec![g.rank() as u16; 5000], &mut out)
+                .unwrap();
+            for (r, c) in out.chunks(5000).enumerate() {
+                assert!(c.iter().all(|&v| v == r as u16));
+            }
+            let mut part = vec![0i64; 100_001];
+            g.sum_scatter(&vec![2i64; size * 100_001], &mut part)
+                .unwrap();
+            assert!(part.iter().all(|&v| v == 2 * size as i64));
+            g.barrier().unwrap();
+        },
+    );
+    for o in &outputs {
+        for path in o.lines("SEGMENT ") {
+            assert!(!Path::new(&path).exists(), "{path} left behind");
+        }
+    }
+}
+
+#[test]
+fn shm_0_keeps_every_link_on_tcp() {
+    native(2)
+        .env("NUVEC_DISTRIBUTED_SHM", "0")
+        .all_ok("shm_0_keeps_every_link_on_tcp", |g| {
+            assert!(mapped_segment().is_none(), "a segment with SHM=0");
+            let mut x = [g.rank() as u8 + 1; 100];
+            g.all_sum(&mut x).unwrap();
+            assert_eq!(x, [3; 100]);
+        });
+}
+
+/// A mismatch on shared memory: rank 1 sums another length; every rank fails naming both
+/// calls, and its group stays failed.
+#[test]
+fn a_mismatch_on_shared_memory_names_both_calls() {
+    let outputs = native(3).all_ok("a_mismatch_on_shared_memory_names_both_calls", |g| {
+        let mut x = vec![1.0f32; 10];
+        g.all_sum(&mut x).unwrap();
+        report_segment();
+        let n = if g.rank() == 1 { 20 } else { 10 };
+        let e = g.all_sum(&mut vec![1.0f32; n]).expect_err("a mismatch");
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        println!("ERR {e}");
+        assert!(g.barrier().is_err(), "the group is failed");
+    });
+    for o in &outputs {
+        let e = o.lines("ERR ").join("");
+        assert!(
+            e.contains("float32 x 10") && e.contains("float32 x 20") && e.contains("#1"),
+            "rank {}: {e}",
+            o.rank
+        );
+    }
+}
+
+fn small_sum(g: &Group) -> nuvec_distributed::Result<()> {
+    g.all_sum(&mut [1.0f32])
+}
+
+fn large_sum(g: &Group) -> nuvec_distributed::Result<()> {
+    // 64 MiB per rank.
+    thread_local!(static DATA: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::new(vec![1.0; 16 << 20]));
+    DATA.with(|d| g.all_sum(&mut d.borrow_mut()))
+}
+
+/// Sends `signal` to `victim` while the three ranks loop on `collective`: every survivor
+/// fails within `within` of it naming the victim, and no segment is left behind.
+fn fault(name: &str, signal: &str, collective: fn(&Group) -> nuvec_distributed::Result<()>) {
+    const TIMEOUT_S: f64 = 3.0;
+    let (size, victim) = (3, 1);
+    let launch = native(size).timeout(TIMEOUT_S);
+    let Some(mut running) = launch.start(name, |g| {
+        g.barrier().unwrap();
+        report_segment();
+        mark("looping");
+        let mut last = Instant::now();
+        let error = loop {
+            match collective(&g) {
+                Ok(()) => last = Instant::now(),
+                Err(e) => break e,
+            }
+        };
+        report_failure(&error, last.elapsed());
+        mark("failed");
+    }) else {
+        return;
+    };
+    for r in 0..size {
+        running.wait_for(r, "looping", Duration::from_secs(60));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    running.signal(victim, signal);
+    for r in (0..size).filter(|&r| r != victim) {
+        running.wait_for(r, "failed", Duration::from_secs(30));
+    }
+    if signal == "STOP" {
+        running.signal(victim, "CONT");
+    }
+    let outputs = running.finish();
+    // A stall is named after the timeout, plus the liveness inquiry and the lingering of a
+    // failing rank (as on TCP); a death at once.
+    let bound_ms = if signal == "STOP" {
+        (TIMEOUT_S * 1000.0) as u64 + 1500
+    } else {
+        (TIMEOUT_S * 1000.0) as u64
+    };
+    let mut segments = Vec::new();
+    for o in &outputs {
+        segments.extend(o.lines("SEGMENT "));
+        if o.rank == victim {
+            continue;
+        }
+        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
+        let (ms, peer, message) = o.failure();
+        assert_eq!(peer, Some(victim), "rank {} blamed: {message}", o.rank);
+        assert!(ms <= bound_ms, "rank {} needed {ms} ms: {message}", o.rank);
+    }
+    assert!(!segments.is_empty(), "no rank reported its segment");
+    for path in segments {
+        assert!(!Path::new(&path).exists(), "{path} left behind");
+    }
+}
+
+#[test]
+fn shm_kill_9_during_a_small_all_sum_p3() {
+    fault("shm_kill_9_during_a_small_all_sum_p3", "KILL", small_sum);
+}
+
+#[test]
+fn shm_kill_9_during_a_64_mib_all_sum_p3() {
+    fault("shm_kill_9_during_a_64_mib_all_sum_p3", "KILL", large_sum);
+}
+
+#[test]
+fn shm_stop_during_a_small_all_sum_p3() {
+    fault("shm_stop_during_a_small_all_sum_p3", "STOP", small_sum);
+}
+
+#[test]
+fn shm_stop_during_a_64_mib_all_sum_p3() {
+    fault("shm_stop_during_a_64_mib_all_sum_p3", "STOP", large_sum);
+}
