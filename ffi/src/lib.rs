@@ -9,6 +9,8 @@
 //!   without `unsafe`.
 //! - [`alloc`]: a counting global allocator, for tests that prove a path allocates nothing.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
+//! - `uring` (Linux): io_uring transfers and readiness waits, under the contract that no
+//!   operation on a caller's buffer outlives the call that submitted it.
 //! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
 //!   assembly.
@@ -20,5 +22,7 @@ pub mod net;
 pub mod probes;
 pub mod process;
 pub mod simd;
+#[cfg(target_os = "linux")]
+pub mod uring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
