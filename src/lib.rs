@@ -173,7 +173,8 @@ pub use group::{
 };
 pub use half::{bf16, f16};
 pub use options::{
-    Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
+    IO_VAR, Io, Options, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    Wire,
 };
 pub use reduce::{ReduceOp, simd_level};
 
