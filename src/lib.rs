@@ -113,6 +113,7 @@
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
 //! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::wire`]: `mlx` (default) or `native` |
+//! | `NUVEC_DISTRIBUTED_IO` | [`init`], [`init_with`] | when [`Options::io`] is [`Io::Auto`]: the event loop, `epoll` or `uring` (Linux; an error if the kernel refuses it) |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | every backend | if present, the diagnostics the program's [`log`] logger does not take (all of them, with no logger installed) go to stderr as MLX's: `[ring] rank R: ...` (`[jaccl]` for JACCL) |
 //!
