@@ -554,6 +554,13 @@ impl Transport {
     /// yet been measured faster on a quiet machine), and falls back to epoll, saying why in a
     /// verbose line, where io_uring is refused; an explicit [`Io::Uring`] (or
     /// `NUVEC_DISTRIBUTED_IO=uring`) that the kernel refuses is an error saying why.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(
+            unreachable_code,
+            reason = "io_uring is Linux's: elsewhere its handle has no values"
+        )
+    )]
     pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
         let rank = self.rank();
         let io = match io {
