@@ -277,6 +277,14 @@ impl Conn {
             return Ok(early);
         }
         let len = buf.len().min(MAX_IO_BYTES);
+        if self
+            .uring
+            .as_ref()
+            .is_some_and(|ring| ring.take_urgent(uring::token(self.slot, 2)))
+        {
+            // Reported before this read: take it before the read can pass its position.
+            self.take_notice();
+        }
         loop {
             let read = match &self.uring {
                 Some(ring) => ring.recv(self.stream.as_fd(), &mut buf[..len]),
@@ -457,6 +465,10 @@ impl Conn {
     }
 }
 
+/// The `poll(2)` events of each io_uring wait of a connection: arrivals (data or a close),
+/// room to write, urgent data.
+const ARRIVALS: [u32; 3] = [events::IN | events::RDHUP, events::OUT, events::PRI];
+
 /// All connections of a ring, and the poller they are registered with.
 ///
 /// Connection `i` to the left neighbour is `conns[i]`, connection `i` to the right one is
@@ -590,12 +602,25 @@ impl Transport {
                  kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
             ))
         })?;
-        for conn in &mut self.conns {
+        for (i, conn) in self.conns.iter_mut().enumerate() {
             // The ring reports readiness now; the poller keeps only the waker.
             self.poll
                 .registry()
                 .deregister(&mut conn.stream)
                 .map_err(|e| Error::local("handing a connection to io_uring", e))?;
+            // As epoll's registration did: arrivals (data, a close, urgent data) are
+            // reported from the start, whether or not a read is outstanding on the
+            // connection. They go in with the first transfer.
+            for kind in [0, 2] {
+                ring.poll(
+                    conn.stream.as_fd(),
+                    uring::token(i, kind),
+                    ARRIVALS[kind as usize],
+                    true,
+                )
+                .map_err(|e| Error::local("arming io_uring's waits", e))?;
+                conn.armed[kind as usize] = true;
+            }
             conn.uring = Some(ring.clone());
             conn.readable = true;
             conn.writable = true;
@@ -836,19 +861,17 @@ impl Transport {
     /// applies what they report.
     fn poll_uring(&mut self, ring: &Shared, timeout: Option<Duration>) -> io::Result<bool> {
         for (i, conn) in self.conns.iter_mut().enumerate() {
-            let wanted = [
-                !conn.readable,
-                !conn.writable,
-                true, // urgent data, multishot
-            ];
-            let masks = [events::IN | events::RDHUP, events::OUT, events::PRI];
+            // Arrivals and urgent data are watched all the time (multishot: one report per
+            // arrival, as edge-triggered epoll gives); room to write only when a write found
+            // none (one-shot: room stays, and would be reported at every wait).
+            let wanted = [true, !conn.writable, true];
             for kind in 0..3 {
                 if wanted[kind] && !conn.armed[kind] {
                     ring.poll(
                         conn.stream.as_fd(),
                         uring::token(i, kind as u32),
-                        masks[kind],
-                        kind == 2,
+                        ARRIVALS[kind],
+                        kind != 1,
                     )?;
                     conn.armed[kind] = true;
                 }
