@@ -465,6 +465,32 @@ impl Conn {
     }
 }
 
+/// Applies what an io_uring wait reported to the connections; returns whether it was the
+/// close waker's.
+fn apply(conns: &mut [Conn], ready: uring::Ready) -> bool {
+    if ready.token == uring::WAKE_TOKEN {
+        return true;
+    }
+    let (index, kind) = ((ready.token / 3) as usize, (ready.token % 3) as usize);
+    let Some(conn) = conns.get_mut(index) else {
+        return false;
+    };
+    if ready.ended {
+        conn.armed[kind] = false;
+    }
+    let failed = ready.events & (events::ERR | events::HUP) != 0;
+    if kind == 0 || failed {
+        conn.readable = true;
+    }
+    if kind == 1 || failed {
+        conn.writable = true;
+    }
+    if kind == 2 || ready.events & events::PRI != 0 {
+        conn.take_notice();
+    }
+    false
+}
+
 /// The `poll(2)` events of each io_uring wait of a connection: arrivals (data or a close),
 /// room to write, urgent data.
 const ARRIVALS: [u32; 3] = [events::IN | events::RDHUP, events::OUT, events::PRI];
@@ -741,6 +767,29 @@ impl Transport {
     /// Marks every connection ready, so the next transfers are tried rather than waited
     /// for; those that would block say so and are marked again.
     pub(crate) fn assume_ready(&mut self) {
+        if let Some(ring) = self.uring.clone() {
+            // The arrival waits stand (multishot), so the completion queue already says
+            // which connections received since their last empty read: retry only those,
+            // and without a system call to find out.
+            let mut woke = false;
+            let conns = &mut self.conns;
+            ring.take_ready(|ready| woke |= apply(conns, ready));
+            for conn in &mut self.conns {
+                conn.writable = true;
+                if !conn.armed[0] {
+                    // No standing wait (it ended): only trying tells.
+                    conn.readable = true;
+                }
+                if conn.owe_answer {
+                    conn.answer();
+                }
+            }
+            if woke {
+                self.wake_armed = false;
+                let _ = self.poll.poll(&mut self.events, Some(Duration::ZERO));
+            }
+            return;
+        }
         if self.conns.iter().any(|c| c.unpolled) {
             // One look at the poller for urgent bytes before reading past a short read.
             let _ = self.poll_once(Some(Duration::ZERO));
@@ -891,27 +940,7 @@ impl Transport {
         let conns = &mut self.conns;
         ring.wait(timeout, |ready| {
             any = true;
-            if ready.token == uring::WAKE_TOKEN {
-                woke = true;
-                return;
-            }
-            let (index, kind) = ((ready.token / 3) as usize, (ready.token % 3) as usize);
-            let Some(conn) = conns.get_mut(index) else {
-                return;
-            };
-            if ready.ended {
-                conn.armed[kind] = false;
-            }
-            let failed = ready.events & (events::ERR | events::HUP) != 0;
-            if kind == 0 || failed {
-                conn.readable = true;
-            }
-            if kind == 1 || failed {
-                conn.writable = true;
-            }
-            if kind == 2 || ready.events & events::PRI != 0 {
-                conn.take_notice();
-            }
+            woke |= apply(conns, ready);
         })?;
         for conn in &mut self.conns {
             conn.unpolled = false;
