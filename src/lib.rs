@@ -133,6 +133,7 @@
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
 //! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::wire`]: `mlx` (default) or `native` |
+//! | `NUVEC_DISTRIBUTED_IO` | [`init`], [`init_with`] | when [`Options::io`] is [`Io::Auto`]: the event loop, `epoll` or `uring` (Linux; an error if the kernel refuses it) |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | every backend | if present, the diagnostics the program's [`log`] logger does not take (all of them, with no logger installed) go to stderr as MLX's: `[ring] rank R: ...` (`[jaccl]` for JACCL) |
 //!
@@ -198,7 +199,8 @@ pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
 pub use options::{
-    Options, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR, Wire,
+    IO_VAR, Io, Options, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
+    WIRE_VAR, Wire,
 };
 pub use reduce::{ReduceOp, simd_level};
 

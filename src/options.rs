@@ -89,6 +89,8 @@ pub struct Options {
     /// the same host and offers it; otherwise every link stays TCP. The MLX wire never uses
     /// it.
     pub shared_memory: bool,
+    /// Which event loop drives the sockets on Linux (see [`Io`]); default [`Io::Auto`].
+    pub io: Io,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
 }
@@ -146,6 +148,69 @@ impl std::str::FromStr for Wire {
     }
 }
 
+/// The variable that chooses the event loop (see [`Io`]) when [`Options::io`] is
+/// [`Io::Auto`]: `auto`, `epoll` or `uring`. It is read when a group forms, by
+/// [`init`](crate::init) and [`init_with`](crate::init_with) alike.
+pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
+
+/// The event loop that drives a ring's sockets.
+///
+/// ```
+/// use nuvec_distributed::{Io, Options};
+///
+/// assert_eq!(Options::default().io, Io::Auto);
+/// assert_eq!(Options::default().io(Io::Epoll).io, Io::Epoll);
+/// assert_eq!("uring".parse::<Io>(), Ok(Io::Uring));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Io {
+    /// [`IO_VAR`] if it is set, else the loop measured faster: for now epoll (io_uring has
+    /// not yet been measured on a quiet machine).
+    #[default]
+    Auto,
+    /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
+    Epoll,
+    /// io_uring (Linux): each send and receive is one io_uring operation, and waits are
+    /// io_uring polls. Forming a group fails, saying why, where the kernel refuses io_uring
+    /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`); [`Io::Auto`] falls back
+    /// to epoll there instead.
+    Uring,
+}
+
+impl Io {
+    /// The name [`IO_VAR`] takes: `"auto"`, `"epoll"` or `"uring"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Io::Auto => "auto",
+            Io::Epoll => "epoll",
+            Io::Uring => "uring",
+        }
+    }
+}
+
+impl fmt::Display for Io {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Io {
+    type Err = String;
+
+    /// `"auto"`, `"epoll"` or `"uring"` (also `"io_uring"`), ignoring case and blanks.
+    fn from_str(text: &str) -> std::result::Result<Io, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Io::Auto),
+            "epoll" => Ok(Io::Epoll),
+            "uring" | "io_uring" => Ok(Io::Uring),
+            _ => Err(format!(
+                "{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\""
+            )),
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {
@@ -155,6 +220,7 @@ impl Default for Options {
             spin: Duration::from_micros(50),
             wire: Wire::Mlx,
             shared_memory: true,
+            io: Io::Auto,
             key: None,
         }
     }
@@ -169,6 +235,7 @@ impl fmt::Debug for Options {
             .field("spin", &self.spin)
             .field("wire", &self.wire)
             .field("shared_memory", &self.shared_memory)
+            .field("io", &self.io)
             .field("key", &self.key)
             .finish()
     }
@@ -327,6 +394,21 @@ impl Options {
     /// ```
     pub fn shared_memory(mut self, on: bool) -> Self {
         self.shared_memory = on;
+        self
+    }
+
+    /// Chooses the event loop (see [`Io`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::{Io, Options};
+    ///
+    /// let options = Options::default().io(Io::Uring);
+    /// assert_eq!(options.io, Io::Uring);
+    /// ```
+    pub fn io(mut self, io: Io) -> Self {
+        self.io = io;
         self
     }
 

@@ -6,15 +6,18 @@
 # Starts RANKS ranks of `nuvec bench` on loopback with a fixed iteration count; rank 0
 # runs under `perf stat`. The same run with ITERS/10 iterations is subtracted, so setup
 # and the sweep's own warm-up and barriers cancel out: what is printed is per all_sum.
+# NUVEC_BIN=path/to/nuvec counts another build (e.g. a baseline) instead of building this one.
 # Needs perf (Debian: linux-perf) and tracefs (mounted here if missing; root).
+# The ranks inherit the environment: NUVEC_DISTRIBUTED_IO=uring counts the io_uring driver
+# (each of its sends, receives and waits is one io_uring_enter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4}; iters=${2:-20000}; ranks=${3:-2}
-nuvec=target/release/nuvec
-cargo build -q --release -p nuvec-tools
+nuvec=${NUVEC_BIN:-target/release/nuvec}
+[ -n "${NUVEC_BIN:-}" ] || cargo build -q --release -p nuvec-tools
 command -v perf >/dev/null || { echo "count-syscalls: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
 [ -d /sys/kernel/tracing/events/raw_syscalls ] || mount -t tracefs nodev /sys/kernel/tracing
-events=raw_syscalls:sys_enter,syscalls:sys_enter_write,syscalls:sys_enter_sendto,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield,syscalls:sys_enter_futex
+events=raw_syscalls:sys_enter,syscalls:sys_enter_write,syscalls:sys_enter_sendto,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_sched_yield,syscalls:sys_enter_futex
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 run() { # run N -> perf CSV of rank 0

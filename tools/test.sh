@@ -284,6 +284,26 @@ cargo test --workspace --all-features --release
 step "tests, default features (release): the ring (MLX wire) and the example"
 cargo test --release --test ring --test example -- --skip native
 
+# The io_uring driver (Options::io, Linux): a subset of the matrix (both wires), the fault
+# tests that kill, stop and close from another thread mid-transfer, the zero-allocation and
+# idle tests and MLX interop, rerun with NUVEC_DISTRIBUTED_IO=uring (the whole suite above ran
+# on epoll, Auto's choice); then the io_uring binding's tests under AddressSanitizer.
+step "io_uring driver: ring, fault, resource and interop tests with NUVEC_DISTRIBUTED_IO=uring"
+if [[ "$os" == Linux ]]; then
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release --test ring --test resilience \
+    --test resources --test interop --test io -- \
+    matrix_p2_c2 matrix_p3_c1 native_matrix_p3_c1 float_sums_agree_p2 \
+    a_rank_that_exits_is_named_by_ranks_that_are_not_its_neighbours_p4 \
+    a_rank_that_exits_during_a_large_all_sum_is_named_by_every_survivor_p4 \
+    close_from_another_thread kill_9_during_a_small_all_sum_p3 \
+    native_kill_9_during_a_small_all_sum_p4 blame_a_stopped_rank_small_p3 \
+    do_not_allocate an_idle interop_p2_c1 interop_p3_c2 io_uring
+  step "io_uring binding under AddressSanitizer (tools/asan-uring.sh; needs nightly)"
+  tools/asan-uring.sh
+else
+  echo "SKIPPED: io_uring is Linux's (this is $os)"
+fi
+
 cross_forced_levels
 cross_aarch64_tests
 

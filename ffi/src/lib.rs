@@ -13,6 +13,8 @@
 //! - [`shm`]: shared-memory segments between the ranks of one host, and the address wait
 //!   (futex, `__ulock_wait`) a rank sleeps on until a peer publishes.
 //! - [`simd`]: the SIMD reduction kernels, dispatched at run time on the CPU's features.
+//! - `uring` (Linux): io_uring transfers and readiness waits, under the contract that no
+//!   operation on a caller's buffer outlives the call that submitted it.
 //! - [`process`]: the parent-death signal (Linux), so that a launcher's ranks die with it.
 //! - [`probes`]: USDT tracing probes (feature `probes`), whose macros expand to inline
 //!   assembly.
@@ -26,5 +28,7 @@ pub mod probes;
 pub mod process;
 pub mod shm;
 pub mod simd;
+#[cfg(target_os = "linux")]
+pub mod uring;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -21,6 +21,7 @@ pub(crate) mod schedule;
 mod sim;
 pub(crate) mod staging;
 pub(crate) mod transport;
+pub(crate) mod uring;
 
 use std::fmt;
 use std::time::Duration;

@@ -19,6 +19,18 @@
 //! see the same bytes as before; they never answer either, so next to an MLX rank a
 //! timeout names that rank, as it did before queries existed.
 //!
+//! On Linux the same interface also runs on io_uring ([`Io::Uring`], see [`super::uring`]):
+//! each read and write is one io_uring operation that completes within the call (the buffer
+//! contract of `ffi::uring`), and waits are io_uring polls, including a standing `POLLPRI`
+//! poll per connection for urgent bytes. [`Transport::select_io`] picks the driver.
+//!
+//! A read that stops short may have stopped at an urgent byte's position, and the next read
+//! would skip the byte (the kernel then drops it). Rather than asking for the byte after every
+//! short read (a system call each), the transport asks the poller, which reports urgent data
+//! itself (epoll's `EPOLLPRI`, io_uring's `POLLPRI` poll): with epoll the connection is not
+//! read again until the poller has been asked; with io_uring the standing poll's completion
+//! is already there when the read returns, and is looked at without a system call.
+//!
 //! TCP keeps one urgent byte per direction: a second one sent before the receiver read
 //! past the first one's position turns the first into a stream byte. Queries, answers
 //! and notices are only sent once a collective has failed on the sending side (the answer
@@ -36,9 +48,12 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::SockRef;
 
+use super::uring::{self, Shared, events};
 use crate::auth;
 use crate::comm::progress::{Inquiry, Urgent, Verdict, notice_names};
 use crate::error::{Error, PeerOp, Phase};
+use crate::options::{IO_VAR, Io};
+use crate::verbose::verbose;
 
 /// At most this many bytes per `read`/`write` call: macOS rejects lengths above `INT_MAX`.
 const MAX_IO_BYTES: usize = 1 << 30;
@@ -102,6 +117,15 @@ pub(crate) struct Conn {
     reset: bool,
     /// Whether the first bytes received still need a look (see [`FirstBytes`]).
     first: FirstBytes,
+    /// Whether a short read may have stopped at an urgent byte that the poller has not yet
+    /// been asked about: the connection is not read until it has.
+    unpolled: bool,
+    /// The io_uring driver, if it drives this connection.
+    uring: Option<Shared>,
+    /// This connection's index in the transport (its io_uring wait tokens derive from it).
+    slot: usize,
+    /// Which of its io_uring waits are armed: readable, writable, urgent data.
+    armed: [bool; 3],
 }
 
 /// The check a rank without a key makes of the first bytes each connection delivers, once
@@ -200,6 +224,8 @@ impl Conn {
     /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
     /// position, so it is read as soon as the poller reports it.
     fn take_notice(&mut self) {
+        // Asking is what a short read left owed (see `unpolled`).
+        self.unpolled = false;
         if self.notice.is_some() {
             // The neighbour gave up; nothing it sends after that matters.
             return;
@@ -242,7 +268,7 @@ impl Conn {
 
     /// Reads what is available into `buf`, which is not empty.
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
-        if !self.readable {
+        if !self.readable || self.unpolled {
             return Ok(Transfer::Blocked);
         }
         if self.first != FirstBytes::Checked
@@ -251,8 +277,19 @@ impl Conn {
             return Ok(early);
         }
         let len = buf.len().min(MAX_IO_BYTES);
+        if self
+            .uring
+            .as_ref()
+            .is_some_and(|ring| ring.take_urgent(uring::token(self.slot, 2)))
+        {
+            // Reported before this read: take it before the read can pass its position.
+            self.take_notice();
+        }
         loop {
-            let read = self.stream.read(&mut buf[..len]);
+            let read = match &self.uring {
+                Some(ring) => ring.recv(self.stream.as_fd(), &mut buf[..len]),
+                None => self.stream.read(&mut buf[..len]),
+            };
             if matches!(read, Ok(n) if n > 0) {
                 self.last_rx = Instant::now();
             }
@@ -260,9 +297,17 @@ impl Conn {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) if n < len => {
                     // A read stops short at a pending urgent byte; the next one would skip
-                    // it and the kernel would drop it. Costs a system call per short read,
-                    // which large transfers amortise and small ones rarely make.
-                    self.take_notice();
+                    // it and the kernel would drop it. The poller reports the byte (see the
+                    // module's documentation): io_uring's report is already in, epoll's is
+                    // fetched before this connection is read again.
+                    match &self.uring {
+                        Some(ring) => {
+                            if ring.take_urgent(uring::token(self.slot, 2)) {
+                                self.take_notice();
+                            }
+                        }
+                        None => self.unpolled = true,
+                    }
                     Ok(Transfer::Moved(n))
                 }
                 Ok(n) => Ok(Transfer::Moved(n)),
@@ -351,7 +396,11 @@ impl Conn {
         }
         let len = buf.len().min(MAX_IO_BYTES);
         loop {
-            return match self.stream.write(&buf[..len]) {
+            let written = match &self.uring {
+                Some(ring) => ring.send(self.stream.as_fd(), &buf[..len]),
+                None => self.stream.write(&buf[..len]),
+            };
+            return match written {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) => Ok(Transfer::Moved(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -381,7 +430,11 @@ impl Conn {
         let body = &body[..body.len().min(MAX_IO_BYTES)];
         let bufs = [io::IoSlice::new(head), io::IoSlice::new(body)];
         loop {
-            return match self.stream.write_vectored(&bufs) {
+            let written = match &self.uring {
+                Some(ring) => ring.send_pair(self.stream.as_fd(), head, body),
+                None => self.stream.write_vectored(&bufs),
+            };
+            return match written {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) => Ok(Transfer::Moved(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -418,6 +471,36 @@ impl Conn {
     }
 }
 
+/// Applies what an io_uring wait reported to the connections; returns whether it was the
+/// close waker's.
+fn apply(conns: &mut [Conn], ready: uring::Ready) -> bool {
+    if ready.token == uring::WAKE_TOKEN {
+        return true;
+    }
+    let (index, kind) = ((ready.token / 3) as usize, (ready.token % 3) as usize);
+    let Some(conn) = conns.get_mut(index) else {
+        return false;
+    };
+    if ready.ended {
+        conn.armed[kind] = false;
+    }
+    let failed = ready.events & (events::ERR | events::HUP) != 0;
+    if kind == 0 || failed {
+        conn.readable = true;
+    }
+    if kind == 1 || failed {
+        conn.writable = true;
+    }
+    if kind == 2 || ready.events & events::PRI != 0 {
+        conn.take_notice();
+    }
+    false
+}
+
+/// The `poll(2)` events of each io_uring wait of a connection: arrivals (data or a close),
+/// room to write, urgent data.
+const ARRIVALS: [u32; 3] = [events::IN | events::RDHUP, events::OUT, events::PRI];
+
 /// All connections of a ring, and the poller they are registered with.
 ///
 /// Connection `i` to the left neighbour is `conns[i]`, connection `i` to the right one is
@@ -433,6 +516,10 @@ pub(crate) struct Transport {
     /// Whether this rank's stall verdict was only a guess ([`Verdict::Guess`]): it is
     /// reported, never announced, and a notice that arrives later replaces it.
     guessed: bool,
+    /// The io_uring driver, if it drives the connections (else `poll` does).
+    uring: Option<Shared>,
+    /// Whether the io_uring wait on `poll` (which then holds only the [`Waker`]) is armed.
+    wake_armed: bool,
 }
 
 impl Transport {
@@ -488,6 +575,10 @@ impl Transport {
                 reset: false,
                 last_rx: Instant::now(),
                 first: FirstBytes::Checked,
+                unpolled: false,
+                uring: None,
+                slot: i,
+                armed: [false; 3],
             });
         }
         Ok(Self {
@@ -497,7 +588,78 @@ impl Transport {
             connections,
             waker,
             guessed: false,
+            uring: None,
+            wake_armed: false,
         })
+    }
+
+    /// Picks the driver `io` asks for (see [`Io`]) for this rank's connections, before any
+    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set, else epoll (io_uring has not
+    /// yet been measured faster on a quiet machine), and falls back to epoll, saying why in a
+    /// verbose line, where io_uring is refused; an explicit [`Io::Uring`] (or
+    /// `NUVEC_DISTRIBUTED_IO=uring`) that the kernel refuses is an error saying why.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(
+            unreachable_code,
+            reason = "io_uring is Linux's: elsewhere its handle has no values"
+        )
+    )]
+    pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
+        let rank = self.rank();
+        let io = match io {
+            Io::Auto => match std::env::var(IO_VAR) {
+                Ok(text) => text.parse().map_err(|reason| Error::Environment {
+                    var: IO_VAR,
+                    reason,
+                })?,
+                Err(std::env::VarError::NotPresent) => Io::Auto,
+                Err(std::env::VarError::NotUnicode(text)) => {
+                    return Err(Error::Environment {
+                        var: IO_VAR,
+                        reason: format!("{text:?} is not text"),
+                    });
+                }
+            },
+            io => io,
+        };
+        if io != Io::Uring {
+            verbose!(rank, "event loop: epoll/kqueue ({IO_VAR}={io})");
+            return Ok(());
+        }
+        let ring = Shared::new(self.conns.len()).map_err(|e| {
+            Error::invalid(format!(
+                "io_uring was asked for (Options::io or {IO_VAR}) but this system refuses \
+                 it: {e} (ENOSYS: no io_uring in this kernel; EPERM: a sandbox or \
+                 kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
+            ))
+        })?;
+        for (i, conn) in self.conns.iter_mut().enumerate() {
+            // The ring reports readiness now; the poller keeps only the waker.
+            self.poll
+                .registry()
+                .deregister(&mut conn.stream)
+                .map_err(|e| Error::local("handing a connection to io_uring", e))?;
+            // As epoll's registration did: arrivals (data, a close, urgent data) are
+            // reported from the start, whether or not a read is outstanding on the
+            // connection. They go in with the first transfer.
+            for kind in [0, 2] {
+                ring.poll(
+                    conn.stream.as_fd(),
+                    uring::token(i, kind),
+                    ARRIVALS[kind as usize],
+                    true,
+                )
+                .map_err(|e| Error::local("arming io_uring's waits", e))?;
+                conn.armed[kind as usize] = true;
+            }
+            conn.uring = Some(ring.clone());
+            conn.readable = true;
+            conn.writable = true;
+        }
+        self.uring = Some(ring);
+        verbose!(rank, "event loop: io_uring");
+        Ok(())
     }
 
     /// What ends a [`Transport::wait`] from another thread: waking it makes the wait
@@ -599,12 +761,45 @@ impl Transport {
         if now >= deadline {
             return Ok(false);
         }
+        if self.conns.iter().any(|c| c.unpolled) {
+            // A connection held back for the poller's word may hold data already, which no
+            // event announces again: look without sleeping, then let the caller read.
+            self.poll_once(Some(Duration::ZERO))?;
+            return Ok(true);
+        }
         self.poll_once(Some(deadline - now))
     }
 
     /// Marks every connection ready, so the next transfers are tried rather than waited
     /// for; those that would block say so and are marked again.
     pub(crate) fn assume_ready(&mut self) {
+        if let Some(ring) = self.uring.clone() {
+            // The arrival waits stand (multishot), so the completion queue already says
+            // which connections received since their last empty read: retry only those,
+            // and without a system call to find out.
+            let mut woke = false;
+            let conns = &mut self.conns;
+            ring.take_ready(|ready| woke |= apply(conns, ready));
+            for conn in &mut self.conns {
+                conn.writable = true;
+                if !conn.armed[0] {
+                    // No standing wait (it ended): only trying tells.
+                    conn.readable = true;
+                }
+                if conn.owe_answer {
+                    conn.answer();
+                }
+            }
+            if woke {
+                self.wake_armed = false;
+                let _ = self.poll.poll(&mut self.events, Some(Duration::ZERO));
+            }
+            return;
+        }
+        if self.conns.iter().any(|c| c.unpolled) {
+            // One look at the poller for urgent bytes before reading past a short read.
+            let _ = self.poll_once(Some(Duration::ZERO));
+        }
         for conn in &mut self.conns {
             conn.readable = true;
             conn.writable = true;
@@ -705,6 +900,71 @@ impl Transport {
     }
 
     fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
+        if let Some(ring) = self.uring.clone() {
+            return self.poll_uring(&ring, timeout);
+        }
+        let any = self.poll_epoll(timeout)?;
+        for conn in &mut self.conns {
+            // Any urgent byte announced before now was taken above.
+            conn.unpolled = false;
+        }
+        Ok(any)
+    }
+
+    /// [`Transport::poll_once`] with io_uring: arms the waits that readiness needs (a
+    /// connection already marked ready needs none; the urgent-data wait stands), waits, and
+    /// applies what they report.
+    fn poll_uring(&mut self, ring: &Shared, timeout: Option<Duration>) -> io::Result<bool> {
+        for (i, conn) in self.conns.iter_mut().enumerate() {
+            // Arrivals and urgent data are watched all the time (multishot: one report per
+            // arrival, as edge-triggered epoll gives); room to write only when a write found
+            // none (one-shot: room stays, and would be reported at every wait).
+            let wanted = [true, !conn.writable, true];
+            for kind in 0..3 {
+                if wanted[kind] && !conn.armed[kind] {
+                    ring.poll(
+                        conn.stream.as_fd(),
+                        uring::token(i, kind as u32),
+                        ARRIVALS[kind],
+                        kind != 1,
+                    )?;
+                    conn.armed[kind] = true;
+                }
+            }
+        }
+        if !self.wake_armed {
+            ring.poll(
+                self.poll.registry().as_fd(),
+                uring::WAKE_TOKEN,
+                events::IN,
+                false,
+            )?;
+            self.wake_armed = true;
+        }
+        let mut any = false;
+        let mut woke = false;
+        let conns = &mut self.conns;
+        ring.wait(timeout, |ready| {
+            any = true;
+            woke |= apply(conns, ready);
+        })?;
+        for conn in &mut self.conns {
+            conn.unpolled = false;
+            if conn.owe_answer {
+                conn.answer();
+            }
+        }
+        if woke {
+            // Empties the poller's ready list (the waker's event), so that its descriptor
+            // reads as idle again when the wait is armed anew.
+            self.wake_armed = false;
+            let _ = self.poll.poll(&mut self.events, Some(Duration::ZERO));
+        }
+        Ok(any)
+    }
+
+    /// [`Transport::poll_once`] with epoll (kqueue on macOS).
+    fn poll_epoll(&mut self, timeout: Option<Duration>) -> io::Result<bool> {
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
@@ -758,6 +1018,8 @@ impl Transport {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
         self.conns.clear();
+        // The ring goes with the last handle, cancelling its armed waits.
+        self.uring = None;
     }
 
     /// Finds whom to blame for a collective in which nothing moved for `timeout`, and
