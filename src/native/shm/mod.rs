@@ -8,9 +8,11 @@
 //!
 //! Rank 0 creates the segment under a name derived from the group identity (which covers
 //! the key, if any) and 16 random bytes of its own, with `O_EXCL` and mode 0600, and sends
-//! the random bytes to every peer over its mesh connection. Each peer maps the segment and
-//! counts itself in; rank 0 removes the file as soon as all did, before the first
-//! collective. A file from a crashed run is never reused (the name is new each time); a rank
+//! the random bytes to every peer over its mesh connection. Each peer maps the segment,
+//! counts itself in, and tells rank 0 over the connection whether it could (`domain`: a
+//! rank that shares the host identity but not `/dev/shm` cannot, and the group keeps TCP,
+//! which rank 0's verdict tells every rank); rank 0 removes the file as soon as all did,
+//! before the first collective. A file from a crashed run is never reused (the name is new each time); a rank
 //! that dies leaves none behind once the group formed, and a failed setup removes it (the
 //! creator's [`Segment`] does when it drops).
 //!
@@ -32,6 +34,7 @@
 //! the other shares out: the second and third copy exist because the result must reach
 //! each caller's own memory, which no peer can write.
 
+mod domain;
 mod protocol;
 #[cfg(test)]
 mod tests;
@@ -161,11 +164,13 @@ fn layout_bug(context: Phase, e: &std::io::Error) -> Error {
 
 impl Link {
     /// Sets up the group's segment over the formed mesh (see the module docs): `Ok(None)`
-    /// if rank 0 could not create one (every rank then keeps TCP for everything).
+    /// if rank 0 could not create one or a peer could not open it (every rank then keeps
+    /// TCP for everything, and all of them know it: see `domain`).
     ///
     /// # Errors
     ///
-    /// A peer that closes, stalls past `timeout`, or cannot map the segment.
+    /// A peer that closes, stalls past `timeout`, or sends a status or verdict the setup
+    /// does not allow.
     pub(crate) fn establish(
         transport: &mut Transport,
         (me, size): (usize, usize),
@@ -204,8 +209,29 @@ impl Link {
             let Ok(seg) = created else {
                 return Ok(None);
             };
-            // Dropped on an error, the creator's segment removes its file.
+            // Dropped on an error or a refusal, the creator's segment removes its file.
             let mut link = Link::new(seg, layout, (me, size), spin, timeout);
+            // Every peer says whether it could open the segment (see `domain`), and every
+            // rank learns the same verdict.
+            let mut refusals = Vec::new();
+            for peer in 1..size {
+                let mut status = [0u8; domain::STATUS_BYTES];
+                let conn = transport.recv_conn(peer);
+                read_exact(transport, conn, &mut status, deadline, timeout)?;
+                if let Some(code) = domain::read_status(status) {
+                    refusals.push(domain::Refusal { rank: peer, code });
+                }
+            }
+            let verdict = domain::encode_verdict(&refusals);
+            for peer in 1..size {
+                let conn = transport.send_conn(peer);
+                write_all(transport, conn, &verdict, deadline, timeout)?;
+            }
+            if !refusals.is_empty() {
+                not_shared(me, &refusals);
+                return Ok(None);
+            }
+            // The peers' counts, seen through this rank's map: the segment is one.
             link.await_mapped(transport, deadline, timeout)?;
             link.seg
                 .unlink()
@@ -230,17 +256,42 @@ impl Link {
             let mut nonce = [0u8; 16];
             nonce.copy_from_slice(&offer[1..]);
             let path = segment_path(group, &nonce);
-            let seg = Segment::open(&path, layout.bytes()).map_err(|e| {
-                Error::local(
-                    format!("mapping rank 0's shared-memory segment {}", path.display()),
-                    e,
-                )
-            })?;
-            let mapped = seg
-                .u32_at(layout.mapped())
-                .ok_or_else(|| layout_bug(SETUP, &std::io::ErrorKind::InvalidInput.into()))?;
-            mapped.fetch_add(1, Ordering::SeqCst);
-            ffi::shm::wake_all(mapped);
+            // A rank that shares the host identity but not the creator's /dev/shm (another
+            // container on the same kernel) cannot open it: it says so instead of failing.
+            let opened = Segment::open(&path, layout.bytes());
+            if let Ok(seg) = &opened {
+                let mapped = seg
+                    .u32_at(layout.mapped())
+                    .ok_or_else(|| layout_bug(SETUP, &std::io::ErrorKind::InvalidInput.into()))?;
+                mapped.fetch_add(1, Ordering::SeqCst);
+                ffi::shm::wake_all(mapped);
+            }
+            let status = domain::status(&opened);
+            let conn = transport.send_conn(0);
+            write_all(transport, conn, &status, deadline, timeout)?;
+            let mut head = [0u8; domain::VERDICT_HEAD_BYTES];
+            let conn = transport.recv_conn(0);
+            read_exact(transport, conn, &mut head, deadline, timeout)?;
+            let mut body = vec![0u8; domain::verdict_body_len(head, size)?];
+            read_exact(transport, conn, &mut body, deadline, timeout)?;
+            let refusals = domain::decode_verdict(&body, size)?;
+            if !refusals.is_empty() {
+                not_shared(me, &refusals);
+                return Ok(None);
+            }
+            let Ok(seg) = opened else {
+                // The creator left out this rank's refusal.
+                return Err(Error::PeerMisbehaved {
+                    peer: 0,
+                    addr: None,
+                    context: SETUP,
+                    reason: format!(
+                        "a shared-memory verdict that leaves out rank {me}, which could not \
+                         open {}",
+                        path.display()
+                    ),
+                });
+            };
             Ok(Some(Link::new(seg, layout, (me, size), spin, timeout)))
         }
     }
@@ -531,6 +582,17 @@ impl Link {
         }
         Ok(())
     }
+}
+
+/// The verbose line of a group whose ranks share a host identity but not the segment.
+fn not_shared(me: usize, refusals: &[domain::Refusal]) {
+    crate::verbose::verbose!(
+        me,
+        "shared memory: {} could not open rank 0's segment although the hellos put them on \
+         this host (another mount namespace or container, with its own /dev/shm?); they \
+         count as another host, so every link stays TCP",
+        domain::describe(refusals)
+    );
 }
 
 /// Writes all of `bytes` on connection `conn` by `deadline`.
