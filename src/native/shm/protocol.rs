@@ -9,7 +9,9 @@
 //! |---|---|
 //! | 0 | u32: ranks other than the creator that mapped the segment (the creator unlinks it when all did) |
 //! | `LINE + r * CTRL` | rank `r`'s step word (u32): the last step it published |
+//! | `... + 8` | rank `r`'s refusal word (u32): 0, or 1 + the rank whose group collective its `recv` refused |
 //! | `... + 16`, `... + 32` | rank `r`'s collective header for even / odd steps (16 bytes each) |
+//! | `... + 48` | rank `r`'s refused `recv`'s header (16 bytes), valid once its refusal word is set |
 //! | `... + LINE` | rank `r`'s sleepers (u32): peers sleeping on its step word |
 //! | `data(r, h)` | rank `r`'s buffer `h` (0, 1) of [`CHUNK`] bytes, page-aligned |
 //!
@@ -37,6 +39,23 @@
 //! - **all_gather**: per chunk, one step: copy in, then copy every peer's piece out.
 //! - **sum_scatter**: per chunk of the output, one step: every rank copies in its pieces of
 //!   all P blocks, and folds its own block's pieces from all P buffers.
+//! - **broadcast**: per chunk, one step: the root copies its piece in, every other rank
+//!   copies it out of the root's buffer.
+//! - **all_to_all**: per piece of a block ([`CHUNK`] / P bytes), one step: every rank
+//!   copies in its pieces of the P - 1 blocks bound for its peers (block `j` at `j` pieces
+//!   into its buffer), then copies piece `me` of every peer's buffer into its output.
+//!
+//! # A `recv` against a group collective
+//!
+//! A `recv` is not a step (its message travels on the connection), so a rank in a `recv`
+//! from `src` while `src` runs a group collective would wait for a send that never comes
+//! while `src` waits for a step that never comes. The `recv` therefore also watches
+//! `src`'s step word: once `src` published a step this rank has not, `src` is in a group
+//! collective this rank is not in (unless `src`'s message is on the connection already:
+//! a send precedes the step it publishes after it). The `recv` fails with the mismatch,
+//! naming `src`'s call from its header, and leaves its own header and `src + 1` in its
+//! refusal slot and word, which every rank that waits for its step looks at: they fail
+//! with the mismatch too, naming the `recv`, instead of waiting out their timeout.
 //!
 //! Folds combine in rank order, `x0 op x1 op ... op x(P-1)`, with the same kernel on every
 //! rank, as the TCP native wire's direct algorithms do: every rank gets the same bits.
@@ -85,6 +104,17 @@ impl Layout {
     /// Rank `r`'s step word (u32).
     pub(crate) fn step(&self, r: usize) -> usize {
         LINE + r * CTRL
+    }
+
+    /// Rank `r`'s refusal word (u32): 0, or 1 + the rank its `recv` found in a group
+    /// collective.
+    pub(crate) fn refused(&self, r: usize) -> usize {
+        LINE + r * CTRL + 8
+    }
+
+    /// Rank `r`'s refused `recv`'s header (16 bytes).
+    pub(crate) fn refusal(&self, r: usize) -> usize {
+        LINE + r * CTRL + 48
     }
 
     /// Rank `r`'s header for steps of parity `half`.
@@ -145,6 +175,9 @@ mod tests {
                 words.extend([l.step(r), l.sleepers(r)]);
                 assert!(l.header(r, 1) + 16 <= l.sleepers(r));
                 assert!(l.header(r, 0) >= l.step(r) + 4);
+                assert_eq!(l.refused(r), l.step(r) + 8);
+                assert_eq!(l.refusal(r), l.header(r, 1) + 16);
+                assert!(l.refusal(r) + 16 <= l.sleepers(r));
                 for h in 0..2 {
                     assert_eq!(l.data(r, h) % 4096, 0);
                     assert!(l.data(r, h) >= l.sleepers(size - 1) + 4);

@@ -226,3 +226,159 @@ fn a_close_from_another_thread_ends_a_wait_on_shared_memory() {
         start.elapsed()
     );
 }
+
+/// The step this rank's link has published: a collective that went through shared memory
+/// advanced it.
+fn steps(c: &Native) -> u32 {
+    c.state
+        .lock()
+        .expect("open")
+        .shm
+        .as_ref()
+        .expect("on shared memory")
+        .step
+}
+
+#[test]
+fn broadcast_and_all_to_all_go_through_shared_memory() {
+    for size in [2, 3, 5] {
+        let ranks = group(size);
+        for root in [0, size - 1] {
+            // Empty, small, and past a chunk with a ragged end.
+            for n in [0, 7, CHUNK + 13] {
+                let want = random((size * 100 + root) as u64 + n as u64, n);
+                let before = steps(&ranks[0]);
+                let got = on_ranks(&ranks, |c| {
+                    let mut data = if c.rank() == root {
+                        want.clone()
+                    } else {
+                        vec![0xEE; n]
+                    };
+                    c.broadcast(&mut data, root).map(|()| data)
+                });
+                for (r, got) in got.into_iter().enumerate() {
+                    let got = got.unwrap_or_else(|e| panic!("P {size} broadcast x{n}: {e}"));
+                    assert!(got == want, "P {size} broadcast x{n} from {root}: rank {r}");
+                }
+                let moved = steps(&ranks[0]).wrapping_sub(before) as usize;
+                assert_eq!(moved, n.div_ceil(CHUNK).max(1), "P {size} broadcast x{n}");
+            }
+        }
+        // Blocks of nothing, a few bytes, and more than one piece (CHUNK / P bytes each).
+        for block in [0, 3, CHUNK / size + 5] {
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random(500 + r as u64, block * size))
+                .collect();
+            let before = steps(&ranks[0]);
+            let got = on_ranks(&ranks, |c| {
+                let mut out = vec![0xEE; block * size];
+                c.all_to_all(&inputs[c.rank()], &mut out).map(|()| out)
+            });
+            for (r, got) in got.into_iter().enumerate() {
+                let got = got.unwrap_or_else(|e| panic!("P {size} all_to_all x{block}: {e}"));
+                let want: Vec<u8> = inputs
+                    .iter()
+                    .flat_map(|x| x[r * block..(r + 1) * block].iter().copied())
+                    .collect();
+                assert!(got == want, "P {size} all_to_all x{block}: rank {r}");
+            }
+            assert!(steps(&ranks[0]) != before, "P {size} all_to_all x{block}");
+        }
+    }
+}
+
+/// The calls of the cross-kind mismatch matrix, each with the word that names it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    AllSum,
+    AllGather,
+    SumScatter,
+    Barrier,
+    Broadcast,
+    AllToAll,
+    Recv,
+    Send,
+}
+
+impl Op {
+    const ALL: [Op; 8] = [
+        Op::AllSum,
+        Op::AllGather,
+        Op::SumScatter,
+        Op::Barrier,
+        Op::Broadcast,
+        Op::AllToAll,
+        Op::Recv,
+        Op::Send,
+    ];
+
+    fn word(self) -> &'static str {
+        match self {
+            Op::AllSum => "all_sum",
+            Op::AllGather => "all_gather",
+            Op::SumScatter => "sum_scatter",
+            Op::Barrier => "barrier",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll => "all_to_all",
+            Op::Recv => "recv",
+            Op::Send => "send",
+        }
+    }
+
+    /// Runs the call on `c` against the other rank of a pair (`peer`).
+    fn run(self, c: &Native, peer: usize) -> crate::Result<()> {
+        let mut eight = [0u8; 8];
+        match self {
+            Op::AllSum => c.all_reduce(ReduceOp::Sum, DType::F32, &mut eight),
+            Op::AllGather => c.all_gather(&[1; 4], &mut eight),
+            Op::SumScatter => c.sum_scatter(DType::F32, &[0; 8], &mut [0; 4]),
+            Op::Barrier => c.barrier(),
+            Op::Broadcast => c.broadcast(&mut eight, 0),
+            Op::AllToAll => c.all_to_all(&[0; 8], &mut eight),
+            Op::Recv => c.recv(&mut eight, peer),
+            // A length no recv here expects, so that a recv against it mismatches too.
+            Op::Send => c.send(&[0; 3], peer),
+        }
+    }
+}
+
+/// Every two different calls on the two ranks of a group on shared memory fail at once
+/// with `Mismatch`, each rank naming its own call and the peer's. A send is not
+/// acknowledged, so the sender itself returns (its next call finds the group failed);
+/// two recvs wait for each other (a deadlock, not a mismatch) and two sends both pass,
+/// so those pairs are not here.
+#[test]
+fn every_two_different_calls_mismatch_at_once_on_shared_memory() {
+    for (i, &a) in Op::ALL.iter().enumerate() {
+        for &b in &Op::ALL[i + 1..] {
+            let ranks = group(2);
+            let ops = [a, b];
+            let start = Instant::now();
+            let got = on_ranks(&ranks, |c| ops[c.rank()].run(c, 1 - c.rank()));
+            let took = start.elapsed();
+            assert!(
+                took < Duration::from_secs(5),
+                "{a:?} against {b:?}: {took:?}"
+            );
+            for (r, got) in got.into_iter().enumerate() {
+                let (mine, theirs) = (ops[r], ops[1 - r]);
+                if mine == Op::Send {
+                    got.unwrap_or_else(|e| panic!("{a:?}/{b:?}: the send failed: {e}"));
+                    continue;
+                }
+                match got {
+                    Err(crate::Error::Mismatch {
+                        call, peer_call, ..
+                    }) => {
+                        assert!(call.contains(mine.word()), "{a:?}/{b:?} rank {r}: {call}");
+                        assert!(
+                            peer_call.contains(theirs.word()),
+                            "{a:?}/{b:?} rank {r}: {peer_call}"
+                        );
+                    }
+                    other => panic!("{a:?} against {b:?}: rank {r}: {other:?}"),
+                }
+            }
+        }
+    }
+}
