@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use ffi::shm::Segment;
 
 pub(crate) use protocol::Layout;
-use protocol::{CHUNK, ONE_SHOT_MAX, pieces, reached, share};
+use protocol::{CHUNK, pieces, reached, share};
 
 use super::header::Call;
 use crate::comm::progress::Spin;
@@ -592,9 +592,23 @@ impl Link {
         self.step(Some(call), watch)
     }
 
-    /// An all-reduce of `data` in place (see `protocol`).
+    /// An all-reduce of `data` in place, by the schedule `protocol::one_shot` picks.
     pub(crate) fn all_reduce(
         &mut self,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let one_shot = protocol::one_shot(self.size, data.len());
+        self.all_reduce_by(one_shot, call, (op, dtype), data, watch)
+    }
+
+    /// An all-reduce of `data` in place, one-shot or by shares (see `protocol`; tests and
+    /// measurements force one).
+    pub(crate) fn all_reduce_by(
+        &mut self,
+        one_shot: bool,
         call: &Call,
         (op, dtype): (ReduceOp, DType),
         data: &mut [u8],
@@ -604,16 +618,21 @@ impl Link {
         let (me, size, l) = (self.me, self.size, self.layout);
         let ds = dtype.size();
         let elems = data.len() / ds;
-        if data.len() <= ONE_SHOT_MAX.min(l.chunk()) {
-            let h = self.next_half();
-            self.copy_in(l.data(me, h), data, context)?;
-            self.step(Some(call), watch)?;
-            // Rank order from x0; rank 0's own data is x0 already.
-            if me != 0 {
-                self.copy_out(l.data(0, h), data, context)?;
-            }
-            for p in 1..size {
-                self.fold((op, dtype), data, l.data(p, h), context)?;
+        if one_shot {
+            let mut first = true;
+            for chunk in pieces(elems, l.chunk() / ds) {
+                let h = self.next_half();
+                let piece = &mut data[chunk.start * ds..chunk.end * ds];
+                self.copy_in(l.data(me, h), piece, context)?;
+                self.step(first.then_some(call), watch)?;
+                first = false;
+                // Rank order from x0; rank 0's own data is x0 already.
+                if me != 0 {
+                    self.copy_out(l.data(0, h), piece, context)?;
+                }
+                for p in 1..size {
+                    self.fold((op, dtype), piece, l.data(p, h), context)?;
+                }
             }
             return Ok(());
         }

@@ -78,6 +78,15 @@ pub(crate) const CHUNK: usize = 1 << 20;
 /// two steps per chunk, each rank folding a share.
 pub(crate) const ONE_SHOT_MAX: usize = 32 << 10;
 
+/// Whether an all-reduce of `bytes` over `size` ranks goes one-shot (every rank folds
+/// every chunk whole) rather than by shares (see the module docs).
+pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
+    bytes <= ONE_SHOT_MAX || (size == 2 && ONE_SHOT_P2)
+}
+
+/// Whether every all-reduce at P = 2 goes one-shot (see [`one_shot`]).
+pub(crate) const ONE_SHOT_P2: bool = false;
+
 /// Where everything of a group of `size` ranks sits (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {

@@ -11,6 +11,7 @@ use rand::{RngCore, SeedableRng};
 use super::super::hello::CAP_SHARED_MEMORY;
 use super::super::tests::loopback_mesh;
 use super::super::{Formed, Native};
+use super::protocol::ONE_SHOT_MAX;
 use super::*;
 use crate::comm::Communicator;
 use crate::options::Options;
@@ -380,5 +381,77 @@ fn every_two_different_calls_mismatch_at_once_on_shared_memory() {
                 }
             }
         }
+    }
+}
+
+/// An all_sum of `data` on shared memory by the schedule `one_shot` says.
+fn all_sum_by(c: &Native, one_shot: bool, dtype: DType, data: &mut [u8]) -> crate::Result<()> {
+    let mut state = c.state.lock()?;
+    let state = &mut *state;
+    let kind = super::super::header::Kind::AllReduce(ReduceOp::Sum, dtype);
+    let call = Native::group_call(state, kind, data.len() / dtype.size());
+    c.run_shm(state, &call, |link, watch| {
+        link.all_reduce_by(one_shot, &call, (ReduceOp::Sum, dtype), data, watch)
+    })
+}
+
+/// Both schedules of a large all-reduce, whichever `protocol::one_shot` picks: the same
+/// bits as the rank-order fold on every rank, across chunks with a ragged end.
+#[test]
+fn both_large_all_reduce_schedules_fold_in_rank_order() {
+    for size in [2, 3] {
+        let ranks = group(size);
+        for dtype in [DType::F32, DType::BF16] {
+            let n = (2 * CHUNK + CHUNK / 3) / dtype.size() + 1;
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random(900 + r as u64, n * dtype.size()))
+                .collect();
+            let want = fold(ReduceOp::Sum, dtype, &inputs);
+            for one_shot in [true, false] {
+                let got = on_ranks(&ranks, |c| {
+                    let mut data = inputs[c.rank()].clone();
+                    all_sum_by(c, one_shot, dtype, &mut data).map(|()| data)
+                });
+                for (r, got) in got.into_iter().enumerate() {
+                    let got = got.unwrap_or_else(|e| panic!("P {size} {dtype}: {e}"));
+                    assert!(
+                        got == want,
+                        "P {size} {dtype} one-shot {one_shot}: rank {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Times 64 MiB f32 all_sums at P = 2 by both schedules, alternating in one run (the
+/// median of each rank-0 time): what `protocol::ONE_SHOT_P2` rests on.
+#[test]
+#[ignore = "a measurement: cargo test --release --lib measure_large_all_sum -- --ignored --nocapture"]
+fn measure_large_all_sum_p2() {
+    let ranks = group(2);
+    let bytes = 64 << 20;
+    let mut times = [Vec::new(), Vec::new()];
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|r| random(r, bytes)).collect();
+    let bufs: Vec<std::sync::Mutex<Vec<u8>>> = bufs.drain(..).map(std::sync::Mutex::new).collect();
+    for round in 0..10 {
+        for (i, one_shot) in [true, false].into_iter().enumerate() {
+            let took = on_ranks(&ranks, |c| {
+                let mut data = bufs[c.rank()].lock().expect("a buffer");
+                let start = Instant::now();
+                all_sum_by(c, one_shot, DType::F32, &mut data).expect("all_sum");
+                start.elapsed()
+            });
+            if round > 0 {
+                times[i].push(took[0]);
+            }
+        }
+    }
+    for (i, name) in ["one-shot", "shares"].iter().enumerate() {
+        times[i].sort_unstable();
+        let median = times[i][times[i].len() / 2];
+        // Bus bandwidth of an all-reduce: 2 (P - 1) / P of the bytes per rank.
+        let bus = bytes as f64 / median.as_secs_f64() / 1e9;
+        println!("P = 2, 64 MiB all_sum, {name}: median {median:?}, bus {bus:.2} GB/s");
     }
 }
