@@ -29,10 +29,22 @@
 //! # Copies
 //!
 //! Each rank copies its input once into its buffer (the peers cannot read the caller's
-//! memory); folds read the peers' buffers in place with the SIMD kernels. A large
-//! all-reduce then copies the folded share back into shared memory and every rank copies
-//! the other shares out: the second and third copy exist because the result must reach
-//! each caller's own memory, which no peer can write.
+//! memory); folds read the peers' buffers in place with the SIMD kernels, into the
+//! caller's memory. What remains besides that one copy in:
+//!
+//! - a one-shot all-reduce (small ones, and every size at P = 2): rank 0 folds the peers'
+//!   buffers straight onto its own data, no further copy; every other rank first copies
+//!   rank 0's chunk out onto its data and folds the rest (itself included, from its own
+//!   buffer) onto that, because every rank must fold in rank order from x0 to get the
+//!   same bits (the kernel computes `acc op incoming`; `x1 op x0` may differ from
+//!   `x0 op x1`, in NaN payloads for one);
+//! - an all-reduce by shares (large, P >= 3): each rank folds its share as above, copies
+//!   the result back into shared memory and copies the other ranks' shares out, because
+//!   the result must reach each caller's own memory, which no peer can write;
+//! - all_gather, broadcast and all_to_all copy each piece out of its owner's buffer once
+//!   (the root's own data, and a rank's own block, are not copied at all in the first
+//!   place where they need not be); sum_scatter copies rank 0's piece of its block out
+//!   onto the output and folds the others' pieces onto it, as the one-shot does.
 
 mod protocol;
 #[cfg(test)]
