@@ -89,10 +89,13 @@ pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
 
 /// Whether every all-reduce at P = 2 goes one-shot (see [`one_shot`]). At P = 2 both
 /// schedules move the same bytes between ranks, and the one-shot saves the copy of the
-/// folded share back into shared memory and the second step of every chunk. Measured by
-/// `tests::measure_large_all_sum_p2` (64 MiB f32, alternating in one run, two runs on a
-/// 2-core VM at load average 7): one-shot 23.8 / 27.6 ms (2.81 / 2.43 GB/s bus), by
-/// shares 30.6 / 31.6 ms (2.20 / 2.12 GB/s).
+/// folded share back into shared memory and the second step of every chunk. At P >= 3 the
+/// one-shot folds P - 1 whole chunks per rank instead of P - 1 shares, and loses. Measured
+/// by `tests::measure_large_all_sum` (64 MiB f32, in-process threads, both schedules
+/// alternating in one run, on a 2-core VM at load average 7 to 10, so only the order is
+/// worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms (2.81 / 2.43 /
+/// 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47 GB/s); P = 3:
+/// one-shot 66.6 ms (1.34 GB/s), by shares 52.0 ms (1.72 GB/s).
 pub(crate) const ONE_SHOT_P2: bool = true;
 
 /// Where everything of a group of `size` ranks sits (see the module docs).

@@ -424,34 +424,38 @@ fn both_large_all_reduce_schedules_fold_in_rank_order() {
     }
 }
 
-/// Times 64 MiB f32 all_sums at P = 2 by both schedules, alternating in one run (the
-/// median of each rank-0 time): what `protocol::ONE_SHOT_P2` rests on.
+/// Times 64 MiB f32 all_sums at P = 2 and 3 by both schedules, alternating in one run
+/// (the median of rank 0's times): what `protocol::ONE_SHOT_P2` and the shares schedule at P >= 3 rest on.
 #[test]
 #[ignore = "a measurement: cargo test --release --lib measure_large_all_sum -- --ignored --nocapture"]
-fn measure_large_all_sum_p2() {
-    let ranks = group(2);
+fn measure_large_all_sum() {
     let bytes = 64 << 20;
-    let mut times = [Vec::new(), Vec::new()];
-    let mut bufs: Vec<Vec<u8>> = (0..2).map(|r| random(r, bytes)).collect();
-    let bufs: Vec<std::sync::Mutex<Vec<u8>>> = bufs.drain(..).map(std::sync::Mutex::new).collect();
-    for round in 0..10 {
-        for (i, one_shot) in [true, false].into_iter().enumerate() {
-            let took = on_ranks(&ranks, |c| {
-                let mut data = bufs[c.rank()].lock().expect("a buffer");
-                let start = Instant::now();
-                all_sum_by(c, one_shot, DType::F32, &mut data).expect("all_sum");
-                start.elapsed()
-            });
-            if round > 0 {
-                times[i].push(took[0]);
+    for size in [2, 3] {
+        let ranks = group(size);
+        let mut times = [Vec::new(), Vec::new()];
+        let bufs: Vec<std::sync::Mutex<Vec<u8>>> = (0..size)
+            .map(|r| std::sync::Mutex::new(random(r as u64, bytes)))
+            .collect();
+        for round in 0..8 {
+            for (i, one_shot) in [true, false].into_iter().enumerate() {
+                let took = on_ranks(&ranks, |c| {
+                    let mut data = bufs[c.rank()].lock().expect("a buffer");
+                    let start = Instant::now();
+                    all_sum_by(c, one_shot, DType::F32, &mut data).expect("all_sum");
+                    start.elapsed()
+                });
+                if round > 0 {
+                    times[i].push(took[0]);
+                }
             }
         }
-    }
-    for (i, name) in ["one-shot", "shares"].iter().enumerate() {
-        times[i].sort_unstable();
-        let median = times[i][times[i].len() / 2];
-        // Bus bandwidth of an all-reduce: 2 (P - 1) / P of the bytes per rank.
-        let bus = bytes as f64 / median.as_secs_f64() / 1e9;
-        println!("P = 2, 64 MiB all_sum, {name}: median {median:?}, bus {bus:.2} GB/s");
+        for (i, name) in ["one-shot", "shares"].iter().enumerate() {
+            times[i].sort_unstable();
+            let median = times[i][times[i].len() / 2];
+            // Bus bandwidth of an all-reduce: 2 (P - 1) / P of the bytes per rank.
+            let bus = bytes as f64 * 2.0 * (size - 1) as f64 / size as f64;
+            let bus = bus / median.as_secs_f64() / 1e9;
+            println!("P = {size}, 64 MiB all_sum, {name}: median {median:?}, bus {bus:.2} GB/s");
+        }
     }
 }
