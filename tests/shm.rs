@@ -1,7 +1,8 @@
 //! Shared memory between native-wire ranks on one host, across real processes: the segment
 //! is private (mode 0600) and gone from the file system once the group formed, also after
 //! kill -9; a rank killed or stopped mid-collective is named within the timeout, for small
-//! and large all_sums; a mismatched call still fails every rank naming both calls; and
+//! and large all_sums; a mismatched call still fails every rank naming both calls (a recv
+//! against a group collective too); broadcast and all_to_all run on the segment; and
 //! `NUVEC_DISTRIBUTED_SHM=0` keeps every link on TCP. (The results of every collective on
 //! shared memory are checked by the native matrix of `tests/ring.rs`, which runs on it by
 //! default.) Linux only: the tests find the segment through `/proc/self/maps`.
@@ -64,6 +65,23 @@ fn the_segment_is_private_unlinked_and_used_for_every_collective() {
             g.sum_scatter(&vec![2i64; size * 100_001], &mut part)
                 .unwrap();
             assert!(part.iter().all(|&v| v == 2 * size as i64));
+            // Past a chunk of the segment (1 MiB), from the last rank.
+            let mut b = vec![0u8; (1 << 20) + 3];
+            if g.rank() == size - 1 {
+                b.iter_mut().enumerate().for_each(|(i, v)| *v = i as u8);
+            }
+            g.broadcast(&mut b, size - 1).unwrap();
+            assert!(b.iter().enumerate().all(|(i, &v)| v == i as u8));
+            let block = 300_001;
+            let input: Vec<u32> = (0..size * block)
+                .map(|i| (g.rank() * size * block + i) as u32)
+                .collect();
+            let mut out = vec![0u32; size * block];
+            g.all_to_all(&input, &mut out).unwrap();
+            for (p, c) in out.chunks(block).enumerate() {
+                let first = (p * size * block + g.rank() * block) as u32;
+                assert!(c.iter().enumerate().all(|(i, &v)| v == first + i as u32));
+            }
             g.barrier().unwrap();
         },
     );
@@ -104,6 +122,36 @@ fn a_mismatch_on_shared_memory_names_both_calls() {
         let e = o.lines("ERR ").join("");
         assert!(
             e.contains("float32 x 10") && e.contains("float32 x 20") && e.contains("#1"),
+            "rank {}: {e}",
+            o.rank
+        );
+    }
+}
+
+/// A recv against a group collective on shared memory: rank 1 receives from rank 0 while
+/// ranks 0 and 2 sum. Every rank fails at once (not after the timeout) with the mismatch,
+/// naming the recv and the all_sum.
+#[test]
+fn a_recv_against_an_all_sum_on_shared_memory_fails_every_rank_at_once() {
+    let name = "a_recv_against_an_all_sum_on_shared_memory_fails_every_rank_at_once";
+    let outputs = native(3).all_ok(name, |g| {
+        g.barrier().unwrap();
+        report_segment();
+        let start = Instant::now();
+        let e = if g.rank() == 1 {
+            g.recv(&mut [0.0f32; 4], 0).expect_err("a mismatch")
+        } else {
+            g.all_sum(&mut [1.0f32; 4]).expect_err("a mismatch")
+        };
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}: {e}");
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        println!("ERR {e}");
+    });
+    for o in &outputs {
+        let e = o.lines("ERR ").join("");
+        assert!(
+            e.contains("recv of 16 bytes from rank 0") && e.contains("all_sum"),
             "rank {}: {e}",
             o.rank
         );

@@ -14,7 +14,7 @@
 //!   (their I/O), and [`Native`] (the [`Communicator`]);
 //! - `shm`: shared memory for groups whose ranks all run on one host (every group
 //!   collective goes through one segment; send/recv, liveness and failure notices stay on
-//!   the connections). Groups spread over several hosts keep TCP for every link.
+//!   the connections, and a recv watches its source's step on the segment). Groups spread over several hosts keep TCP for every link.
 //!
 //! # Which algorithm
 //!
@@ -541,6 +541,11 @@ impl Native {
         if self.size == 1 {
             return Ok(());
         }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.broadcast(&call, data, root, watch)
+            });
+        }
         let (me, p, len) = (self.rank, self.size, data.len());
         if direct {
             state
@@ -738,6 +743,19 @@ impl Communicator for Native {
             recv_from: Some(src),
             send_to: None,
         };
+        if let Some(link) = state.shm.as_mut() {
+            // Watches `src`'s step word meanwhile, so that a group collective of `src`'s
+            // fails both as a mismatch (see `shm`).
+            let mut watch = shm::Watch {
+                transport: &mut state.transport,
+                closed: self.state.close_flag(),
+                context: call.phase(),
+                call: None,
+            };
+            if let Err(e) = link.await_recv(&call, src, &mut watch) {
+                return self.settle(&mut state.transport, Err(e));
+            }
+        }
         let len = data.len();
         state
             .exchange
@@ -778,6 +796,11 @@ impl Communicator for Native {
         output[mine.clone()].copy_from_slice(&input[mine]);
         if self.size == 1 {
             return Ok(());
+        }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.all_to_all(&call, input, output, watch)
+            });
         }
         state
             .exchange

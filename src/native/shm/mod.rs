@@ -1,8 +1,10 @@
 //! Shared memory between native-wire ranks on one host: the segment's setup and the driver
 //! that runs every group collective through it (`protocol` has the layout and the schedule).
 //!
-//! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv`, and it is
-//! how a rank learns that a co-located peer died (its connections close) while it waits.
+//! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv` (a `recv`
+//! also watches its source's step word, so that it and a group collective fail as a
+//! mismatch, see `protocol`), and it is how a rank learns that a co-located peer died (its
+//! connections close) while it waits.
 //!
 //! # Setup
 //!
@@ -29,10 +31,22 @@
 //! # Copies
 //!
 //! Each rank copies its input once into its buffer (the peers cannot read the caller's
-//! memory); folds read the peers' buffers in place with the SIMD kernels. A large
-//! all-reduce then copies the folded share back into shared memory and every rank copies
-//! the other shares out: the second and third copy exist because the result must reach
-//! each caller's own memory, which no peer can write.
+//! memory); folds read the peers' buffers in place with the SIMD kernels, into the
+//! caller's memory. What remains besides that one copy in:
+//!
+//! - a one-shot all-reduce (small ones, and every size at P = 2): rank 0 folds the peers'
+//!   buffers straight onto its own data, no further copy; every other rank first copies
+//!   rank 0's chunk out onto its data and folds the rest (itself included, from its own
+//!   buffer) onto that, because every rank must fold in rank order from x0 to get the
+//!   same bits (the kernel computes `acc op incoming`; `x1 op x0` may differ from
+//!   `x0 op x1`, in NaN payloads for one);
+//! - an all-reduce by shares (large, P >= 3): each rank folds its share as above, copies
+//!   the result back into shared memory and copies the other ranks' shares out, because
+//!   the result must reach each caller's own memory, which no peer can write;
+//! - all_gather, broadcast and all_to_all copy each piece out of its owner's buffer once
+//!   (the root's own data, and a rank's own block, are not copied at all in the first
+//!   place where they need not be); sum_scatter copies rank 0's piece of its block out
+//!   onto the output and folds the others' pieces onto it, as the one-shot does.
 
 mod domain;
 mod protocol;
@@ -46,7 +60,7 @@ use std::time::{Duration, Instant};
 use ffi::shm::Segment;
 
 pub(crate) use protocol::Layout;
-use protocol::{CHUNK, ONE_SHOT_MAX, pieces, reached, share};
+use protocol::{CHUNK, pieces, reached, share};
 
 use super::header::Call;
 use crate::comm::progress::Spin;
@@ -442,12 +456,17 @@ impl Link {
             }
             // The connections cost a few system calls to look at: once per slice of
             // sleep, not before every sleep (a step that sleeps once is the common case
-            // when ranks share CPUs). The close flag is one load.
+            // when ranks share CPUs). The close flag and the refusal are one load each.
             if watch.closed.is_set() {
                 return Err(Error::Aborted { context });
             }
+            self.refused_by(peer, watch)?;
             if checked.elapsed() >= SLICE || Instant::now() >= deadline {
-                watch.check(peer, deadline, self.timeout)?;
+                // The peer sets its refusal before it fails the group and closes: a close
+                // seen here may be that refusal's.
+                watch
+                    .check(peer, deadline, self.timeout)
+                    .map_err(|e| self.refused_by(peer, watch).err().unwrap_or(e))?;
                 checked = Instant::now();
             }
             // Counted before the last look, so the peer either sees the count when it
@@ -462,14 +481,197 @@ impl Link {
         }
     }
 
+    /// Fails with the mismatch if `peer`'s `recv` refused a group collective (see
+    /// `protocol`): the peer will not publish the step this rank waits for.
+    fn refused_by(&self, peer: usize, watch: &Watch<'_>) -> Result<()> {
+        let context = watch.context;
+        let flag = self.word(self.layout.refused(peer), context)?;
+        let from = flag.load(Ordering::Acquire);
+        if from == 0 {
+            return Ok(());
+        }
+        let mut got = [0u8; super::header::HEADER_BYTES];
+        self.copy_out(self.layout.refusal(peer), &mut got, context)?;
+        let recv =
+            super::header::Header::decode(&got).map_err(|garbled| Error::PeerMisbehaved {
+                peer,
+                addr: None,
+                context,
+                reason: format!("its refused recv's header in shared memory: {garbled}"),
+            })?;
+        let mine = watch
+            .call
+            .map_or_else(|| "a group collective".to_string(), |(_, c)| c.to_string());
+        Err(Error::Mismatch {
+            seq: u64::from(recv.seq),
+            point_to_point: true,
+            rank: self.me,
+            call: mine,
+            peer,
+            peer_call: format!(
+                "recv of {} bytes from rank {}",
+                recv.count,
+                from.wrapping_sub(1)
+            ),
+            context,
+        })
+    }
+
+    /// Before a `recv` (`call`) from `src` reads its connection: waits until the
+    /// connection holds bytes (the TCP engine takes the message from there, and reports a
+    /// connection that ended) or finds `src` in a group collective, which is a mismatch
+    /// (see `protocol`).
+    ///
+    /// # Errors
+    ///
+    /// The mismatch, a close, or `src` silent past the timeout.
+    pub(crate) fn await_recv(
+        &mut self,
+        call: &Call,
+        src: usize,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let word = self.word(self.layout.step(src), context)?;
+        let conn = watch.transport.recv_conn(src);
+        let start = Instant::now();
+        let deadline = crate::options::deadline(start, self.timeout);
+        loop {
+            // The step first: a send's bytes reach the connection before its sender
+            // publishes the step of a later collective.
+            let ahead = reached(word.load(Ordering::Acquire), self.step.wrapping_add(1));
+            if !matches!(watch.transport.conn(conn).probe(), Ok(Transfer::Blocked)) {
+                return Ok(());
+            }
+            if ahead {
+                return Err(self.refuse(call, src, context));
+            }
+            let idle = start.elapsed();
+            if idle < self.spin.total && idle < self.timeout {
+                if idle < self.spin.eager {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            watch.check(src, deadline, self.timeout)?;
+            // The connection wakes this wait; a step of `src`'s does not, so it is looked
+            // at once per slice (only a mismatch waits on it).
+            let until = (Instant::now() + SLICE).min(deadline);
+            watch
+                .transport
+                .wait(until)
+                .map_err(|e| Error::local("waiting for a recv's message", e))?;
+        }
+    }
+
+    /// The mismatch of this rank's `recv` (`call`) from `src` with the group collective
+    /// `src` runs; leaves the refusal where the ranks waiting for this rank's step see it.
+    fn refuse(&self, call: &Call, src: usize, context: Phase) -> Error {
+        let half = self.next_half();
+        let mut got = [0u8; super::header::HEADER_BYTES];
+        if let Err(e) = self.copy_out(self.layout.header(src, half), &mut got, context) {
+            return e;
+        }
+        let error = match call.check(self.me, src, &got) {
+            Err(e) => e,
+            Ok(()) => Error::Bug {
+                context,
+                what: format!("rank {src}'s group collective carries a send's header"),
+            },
+        };
+        let published = self
+            .copy_in(self.layout.refusal(self.me), &call.header.encode(), context)
+            .and_then(|()| self.word(self.layout.refused(self.me), context))
+            .and_then(|flag| {
+                flag.store(src as u32 + 1, Ordering::SeqCst);
+                self.word(self.layout.step(self.me), context)
+            });
+        if let Ok(step) = published {
+            // The waiters sleep on this rank's step word.
+            ffi::shm::wake_all(step);
+        }
+        error
+    }
+
+    /// A broadcast of `data` from `root` (see `protocol`).
+    pub(crate) fn broadcast(
+        &mut self,
+        call: &Call,
+        data: &mut [u8],
+        root: usize,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let (me, l) = (self.me, self.layout);
+        let mut first = true;
+        for piece in pieces(data.len(), l.chunk()) {
+            let h = self.next_half();
+            if me == root {
+                self.copy_in(l.data(me, h), &data[piece.clone()], context)?;
+            }
+            self.step(first.then_some(call), watch)?;
+            first = false;
+            if me != root {
+                self.copy_out(l.data(root, h), &mut data[piece], context)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An all_to_all: `input` and `output` are P blocks each; `output` holds this rank's
+    /// own block already (see `protocol`).
+    pub(crate) fn all_to_all(
+        &mut self,
+        call: &Call,
+        input: &[u8],
+        output: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let (me, size, l) = (self.me, self.size, self.layout);
+        let block = input.len() / size;
+        let per = (l.chunk() / size).max(1);
+        let mut first = true;
+        for piece in pieces(block, per) {
+            let h = self.next_half();
+            for j in (0..size).filter(|&j| j != me) {
+                let src = &input[j * block + piece.start..j * block + piece.end];
+                self.copy_in(l.data(me, h) + j * per, src, context)?;
+            }
+            self.step(first.then_some(call), watch)?;
+            first = false;
+            for p in (0..size).filter(|&p| p != me) {
+                let out = &mut output[p * block + piece.start..p * block + piece.end];
+                self.copy_out(l.data(p, h) + me * per, out, context)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A barrier: one step of headers.
     pub(crate) fn barrier(&mut self, call: &Call, watch: &mut Watch<'_>) -> Result<()> {
         self.step(Some(call), watch)
     }
 
-    /// An all-reduce of `data` in place (see `protocol`).
+    /// An all-reduce of `data` in place, by the schedule `protocol::one_shot` picks.
     pub(crate) fn all_reduce(
         &mut self,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let one_shot = protocol::one_shot(self.size, data.len());
+        self.all_reduce_by(one_shot, call, (op, dtype), data, watch)
+    }
+
+    /// An all-reduce of `data` in place, one-shot or by shares (see `protocol`; tests and
+    /// measurements force one).
+    pub(crate) fn all_reduce_by(
+        &mut self,
+        one_shot: bool,
         call: &Call,
         (op, dtype): (ReduceOp, DType),
         data: &mut [u8],
@@ -479,16 +681,21 @@ impl Link {
         let (me, size, l) = (self.me, self.size, self.layout);
         let ds = dtype.size();
         let elems = data.len() / ds;
-        if data.len() <= ONE_SHOT_MAX.min(l.chunk()) {
-            let h = self.next_half();
-            self.copy_in(l.data(me, h), data, context)?;
-            self.step(Some(call), watch)?;
-            // Rank order from x0; rank 0's own data is x0 already.
-            if me != 0 {
-                self.copy_out(l.data(0, h), data, context)?;
-            }
-            for p in 1..size {
-                self.fold((op, dtype), data, l.data(p, h), context)?;
+        if one_shot {
+            let mut first = true;
+            for chunk in pieces(elems, l.chunk() / ds) {
+                let h = self.next_half();
+                let piece = &mut data[chunk.start * ds..chunk.end * ds];
+                self.copy_in(l.data(me, h), piece, context)?;
+                self.step(first.then_some(call), watch)?;
+                first = false;
+                // Rank order from x0; rank 0's own data is x0 already.
+                if me != 0 {
+                    self.copy_out(l.data(0, h), piece, context)?;
+                }
+                for p in 1..size {
+                    self.fold((op, dtype), piece, l.data(p, h), context)?;
+                }
             }
             return Ok(());
         }

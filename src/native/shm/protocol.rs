@@ -9,7 +9,9 @@
 //! |---|---|
 //! | 0 | u32: ranks other than the creator that mapped the segment (the creator unlinks it when all did) |
 //! | `LINE + r * CTRL` | rank `r`'s step word (u32): the last step it published |
+//! | `... + 8` | rank `r`'s refusal word (u32): 0, or 1 + the rank whose group collective its `recv` refused |
 //! | `... + 16`, `... + 32` | rank `r`'s collective header for even / odd steps (16 bytes each) |
+//! | `... + 48` | rank `r`'s refused `recv`'s header (16 bytes), valid once its refusal word is set |
 //! | `... + LINE` | rank `r`'s sleepers (u32): peers sleeping on its step word |
 //! | `data(r, h)` | rank `r`'s buffer `h` (0, 1) of [`CHUNK`] bytes, page-aligned |
 //!
@@ -28,8 +30,11 @@
 //! acknowledgement.
 //!
 //! - **barrier**: one step with no data (the header only).
-//! - **all-reduce, small** ([`ONE_SHOT_MAX`]): one step; every rank folds all P buffers.
-//! - **all-reduce, large**: per chunk of [`CHUNK`] bytes, two steps. In the first, every rank
+//! - **all-reduce, one-shot** (up to [`ONE_SHOT_MAX`], and every size at P = 2: see
+//!   [`ONE_SHOT_P2`]): per chunk of [`CHUNK`] bytes, one step; every rank copies its chunk
+//!   in and folds all P buffers into its own output (rank 0 straight onto its own data,
+//!   the others onto a copy of rank 0's chunk).
+//! - **all-reduce by shares** (larger, P >= 3): per chunk of [`CHUNK`] bytes, two steps. In the first, every rank
 //!   copies its chunk in, and rank `j` folds share `j` of it (elements
 //!   `part(chunk, P, j)`) from all P buffers straight into its own output, then copies the
 //!   result into its *other* buffer (the one of the second step); in the second, every
@@ -37,6 +42,23 @@
 //! - **all_gather**: per chunk, one step: copy in, then copy every peer's piece out.
 //! - **sum_scatter**: per chunk of the output, one step: every rank copies in its pieces of
 //!   all P blocks, and folds its own block's pieces from all P buffers.
+//! - **broadcast**: per chunk, one step: the root copies its piece in, every other rank
+//!   copies it out of the root's buffer.
+//! - **all_to_all**: per piece of a block ([`CHUNK`] / P bytes), one step: every rank
+//!   copies in its pieces of the P - 1 blocks bound for its peers (block `j` at `j` pieces
+//!   into its buffer), then copies piece `me` of every peer's buffer into its output.
+//!
+//! # A `recv` against a group collective
+//!
+//! A `recv` is not a step (its message travels on the connection), so a rank in a `recv`
+//! from `src` while `src` runs a group collective would wait for a send that never comes
+//! while `src` waits for a step that never comes. The `recv` therefore also watches
+//! `src`'s step word: once `src` published a step this rank has not, `src` is in a group
+//! collective this rank is not in (unless `src`'s message is on the connection already:
+//! a send precedes the step it publishes after it). The `recv` fails with the mismatch,
+//! naming `src`'s call from its header, and leaves its own header and `src + 1` in its
+//! refusal slot and word, which every rank that waits for its step looks at: they fail
+//! with the mismatch too, naming the `recv`, instead of waiting out their timeout.
 //!
 //! Folds combine in rank order, `x0 op x1 op ... op x(P-1)`, with the same kernel on every
 //! rank, as the TCP native wire's direct algorithms do: every rank gets the same bits.
@@ -58,6 +80,23 @@ pub(crate) const CHUNK: usize = 1 << 20;
 /// Largest all-reduce (bytes) that every rank folds whole in one step; larger ones take
 /// two steps per chunk, each rank folding a share.
 pub(crate) const ONE_SHOT_MAX: usize = 32 << 10;
+
+/// Whether an all-reduce of `bytes` over `size` ranks goes one-shot (every rank folds
+/// every chunk whole) rather than by shares (see the module docs).
+pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
+    bytes <= ONE_SHOT_MAX || (size == 2 && ONE_SHOT_P2)
+}
+
+/// Whether every all-reduce at P = 2 goes one-shot (see [`one_shot`]). At P = 2 both
+/// schedules move the same bytes between ranks, and the one-shot saves the copy of the
+/// folded share back into shared memory and the second step of every chunk. At P >= 3 the
+/// one-shot folds P - 1 whole chunks per rank instead of P - 1 shares, and loses. Measured
+/// by `tests::measure_large_all_sum` (64 MiB f32, in-process threads, both schedules
+/// alternating in one run, on a 2-core VM at load average 7 to 10, so only the order is
+/// worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms (2.81 / 2.43 /
+/// 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47 GB/s); P = 3:
+/// one-shot 66.6 ms (1.34 GB/s), by shares 52.0 ms (1.72 GB/s).
+pub(crate) const ONE_SHOT_P2: bool = true;
 
 /// Where everything of a group of `size` ranks sits (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +124,17 @@ impl Layout {
     /// Rank `r`'s step word (u32).
     pub(crate) fn step(&self, r: usize) -> usize {
         LINE + r * CTRL
+    }
+
+    /// Rank `r`'s refusal word (u32): 0, or 1 + the rank its `recv` found in a group
+    /// collective.
+    pub(crate) fn refused(&self, r: usize) -> usize {
+        LINE + r * CTRL + 8
+    }
+
+    /// Rank `r`'s refused `recv`'s header (16 bytes).
+    pub(crate) fn refusal(&self, r: usize) -> usize {
+        LINE + r * CTRL + 48
     }
 
     /// Rank `r`'s header for steps of parity `half`.
@@ -145,6 +195,9 @@ mod tests {
                 words.extend([l.step(r), l.sleepers(r)]);
                 assert!(l.header(r, 1) + 16 <= l.sleepers(r));
                 assert!(l.header(r, 0) >= l.step(r) + 4);
+                assert_eq!(l.refused(r), l.step(r) + 8);
+                assert_eq!(l.refusal(r), l.header(r, 1) + 16);
+                assert!(l.refusal(r) + 16 <= l.sleepers(r));
                 for h in 0..2 {
                     assert_eq!(l.data(r, h) % 4096, 0);
                     assert!(l.data(r, h) >= l.sleepers(size - 1) + 4);

@@ -11,6 +11,7 @@ use rand::{RngCore, SeedableRng};
 use super::super::hello::CAP_SHARED_MEMORY;
 use super::super::tests::loopback_mesh;
 use super::super::{Formed, Native};
+use super::protocol::ONE_SHOT_MAX;
 use super::*;
 use crate::comm::Communicator;
 use crate::options::Options;
@@ -225,4 +226,236 @@ fn a_close_from_another_thread_ends_a_wait_on_shared_memory() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// The step this rank's link has published: a collective that went through shared memory
+/// advanced it.
+fn steps(c: &Native) -> u32 {
+    c.state
+        .lock()
+        .expect("open")
+        .shm
+        .as_ref()
+        .expect("on shared memory")
+        .step
+}
+
+#[test]
+fn broadcast_and_all_to_all_go_through_shared_memory() {
+    for size in [2, 3, 5] {
+        let ranks = group(size);
+        for root in [0, size - 1] {
+            // Empty, small, and past a chunk with a ragged end.
+            for n in [0, 7, CHUNK + 13] {
+                let want = random((size * 100 + root) as u64 + n as u64, n);
+                let before = steps(&ranks[0]);
+                let got = on_ranks(&ranks, |c| {
+                    let mut data = if c.rank() == root {
+                        want.clone()
+                    } else {
+                        vec![0xEE; n]
+                    };
+                    c.broadcast(&mut data, root).map(|()| data)
+                });
+                for (r, got) in got.into_iter().enumerate() {
+                    let got = got.unwrap_or_else(|e| panic!("P {size} broadcast x{n}: {e}"));
+                    assert!(got == want, "P {size} broadcast x{n} from {root}: rank {r}");
+                }
+                let moved = steps(&ranks[0]).wrapping_sub(before) as usize;
+                assert_eq!(moved, n.div_ceil(CHUNK).max(1), "P {size} broadcast x{n}");
+            }
+        }
+        // Blocks of nothing, a few bytes, and more than one piece (CHUNK / P bytes each).
+        for block in [0, 3, CHUNK / size + 5] {
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random(500 + r as u64, block * size))
+                .collect();
+            let before = steps(&ranks[0]);
+            let got = on_ranks(&ranks, |c| {
+                let mut out = vec![0xEE; block * size];
+                c.all_to_all(&inputs[c.rank()], &mut out).map(|()| out)
+            });
+            for (r, got) in got.into_iter().enumerate() {
+                let got = got.unwrap_or_else(|e| panic!("P {size} all_to_all x{block}: {e}"));
+                let want: Vec<u8> = inputs
+                    .iter()
+                    .flat_map(|x| x[r * block..(r + 1) * block].iter().copied())
+                    .collect();
+                assert!(got == want, "P {size} all_to_all x{block}: rank {r}");
+            }
+            assert!(steps(&ranks[0]) != before, "P {size} all_to_all x{block}");
+        }
+    }
+}
+
+/// The calls of the cross-kind mismatch matrix, each with the word that names it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    AllSum,
+    AllGather,
+    SumScatter,
+    Barrier,
+    Broadcast,
+    AllToAll,
+    Recv,
+    Send,
+}
+
+impl Op {
+    const ALL: [Op; 8] = [
+        Op::AllSum,
+        Op::AllGather,
+        Op::SumScatter,
+        Op::Barrier,
+        Op::Broadcast,
+        Op::AllToAll,
+        Op::Recv,
+        Op::Send,
+    ];
+
+    fn word(self) -> &'static str {
+        match self {
+            Op::AllSum => "all_sum",
+            Op::AllGather => "all_gather",
+            Op::SumScatter => "sum_scatter",
+            Op::Barrier => "barrier",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll => "all_to_all",
+            Op::Recv => "recv",
+            Op::Send => "send",
+        }
+    }
+
+    /// Runs the call on `c` against the other rank of a pair (`peer`).
+    fn run(self, c: &Native, peer: usize) -> crate::Result<()> {
+        let mut eight = [0u8; 8];
+        match self {
+            Op::AllSum => c.all_reduce(ReduceOp::Sum, DType::F32, &mut eight),
+            Op::AllGather => c.all_gather(&[1; 4], &mut eight),
+            Op::SumScatter => c.sum_scatter(DType::F32, &[0; 8], &mut [0; 4]),
+            Op::Barrier => c.barrier(),
+            Op::Broadcast => c.broadcast(&mut eight, 0),
+            Op::AllToAll => c.all_to_all(&[0; 8], &mut eight),
+            Op::Recv => c.recv(&mut eight, peer),
+            // A length no recv here expects, so that a recv against it mismatches too.
+            Op::Send => c.send(&[0; 3], peer),
+        }
+    }
+}
+
+/// Every two different calls on the two ranks of a group on shared memory fail at once
+/// with `Mismatch`, each rank naming its own call and the peer's. A send is not
+/// acknowledged, so the sender itself returns (its next call finds the group failed);
+/// two recvs wait for each other (a deadlock, not a mismatch) and two sends both pass,
+/// so those pairs are not here.
+#[test]
+fn every_two_different_calls_mismatch_at_once_on_shared_memory() {
+    for (i, &a) in Op::ALL.iter().enumerate() {
+        for &b in &Op::ALL[i + 1..] {
+            let ranks = group(2);
+            let ops = [a, b];
+            let start = Instant::now();
+            let got = on_ranks(&ranks, |c| ops[c.rank()].run(c, 1 - c.rank()));
+            let took = start.elapsed();
+            assert!(
+                took < Duration::from_secs(5),
+                "{a:?} against {b:?}: {took:?}"
+            );
+            for (r, got) in got.into_iter().enumerate() {
+                let (mine, theirs) = (ops[r], ops[1 - r]);
+                if mine == Op::Send {
+                    got.unwrap_or_else(|e| panic!("{a:?}/{b:?}: the send failed: {e}"));
+                    continue;
+                }
+                match got {
+                    Err(crate::Error::Mismatch {
+                        call, peer_call, ..
+                    }) => {
+                        assert!(call.contains(mine.word()), "{a:?}/{b:?} rank {r}: {call}");
+                        assert!(
+                            peer_call.contains(theirs.word()),
+                            "{a:?}/{b:?} rank {r}: {peer_call}"
+                        );
+                    }
+                    other => panic!("{a:?} against {b:?}: rank {r}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// An all_sum of `data` on shared memory by the schedule `one_shot` says.
+fn all_sum_by(c: &Native, one_shot: bool, dtype: DType, data: &mut [u8]) -> crate::Result<()> {
+    let mut state = c.state.lock()?;
+    let state = &mut *state;
+    let kind = super::super::header::Kind::AllReduce(ReduceOp::Sum, dtype);
+    let call = Native::group_call(state, kind, data.len() / dtype.size());
+    c.run_shm(state, &call, |link, watch| {
+        link.all_reduce_by(one_shot, &call, (ReduceOp::Sum, dtype), data, watch)
+    })
+}
+
+/// Both schedules of a large all-reduce, whichever `protocol::one_shot` picks: the same
+/// bits as the rank-order fold on every rank, across chunks with a ragged end.
+#[test]
+fn both_large_all_reduce_schedules_fold_in_rank_order() {
+    for size in [2, 3] {
+        let ranks = group(size);
+        for dtype in [DType::F32, DType::BF16] {
+            let n = (2 * CHUNK + CHUNK / 3) / dtype.size() + 1;
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random(900 + r as u64, n * dtype.size()))
+                .collect();
+            let want = fold(ReduceOp::Sum, dtype, &inputs);
+            for one_shot in [true, false] {
+                let got = on_ranks(&ranks, |c| {
+                    let mut data = inputs[c.rank()].clone();
+                    all_sum_by(c, one_shot, dtype, &mut data).map(|()| data)
+                });
+                for (r, got) in got.into_iter().enumerate() {
+                    let got = got.unwrap_or_else(|e| panic!("P {size} {dtype}: {e}"));
+                    assert!(
+                        got == want,
+                        "P {size} {dtype} one-shot {one_shot}: rank {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Times 64 MiB f32 all_sums at P = 2 and 3 by both schedules, alternating in one run
+/// (the median of rank 0's times): what `protocol::ONE_SHOT_P2` and the shares schedule at P >= 3 rest on.
+#[test]
+#[ignore = "a measurement: cargo test --release --lib measure_large_all_sum -- --ignored --nocapture"]
+fn measure_large_all_sum() {
+    let bytes = 64 << 20;
+    for size in [2, 3] {
+        let ranks = group(size);
+        let mut times = [Vec::new(), Vec::new()];
+        let bufs: Vec<std::sync::Mutex<Vec<u8>>> = (0..size)
+            .map(|r| std::sync::Mutex::new(random(r as u64, bytes)))
+            .collect();
+        for round in 0..8 {
+            for (i, one_shot) in [true, false].into_iter().enumerate() {
+                let took = on_ranks(&ranks, |c| {
+                    let mut data = bufs[c.rank()].lock().expect("a buffer");
+                    let start = Instant::now();
+                    all_sum_by(c, one_shot, DType::F32, &mut data).expect("all_sum");
+                    start.elapsed()
+                });
+                if round > 0 {
+                    times[i].push(took[0]);
+                }
+            }
+        }
+        for (i, name) in ["one-shot", "shares"].iter().enumerate() {
+            times[i].sort_unstable();
+            let median = times[i][times[i].len() / 2];
+            // Bus bandwidth of an all-reduce: 2 (P - 1) / P of the bytes per rank.
+            let bus = bytes as f64 * 2.0 * (size - 1) as f64 / size as f64;
+            let bus = bus / median.as_secs_f64() / 1e9;
+            println!("P = {size}, 64 MiB all_sum, {name}: median {median:?}, bus {bus:.2} GB/s");
+        }
+    }
 }
