@@ -42,6 +42,10 @@ pub struct Readiness {
 pub struct Ring {
     ring: IoUring,
     ready: Vec<Readiness>,
+    /// Whether receives report a socket left non-empty (`IORING_CQE_F_SOCK_NONEMPTY`,
+    /// filled in for TCP since Linux 6.0, which is also when `IORING_OP_SEND_ZC` came:
+    /// that opcode's presence is the test).
+    reports_rest: bool,
 }
 
 impl std::fmt::Debug for Ring {
@@ -77,24 +81,33 @@ impl Ring {
                 "the kernel's io_uring has no timed waits (IORING_FEAT_EXT_ARG, Linux 5.11)",
             ));
         }
+        let mut probe = io_uring::Probe::new();
+        let reports_rest = ring.submitter().register_probe(&mut probe).is_ok()
+            && probe.is_supported(opcode::SendZc::CODE);
         Ok(Ring {
             ring,
             ready: Vec::with_capacity(tokens),
+            reports_rest,
         })
     }
 
-    /// Receives what the socket holds into `buf`, without waiting: `Ok(0)` is the peer's
-    /// close, `WouldBlock` an empty socket.
+    /// Receives what the socket holds into `buf`, without waiting: `Ok((0, _))` is the
+    /// peer's close, `WouldBlock` an empty socket. The flag says whether the socket may
+    /// still hold data after this receive: `false` only when the kernel reported it empty
+    /// (Linux 6.0 and later; older kernels always answer `true`), so that the caller can
+    /// wait for the next arrival instead of trying a receive that would find nothing.
     ///
     /// # Errors
     ///
     /// The receive's error, or the ring's.
-    pub fn recv(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn recv(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
         let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let entry = opcode::Recv::new(types::Fd(fd.as_raw_fd()), buf.as_mut_ptr(), len)
             .flags(libc::MSG_DONTWAIT)
             .build();
-        self.transfer(entry)
+        let (n, flags) = self.transfer_flags(entry)?;
+        let rest = !self.reports_rest || io_uring::cqueue::sock_nonempty(flags);
+        Ok((n, rest))
     }
 
     /// Sends what the socket takes of `buf`, without waiting (`WouldBlock`: no room).
@@ -149,6 +162,11 @@ impl Ring {
     /// Pushes `entry`, which may reference memory borrowed by the caller, and returns its
     /// result once its completion has been reaped (see the module's contract).
     fn transfer(&mut self, entry: io_uring::squeue::Entry) -> io::Result<usize> {
+        self.transfer_flags(entry).map(|(n, _)| n)
+    }
+
+    /// [`Ring::transfer`], also returning the completion's flags.
+    fn transfer_flags(&mut self, entry: io_uring::squeue::Entry) -> io::Result<(usize, u32)> {
         let entry = entry.user_data(TRANSFER);
         // SAFETY: the entry references memory the caller borrows for this whole call (a
         // buffer, or `iov`/`msg` on `send_pair`'s frame), and this function does not return
@@ -178,9 +196,9 @@ impl Ring {
                     std::process::abort();
                 }
             }
-            if let Some(result) = self.reap() {
+            if let Some((result, flags)) = self.reap() {
                 return if result >= 0 {
-                    Ok(result as usize)
+                    Ok((result as usize, flags))
                 } else {
                     Err(io::Error::from_raw_os_error(-result))
                 };
@@ -206,12 +224,12 @@ impl Ring {
 
     /// Takes every completion off the queue: readiness is kept for [`Ring::take_ready`],
     /// and the transfer's result, if it is there, returned.
-    fn reap(&mut self) -> Option<i32> {
+    fn reap(&mut self) -> Option<(i32, u32)> {
         let mut transfer = None;
         for cqe in self.ring.completion() {
             let data = cqe.user_data();
             if data == TRANSFER {
-                transfer = Some(cqe.result());
+                transfer = Some((cqe.result(), cqe.flags()));
                 continue;
             }
             let token = (data & u64::from(u32::MAX)) as u32;
@@ -344,12 +362,30 @@ mod tests {
         assert!(r.ended && r.events & libc::POLLIN as u32 != 0);
         let mut got = Vec::new();
         while got.len() < 8 {
-            let n = ring.recv(b.as_fd(), &mut buf).unwrap();
+            let (n, _) = ring.recv(b.as_fd(), &mut buf).unwrap();
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, b"abcdefgh");
         drop(a);
-        assert_eq!(ring.recv(b.as_fd(), &mut buf).unwrap(), 0);
+        assert_eq!(ring.recv(b.as_fd(), &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn a_receive_says_whether_it_left_data_behind() {
+        let (mut a, b) = pair();
+        let mut ring = ring();
+        a.write_all(b"12345678").unwrap();
+        ring.poll(b.as_fd(), 1, libc::POLLIN as u32, false).unwrap();
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+        assert!(ring.take(1).is_some(), "the bytes arrived");
+        // Loopback delivers a write whole: half of it leaves the other half queued.
+        let mut half = [0u8; 4];
+        assert_eq!(ring.recv(b.as_fd(), &mut half).unwrap(), (4, true));
+        let mut rest = [0u8; 16];
+        let (n, more) = ring.recv(b.as_fd(), &mut rest).unwrap();
+        assert_eq!(&rest[..n], b"5678");
+        // Kernels before 6.0 do not say, and the answer is then always "maybe more".
+        assert_eq!(more, !ring.reports_rest, "the socket is empty now");
     }
 
     #[test]
@@ -410,9 +446,9 @@ mod tests {
         let r = ring.take(1).expect("the close is reported");
         assert!(r.events != 0);
         let mut buf = [0u8; 4];
-        let mut outcome = ring.recv(a2.as_fd(), &mut buf);
+        let mut outcome = ring.recv(a2.as_fd(), &mut buf).map(|(n, _)| n);
         while matches!(outcome, Ok(n) if n > 0) {
-            outcome = ring.recv(a2.as_fd(), &mut buf);
+            outcome = ring.recv(a2.as_fd(), &mut buf).map(|(n, _)| n);
         }
         assert!(outcome.is_err() || outcome.as_ref().is_ok_and(|&n| n == 0));
     }

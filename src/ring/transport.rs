@@ -287,7 +287,17 @@ impl Conn {
         }
         loop {
             let read = match &self.uring {
-                Some(ring) => ring.recv(self.stream.as_fd(), &mut buf[..len]),
+                Some(ring) => ring
+                    .recv(self.stream.as_fd(), &mut buf[..len])
+                    .map(|(n, rest)| {
+                        // The kernel said the socket is empty now, and the standing
+                        // arrival wait reports the next bytes: wait for that rather than
+                        // spend a system call on a receive that would find nothing.
+                        if n > 0 && !rest && self.armed[0] {
+                            self.readable = false;
+                        }
+                        n
+                    }),
                 None => self.stream.read(&mut buf[..len]),
             };
             if matches!(read, Ok(n) if n > 0) {
