@@ -328,6 +328,67 @@ impl Ring {
     }
 }
 
+/// Makes `io_uring_setup` fail with `EPERM` on the calling thread from now on, as a sandbox
+/// (a container runtime's seccomp profile) or `kernel.io_uring_disabled` does: for tests of
+/// the refusal and the fallback to epoll. It installs a seccomp filter on this thread only
+/// (without `SECCOMP_FILTER_FLAG_TSYNC`); every other system call is allowed. The thread
+/// also gets `no_new_privs`, which seccomp requires of an unprivileged caller. Neither can
+/// be undone: run it on a thread made for the purpose.
+///
+/// # Errors
+///
+/// What `prctl` returns (`EINVAL` on a kernel built without seccomp filters).
+pub fn refuse_setup_on_this_thread() -> io::Result<()> {
+    // The filter looks at the system call number (offset 0 of `struct seccomp_data`) of
+    // this thread's native calls, which are all a Rust test makes.
+    let nr = u32::try_from(libc::SYS_io_uring_setup).unwrap_or(u32::MAX);
+    // BPF's instruction codes are 16 bits; libc spells them as `u32`s, all below 0x100.
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, nr),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32 & libc::SECCOMP_RET_DATA),
+        ),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // The variadic arguments are passed as the `unsigned long`s `prctl(2)` reads.
+    let one = 1 as libc::c_ulong;
+    let zero = 0 as libc::c_ulong;
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers only and changes no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: PR_SET_SECCOMP reads `program` and the `filter` array it points to during the
+    // call (the kernel copies the program), and both live on this frame until it returns;
+    // the filter denies one system call, which no code relies on succeeding (io_uring's
+    // absence is an error every caller handles).
+    let status = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
+            &raw const program,
+        )
+    };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -464,6 +525,25 @@ mod tests {
         assert!(r.events & libc::POLLPRI as u32 != 0);
         assert!(!r.ended, "a multishot wait stays armed");
         assert_eq!(crate::net::recv_urgent_byte(b.as_fd()).unwrap(), Some(9));
+    }
+
+    #[test]
+    fn a_thread_that_refuses_setup_gets_eperm_and_others_do_not() {
+        std::thread::spawn(|| {
+            refuse_setup_on_this_thread().expect("seccomp filters (else the test cannot run)");
+            let e = Ring::new(16, 8).expect_err("the filter refuses io_uring_setup");
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+            // Only io_uring_setup is refused: other calls still work.
+            let (mut a, mut b) = pair();
+            a.write_all(b"ok").unwrap();
+            let mut got = [0u8; 2];
+            b.read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"ok");
+        })
+        .join()
+        .unwrap();
+        // The filter is the thread's, not the process's.
+        drop(ring());
     }
 
     #[test]
