@@ -42,6 +42,10 @@ pub struct Readiness {
 pub struct Ring {
     ring: IoUring,
     ready: Vec<Readiness>,
+    /// Whether receives report a socket left non-empty (`IORING_CQE_F_SOCK_NONEMPTY`,
+    /// filled in for TCP since Linux 6.0, which is also when `IORING_OP_SEND_ZC` came:
+    /// that opcode's presence is the test).
+    reports_rest: bool,
 }
 
 impl std::fmt::Debug for Ring {
@@ -77,24 +81,33 @@ impl Ring {
                 "the kernel's io_uring has no timed waits (IORING_FEAT_EXT_ARG, Linux 5.11)",
             ));
         }
+        let mut probe = io_uring::Probe::new();
+        let reports_rest = ring.submitter().register_probe(&mut probe).is_ok()
+            && probe.is_supported(opcode::SendZc::CODE);
         Ok(Ring {
             ring,
             ready: Vec::with_capacity(tokens),
+            reports_rest,
         })
     }
 
-    /// Receives what the socket holds into `buf`, without waiting: `Ok(0)` is the peer's
-    /// close, `WouldBlock` an empty socket.
+    /// Receives what the socket holds into `buf`, without waiting: `Ok((0, _))` is the
+    /// peer's close, `WouldBlock` an empty socket. The flag says whether the socket may
+    /// still hold data after this receive: `false` only when the kernel reported it empty
+    /// (Linux 6.0 and later; older kernels always answer `true`), so that the caller can
+    /// wait for the next arrival instead of trying a receive that would find nothing.
     ///
     /// # Errors
     ///
     /// The receive's error, or the ring's.
-    pub fn recv(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn recv(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
         let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let entry = opcode::Recv::new(types::Fd(fd.as_raw_fd()), buf.as_mut_ptr(), len)
             .flags(libc::MSG_DONTWAIT)
             .build();
-        self.transfer(entry)
+        let (n, flags) = self.transfer_flags(entry)?;
+        let rest = !self.reports_rest || io_uring::cqueue::sock_nonempty(flags);
+        Ok((n, rest))
     }
 
     /// Sends what the socket takes of `buf`, without waiting (`WouldBlock`: no room).
@@ -149,6 +162,11 @@ impl Ring {
     /// Pushes `entry`, which may reference memory borrowed by the caller, and returns its
     /// result once its completion has been reaped (see the module's contract).
     fn transfer(&mut self, entry: io_uring::squeue::Entry) -> io::Result<usize> {
+        self.transfer_flags(entry).map(|(n, _)| n)
+    }
+
+    /// [`Ring::transfer`], also returning the completion's flags.
+    fn transfer_flags(&mut self, entry: io_uring::squeue::Entry) -> io::Result<(usize, u32)> {
         let entry = entry.user_data(TRANSFER);
         // SAFETY: the entry references memory the caller borrows for this whole call (a
         // buffer, or `iov`/`msg` on `send_pair`'s frame), and this function does not return
@@ -178,9 +196,9 @@ impl Ring {
                     std::process::abort();
                 }
             }
-            if let Some(result) = self.reap() {
+            if let Some((result, flags)) = self.reap() {
                 return if result >= 0 {
-                    Ok(result as usize)
+                    Ok((result as usize, flags))
                 } else {
                     Err(io::Error::from_raw_os_error(-result))
                 };
@@ -206,12 +224,12 @@ impl Ring {
 
     /// Takes every completion off the queue: readiness is kept for [`Ring::take_ready`],
     /// and the transfer's result, if it is there, returned.
-    fn reap(&mut self) -> Option<i32> {
+    fn reap(&mut self) -> Option<(i32, u32)> {
         let mut transfer = None;
         for cqe in self.ring.completion() {
             let data = cqe.user_data();
             if data == TRANSFER {
-                transfer = Some(cqe.result());
+                transfer = Some((cqe.result(), cqe.flags()));
                 continue;
             }
             let token = (data & u64::from(u32::MAX)) as u32;
@@ -310,6 +328,67 @@ impl Ring {
     }
 }
 
+/// Makes `io_uring_setup` fail with `EPERM` on the calling thread from now on, as a sandbox
+/// (a container runtime's seccomp profile) or `kernel.io_uring_disabled` does: for tests of
+/// the refusal and the fallback to epoll. It installs a seccomp filter on this thread only
+/// (without `SECCOMP_FILTER_FLAG_TSYNC`); every other system call is allowed. The thread
+/// also gets `no_new_privs`, which seccomp requires of an unprivileged caller. Neither can
+/// be undone: run it on a thread made for the purpose.
+///
+/// # Errors
+///
+/// What `prctl` returns (`EINVAL` on a kernel built without seccomp filters).
+pub fn refuse_setup_on_this_thread() -> io::Result<()> {
+    // The filter looks at the system call number (offset 0 of `struct seccomp_data`) of
+    // this thread's native calls, which are all a Rust test makes.
+    let nr = u32::try_from(libc::SYS_io_uring_setup).unwrap_or(u32::MAX);
+    // BPF's instruction codes are 16 bits; libc spells them as `u32`s, all below 0x100.
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let filter = [
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, nr),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32 & libc::SECCOMP_RET_DATA),
+        ),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // The variadic arguments are passed as the `unsigned long`s `prctl(2)` reads.
+    let one = 1 as libc::c_ulong;
+    let zero = 0 as libc::c_ulong;
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integers only and changes no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: PR_SET_SECCOMP reads `program` and the `filter` array it points to during the
+    // call (the kernel copies the program), and both live on this frame until it returns;
+    // the filter denies one system call, which no code relies on succeeding (io_uring's
+    // absence is an error every caller handles).
+    let status = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::c_ulong::from(libc::SECCOMP_MODE_FILTER),
+            &raw const program,
+        )
+    };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -344,12 +423,30 @@ mod tests {
         assert!(r.ended && r.events & libc::POLLIN as u32 != 0);
         let mut got = Vec::new();
         while got.len() < 8 {
-            let n = ring.recv(b.as_fd(), &mut buf).unwrap();
+            let (n, _) = ring.recv(b.as_fd(), &mut buf).unwrap();
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(got, b"abcdefgh");
         drop(a);
-        assert_eq!(ring.recv(b.as_fd(), &mut buf).unwrap(), 0);
+        assert_eq!(ring.recv(b.as_fd(), &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn a_receive_says_whether_it_left_data_behind() {
+        let (mut a, b) = pair();
+        let mut ring = ring();
+        a.write_all(b"12345678").unwrap();
+        ring.poll(b.as_fd(), 1, libc::POLLIN as u32, false).unwrap();
+        ring.wait(Some(Duration::from_secs(5))).unwrap();
+        assert!(ring.take(1).is_some(), "the bytes arrived");
+        // Loopback delivers a write whole: half of it leaves the other half queued.
+        let mut half = [0u8; 4];
+        assert_eq!(ring.recv(b.as_fd(), &mut half).unwrap(), (4, true));
+        let mut rest = [0u8; 16];
+        let (n, more) = ring.recv(b.as_fd(), &mut rest).unwrap();
+        assert_eq!(&rest[..n], b"5678");
+        // Kernels before 6.0 do not say, and the answer is then always "maybe more".
+        assert_eq!(more, !ring.reports_rest, "the socket is empty now");
     }
 
     #[test]
@@ -410,9 +507,9 @@ mod tests {
         let r = ring.take(1).expect("the close is reported");
         assert!(r.events != 0);
         let mut buf = [0u8; 4];
-        let mut outcome = ring.recv(a2.as_fd(), &mut buf);
+        let mut outcome = ring.recv(a2.as_fd(), &mut buf).map(|(n, _)| n);
         while matches!(outcome, Ok(n) if n > 0) {
-            outcome = ring.recv(a2.as_fd(), &mut buf);
+            outcome = ring.recv(a2.as_fd(), &mut buf).map(|(n, _)| n);
         }
         assert!(outcome.is_err() || outcome.as_ref().is_ok_and(|&n| n == 0));
     }
@@ -428,6 +525,25 @@ mod tests {
         assert!(r.events & libc::POLLPRI as u32 != 0);
         assert!(!r.ended, "a multishot wait stays armed");
         assert_eq!(crate::net::recv_urgent_byte(b.as_fd()).unwrap(), Some(9));
+    }
+
+    #[test]
+    fn a_thread_that_refuses_setup_gets_eperm_and_others_do_not() {
+        std::thread::spawn(|| {
+            refuse_setup_on_this_thread().expect("seccomp filters (else the test cannot run)");
+            let e = Ring::new(16, 8).expect_err("the filter refuses io_uring_setup");
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+            // Only io_uring_setup is refused: other calls still work.
+            let (mut a, mut b) = pair();
+            a.write_all(b"ok").unwrap();
+            let mut got = [0u8; 2];
+            b.read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"ok");
+        })
+        .join()
+        .unwrap();
+        // The filter is the thread's, not the process's.
+        drop(ring());
     }
 
     #[test]

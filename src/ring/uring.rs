@@ -70,7 +70,8 @@ mod imp {
                 .map_err(|_| io::Error::other("the io_uring driver's lock is poisoned"))
         }
 
-        pub(crate) fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        /// Receives without waiting; the flag says whether the socket may hold more.
+        pub(crate) fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
             self.lock()?.recv(fd, buf)
         }
 
@@ -154,7 +155,11 @@ mod imp {
             ))
         }
 
-        pub(crate) fn recv(&self, _fd: BorrowedFd<'_>, _buf: &mut [u8]) -> io::Result<usize> {
+        pub(crate) fn recv(
+            &self,
+            _fd: BorrowedFd<'_>,
+            _buf: &mut [u8],
+        ) -> io::Result<(usize, bool)> {
             match *self {}
         }
 
