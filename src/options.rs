@@ -165,16 +165,17 @@ pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Io {
-    /// [`IO_VAR`] if it is set, else the loop measured faster: for now epoll (io_uring has
-    /// not yet been measured on a quiet machine).
+    /// [`IO_VAR`] if it is set, else the loop measured faster, which is epoll: io_uring
+    /// saved no latency and no CPU time in the measurements (see the README's "Which
+    /// backend, wire and transport"), so `Auto` does not try it.
     #[default]
     Auto,
     /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
     Epoll,
     /// io_uring (Linux): each send and receive is one io_uring operation, and waits are
     /// io_uring polls. Forming a group fails, saying why, where the kernel refuses io_uring
-    /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`); [`Io::Auto`] falls back
-    /// to epoll there instead.
+    /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`): there is no silent
+    /// fallback when it is asked for by name.
     Uring,
 }
 
