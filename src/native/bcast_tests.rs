@@ -5,29 +5,13 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use super::tests::loopback_mesh;
+use super::tests::{self, on_ranks};
 use super::{BROADCAST_DIRECT_MAX, Native};
 use crate::comm::Communicator;
 use crate::error::{Error, Phase};
-use crate::options::Options;
 
 fn group(size: usize, connections: usize) -> Vec<Native> {
-    let timeout = Duration::from_secs(20);
-    let options = Options::default().timeout(timeout);
-    loopback_mesh(size, connections, timeout)
-        .into_iter()
-        .map(|f| Native::new(f, &options).expect("a native communicator"))
-        .collect()
-}
-
-fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
+    tests::group(size, connections, Duration::from_secs(20))
 }
 
 /// Distinct bytes for (`who`, `len`): a wrong block or offset shows.

@@ -95,7 +95,7 @@ pub(crate) fn loopback_mesh(size: usize, connections: usize, timeout: Duration) 
 }
 
 /// Native communicators for `size` ranks over loopback.
-fn group(size: usize, connections: usize, timeout: Duration) -> Vec<Native> {
+pub(super) fn group(size: usize, connections: usize, timeout: Duration) -> Vec<Native> {
     let options = Options::default().timeout(timeout);
     loopback_mesh(size, connections, timeout)
         .into_iter()
@@ -104,7 +104,7 @@ fn group(size: usize, connections: usize, timeout: Duration) -> Vec<Native> {
 }
 
 /// Runs `f` on every rank, each on its own thread, and returns what each returned.
-fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
+pub(super) fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let handles: Vec<_> = ranks.iter().map(|c| s.spawn(|| f(c))).collect();
         handles

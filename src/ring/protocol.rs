@@ -226,6 +226,11 @@ pub(crate) fn plan_stripes(
     len: usize,
 ) {
     lanes.clear();
+    push_stripes(lanes, topo, work, first, len);
+}
+
+/// Appends `work` on `len` bytes striped over the connections starting at `first`.
+fn push_stripes(lanes: &mut Vec<Lane>, topo: &Topology, work: Work, first: usize, len: usize) {
     for i in 0..topo.connections {
         let range = schedule::stripe(len, topo.connections, i);
         if range.is_empty() {
@@ -248,24 +253,8 @@ pub(crate) fn plan_stripes(
 /// receive cannot wait on each other's socket buffers.
 pub(crate) fn plan_shift(lanes: &mut Vec<Lane>, topo: &Topology, send: usize, recv: usize) {
     lanes.clear();
-    for (work, first, len) in [
-        (Work::Send, topo.right(0), send),
-        (Work::Recv, topo.left(0), recv),
-    ] {
-        for i in 0..topo.connections {
-            let range = schedule::stripe(len, topo.connections, i);
-            if range.is_empty() {
-                break;
-            }
-            let conn = first + i;
-            lanes.push(Lane::point(
-                work,
-                (conn, topo.peer(conn)),
-                range.start,
-                range.len(),
-            ));
-        }
-    }
+    push_stripes(lanes, topo, Work::Send, topo.right(0), send);
+    push_stripes(lanes, topo, Work::Recv, topo.left(0), recv);
 }
 
 /// One lane's progress through its pass.

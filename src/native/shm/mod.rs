@@ -68,7 +68,7 @@ use crate::comm::state::CloseFlag;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::{ReduceOp, reduce_into};
-use crate::ring::transport::{Transfer, Transport};
+use crate::ring::transport::{Conn, Transfer, Transport};
 
 /// How long a sleeping wait lasts before the rank looks at its connections, the close flag
 /// and the clock again.
@@ -810,26 +810,10 @@ fn write_all(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
-    let mut done = 0;
-    while done < bytes.len() {
-        transport.assume_ready();
-        let c = transport.conn(conn);
-        match c.write(&bytes[done..]) {
-            Ok(Transfer::Moved(n)) => done += n,
-            Ok(Transfer::Closed) => return Err(c.closed(PeerOp::Send, SETUP)),
-            Err(e) => return Err(c.failed(PeerOp::Send, SETUP, e)),
-            Ok(Transfer::Blocked) => {
-                let waited = transport
-                    .wait(deadline)
-                    .map_err(|e| Error::local("waiting to set up shared memory", e))?;
-                if !waited {
-                    let waits = [(conn, PeerOp::Send)];
-                    return Err(transport.inquire(&waits, waits[0], timeout, SETUP));
-                }
-            }
-        }
-    }
-    Ok(())
+    let moves = (conn, PeerOp::Send, bytes.len());
+    move_all(transport, moves, deadline, timeout, |c, done| {
+        c.write(&bytes[done..])
+    })
 }
 
 /// Reads exactly `buf.len()` bytes from connection `conn` by `deadline`.
@@ -840,20 +824,35 @@ fn read_exact(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
+    let moves = (conn, PeerOp::Receive, buf.len());
+    move_all(transport, moves, deadline, timeout, |c, done| {
+        c.read(&mut buf[done..])
+    })
+}
+
+/// Moves `len` bytes as `op` on connection `conn` by `deadline`, `step` moving what it
+/// can from offset `done` on.
+fn move_all(
+    transport: &mut Transport,
+    (conn, op, len): (usize, PeerOp, usize),
+    deadline: Instant,
+    timeout: Duration,
+    mut step: impl FnMut(&mut Conn, usize) -> std::io::Result<Transfer>,
+) -> Result<()> {
     let mut done = 0;
-    while done < buf.len() {
+    while done < len {
         transport.assume_ready();
         let c = transport.conn(conn);
-        match c.read(&mut buf[done..]) {
+        match step(c, done) {
             Ok(Transfer::Moved(n)) => done += n,
-            Ok(Transfer::Closed) => return Err(c.closed(PeerOp::Receive, SETUP)),
-            Err(e) => return Err(c.failed(PeerOp::Receive, SETUP, e)),
+            Ok(Transfer::Closed) => return Err(c.closed(op, SETUP)),
+            Err(e) => return Err(c.failed(op, SETUP, e)),
             Ok(Transfer::Blocked) => {
                 let waited = transport
                     .wait(deadline)
                     .map_err(|e| Error::local("waiting to set up shared memory", e))?;
                 if !waited {
-                    let waits = [(conn, PeerOp::Receive)];
+                    let waits = [(conn, op)];
                     return Err(transport.inquire(&waits, waits[0], timeout, SETUP));
                 }
             }
