@@ -72,6 +72,24 @@ pub fn collective_done(op: u8, dtype: u8, bytes: u64, ranks: u64, duration_ns: u
     let _ = (op, dtype, bytes, ranks, duration_ns, ok);
 }
 
+/// Runs `collective` between [`collective_start`] and [`collective_done`], timing it only in
+/// builds with probes (without them this is free).
+#[inline(always)]
+pub fn collective<E>(
+    op: u8,
+    dtype: u8,
+    bytes: u64,
+    ranks: u64,
+    collective: impl FnOnce() -> Result<(), E>,
+) -> Result<(), E> {
+    let start = ENABLED.then(std::time::Instant::now);
+    collective_start(op, dtype, bytes, ranks);
+    let result = collective();
+    let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
+    collective_done(op, dtype, bytes, ranks, elapsed, result.is_ok());
+    result
+}
+
 /// A ring step's send to `peer` finished.
 #[inline(always)]
 pub fn send_step(peer: u64, step: u64, bytes: u64) {

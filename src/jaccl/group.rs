@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::sync::MutexGuard;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use memmap2::MmapMut;
 
@@ -336,20 +336,7 @@ impl<F: Fabric> Jaccl<F> {
     /// the ring does (see `ring::Traced`).
     fn traced(&self, traced: Traced, collective: impl FnOnce() -> Result<()>) -> Result<()> {
         let ranks = self.size as u64;
-        // Timestamps only in builds with probes: without them this is free.
-        let start = ffi::probes::ENABLED.then(Instant::now);
-        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
-        let result = collective();
-        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-        ffi::probes::collective_done(
-            traced.op,
-            traced.dtype,
-            traced.bytes,
-            ranks,
-            elapsed,
-            result.is_ok(),
-        );
-        result
+        ffi::probes::collective(traced.op, traced.dtype, traced.bytes, ranks, collective)
     }
 
     fn neighbours(&self) -> Neighbours {

@@ -356,45 +356,19 @@ impl Native {
             // Grows to the largest collective so far, then stays: no allocation per call.
             stage.resize(exchange.staging(), 0);
         }
-        let traced = Traced::of(call);
-        let ranks = self.size as u64;
-        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
-        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
-        let mut mem = Memory { data, input, stage };
-        let result = engine::run(
-            transport,
-            exchange,
-            &mut mem,
-            waits,
-            self.timeout,
-            self.spin,
-            call.phase(),
-            self.state.close_flag(),
-        );
-        let result = match result {
-            Err(Error::Mismatch {
-                seq,
-                point_to_point,
-                rank,
-                call: mine,
-                peer,
-                peer_call,
-                context,
-            }) => {
-                let mine = if mine.is_empty() {
-                    refused_send(sent, sent_len, seq, peer)
-                } else {
-                    if let Some(src) = call.recv_from
-                        && exchange.refused().is_some()
-                    {
-                        // Tell the sender, which is not waiting for an answer (see
-                        // `header`): best effort, before the group fails and closes.
-                        transport.assume_ready();
-                        let rejection = call.rejection().encode();
-                        let _ = transport.conn(transport.send_conn(src)).write(&rejection);
-                    }
-                    mine
-                };
+        self.traced(call, || {
+            let mut mem = Memory { data, input, stage };
+            let result = engine::run(
+                transport,
+                exchange,
+                &mut mem,
+                waits,
+                self.timeout,
+                self.spin,
+                call.phase(),
+                self.state.close_flag(),
+            );
+            let result = match result {
                 Err(Error::Mismatch {
                     seq,
                     point_to_point,
@@ -403,21 +377,35 @@ impl Native {
                     peer,
                     peer_call,
                     context,
-                })
-            }
-            result => result,
-        };
-        let result = self.settle(transport, result);
-        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-        ffi::probes::collective_done(
-            traced.op,
-            traced.dtype,
-            traced.bytes,
-            ranks,
-            elapsed,
-            result.is_ok(),
-        );
-        result
+                }) => {
+                    let mine = if mine.is_empty() {
+                        refused_send(sent, sent_len, seq, peer)
+                    } else {
+                        if let Some(src) = call.recv_from
+                            && exchange.refused().is_some()
+                        {
+                            // Tell the sender, which is not waiting for an answer (see
+                            // `header`): best effort, before the group fails and closes.
+                            transport.assume_ready();
+                            let rejection = call.rejection().encode();
+                            let _ = transport.conn(transport.send_conn(src)).write(&rejection);
+                        }
+                        mine
+                    };
+                    Err(Error::Mismatch {
+                        seq,
+                        point_to_point,
+                        rank,
+                        call: mine,
+                        peer,
+                        peer_call,
+                        context,
+                    })
+                }
+                result => result,
+            };
+            self.settle(transport, result)
+        })
     }
 
     /// Runs a group collective through shared memory (`f`, with the link and what it
@@ -441,28 +429,23 @@ impl Native {
                 what: "shared memory vanished".into(),
             });
         };
+        self.traced(call, || {
+            let mut watch = shm::Watch {
+                transport,
+                closed: self.state.close_flag(),
+                context: call.phase(),
+                call: Some((self.rank, call)),
+            };
+            let result = f(link, &mut watch).map_err(|e| name_refused_send(sent, sent_len, e));
+            self.settle(transport, result)
+        })
+    }
+
+    /// Runs `collective` between the tracing probes of `call`.
+    fn traced(&self, call: &Call, collective: impl FnOnce() -> Result<()>) -> Result<()> {
         let traced = Traced::of(call);
         let ranks = self.size as u64;
-        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
-        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
-        let mut watch = shm::Watch {
-            transport,
-            closed: self.state.close_flag(),
-            context: call.phase(),
-            call: Some((self.rank, call)),
-        };
-        let result = f(link, &mut watch).map_err(|e| name_refused_send(sent, sent_len, e));
-        let result = self.settle(transport, result);
-        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-        ffi::probes::collective_done(
-            traced.op,
-            traced.dtype,
-            traced.bytes,
-            ranks,
-            elapsed,
-            result.is_ok(),
-        );
-        result
+        ffi::probes::collective(traced.op, traced.dtype, traced.bytes, ranks, collective)
     }
 
     /// Fails the group on a fatal error (telling the peers, as the ring does).

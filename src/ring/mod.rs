@@ -131,33 +131,21 @@ impl Ring {
             staging,
             lanes,
         } = state;
-        let ranks = self.size as u64;
-        // Timestamps only in builds with probes: without them this is free.
-        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
-        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
-        let result = match engine::run(
-            transport,
-            lanes,
-            bufs,
-            &mut staging.lanes,
-            self.timeout,
-            self.spin,
-            traced.context,
-            self.state.close_flag(),
-        ) {
-            Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
-            result => result,
-        };
-        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-        ffi::probes::collective_done(
-            traced.op,
-            traced.dtype,
-            traced.bytes,
-            ranks,
-            elapsed,
-            result.is_ok(),
-        );
-        result
+        self.traced(traced, || {
+            match engine::run(
+                transport,
+                lanes,
+                bufs,
+                &mut staging.lanes,
+                self.timeout,
+                self.spin,
+                traced.context,
+                self.state.close_flag(),
+            ) {
+                Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
+                result => result,
+            }
+        })
     }
 
     /// The ring as the lane planners see it.
@@ -482,19 +470,7 @@ impl Ring {
     /// all_to_all take several steps, each a run of the engine, and show as one).
     fn traced(&self, traced: Traced, body: impl FnOnce() -> Result<()>) -> Result<()> {
         let ranks = self.size as u64;
-        let start = ffi::probes::ENABLED.then(std::time::Instant::now);
-        ffi::probes::collective_start(traced.op, traced.dtype, traced.bytes, ranks);
-        let result = body();
-        let elapsed = start.map_or(0, |s| s.elapsed().as_nanos() as u64);
-        ffi::probes::collective_done(
-            traced.op,
-            traced.dtype,
-            traced.bytes,
-            ranks,
-            elapsed,
-            result.is_ok(),
-        );
-        result
+        ffi::probes::collective(traced.op, traced.dtype, traced.bytes, ranks, body)
     }
 
     /// One step of this crate's ring schedules: sends `data[send]` to the right neighbour
