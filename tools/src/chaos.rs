@@ -899,6 +899,11 @@ fn spawn_rank(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if netns.is_some() {
+        // A cut link cuts TCP; ranks in network namespaces of one kernel still share
+        // /dev/shm, so the native wire's shared memory would carry the data past the cut.
+        command.env(nuvec_distributed::SHM_VAR, "0");
+    }
     // A killed chaos run must not leave ranks behind.
     ffi::process::kill_when_parent_dies(&mut command);
     let mut child = command.spawn()?;
