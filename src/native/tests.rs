@@ -180,10 +180,7 @@ fn every_op_and_dtype_reduces_in_rank_order_on_every_rank() {
                 });
                 let want = reference(op, dtype, &inputs);
                 let e = dtype.size();
-                let at = (0..count).find(|&i| {
-                    let (got, want) = (&data[i * e..(i + 1) * e], &want[i * e..(i + 1) * e]);
-                    got != want && !(op == ReduceOp::Sum && both_nan(dtype, got, want))
-                });
+                let at = first_difference(op, dtype, &data, &want);
                 assert!(
                     at.is_none(),
                     "rank {} of {size}: {op:?} {dtype} x {count} differs from the rank-order fold \
@@ -209,6 +206,19 @@ fn every_op_and_dtype_reduces_in_rank_order_on_every_rank() {
             "the ranks of {size} hold different bits"
         );
     }
+}
+
+/// The first element where `got` differs from the rank-order fold `want`, a sum's NaN
+/// payload aside (see [`both_nan`]).
+fn first_difference(op: ReduceOp, dtype: DType, got: &[u8], want: &[u8]) -> Option<usize> {
+    let e = dtype.size();
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()) / e);
+    }
+    (0..got.len() / e).find(|&i| {
+        let (g, w) = (&got[i * e..(i + 1) * e], &want[i * e..(i + 1) * e]);
+        g != w && !(op == ReduceOp::Sum && both_nan(dtype, g, w))
+    })
 }
 
 /// Whether `a` and `b` (one element of `dtype`) are both NaN in every component that
@@ -299,9 +309,11 @@ fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
                     .iter()
                     .map(|x| x[me * bytes..(me + 1) * bytes].to_vec())
                     .collect();
+                let want = reference(ReduceOp::Sum, dtype, &mine);
+                let at = first_difference(ReduceOp::Sum, dtype, &out, &want);
                 assert!(
-                    out == reference(ReduceOp::Sum, dtype, &mine),
-                    "rank {me}: sum_scatter"
+                    at.is_none(),
+                    "rank {me}: sum_scatter differs at element {at:?}"
                 );
             }
             comm.barrier()
@@ -365,9 +377,10 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
                 // The ring folds in its own (fixed) order: only the direct ones must equal
                 // the rank-order fold bit for bit, and every one must equal it for integers.
                 if algorithm != Algorithm::Ring || dtype == DType::I64 {
+                    let at = first_difference(op, dtype, &data, &reference(op, dtype, &inputs));
                     assert!(
-                        data == reference(op, dtype, &inputs),
-                        "rank {}: {algorithm:?} {op:?} {dtype} x {count}",
+                        at.is_none(),
+                        "rank {}: {algorithm:?} {op:?} {dtype} x {count} differs at element {at:?}",
                         comm.rank()
                     );
                 }
