@@ -182,7 +182,7 @@ struct State {
     shm: Option<shm::Link>,
     /// The group's shared memory when its ranks sit on several hosts, some with two ranks
     /// or more (see `shm::hier`); broadcast, all_to_all, send/recv stay on TCP.
-    hier: Option<shm::Hier>,
+    hier: Option<Box<shm::Hier>>,
 }
 
 impl fmt::Debug for Native {

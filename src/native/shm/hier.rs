@@ -115,7 +115,7 @@ pub(crate) enum Setup {
     /// Every rank on one segment.
     Flat(Link),
     /// Several domains, at least one of them of two ranks or more.
-    Hier(Hier),
+    Hier(Box<Hier>),
     /// TCP for every link.
     Tcp,
 }
@@ -202,7 +202,12 @@ pub(crate) fn setup(
         "shared memory: host domains {domains:?}, shared memory inside each, TCP between \
          their leaders {leaders:?}"
     );
-    Ok(Setup::Hier(Hier::new(rank, domains, link, (timeout, spin))))
+    Ok(Setup::Hier(Box::new(Hier::new(
+        rank,
+        domains,
+        link,
+        (timeout, spin),
+    ))))
 }
 
 /// The mesh connections between leaders: leader `i` is global rank `leaders[i]`.

@@ -226,8 +226,8 @@ impl Link {
                     if whole { "" } else { "of this host " }
                 );
             }
-            for peer in 1..size {
-                let conn = transport.send_conn(ranks[peer]);
+            for &peer in &ranks[1..] {
+                let conn = transport.send_conn(peer);
                 write_all(transport, conn, &offer, deadline, timeout)?;
             }
             let Ok(seg) = created else {
@@ -238,17 +238,17 @@ impl Link {
             // Every peer says whether it could open the segment (see `domain`), and every
             // rank learns the same verdict.
             let mut refusals = Vec::new();
-            for peer in 1..size {
+            for (peer, &global) in ranks.iter().enumerate().skip(1) {
                 let mut status = [0u8; domain::STATUS_BYTES];
-                let conn = transport.recv_conn(ranks[peer]);
+                let conn = transport.recv_conn(global);
                 read_exact(transport, conn, &mut status, deadline, timeout)?;
                 if let Some(code) = domain::read_status(status) {
                     refusals.push(domain::Refusal { rank: peer, code });
                 }
             }
             let verdict = domain::encode_verdict(&refusals);
-            for peer in 1..size {
-                let conn = transport.send_conn(ranks[peer]);
+            for &peer in &ranks[1..] {
+                let conn = transport.send_conn(peer);
                 write_all(transport, conn, &verdict, deadline, timeout)?;
             }
             if !refusals.is_empty() {
