@@ -39,10 +39,9 @@
 //!
 //! Headers are compared inside each domain (on the segment) and between leaders (over
 //! TCP): calls that differ anywhere differ within some domain or between two leaders. A
-//! leader that finds a mismatch among its members writes a differing header to every
-//! other leader (the minority's by a majority within the domain; on a tie the member's,
-//! so an odd leader in a domain of two reaches the other hosts as its close, not as a
-//! mismatch), where it is read as the header of the leaders' exchange; a leader that
+//! leader that finds a mismatch among its members writes to every other leader the one of
+//! the two calls (its own, a member's) that differs from the header that leader sent it
+//! for the exchange (by the domain's majority if none comes within [`PASS_ON`]), where it is read as the header of the leaders' exchange; a leader that
 //! finds one between leaders publishes the differing header at the third phase's step,
 //! which its members compare with their own call. So every rank fails with
 //! [`Error::Mismatch`] (naming its own call and a differing one, though not always the
@@ -63,7 +62,7 @@ use crate::comm::progress::Spin;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Result};
 use crate::native::engine;
-use crate::native::header::{Call, Header};
+use crate::native::header::{Call, HEADER_BYTES, Header};
 use crate::native::protocol::{Exchange, Memory, Routes};
 use crate::reduce::ReduceOp;
 use crate::ring::transport::Transport;
@@ -210,6 +209,34 @@ pub(crate) fn setup(
     ))))
 }
 
+/// The first header waiting on the connection from `peer`, left there, if one arrives by
+/// `deadline` (looked at every millisecond: a peek consumes nothing, so no new readiness
+/// event need come).
+fn peek_header(
+    transport: &mut Transport,
+    peer: usize,
+    deadline: Instant,
+) -> Option<[u8; HEADER_BYTES]> {
+    let conn = transport.recv_conn(peer);
+    loop {
+        let mut head = [0u8; HEADER_BYTES];
+        match transport.conn(conn).peek(&mut head) {
+            Ok(n) if n == HEADER_BYTES => return Some(head),
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return None,
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        transport
+            .wait(deadline.min(now + Duration::from_millis(1)))
+            .ok()?;
+    }
+}
+
 /// The mesh connections between leaders: leader `i` is global rank `leaders[i]`.
 struct Leaders<'a> {
     transport: &'a Transport,
@@ -304,13 +331,23 @@ impl Hier {
         let result = f(link, watch);
         if let Err(Error::Mismatch { .. }) = &result
             && self.leaders[self.mine] == self.rank
-            && let Some(theirs) = link.differing(call)
+            && let Some((theirs, outvoted)) = link.differing(call)
         {
+            let mine = call.header.encode();
             let deadline = Instant::now() + PASS_ON;
             for &l in self.leaders.iter().filter(|&&l| l != self.rank) {
+                // Whichever of the two calls differs from that leader's, as its header
+                // for the exchange (sent before it waits for this rank's) shows; by the
+                // domain's majority if it does not come in time.
+                let pass = match peek_header(watch.transport, l, deadline) {
+                    Some(head) if head == mine => theirs,
+                    Some(_) => mine,
+                    None if outvoted => mine,
+                    None => theirs,
+                };
                 let conn = watch.transport.send_conn(l);
                 // Best effort: this rank fails the group either way.
-                let _ = write_all(watch.transport, conn, &theirs, deadline, PASS_ON);
+                let _ = write_all(watch.transport, conn, &pass, deadline, PASS_ON);
             }
         }
         result

@@ -340,11 +340,13 @@ impl Link {
         }
     }
 
-    /// After a step whose headers did not all match: the header to pass on to the other
-    /// hosts (by a leader), which should differ from theirs. The odd one out is unknown
-    /// here, so by majority within the segment: this rank's own call if more peers agree
-    /// on another header than with it, else the first peer header that differs from it.
-    pub(crate) fn differing(&self, call: &Call) -> Option<[u8; super::header::HEADER_BYTES]> {
+    /// After a step whose headers did not all match: a peer header of that step that
+    /// differs from `call`'s, and whether more peers agree on it than with this rank (a
+    /// leader passes one of the two calls on to the other hosts).
+    pub(crate) fn differing(
+        &self,
+        call: &Call,
+    ) -> Option<([u8; super::header::HEADER_BYTES], bool)> {
         let half = (self.step % 2) as usize;
         let mine = call.header.encode();
         let mut seen = Vec::with_capacity(self.size);
@@ -357,7 +359,7 @@ impl Link {
         let other = *seen.iter().find(|h| **h != mine)?;
         let with_me = 1 + seen.iter().filter(|h| **h == mine).count();
         let with_other = seen.iter().filter(|h| **h == other).count();
-        Some(if with_other > with_me { mine } else { other })
+        Some((other, with_other > with_me))
     }
 
     /// Whether the segment's pages are locked in memory.

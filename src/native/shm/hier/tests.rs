@@ -245,12 +245,14 @@ fn a_group_of_single_rank_hosts_stays_on_tcp() {
 }
 
 /// A call that differs on one rank fails every rank with the mismatch, wherever that rank
-/// sits: a member, a leader whose domain outvotes it, a single-rank host.
+/// sits: a member, a leader (outvoted by its domain or not), a single-rank host.
 #[test]
 fn a_mismatch_anywhere_fails_every_rank_as_a_mismatch() {
     for (hosts, odd) in [
         (&[1u8, 1, 2, 2][..], 3),
         (&[1, 1, 2, 2], 1),
+        (&[1, 1, 2, 2], 2),
+        (&[1, 1, 2, 2], 0),
         (&[1, 1, 1, 2, 2, 2], 3),
         (&[1, 1, 1, 2], 3),
         (&[1, 1, 1, 2], 2),
