@@ -1,5 +1,6 @@
 //! Shared memory between native-wire ranks on one host: the segment's setup and the driver
-//! that runs every group collective through it (`protocol` has the layout and the schedule).
+//! that runs every group collective through it (`protocol` has the layout and the schedule),
+//! and groups over several hosts (`hier`: a segment per host, TCP between the hosts).
 //!
 //! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv` (a `recv`
 //! also watches its source's step word, so that it and a group collective fail as a
@@ -7,6 +8,11 @@
 //! connections close) while it waits.
 //!
 //! # Setup
+//!
+//! A segment holds the ranks of one host (a *domain*): the whole group when every rank is
+//! on one host, else each host's ranks (see `hier`). Below, "rank 0" is the domain's
+//! lowest rank and ranks are positions in the domain ([`Link`] maps them to the group's
+//! ranks wherever a connection or an error names one).
 //!
 //! Rank 0 creates the segment under a name derived from the group identity (which covers
 //! the key, if any) and 16 random bytes of its own, with `O_EXCL` and mode 0600, and sends
@@ -47,6 +53,12 @@
 //!   (the root's own data, and a rank's own block, are not copied at all in the first
 //!   place where they need not be); sum_scatter copies rank 0's piece of its block out
 //!   onto the output and folds the others' pieces onto it, as the one-shot does.
+//!
+//! A hierarchical group (`hier`) adds, per collective: the leaders' TCP exchange (its
+//! staging, as on TCP), and a broadcast of the result through the segment (one more copy
+//! in by the leader, one out by each member). Its all_gather also packs the domain's
+//! blocks for the leaders and unpacks the others' (the output's blocks need not be
+//! contiguous per host), and its sum_scatter copies the whole input once to reduce it.
 
 mod domain;
 mod hier;
