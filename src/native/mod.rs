@@ -576,6 +576,11 @@ impl Native {
                 link.broadcast(&call, data, root, watch)
             });
         }
+        if state.hier.is_some() {
+            // A hierarchical group compares calls through the hierarchy first, so that a
+            // mismatch with a collective that runs through it fails every rank as one.
+            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+        }
         let (me, p, len) = (self.rank, self.size, data.len());
         if direct {
             state
@@ -844,6 +849,10 @@ impl Communicator for Native {
             return self.run_shm(state, &call, |link, watch| {
                 link.all_to_all(&call, input, output, watch)
             });
+        }
+        if state.hier.is_some() {
+            // As broadcast's: calls compared through the hierarchy first.
+            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
         }
         state
             .exchange

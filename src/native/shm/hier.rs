@@ -33,7 +33,9 @@
 //! leaders exchange them packed (each domain's blocks in rank order, padded to the
 //! largest domain), then every member receives the whole output. sum_scatter is an
 //! all-reduce of the whole input, of which each rank keeps its block. barrier is three
-//! rounds of headers. broadcast and all_to_all go over plain TCP on a hierarchical group.
+//! rounds of headers. broadcast and all_to_all go over plain TCP on a hierarchical group,
+//! after such a barrier with their own call (so a mismatch with any other collective is
+//! found through the hierarchy, as below).
 //!
 //! # Mismatch and failure
 //!
@@ -45,15 +47,17 @@
 //! finds one between leaders publishes the differing header at the third phase's step,
 //! which its members compare with their own call. So every rank fails with
 //! [`Error::Mismatch`] (naming its own call and a differing one, though not always the
-//! rank that made it). A rank that dies closes its connection to every rank; each rank
+//! rank that made it). Ranks of a domain waiting on its segment give the awaited step a
+//! last look when a connection closes (another host's rank that failed on the mismatch),
+//! so that they read the leader's header rather than report the close. A rank that dies closes its connection to every rank; each rank
 //! waiting on a segment looks at all its connections, and each leader in the exchange
 //! gets the failure notices of the others, so the rank is named everywhere.
 //!
 //! Limits: a rank waiting for its leader while the leaders exchange counts the exchange
 //! against its timeout; TCP connections are not watched for a stray `send`'s header
 //! during a hierarchical collective (the next call's headers of a faster rank may be on
-//! them already), so a `send` against a group collective ends at the timeout, named, not
-//! as a mismatch.
+//! them already), so a `send` or `recv` against a group collective ends at the timeout,
+//! named, not as a mismatch.
 
 use std::time::{Duration, Instant};
 

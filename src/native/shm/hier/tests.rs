@@ -245,27 +245,35 @@ fn a_group_of_single_rank_hosts_stays_on_tcp() {
 }
 
 /// A call that differs on one rank fails every rank with the mismatch, wherever that rank
-/// sits: a member, a leader (outvoted by its domain or not), a single-rank host.
+/// sits: a member, a leader (outvoted by its domain or not), a single-rank host; and
+/// against a collective that stays on TCP (broadcast, all_to_all).
 #[test]
 fn a_mismatch_anywhere_fails_every_rank_as_a_mismatch() {
-    for (hosts, odd) in [
-        (&[1u8, 1, 2, 2][..], 3),
-        (&[1, 1, 2, 2], 1),
-        (&[1, 1, 2, 2], 2),
-        (&[1, 1, 2, 2], 0),
-        (&[1, 1, 1, 2, 2, 2], 3),
-        (&[1, 1, 1, 2], 3),
-        (&[1, 1, 1, 2], 2),
+    for (hosts, odd, other) in [
+        (&[1u8, 1, 2, 2][..], 3, "all_max"),
+        (&[1, 1, 2, 2], 1, "all_max"),
+        (&[1, 1, 2, 2], 2, "all_max"),
+        (&[1, 1, 2, 2], 0, "all_max"),
+        (&[1, 1, 1, 2, 2, 2], 3, "all_max"),
+        (&[1, 1, 1, 2], 3, "all_max"),
+        (&[1, 1, 1, 2], 2, "all_max"),
+        (&[1, 1, 2, 2], 3, "broadcast"),
+        (&[1, 1, 2, 2], 0, "all_to_all"),
     ] {
         let ranks = group(hosts);
         let got = on_ranks(&ranks, |c| {
             let mut x = f32s(&[1.0; 6]);
-            let op = if c.rank() == odd {
-                ReduceOp::Max
-            } else {
-                ReduceOp::Sum
-            };
-            c.all_reduce(op, DType::F32, &mut x)
+            if c.rank() != odd {
+                return c.all_reduce(ReduceOp::Sum, DType::F32, &mut x);
+            }
+            match other {
+                "all_max" => c.all_reduce(ReduceOp::Max, DType::F32, &mut x),
+                "broadcast" => c.broadcast(&mut x, 0),
+                _ => {
+                    let mut out = vec![0u8; hosts.len() * 4];
+                    c.all_to_all(&vec![1u8; hosts.len() * 4], &mut out)
+                }
+            }
         });
         for (r, e) in got.into_iter().enumerate() {
             let e = e.expect_err("a mismatch");
@@ -275,7 +283,7 @@ fn a_mismatch_anywhere_fails_every_rank_as_a_mismatch() {
             );
             let text = e.to_string();
             assert!(
-                text.contains("all_max") && text.contains("all_sum"),
+                text.contains(other) && text.contains("all_sum"),
                 "{hosts:?}, rank {odd} odd: rank {r}: {text}"
             );
         }
