@@ -26,7 +26,9 @@
 //! (leader `i` is the leader of domain `i`, domains ordered by their leaders) with the
 //! native wire's [`Exchange`] over the mesh connections between them; then each leader
 //! hands the result to its domain over the segment (a broadcast from local rank 0). An
-//! all-reduce folds within a domain in rank order, then across leaders in leader order:
+//! all-reduce reduces to the leader inside the domain (the segment's schedule, with the
+//! members folding only their shares when it goes by shares, nothing when one-shot); it
+//! folds within a domain in rank order, then across leaders in leader order:
 //! `(x_d0 op x_d1 ...) op (x_e0 op ...) op ...`, with the same kernel on every rank, so every
 //! rank gets the same bits (a float sum's bits may differ from a single-host group's,
 //! whose order is plain rank order). all_gather gathers each domain's blocks, then the
@@ -464,7 +466,7 @@ impl Hier {
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         self.inside(call, watch, |link, w| {
-            link.all_reduce(call, (op, dtype), data, w)
+            link.reduce_to_first(call, (op, dtype), data, w)
         })?;
         let len = data.len();
         let elems = len / dtype.size();

@@ -765,7 +765,36 @@ impl Link {
         data: &mut [u8],
         watch: &mut Watch<'_>,
     ) -> Result<()> {
+        self.reduce((one_shot, true), call, (op, dtype), data, watch)
+    }
+
+    /// A reduction of `data` whose result only the segment's first rank needs (a
+    /// hierarchical group's leader, which passes it on): the schedule and the folds of an
+    /// all-reduce, but the other ranks fold nothing one-shot and copy no shares out. Their
+    /// `data` is left partly folded.
+    pub(crate) fn reduce_to_first(
+        &mut self,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let one_shot = protocol::one_shot(self.size, data.len());
+        self.reduce((one_shot, false), call, (op, dtype), data, watch)
+    }
+
+    /// An all-reduce (`keep`: every rank wants the result) or a reduction to the first
+    /// rank, one-shot or by shares.
+    fn reduce(
+        &mut self,
+        (one_shot, keep): (bool, bool),
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
         let context = watch.context;
+        let wants = keep || self.me == 0;
         let (me, size, l) = (self.me, self.size, self.layout);
         let ds = dtype.size();
         let elems = data.len() / ds;
@@ -777,6 +806,9 @@ impl Link {
                 self.copy_in(l.data(me, h), piece, context)?;
                 self.step(first.then_some(call), watch)?;
                 first = false;
+                if !wants {
+                    continue;
+                }
                 // Rank order from x0; rank 0's own data is x0 already.
                 if me != 0 {
                     self.copy_out(l.data(0, h), piece, context)?;
@@ -808,7 +840,7 @@ impl Link {
                 self.copy_in(l.data(me, 1 - h) + at, target, context)?;
             }
             self.step(None, watch)?;
-            for p in (0..size).filter(|&p| p != me) {
+            for p in (0..size).filter(|&p| wants && p != me) {
                 let theirs = share(&chunk, size, p);
                 let at = (theirs.start - chunk.start) * ds;
                 let out = &mut data[theirs.start * ds..theirs.end * ds];
