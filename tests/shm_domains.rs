@@ -5,8 +5,8 @@
 //!   another file system bind-mounted there, one for all of them), so their host
 //!   identity differs (it covers `/dev/shm`'s device) and the group runs hierarchically:
 //!   shared memory inside each host, TCP between them. Every collective is correct (2x2
-//!   and 3+1), and a member killed with SIGKILL is named by every survivor within the
-//!   timeout.
+//!   and 3+1), and a member or a leader killed with SIGKILL is named by every survivor
+//!   within the timeout.
 //! - a rank that sees the same file system on `/dev/shm` but not the same files (a
 //!   subdirectory of it bind-mounted there): the same host identity, yet it cannot open
 //!   rank 0's segment. Setup finds that out, tells every rank, and keeps TCP for every
@@ -200,12 +200,23 @@ fn a_host_of_three_ranks_and_one_of_one_run_hierarchically() {
 #[test]
 #[ignore = "needs root (unshare --mount, a bind mount on /dev/shm); tools/test.sh runs it when the machine allows it"]
 fn a_killed_member_of_one_host_is_named_on_every_host() {
-    const NAME: &str = "a_killed_member_of_one_host_is_named_on_every_host";
+    killed("a_killed_member_of_one_host_is_named_on_every_host", 3);
+}
+
+/// The same with the second host's leader (rank 2) killed.
+#[test]
+#[ignore = "needs root (unshare --mount, a bind mount on /dev/shm); tools/test.sh runs it when the machine allows it"]
+fn a_killed_leader_of_one_host_is_named_on_every_host() {
+    killed("a_killed_leader_of_one_host_is_named_on_every_host", 2);
+}
+
+/// Kills `victim` of a 2x2 group (ranks 2 and 3 on the second host) while all sum.
+fn killed(name: &'static str, victim: usize) {
     const TIMEOUT_S: f64 = 3.0;
-    let (size, victim) = (4, 3);
-    let dir = other_file_system(NAME);
-    let launch = launch(size, &[2, 3], &dir.0, NAME).timeout(TIMEOUT_S);
-    let Some(mut running) = launch.start(NAME, |g: Group| {
+    let size = 4;
+    let dir = other_file_system(name);
+    let launch = launch(size, &[2, 3], &dir.0, name).timeout(TIMEOUT_S);
+    let Some(mut running) = launch.start(name, |g: Group| {
         g.barrier().unwrap();
         mark("looping");
         let mut last = Instant::now();
