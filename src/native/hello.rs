@@ -59,7 +59,7 @@ const GROUP_CONTEXT: &str = "nuvec-distributed 2026-12-03 native wire group iden
 const BIND_CONTEXT: &str = "nuvec-distributed 2026-12-03 native wire hellos bound v2";
 
 /// The `derive_key` context of the host identity.
-const HOST_CONTEXT: &str = "nuvec-distributed 2026-12-03 native wire host identity v2";
+const HOST_CONTEXT: &str = "nuvec-distributed 2026-12-03 native wire host identity v3";
 
 /// Which connection a hello is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,16 +311,32 @@ pub(crate) fn group_identity(all: &[Vec<String>], key: Option<&Key>) -> [u8; 32]
 /// nanoseconds the file system keeps: no system call outside `std`, no `unsafe`, and no
 /// child process. Two hosts installed and booted at the same nanosecond would look alike;
 /// the same check covers that.
+///
+/// On both, the device of the shared-memory directory (`/dev/shm` on Linux) is folded in:
+/// it is what shared memory needs in common. Two containers (or mount namespaces) of one
+/// kernel, each with its own tmpfs there, are then two hosts, and a group spread over them
+/// runs hierarchically (`shm::hier`); with one `/dev/shm` bind-mounted into both, they are
+/// one. A directory that cannot be looked at leaves the identity unknown.
 pub(crate) fn host_identity() -> [u8; 16] {
     static HOST: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
-    *HOST.get_or_init(|| match host_facts() {
-        Some(facts) => {
+    *HOST.get_or_init(|| match host_facts().zip(shm_device()) {
+        Some((mut facts, device)) => {
+            facts.push(0);
+            facts.extend_from_slice(&device.to_le_bytes());
             let mut id = [0u8; 16];
             id.copy_from_slice(&blake3::derive_key(HOST_CONTEXT, &facts)[..16]);
             id
         }
         None => [0; 16],
     })
+}
+
+/// The device number of the file system that holds shared-memory segments.
+fn shm_device() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(ffi::shm::directory())
+        .ok()
+        .map(|m| m.dev())
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]

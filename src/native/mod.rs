@@ -14,7 +14,9 @@
 //!   (their I/O), and [`Native`] (the [`Communicator`]);
 //! - `shm`: shared memory for groups whose ranks all run on one host (every group
 //!   collective goes through one segment; send/recv, liveness and failure notices stay on
-//!   the connections, and a recv watches its source's step on the segment). Groups spread over several hosts keep TCP for every link.
+//!   the connections, and a recv watches its source's step on the segment). A group spread
+//!   over several hosts runs hierarchically: shared memory inside each host, TCP between
+//!   the hosts' leaders (`shm::hier`).
 //!
 //! # Which algorithm
 //!
@@ -178,6 +180,9 @@ struct State {
     /// The group's shared memory, when every rank is on this host: group collectives go
     /// through it, send/recv and liveness stay on the connections.
     shm: Option<shm::Link>,
+    /// The group's shared memory when its ranks sit on several hosts, some with two ranks
+    /// or more (see `shm::hier`); broadcast, all_to_all, send/recv stay on TCP.
+    hier: Option<Box<shm::Hier>>,
 }
 
 impl fmt::Debug for Native {
@@ -281,25 +286,29 @@ impl Native {
             .iter()
             .all(|p| p.capabilities & hello::CAP_SHARED_MEMORY != 0);
         let spin = Spin::for_local_ranks(options.spin, local_ranks);
-        // Every rank sees every hello, so all decide alike. A group spread over several
-        // hosts keeps TCP for every link (shared memory inside each host is not built).
-        let shm = if size > 1 && offered && here.len() == size {
-            shm::Link::establish(&mut transport, (rank, size), &group, options.timeout, spin)?
-        } else {
-            None
+        // Every rank sees every hello, so all decide alike (see `shm::hier`).
+        let hosts: Vec<[u8; 16]> = peers.iter().map(|p| p.host).collect();
+        let setup = shm::setup(
+            &mut transport,
+            (rank, &hosts),
+            offered,
+            &group,
+            options.timeout,
+            spin,
+        )?;
+        let (shm, hier) = match setup {
+            shm::Setup::Flat(link) => (Some(link), None),
+            shm::Setup::Hier(hier) => (None, Some(hier)),
+            shm::Setup::Tcp => (None, None),
         };
-        if offered && here.len() > 1 && here.len() < size {
-            crate::verbose::verbose!(
-                rank,
-                "native wire: ranks {here:?} share this host but the group spans other \
-                 hosts; shared memory is used only when every rank is on one host, so every \
-                 link stays TCP"
-            );
-        }
-        let links = match &shm {
-            Some(link) if link.locked() => "shared memory (locked)",
-            Some(_) => "shared memory",
-            None => "tcp",
+        let links = match (&shm, &hier) {
+            (Some(link), _) if link.locked() => "shared memory (locked)",
+            (Some(_), _) => "shared memory",
+            (None, Some(h)) if h.locked() => {
+                "shared memory (locked) inside this host, tcp between hosts"
+            }
+            (None, Some(_)) => "shared memory inside this host, tcp between hosts",
+            (None, None) => "tcp",
         };
         crate::verbose::verbose!(
             rank,
@@ -327,6 +336,7 @@ impl Native {
                 received: vec![0; size],
                 waits: Vec::new(),
                 shm,
+                hier,
             })
             .on_close(move || {
                 let _ = waker.wake();
@@ -441,6 +451,37 @@ impl Native {
         })
     }
 
+    /// Runs a group collective on a hierarchical group (`f`, with its end and what it
+    /// watches while it waits); a fatal error fails the group.
+    fn run_hier(
+        &self,
+        state: &mut State,
+        call: &Call,
+        f: impl FnOnce(&mut shm::Hier, &mut shm::Watch<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let State {
+            transport, hier, ..
+        } = state;
+        let Some(hier) = hier.as_mut() else {
+            return Err(Error::Bug {
+                context: call.phase(),
+                what: "the hierarchical group vanished".into(),
+            });
+        };
+        self.traced(call, || {
+            // No header check on the connections meanwhile: a faster rank's next call may
+            // be on them already (see `shm::hier`).
+            let mut watch = shm::Watch {
+                transport,
+                closed: self.state.close_flag(),
+                context: call.phase(),
+                call: None,
+            };
+            let result = f(hier, &mut watch);
+            self.settle(transport, result)
+        })
+    }
+
     /// Runs `collective` between the tracing probes of `call`.
     fn traced(&self, call: &Call, collective: impl FnOnce() -> Result<()>) -> Result<()> {
         let traced = Traced::of(call);
@@ -475,6 +516,7 @@ impl Native {
         if algorithm == Algorithm::Ring
             && state.ring_stage.is_none()
             && state.shm.is_none()
+            && state.hier.is_none()
             && self.size > 1
         {
             // Before the call is numbered: a mapping failure is local, leaves the group
@@ -488,6 +530,11 @@ impl Native {
         if state.shm.is_some() {
             return self.run_shm(state, &call, |link, watch| {
                 link.all_reduce(&call, (op, dtype), data, watch)
+            });
+        }
+        if state.hier.is_some() {
+            return self.run_hier(state, &call, |hier, watch| {
+                hier.all_reduce(&call, (op, dtype), data, watch)
             });
         }
         let (me, p) = (self.rank, self.size);
@@ -528,6 +575,11 @@ impl Native {
             return self.run_shm(state, &call, |link, watch| {
                 link.broadcast(&call, data, root, watch)
             });
+        }
+        if state.hier.is_some() {
+            // A hierarchical group compares calls through the hierarchy first, so that a
+            // mismatch with a collective that runs through it fails every rank as one.
+            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
         }
         let (me, p, len) = (self.rank, self.size, data.len());
         if direct {
@@ -660,6 +712,11 @@ impl Communicator for Native {
                 link.all_gather(&call, input, output, watch)
             });
         }
+        if state.hier.is_some() {
+            return self.run_hier(state, &call, |hier, watch| {
+                hier.all_gather(&call, input, output, watch)
+            });
+        }
         state
             .exchange
             .all_gather(&state.transport, self.rank, self.size, &call, nbytes);
@@ -678,6 +735,11 @@ impl Communicator for Native {
         if state.shm.is_some() {
             return self.run_shm(state, &call, |link, watch| {
                 link.sum_scatter(&call, dtype, input, output, watch)
+            });
+        }
+        if state.hier.is_some() {
+            return self.run_hier(state, &call, |hier, watch| {
+                hier.sum_scatter(&call, dtype, input, output, watch)
             });
         }
         state
@@ -756,6 +818,9 @@ impl Communicator for Native {
         if state.shm.is_some() {
             return self.run_shm(state, &call, |link, watch| link.barrier(&call, watch));
         }
+        if state.hier.is_some() {
+            return self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch));
+        }
         state
             .exchange
             .headers(&state.transport, self.rank, self.size, &call);
@@ -785,6 +850,10 @@ impl Communicator for Native {
                 link.all_to_all(&call, input, output, watch)
             });
         }
+        if state.hier.is_some() {
+            // As broadcast's: calls compared through the hierarchy first.
+            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+        }
         state
             .exchange
             .all_to_all(&state.transport, self.rank, self.size, &call, block);
@@ -798,6 +867,7 @@ impl Communicator for Native {
             state.lanes = Vec::new();
             state.ring_stage = None;
             state.shm = None;
+            state.hier = None;
         });
         Ok(())
     }

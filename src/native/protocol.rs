@@ -660,6 +660,18 @@ impl Exchange {
         true
     }
 
+    /// After a mismatch: the first complete header of the current round that differs
+    /// from `call`'s (a hierarchical group's leader passes it on to its host's ranks).
+    pub(crate) fn differing(&self, call: &Call) -> Option<[u8; HEADER_BYTES]> {
+        let mine = call.header.encode();
+        let round = self.rounds.get(self.current)?;
+        round
+            .ins
+            .iter()
+            .find(|m| m.expect.is_some() && m.head_left() == 0 && m.head != mine)
+            .map(|m| m.head)
+    }
+
     /// The `send` header whose mismatch ended this collective, if one did.
     pub(crate) fn refused(&self) -> Option<Header> {
         self.refused

@@ -76,14 +76,21 @@ pub(crate) fn encode_verdict(refusals: &[Refusal]) -> Vec<u8> {
 /// # Errors
 ///
 /// More entries than the creator has peers: the creator misbehaved.
-pub(crate) fn verdict_body_len(head: [u8; VERDICT_HEAD_BYTES], size: usize) -> Result<usize> {
+pub(crate) fn verdict_body_len(
+    head: [u8; VERDICT_HEAD_BYTES],
+    size: usize,
+    creator: usize,
+) -> Result<usize> {
     let count = u32::from_le_bytes(head) as usize;
     if count >= size {
-        return Err(misbehaved(format!(
-            "a shared-memory verdict naming {count} ranks, in a group of {size} whose \
+        return Err(misbehaved(
+            creator,
+            format!(
+                "a shared-memory verdict naming {count} ranks, in a group of {size} whose \
              creator has {} peers",
-            size.saturating_sub(1)
-        )));
+                size.saturating_sub(1)
+            ),
+        ));
     }
     Ok(count * ENTRY_BYTES)
 }
@@ -94,12 +101,15 @@ pub(crate) fn verdict_body_len(head: [u8; VERDICT_HEAD_BYTES], size: usize) -> R
 /// # Errors
 ///
 /// Any entry that breaks those rules: the creator misbehaved.
-pub(crate) fn decode_verdict(body: &[u8], size: usize) -> Result<Vec<Refusal>> {
+pub(crate) fn decode_verdict(body: &[u8], size: usize, creator: usize) -> Result<Vec<Refusal>> {
     if !body.len().is_multiple_of(ENTRY_BYTES) {
-        return Err(misbehaved(format!(
-            "a shared-memory verdict of {} entry bytes, not a multiple of {ENTRY_BYTES}",
-            body.len()
-        )));
+        return Err(misbehaved(
+            creator,
+            format!(
+                "a shared-memory verdict of {} entry bytes, not a multiple of {ENTRY_BYTES}",
+                body.len()
+            ),
+        ));
     }
     let mut out: Vec<Refusal> = Vec::with_capacity(body.len() / ENTRY_BYTES);
     for entry in body.chunks_exact(ENTRY_BYTES) {
@@ -111,16 +121,20 @@ pub(crate) fn decode_verdict(body: &[u8], size: usize) -> Result<Vec<Refusal>> {
         let code = i32::from_le_bytes(code);
         let after_last = out.last().map_or(1, |r| r.rank + 1);
         if rank < after_last || rank >= size {
-            return Err(misbehaved(format!(
-                "a shared-memory verdict naming rank {rank} (expected increasing ranks from \
+            return Err(misbehaved(
+                creator,
+                format!(
+                    "a shared-memory verdict naming rank {rank} (expected increasing ranks from \
                  {after_last} to {})",
-                size - 1
-            )));
+                    size - 1
+                ),
+            ));
         }
         if code == 0 {
-            return Err(misbehaved(format!(
-                "a shared-memory verdict naming rank {rank} without an error"
-            )));
+            return Err(misbehaved(
+                creator,
+                format!("a shared-memory verdict naming rank {rank} without an error"),
+            ));
         }
         out.push(Refusal { rank, code });
     }
@@ -144,9 +158,9 @@ pub(crate) fn describe(refusals: &[Refusal]) -> String {
         .join(", ")
 }
 
-fn misbehaved(reason: String) -> Error {
+fn misbehaved(creator: usize, reason: String) -> Error {
     Error::PeerMisbehaved {
-        peer: 0,
+        peer: creator,
         addr: None,
         context: SETUP,
         reason,
@@ -184,17 +198,17 @@ mod tests {
         let bytes = encode_verdict(&refusals);
         let mut head = [0u8; VERDICT_HEAD_BYTES];
         head.copy_from_slice(&bytes[..VERDICT_HEAD_BYTES]);
-        let body_len = verdict_body_len(head, 4).unwrap();
+        let body_len = verdict_body_len(head, 4, 0).unwrap();
         assert_eq!(body_len, bytes.len() - VERDICT_HEAD_BYTES);
         let body = &bytes[VERDICT_HEAD_BYTES..];
-        assert_eq!(decode_verdict(body, 4).unwrap(), refusals);
+        assert_eq!(decode_verdict(body, 4, 0).unwrap(), refusals);
         // The empty verdict: shared memory.
         let empty = encode_verdict(&[]);
         assert_eq!(empty, [0, 0, 0, 0]);
-        assert_eq!(verdict_body_len([0; 4], 1).unwrap(), 0);
+        assert_eq!(verdict_body_len([0; 4], 1, 0).unwrap(), 0);
 
         // As many entries as ranks: more than the creator's peers.
-        assert!(verdict_body_len(4u32.to_le_bytes(), 4).is_err());
+        assert!(verdict_body_len(4u32.to_le_bytes(), 4, 0).is_err());
         // Rank 0 (the creator), a rank past the group, a repeat, a zero code, a torn entry.
         let bad = |rank: u32, code: i32| {
             let mut v = rank.to_le_bytes().to_vec();
@@ -207,10 +221,10 @@ mod tests {
             [bad(2, 2), bad(2, 2)].concat(),
             bad(1, 0),
         ] {
-            let e = decode_verdict(&body, 4).expect_err("a bad verdict");
+            let e = decode_verdict(&body, 4, 0).expect_err("a bad verdict");
             assert!(matches!(e, Error::PeerMisbehaved { peer: 0, .. }), "{e}");
         }
-        assert!(decode_verdict(&bad(1, 2)[..7], 4).is_err());
+        assert!(decode_verdict(&bad(1, 2)[..7], 4, 0).is_err());
     }
 
     #[test]

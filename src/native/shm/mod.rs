@@ -1,5 +1,6 @@
 //! Shared memory between native-wire ranks on one host: the segment's setup and the driver
-//! that runs every group collective through it (`protocol` has the layout and the schedule).
+//! that runs every group collective through it (`protocol` has the layout and the schedule),
+//! and groups over several hosts (`hier`: a segment per host, TCP between the hosts).
 //!
 //! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv` (a `recv`
 //! also watches its source's step word, so that it and a group collective fail as a
@@ -7,6 +8,11 @@
 //! connections close) while it waits.
 //!
 //! # Setup
+//!
+//! A segment holds the ranks of one host (a *domain*): the whole group when every rank is
+//! on one host, else each host's ranks (see `hier`). Below, "rank 0" is the domain's
+//! lowest rank and ranks are positions in the domain ([`Link`] maps them to the group's
+//! ranks wherever a connection or an error names one).
 //!
 //! Rank 0 creates the segment under a name derived from the group identity (which covers
 //! the key, if any) and 16 random bytes of its own, with `O_EXCL` and mode 0600, and sends
@@ -47,8 +53,15 @@
 //!   (the root's own data, and a rank's own block, are not copied at all in the first
 //!   place where they need not be); sum_scatter copies rank 0's piece of its block out
 //!   onto the output and folds the others' pieces onto it, as the one-shot does.
+//!
+//! A hierarchical group (`hier`) adds, per collective: the leaders' TCP exchange (its
+//! staging, as on TCP), and a broadcast of the result through the segment (one more copy
+//! in by the leader, one out by each member). Its all_gather also packs the domain's
+//! blocks for the leaders and unpacks the others' (the output's blocks need not be
+//! contiguous per host), and its sum_scatter copies the whole input once to reduce it.
 
 mod domain;
+mod hier;
 mod protocol;
 #[cfg(test)]
 mod tests;
@@ -59,6 +72,7 @@ use std::time::{Duration, Instant};
 
 use ffi::shm::Segment;
 
+pub(crate) use hier::{Hier, Setup, setup};
 pub(crate) use protocol::Layout;
 use protocol::{CHUNK, pieces, reached, share};
 
@@ -73,6 +87,11 @@ use crate::ring::transport::{Conn, Transfer, Transport};
 /// How long a sleeping wait lasts before the rank looks at its connections, the close flag
 /// and the clock again.
 const SLICE: Duration = Duration::from_millis(5);
+
+/// How long a rank of a domain of a larger group still waits for the step it awaits once
+/// a connection closed (see `Link::wait_for`): time for its leader to pass on a mismatch
+/// that another host's rank failed on, under load. A dead rank is named that much later.
+const LAST_LOOK: Duration = Duration::from_millis(250);
 
 /// The setup message rank 0 sends every peer: a flag (1: shared memory, 0: every link
 /// stays TCP), then the segment's 16 random bytes.
@@ -160,6 +179,10 @@ impl Watch<'_> {
 pub(crate) struct Link {
     seg: Segment,
     layout: Layout,
+    /// The global rank of each rank of the segment, in increasing order: `me`, `size` and
+    /// the layout's indices are positions in it (the identity when the segment holds the
+    /// whole group); errors and connections name the global ranks.
+    ranks: Vec<usize>,
     me: usize,
     size: usize,
     /// The last step this rank published.
@@ -187,11 +210,14 @@ impl Link {
     /// does not allow.
     pub(crate) fn establish(
         transport: &mut Transport,
-        (me, size): (usize, usize),
+        (ranks, me): (&[usize], usize),
         group: &[u8; 32],
         timeout: Duration,
         spin: Spin,
     ) -> Result<Option<Link>> {
+        let size = ranks.len();
+        let leader = ranks[0];
+        let whole = size == transport.ranks();
         let layout = Layout::new(size, CHUNK);
         let deadline = crate::options::deadline(Instant::now(), timeout);
         if me == 0 {
@@ -211,12 +237,13 @@ impl Link {
             }
             if let Err(e) = &created {
                 crate::verbose::verbose!(
-                    warn: me,
-                    "shared memory: cannot create {} ({e}); every link stays TCP",
-                    path.display()
+                    warn: leader,
+                    "shared memory: cannot create {} ({e}); every link {}stays TCP",
+                    path.display(),
+                    if whole { "" } else { "of this host " }
                 );
             }
-            for peer in 1..size {
+            for &peer in &ranks[1..] {
                 let conn = transport.send_conn(peer);
                 write_all(transport, conn, &offer, deadline, timeout)?;
             }
@@ -224,25 +251,25 @@ impl Link {
                 return Ok(None);
             };
             // Dropped on an error or a refusal, the creator's segment removes its file.
-            let mut link = Link::new(seg, layout, (me, size), spin, timeout);
+            let mut link = Link::new(seg, layout, (ranks, me), spin, timeout);
             // Every peer says whether it could open the segment (see `domain`), and every
             // rank learns the same verdict.
             let mut refusals = Vec::new();
-            for peer in 1..size {
+            for (peer, &global) in ranks.iter().enumerate().skip(1) {
                 let mut status = [0u8; domain::STATUS_BYTES];
-                let conn = transport.recv_conn(peer);
+                let conn = transport.recv_conn(global);
                 read_exact(transport, conn, &mut status, deadline, timeout)?;
                 if let Some(code) = domain::read_status(status) {
                     refusals.push(domain::Refusal { rank: peer, code });
                 }
             }
             let verdict = domain::encode_verdict(&refusals);
-            for peer in 1..size {
+            for &peer in &ranks[1..] {
                 let conn = transport.send_conn(peer);
                 write_all(transport, conn, &verdict, deadline, timeout)?;
             }
             if !refusals.is_empty() {
-                not_shared(me, &refusals);
+                not_shared((ranks, me), &refusals, whole);
                 return Ok(None);
             }
             // The peers' counts, seen through this rank's map: the segment is one.
@@ -253,14 +280,14 @@ impl Link {
             Ok(Some(link))
         } else {
             let mut offer = [0u8; OFFER_BYTES];
-            let conn = transport.recv_conn(0);
+            let conn = transport.recv_conn(leader);
             read_exact(transport, conn, &mut offer, deadline, timeout)?;
             match offer[0] {
                 0 => return Ok(None),
                 1 => {}
                 flag => {
                     return Err(Error::PeerMisbehaved {
-                        peer: 0,
+                        peer: leader,
                         addr: None,
                         context: SETUP,
                         reason: format!("a shared-memory offer with flag {flag}, not 0 or 1"),
@@ -281,51 +308,75 @@ impl Link {
                 ffi::shm::wake_all(mapped);
             }
             let status = domain::status(&opened);
-            let conn = transport.send_conn(0);
+            let conn = transport.send_conn(leader);
             write_all(transport, conn, &status, deadline, timeout)?;
             let mut head = [0u8; domain::VERDICT_HEAD_BYTES];
-            let conn = transport.recv_conn(0);
+            let conn = transport.recv_conn(leader);
             read_exact(transport, conn, &mut head, deadline, timeout)?;
-            let mut body = vec![0u8; domain::verdict_body_len(head, size)?];
+            let mut body = vec![0u8; domain::verdict_body_len(head, size, leader)?];
             read_exact(transport, conn, &mut body, deadline, timeout)?;
-            let refusals = domain::decode_verdict(&body, size)?;
+            let refusals = domain::decode_verdict(&body, size, leader)?;
             if !refusals.is_empty() {
-                not_shared(me, &refusals);
+                not_shared((ranks, me), &refusals, whole);
                 return Ok(None);
             }
             let Ok(seg) = opened else {
                 // The creator left out this rank's refusal.
                 return Err(Error::PeerMisbehaved {
-                    peer: 0,
+                    peer: leader,
                     addr: None,
                     context: SETUP,
                     reason: format!(
-                        "a shared-memory verdict that leaves out rank {me}, which could not \
+                        "a shared-memory verdict that leaves out rank {}, which could not \
                          open {}",
+                        ranks[me],
                         path.display()
                     ),
                 });
             };
-            Ok(Some(Link::new(seg, layout, (me, size), spin, timeout)))
+            Ok(Some(Link::new(seg, layout, (ranks, me), spin, timeout)))
         }
     }
 
     fn new(
         seg: Segment,
         layout: Layout,
-        (me, size): (usize, usize),
+        (ranks, me): (&[usize], usize),
         spin: Spin,
         timeout: Duration,
     ) -> Link {
         Link {
             seg,
             layout,
+            ranks: ranks.to_vec(),
             me,
-            size,
+            size: ranks.len(),
             step: 0,
             spin,
             timeout,
         }
+    }
+
+    /// After a step whose headers did not all match: a peer header of that step that
+    /// differs from `call`'s, and whether more peers agree on it than with this rank (a
+    /// leader passes one of the two calls on to the other hosts).
+    pub(crate) fn differing(
+        &self,
+        call: &Call,
+    ) -> Option<([u8; super::header::HEADER_BYTES], bool)> {
+        let half = (self.step % 2) as usize;
+        let mine = call.header.encode();
+        let mut seen = Vec::with_capacity(self.size);
+        for p in (0..self.size).filter(|&p| p != self.me) {
+            let mut got = [0u8; super::header::HEADER_BYTES];
+            self.copy_out(self.layout.header(p, half), &mut got, SETUP)
+                .ok()?;
+            seen.push(got);
+        }
+        let other = *seen.iter().find(|h| **h != mine)?;
+        let with_me = 1 + seen.iter().filter(|h| **h == mine).count();
+        let with_other = seen.iter().filter(|h| **h == other).count();
+        Some((other, with_other > with_me))
     }
 
     /// Whether the segment's pages are locked in memory.
@@ -355,9 +406,14 @@ impl Link {
             }
             // Blame the first rank that might still be missing (the count does not say
             // which): its connection closing names it precisely.
-            watch.check(1, deadline, timeout)?;
+            watch.check(self.ranks[1], deadline, timeout)?;
             ffi::shm::wait(mapped, n, SLICE);
         }
+    }
+
+    /// The global rank of the segment's rank `local`.
+    fn global(&self, local: usize) -> usize {
+        self.ranks[local]
     }
 
     fn word(&self, off: usize, context: Phase) -> Result<&AtomicU32> {
@@ -423,7 +479,7 @@ impl Link {
             for peer in (0..self.size).filter(|&p| p != self.me) {
                 let mut got = [0u8; super::header::HEADER_BYTES];
                 self.copy_out(self.layout.header(peer, half), &mut got, context)?;
-                call.check(self.me, peer, &got)?;
+                call.check(self.global(self.me), self.global(peer), &got)?;
             }
         }
         Ok(())
@@ -464,9 +520,23 @@ impl Link {
             if checked.elapsed() >= SLICE || Instant::now() >= deadline {
                 // The peer sets its refusal before it fails the group and closes: a close
                 // seen here may be that refusal's.
-                watch
-                    .check(peer, deadline, self.timeout)
-                    .map_err(|e| self.refused_by(peer, watch).err().unwrap_or(e))?;
+                // A peer that published the step and then failed (a leader passing on a
+                // mismatch found between hosts) is judged by its header, not its close.
+                // In a domain of a larger group, a rank of another host that failed
+                // on a mismatch closes while this domain's leader still passes the
+                // mismatch on: the step gets a last look before the close is reported.
+                match watch.check(self.global(peer), deadline, self.timeout) {
+                    Err(Error::Closed { .. } | Error::Io { .. } | Error::Lost { .. })
+                        if self.size < watch.transport.ranks() && self.last_look(word) =>
+                    {
+                        return Ok(());
+                    }
+                    Err(_) if reached(word.load(Ordering::Acquire), self.step) => {
+                        return Ok(());
+                    }
+                    Err(e) => return Err(self.refused_by(peer, watch).err().unwrap_or(e)),
+                    Ok(()) => {}
+                }
                 checked = Instant::now();
             }
             // Counted before the last look, so the peer either sees the count when it
@@ -478,6 +548,20 @@ impl Link {
                 ffi::shm::wait(word, seen, SLICE.min(left.max(Duration::from_micros(1))));
             }
             sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `word` reaches this rank's step within [`LAST_LOOK`].
+    fn last_look(&self, word: &AtomicU32) -> bool {
+        let until = Instant::now() + LAST_LOOK;
+        loop {
+            if reached(word.load(Ordering::Acquire), self.step) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -494,7 +578,7 @@ impl Link {
         self.copy_out(self.layout.refusal(peer), &mut got, context)?;
         let recv =
             super::header::Header::decode(&got).map_err(|garbled| Error::PeerMisbehaved {
-                peer,
+                peer: self.global(peer),
                 addr: None,
                 context,
                 reason: format!("its refused recv's header in shared memory: {garbled}"),
@@ -505,9 +589,9 @@ impl Link {
         Err(Error::Mismatch {
             seq: u64::from(recv.seq),
             point_to_point: true,
-            rank: self.me,
+            rank: self.global(self.me),
             call: mine,
-            peer,
+            peer: self.global(peer),
             peer_call: format!(
                 "recv of {} bytes from rank {}",
                 recv.count,
@@ -532,7 +616,11 @@ impl Link {
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         let context = watch.context;
-        let word = self.word(self.layout.step(src), context)?;
+        // `src` is a global rank; one outside this segment has no step word to watch.
+        let Some(local) = self.ranks.iter().position(|&r| r == src) else {
+            return Ok(());
+        };
+        let word = self.word(self.layout.step(local), context)?;
         let conn = watch.transport.recv_conn(src);
         let start = Instant::now();
         let deadline = crate::options::deadline(start, self.timeout);
@@ -544,7 +632,7 @@ impl Link {
                 return Ok(());
             }
             if ahead {
-                return Err(self.refuse(call, src, context));
+                return Err(self.refuse(call, (src, local), context));
             }
             let idle = start.elapsed();
             if idle < self.spin.total && idle < self.timeout {
@@ -568,13 +656,13 @@ impl Link {
 
     /// The mismatch of this rank's `recv` (`call`) from `src` with the group collective
     /// `src` runs; leaves the refusal where the ranks waiting for this rank's step see it.
-    fn refuse(&self, call: &Call, src: usize, context: Phase) -> Error {
+    fn refuse(&self, call: &Call, (src, local): (usize, usize), context: Phase) -> Error {
         let half = self.next_half();
         let mut got = [0u8; super::header::HEADER_BYTES];
-        if let Err(e) = self.copy_out(self.layout.header(src, half), &mut got, context) {
+        if let Err(e) = self.copy_out(self.layout.header(local, half), &mut got, context) {
             return e;
         }
-        let error = match call.check(self.me, src, &got) {
+        let error = match call.check(self.global(self.me), src, &got) {
             Err(e) => e,
             Ok(()) => Error::Bug {
                 context,
@@ -677,7 +765,36 @@ impl Link {
         data: &mut [u8],
         watch: &mut Watch<'_>,
     ) -> Result<()> {
+        self.reduce((one_shot, true), call, (op, dtype), data, watch)
+    }
+
+    /// A reduction of `data` whose result only the segment's first rank needs (a
+    /// hierarchical group's leader, which passes it on): the schedule and the folds of an
+    /// all-reduce, but the other ranks fold nothing one-shot and copy no shares out. Their
+    /// `data` is left partly folded.
+    pub(crate) fn reduce_to_first(
+        &mut self,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let one_shot = protocol::one_shot(self.size, data.len());
+        self.reduce((one_shot, false), call, (op, dtype), data, watch)
+    }
+
+    /// An all-reduce (`keep`: every rank wants the result) or a reduction to the first
+    /// rank, one-shot or by shares.
+    fn reduce(
+        &mut self,
+        (one_shot, keep): (bool, bool),
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        data: &mut [u8],
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
         let context = watch.context;
+        let wants = keep || self.me == 0;
         let (me, size, l) = (self.me, self.size, self.layout);
         let ds = dtype.size();
         let elems = data.len() / ds;
@@ -689,6 +806,9 @@ impl Link {
                 self.copy_in(l.data(me, h), piece, context)?;
                 self.step(first.then_some(call), watch)?;
                 first = false;
+                if !wants {
+                    continue;
+                }
                 // Rank order from x0; rank 0's own data is x0 already.
                 if me != 0 {
                     self.copy_out(l.data(0, h), piece, context)?;
@@ -720,7 +840,7 @@ impl Link {
                 self.copy_in(l.data(me, 1 - h) + at, target, context)?;
             }
             self.step(None, watch)?;
-            for p in (0..size).filter(|&p| p != me) {
+            for p in (0..size).filter(|&p| wants && p != me) {
                 let theirs = share(&chunk, size, p);
                 let at = (theirs.start - chunk.start) * ds;
                 let out = &mut data[theirs.start * ds..theirs.end * ds];
@@ -748,7 +868,10 @@ impl Link {
             self.step(first.then_some(call), watch)?;
             first = false;
             for p in (0..size).filter(|&p| p != me) {
-                let out = &mut output[p * n + piece.start..p * n + piece.end];
+                // At the peer's global rank: a domain of a hierarchical group fills
+                // its own ranks' blocks of the whole output.
+                let at = self.global(p) * n;
+                let out = &mut output[at + piece.start..at + piece.end];
                 self.copy_out(l.data(p, h), out, context)?;
             }
         }
@@ -791,14 +914,29 @@ impl Link {
     }
 }
 
-/// The verbose line of a group whose ranks share a host identity but not the segment.
-fn not_shared(me: usize, refusals: &[domain::Refusal]) {
+/// The verbose line of rank `me` of a segment's `ranks` (`refusals` index them too), some of
+/// which share a host identity but not the segment; `whole` if they are the whole group.
+fn not_shared((ranks, me): (&[usize], usize), refusals: &[domain::Refusal], whole: bool) {
+    let named: Vec<domain::Refusal> = refusals
+        .iter()
+        .map(|r| domain::Refusal {
+            rank: ranks.get(r.rank).copied().unwrap_or(r.rank),
+            code: r.code,
+        })
+        .collect();
+    let leader = ranks.first().copied().unwrap_or(0);
+    let rank = ranks.get(me).copied().unwrap_or(me);
     crate::verbose::verbose!(
-        me,
-        "shared memory: {} could not open rank 0's segment although the hellos put them on \
-         this host (another mount namespace or container, with its own /dev/shm?); they \
-         count as another host, so every link stays TCP",
-        domain::describe(refusals)
+        rank,
+        "shared memory: {} could not open rank {leader}'s segment although the hellos put them \
+         on this host (another mount namespace or container, with its own /dev/shm?); they \
+         count as another host, so every link {}stays TCP",
+        domain::describe(&named),
+        if whole {
+            String::new()
+        } else {
+            format!("between ranks {ranks:?} ")
+        }
     );
 }
 

@@ -190,7 +190,7 @@ fn a_failed_setup_leaves_no_segment() {
     let spin = Spin::for_local_ranks(Duration::from_micros(50), 2);
     std::thread::scope(|s| {
         let creator = s.spawn(move || {
-            Link::establish(&mut zero.transport, (0, 2), &group, timeout, spin).map(|_| ())
+            Link::establish(&mut zero.transport, (&[0, 1], 0), &group, timeout, spin).map(|_| ())
         });
         let mut offer = [0u8; OFFER_BYTES];
         let deadline = Instant::now() + timeout;
