@@ -13,8 +13,8 @@
 //!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
 //!   (their I/O), and [`Native`] (the [`Communicator`]);
 //! - `shm`: shared memory for groups whose ranks all run on one host (every group
-//!   collective goes through one segment; send/recv, liveness and failure notices stay on
-//!   the connections, and a recv watches its source's step on the segment). Groups spread over several hosts keep TCP for every link.
+//!   collective and every send/recv goes through one segment; liveness and failure notices
+//!   stay on the connections). Groups spread over several hosts keep TCP for every link.
 //!
 //! # Which algorithm
 //!
@@ -175,8 +175,8 @@ struct State {
     received: Vec<u32>,
     /// Scratch for the connections a stalled collective waits on.
     waits: Vec<(usize, PeerOp)>,
-    /// The group's shared memory, when every rank is on this host: group collectives go
-    /// through it, send/recv and liveness stay on the connections.
+    /// The group's shared memory, when every rank is on this host: group collectives and
+    /// send/recv go through it, liveness stays on the connections.
     shm: Option<shm::Link>,
 }
 
@@ -701,6 +701,11 @@ impl Communicator for Native {
             recv_from: None,
             send_to: Some(dst),
         };
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.send(&call, data, dst, watch)
+            });
+        }
         state.exchange.send(
             &state.transport,
             self.rank,
@@ -726,18 +731,10 @@ impl Communicator for Native {
             recv_from: Some(src),
             send_to: None,
         };
-        if let Some(link) = state.shm.as_mut() {
-            // Watches `src`'s step word meanwhile, so that a group collective of `src`'s
-            // fails both as a mismatch (see `shm`).
-            let mut watch = shm::Watch {
-                transport: &mut state.transport,
-                closed: self.state.close_flag(),
-                context: call.phase(),
-                call: None,
-            };
-            if let Err(e) = link.await_recv(&call, src, &mut watch) {
-                return self.settle(&mut state.transport, Err(e));
-            }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.recv(&call, data, src, watch)
+            });
         }
         let len = data.len();
         state
