@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::{Error, Group};
+use nuvec_distributed::{Error, Group, Transport};
 use nuvec_tools::testing::{Launch, mark, report_failure};
 
 /// The shared-memory segment this process maps: its path as the kernel names it (with
@@ -98,6 +98,7 @@ fn shm_0_keeps_every_link_on_tcp() {
         .env("NUVEC_DISTRIBUTED_SHM", "0")
         .all_ok("shm_0_keeps_every_link_on_tcp", |g| {
             assert!(mapped_segment().is_none(), "a segment with SHM=0");
+            assert_eq!(g.transport(1 - g.rank()).unwrap(), Transport::Tcp);
             let mut x = [g.rank() as u8 + 1; 100];
             g.all_sum(&mut x).unwrap();
             assert_eq!(x, [3; 100]);
@@ -275,6 +276,8 @@ fn send_recv_on_shared_memory_move_every_size_bit_for_bit() {
         g.barrier().unwrap();
         report_segment();
         let peer = 1 - g.rank();
+        assert_eq!(g.transport(peer).unwrap(), Transport::SharedMemory);
+        assert_eq!(g.transport(g.rank()).unwrap(), Transport::Local);
         for n in [0, 1, 4, SLOT, SLOT + 1, 1 << 20, 64 << 20] {
             let mut got = vec![0u8; n];
             if g.rank() == 0 {

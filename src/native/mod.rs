@@ -155,6 +155,8 @@ pub(crate) struct Native {
     size: usize,
     timeout: Duration,
     spin: Spin,
+    /// Whether the group formed on shared memory (what `transport` reports).
+    shared: bool,
     state: Guarded<State>,
 }
 
@@ -315,6 +317,7 @@ impl Native {
             size,
             timeout: options.timeout,
             spin,
+            shared: shm.is_some(),
             state: Guarded::new(State {
                 transport,
                 exchange: Exchange::default(),
@@ -639,6 +642,15 @@ impl Communicator for Native {
 
     fn backend(&self) -> &'static str {
         "ring"
+    }
+
+    /// Shared memory for every link when the group formed on it, TCP otherwise.
+    fn transport(&self, _peer: usize) -> crate::group::Transport {
+        if self.shared {
+            crate::group::Transport::SharedMemory
+        } else {
+            crate::group::Transport::Tcp
+        }
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {

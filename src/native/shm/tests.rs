@@ -495,6 +495,20 @@ fn pieces_sent(c: &Native, dst: usize) -> u32 {
 /// that messages larger than the slots pipeline through them), arrive bit for bit, each
 /// through the segment in `max(1, ceil(n / SLOT))` pieces.
 #[test]
+fn the_transport_is_what_the_group_negotiated() {
+    use crate::group::Transport;
+    for c in &group(3) {
+        for peer in (0..3).filter(|&p| p != c.rank()) {
+            assert_eq!(c.transport(peer), Transport::SharedMemory);
+        }
+    }
+    // Hellos that do not share a host keep TCP.
+    for c in &super::super::tests::group(2, 1, Duration::from_secs(5)) {
+        assert_eq!(c.transport(1 - c.rank()), Transport::Tcp);
+    }
+}
+
+#[test]
 fn a_ring_shift_moves_every_size_through_the_slots_bit_for_bit() {
     let total = SLOTS as usize * SLOT;
     let sizes = [
