@@ -661,23 +661,6 @@ fn links_path(results: &Path) -> PathBuf {
     PathBuf::from(path)
 }
 
-/// What carries each of the group's links, as every rank reports its own after the group
-/// formed (gathered, so rank 0 sees every link from both ends), described for the header:
-/// every rank of the bench runs on this host.
-fn gather_links(group: &nuvec_distributed::Group) -> nuvec_distributed::Result<String> {
-    let size = group.size();
-    let mine = (0..size)
-        .map(|p| group.transport(p).map(report::transport_code))
-        .collect::<nuvec_distributed::Result<Vec<u8>>>()?;
-    let mut all = vec![0u8; size * size];
-    group.all_gather(&mine, &mut all)?;
-    let links: Vec<Vec<nuvec_distributed::Transport>> = all
-        .chunks(size)
-        .map(|row| row.iter().map(|&c| report::transport_of(c)).collect())
-        .collect();
-    Ok(report::describe_links(&links, "one host"))
-}
-
 /// The arguments a worker rank gets: the sweep, as given, and where to write results and
 /// progress.
 fn worker_args(args: &BenchArgs, results: &Path, progress: &Path) -> Vec<String> {
@@ -726,7 +709,7 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let links = match gather_links(&group) {
+    let links = match report::gather_links(&group) {
         Ok(links) => links,
         Err(e) => {
             eprintln!(

@@ -224,6 +224,28 @@ pub fn describe_links(links: &[Vec<nuvec_distributed::Transport>], hosts: &str) 
     out
 }
 
+/// What carries each of the group's links, as every rank reports its own after the group
+/// formed (gathered, so every rank sees every link from both ends), described for the
+/// header ([`describe_links`]): every rank of a bench runs on this host. A collective:
+/// every rank calls it.
+///
+/// # Errors
+///
+/// The gathering failed.
+pub fn gather_links(group: &nuvec_distributed::Group) -> nuvec_distributed::Result<String> {
+    let size = group.size();
+    let mine = (0..size)
+        .map(|p| group.transport(p).map(transport_code))
+        .collect::<nuvec_distributed::Result<Vec<u8>>>()?;
+    let mut all = vec![0u8; size * size];
+    group.all_gather(&mine, &mut all)?;
+    let links: Vec<Vec<nuvec_distributed::Transport>> = all
+        .chunks(size)
+        .map(|row| row.iter().map(|&c| transport_of(c)).collect())
+        .collect();
+    Ok(describe_links(&links, "one host"))
+}
+
 /// What rank `a` reported about its link to rank `b` (unknown if it did not).
 fn link(
     links: &[Vec<nuvec_distributed::Transport>],
