@@ -79,13 +79,21 @@ struct Channel {
 }
 
 impl Channel {
-    fn new(layout: &Layout, src: usize, dst: usize) -> Channel {
+    /// The channel from `src` to `dst`, or a bug if they are one rank or out of range
+    /// (`Group` refuses those before a call gets here).
+    fn new(layout: &Layout, src: usize, dst: usize, context: Phase) -> Result<Channel> {
         let size = layout.size();
+        if src == dst || src >= size || dst >= size {
+            return Err(Error::Bug {
+                context,
+                what: format!("a shared-memory channel from rank {src} to rank {dst} of {size}"),
+            });
+        }
         // Off the diagonal: `src`'s `size - 1` receivers in rank order.
         let index = src * (size - 1) + if dst < src { dst } else { dst - 1 };
-        Channel {
+        Ok(Channel {
             base: layout.pairs() + index * CHANNEL,
-        }
+        })
     }
 
     fn written(self) -> usize {
@@ -131,7 +139,7 @@ impl Link {
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         let context = watch.context;
-        let ch = Channel::new(&self.layout, self.me, dst);
+        let ch = Channel::new(&self.layout, self.me, dst, context)?;
         let written = self.word(ch.written(), context)?;
         let read = self.word(ch.read(), context)?;
         let wake = self.word(ch.receiver_sleeps(), context)?;
@@ -214,7 +222,7 @@ impl Link {
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         let context = watch.context;
-        let ch = Channel::new(&self.layout, src, self.me);
+        let ch = Channel::new(&self.layout, src, self.me, context)?;
         let written = self.word(ch.written(), context)?;
         let read = self.word(ch.read(), context)?;
         let wake = self.word(ch.sender_sleeps(), context)?;
@@ -291,7 +299,7 @@ impl Link {
     /// In the group collective `call` (at its first step or waiting in it): fails with the
     /// mismatch if `peer` sent a message before it that this rank has not taken.
     pub(super) fn unread_from(&self, peer: usize, call: &Call, context: Phase) -> Result<()> {
-        let ch = Channel::new(&self.layout, peer, self.me);
+        let ch = Channel::new(&self.layout, peer, self.me, context)?;
         let n = self.word(ch.read(), context)?.load(Ordering::Relaxed);
         if self.word(ch.written(), context)?.load(Ordering::Acquire) == n {
             return Ok(());
@@ -310,7 +318,7 @@ impl Link {
     pub(super) fn unmatched_sends(&self, call: &Call, context: Phase) -> Result<()> {
         for peer in (0..self.size).filter(|&p| p != self.me) {
             self.unread_from(peer, call, context)?;
-            let ch = Channel::new(&self.layout, self.me, peer);
+            let ch = Channel::new(&self.layout, self.me, peer, context)?;
             // `peer` published this step after it took what it took before it.
             let n = self.word(ch.read(), context)?.load(Ordering::Acquire);
             if self.word(ch.written(), context)?.load(Ordering::Relaxed) == n {
@@ -341,9 +349,54 @@ impl Link {
     /// Pieces this rank published on its channel to `dst` (tests: a message went through
     /// shared memory).
     pub(super) fn pieces_sent(&self, dst: usize) -> u32 {
-        let ch = Channel::new(&self.layout, self.me, dst);
-        self.seg
-            .u32_at(ch.written())
+        Channel::new(&self.layout, self.me, dst, Phase::Send)
+            .ok()
+            .and_then(|ch| self.seg.u32_at(ch.written()))
             .map_or(0, |w| w.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::CHUNK;
+    use super::*;
+
+    #[test]
+    fn channels_tile_the_pairs_region_and_keep_their_counters_apart() {
+        for size in 2..=9 {
+            let l = Layout::new(size, CHUNK);
+            let mut bases = Vec::new();
+            for src in 0..size {
+                assert!(Channel::new(&l, src, src, Phase::Send).is_err());
+                assert!(Channel::new(&l, src, size, Phase::Send).is_err());
+                for dst in (0..size).filter(|&d| d != src) {
+                    let ch = Channel::new(&l, src, dst, Phase::Send).expect("a pair");
+                    let words = [
+                        ch.written(),
+                        ch.sender_sleeps(),
+                        ch.read(),
+                        ch.receiver_sleeps(),
+                    ];
+                    for pair in words.windows(2) {
+                        assert!(pair[1] - pair[0] >= LINE, "P {size}: {words:?}");
+                    }
+                    assert!(ch.slot(0) >= ch.receiver_sleeps() + LINE);
+                    // Slot n % SLOTS; the last one ends where the channel does.
+                    assert_eq!(ch.slot(SLOTS), ch.slot(0));
+                    assert_eq!(ch.data(SLOTS - 1) + SLOT, ch.base + CHANNEL);
+                    bases.push(ch.base);
+                }
+            }
+            bases.sort_unstable();
+            assert_eq!(bases[0], l.pairs());
+            for pair in bases.windows(2) {
+                assert_eq!(pair[1] - pair[0], CHANNEL, "P {size}");
+            }
+            assert_eq!(bases[bases.len() - 1] + CHANNEL, l.bytes());
+            assert_eq!(l.pairs() % 4096, 0);
+        }
+        // The memory the docs state: 257 KiB a pair.
+        assert_eq!(CHANNEL, 257 << 10);
+        assert_eq!(bytes(4), 12 * (257 << 10));
     }
 }
