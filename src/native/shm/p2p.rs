@@ -1,5 +1,6 @@
 //! `send`/`recv` through the segment: one channel per ordered pair of ranks (sender,
-//! receiver), each a ring of [`SLOTS`] slots of [`SLOT`] bytes, so that a sender runs
+//! receiver), each a ring of [`SLOTS`] slots of [`SLOT`] bytes (fewer in large groups:
+//! [`slot_bytes`]), so that a sender runs
 //! ahead of its receiver by up to [`SLOTS`] slots without a system call, and a large
 //! message goes through the slots in pieces, the receiver copying one piece out while the
 //! sender copies the next in. Nothing is allocated per call.
@@ -12,14 +13,14 @@
 //! | `LINE` | the sender's sleepers (u32): 1 while it sleeps on `read` | the sender |
 //! | `2 * LINE` | `read` (u32): pieces taken so far | the receiver |
 //! | `3 * LINE` | the receiver's sleepers (u32): 1 while it sleeps on `written` | the receiver |
-//! | `4 * LINE + k * (LINE + SLOT)` | slot `k`: the message's 16-byte header, the sender's step (u32) when it sent, then at `LINE` up to [`SLOT`] bytes of the message | the sender |
+//! | `4 * LINE + k * (LINE + slot)` | slot `k`: the message's 16-byte header, the sender's step (u32) when it sent, then at `LINE` up to `slot` bytes of the message | the sender |
 //!
 //! Piece `n` of the channel's life goes in slot `n % SLOTS`. The sender writes it once
 //! `written - read < SLOTS`, then publishes `written = n + 1` (release) and wakes the
 //! receiver if it counts itself asleep; the receiver takes it once `written > n`
 //! (acquire), copies it out, publishes `read = n + 1` and wakes the sender likewise. The
 //! counters wrap, and are compared by their difference. A message of `n` bytes is
-//! `max(1, ceil(n / SLOT))` pieces, each with the message's header; the receiver compares
+//! `max(1, ceil(n / slot))` pieces, each with the message's header; the receiver compares
 //! the first piece's header with its own call before it takes any data, so a length or
 //! order that differs is [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, as
 //! on TCP, and the receiver answers the sender on its connection with the refusal TCP
@@ -27,8 +28,10 @@
 //!
 //! # Memory
 //!
-//! `P * (P - 1)` channels of `4 * LINE + SLOTS * (LINE + SLOT)` bytes: 257 KiB each, so
-//! 0.5 MiB at P = 2, 3 MiB at P = 4, 14 MiB at P = 8, beside the collectives' `2 * P` MiB.
+//! `P * (P - 1)` channels of `4 * LINE + SLOTS * (LINE + slot)` bytes: 257 KiB each up to
+//! P = 16, so 0.5 MiB at P = 2, 3 MiB at P = 4, 14 MiB at P = 8, 60 MiB at P = 16, beside
+//! the collectives' `2 * P` MiB. Larger groups get smaller slots ([`slot_bytes`]), which
+//! keeps the channels near [`PAIRS_BUDGET`] (down to 4 KiB slots: 67 MiB at P = 64).
 //!
 //! # Against a group collective
 //!
@@ -57,25 +60,43 @@ use crate::native::header::{Call, HEADER_BYTES, Header};
 /// Slots per channel: how many pieces a sender may run ahead of its receiver.
 pub(crate) const SLOTS: u32 = 4;
 
-/// Bytes of a message in one slot: large enough that the two counters a piece costs are
-/// small against its copies, small enough that a channel stays in the caches.
+/// Bytes of a message in one slot, in groups of up to 16 ranks: large enough that the two
+/// counters a piece costs are small against its copies, small enough that a channel stays
+/// in the caches.
 pub(crate) const SLOT: usize = 64 << 10;
 
-/// Bytes of a slot with its header line.
-const SLOT_BYTES: usize = LINE + SLOT;
+/// Bytes the slots of all channels may take before larger groups get smaller slots (the
+/// channels grow with the square of the group).
+pub(crate) const PAIRS_BUDGET: usize = 64 << 20;
 
-/// Bytes of one channel.
-const CHANNEL: usize = 4 * LINE + SLOTS as usize * SLOT_BYTES;
+/// Bytes of a message in one slot in a group of `size` ranks: [`SLOT`], or the largest
+/// power of two down to 4 KiB that keeps every channel's slots within [`PAIRS_BUDGET`].
+pub(crate) fn slot_bytes(size: usize) -> usize {
+    let pairs = (size * size.saturating_sub(1)).max(1);
+    let fits = PAIRS_BUDGET / (pairs * SLOTS as usize);
+    let mut slot = SLOT;
+    while slot > 4096 && slot > fits {
+        slot /= 2;
+    }
+    slot
+}
+
+/// Bytes of one channel in a group of `size` ranks.
+fn channel_bytes(size: usize) -> usize {
+    4 * LINE + SLOTS as usize * (LINE + slot_bytes(size))
+}
 
 /// Bytes of the channels of a group of `size` ranks.
 pub(crate) fn bytes(size: usize) -> usize {
-    size * size.saturating_sub(1) * CHANNEL
+    size * size.saturating_sub(1) * channel_bytes(size)
 }
 
 /// Where the channel from `src` to `dst` sits (see the module docs).
 #[derive(Clone, Copy, Debug)]
 struct Channel {
     base: usize,
+    /// Bytes of a message in one slot.
+    slot: usize,
 }
 
 impl Channel {
@@ -92,7 +113,8 @@ impl Channel {
         // Off the diagonal: `src`'s `size - 1` receivers in rank order.
         let index = src * (size - 1) + if dst < src { dst } else { dst - 1 };
         Ok(Channel {
-            base: layout.pairs() + index * CHANNEL,
+            base: layout.pairs() + index * channel_bytes(size),
+            slot: slot_bytes(size),
         })
     }
 
@@ -114,7 +136,7 @@ impl Channel {
 
     /// Slot of piece `n`: its header (16 bytes, then the sender's step).
     fn slot(self, n: u32) -> usize {
-        self.base + 4 * LINE + (n % SLOTS) as usize * SLOT_BYTES
+        self.base + 4 * LINE + (n % SLOTS) as usize * (LINE + self.slot)
     }
 
     /// Slot of piece `n`: its data.
@@ -145,7 +167,7 @@ impl Link {
         let wake = self.word(ch.receiver_sleeps(), context)?;
         let head = call.header.encode();
         let step = self.step.to_le_bytes();
-        for piece in pieces(data.len(), SLOT) {
+        for piece in pieces(data.len(), ch.slot) {
             // Only this rank writes `written`.
             let n = written.load(Ordering::Relaxed);
             if n.wrapping_sub(read.load(Ordering::Acquire)) >= SLOTS {
@@ -227,7 +249,7 @@ impl Link {
         let read = self.word(ch.read(), context)?;
         let wake = self.word(ch.sender_sleeps(), context)?;
         let mut first = true;
-        for piece in pieces(data.len(), SLOT) {
+        for piece in pieces(data.len(), ch.slot) {
             // Only this rank writes `read`.
             let n = read.load(Ordering::Relaxed);
             if written.load(Ordering::Acquire) == n {
@@ -363,7 +385,7 @@ mod tests {
 
     #[test]
     fn channels_tile_the_pairs_region_and_keep_their_counters_apart() {
-        for size in 2..=9 {
+        for size in (2..=9).chain([17, 33]) {
             let l = Layout::new(size, CHUNK);
             let mut bases = Vec::new();
             for src in 0..size {
@@ -383,20 +405,33 @@ mod tests {
                     assert!(ch.slot(0) >= ch.receiver_sleeps() + LINE);
                     // Slot n % SLOTS; the last one ends where the channel does.
                     assert_eq!(ch.slot(SLOTS), ch.slot(0));
-                    assert_eq!(ch.data(SLOTS - 1) + SLOT, ch.base + CHANNEL);
+                    assert_eq!(ch.data(SLOTS - 1) + ch.slot, ch.base + channel_bytes(size));
                     bases.push(ch.base);
                 }
             }
             bases.sort_unstable();
             assert_eq!(bases[0], l.pairs());
             for pair in bases.windows(2) {
-                assert_eq!(pair[1] - pair[0], CHANNEL, "P {size}");
+                assert_eq!(pair[1] - pair[0], channel_bytes(size), "P {size}");
             }
-            assert_eq!(bases[bases.len() - 1] + CHANNEL, l.bytes());
+            assert_eq!(bases[bases.len() - 1] + channel_bytes(size), l.bytes());
             assert_eq!(l.pairs() % 4096, 0);
         }
-        // The memory the docs state: 257 KiB a pair.
-        assert_eq!(CHANNEL, 257 << 10);
+        // The memory the docs state: 257 KiB a pair up to P = 16, then smaller slots.
+        for size in [2, 4, 8, 16] {
+            assert_eq!(channel_bytes(size), 257 << 10, "P {size}");
+        }
         assert_eq!(bytes(4), 12 * (257 << 10));
+        assert_eq!(slot_bytes(17), 32 << 10);
+        assert_eq!(slot_bytes(64), 4096);
+        assert_eq!(slot_bytes(1000), 4096);
+        for size in 2..=64 {
+            let slots = size * (size - 1) * SLOTS as usize * slot_bytes(size);
+            assert!(
+                slots <= PAIRS_BUDGET || slot_bytes(size) == 4096,
+                "P {size}"
+            );
+        }
+        assert!(bytes(64) < 70 << 20);
     }
 }

@@ -51,8 +51,8 @@
 //!
 //! # A `recv` against a group collective
 //!
-//! A `recv` is not a step (its message travels through its pair's slots), so a rank in a `recv`
-//! from `src` while `src` runs a group collective would wait for a send that never comes
+//! A `recv` is not a step (its message travels through its pair's slots), so a rank in a
+//! `recv` from `src` while `src` runs a group collective would wait for a send that never comes
 //! while `src` waits for a step that never comes. The `recv` therefore also watches
 //! `src`'s step word: once `src` published a step this rank has not, `src` is in a group
 //! collective this rank is not in (unless `src`'s message is in the slots already:
