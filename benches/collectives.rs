@@ -63,10 +63,12 @@ fn main() {
             target: Duration::from_millis(target_ms),
             ..Sweep::default()
         };
+        let transport = report::gather_links(&group).expect("the links' transports");
         let measurements = bench::run(&group, &sweep).expect("the sweep runs");
         if group.rank() == 0 {
             let run = NuvecRun {
                 ranks: group.size(),
+                transport,
                 measurements,
             };
             print!("{}", report::nuvec_tables(&run));

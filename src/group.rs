@@ -1268,6 +1268,79 @@ pub fn recv_vec<T: Element + Default>(
     pick(group).recv_vec(len, src)
 }
 
+// ---- Transport (issue 13): what each link uses ----------------------------------------
+
+/// What carries a group's messages between this rank and a peer, as the group negotiated
+/// it when it formed ([`Group::transport`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// No link: the peer is this rank itself.
+    Local,
+    /// TCP: MLX's wire always; the native wire between hosts, with `NUVEC_DISTRIBUTED_SHM=0`,
+    /// or when a co-located rank could not open the shared segment.
+    Tcp,
+    /// A shared-memory segment: the native wire, with every rank of the group on this host
+    /// (collectives and send/recv; the TCP connections stay for setup and liveness).
+    SharedMemory,
+    /// RDMA (the JACCL backend).
+    Rdma,
+    /// A communicator that does not say (one of the caller's own, see [`Group::new`]).
+    Unknown,
+}
+
+impl Transport {
+    /// A short name: `local`, `tcp`, `shared memory`, `rdma`, `unknown`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Local => "local",
+            Transport::Tcp => "tcp",
+            Transport::SharedMemory => "shared memory",
+            Transport::Rdma => "rdma",
+            Transport::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Group {
+    /// What carries this rank's messages to and from `peer`, as the group negotiated it
+    /// when it formed (not a guess from the environment): [`Transport::Local`] for this
+    /// rank itself.
+    ///
+    /// # Errors
+    ///
+    /// `peer` is not a rank of the group.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed::{Group, Transport};
+    ///
+    /// let g = Group::single();
+    /// assert_eq!(g.transport(0)?, Transport::Local);
+    /// assert!(g.transport(1).is_err());
+    /// # Ok::<(), nuvec_distributed::Error>(())
+    /// ```
+    pub fn transport(&self, peer: usize) -> Result<Transport> {
+        if peer >= self.size {
+            return Err(Error::invalid(format!(
+                "transport to rank {peer}: the group has ranks 0 to {}",
+                self.size - 1
+            )));
+        }
+        if peer == self.rank {
+            return Ok(Transport::Local);
+        }
+        Ok(self.comm.transport(peer))
+    }
+}
+
 // Issue 16: broadcast, all_to_all and the conveniences across ranks, on both wires.
 #[cfg(test)]
 #[path = "group_collectives_tests.rs"]

@@ -194,6 +194,8 @@ pub use group::{
     Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
     set_default_group, sum_scatter,
 };
+// Issue 13: which transport each link uses.
+pub use group::Transport;
 // Issue 16: broadcast, all_to_all and the allocating conveniences.
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};

@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::{Error, Group};
+use nuvec_distributed::{Error, Group, Transport};
 use nuvec_tools::testing::{Launch, mark, report_failure};
 
 /// The shared-memory segment this process maps: its path as the kernel names it (with
@@ -98,6 +98,7 @@ fn shm_0_keeps_every_link_on_tcp() {
         .env("NUVEC_DISTRIBUTED_SHM", "0")
         .all_ok("shm_0_keeps_every_link_on_tcp", |g| {
             assert!(mapped_segment().is_none(), "a segment with SHM=0");
+            assert_eq!(g.transport(1 - g.rank()).unwrap(), Transport::Tcp);
             let mut x = [g.rank() as u8 + 1; 100];
             g.all_sum(&mut x).unwrap();
             assert_eq!(x, [3; 100]);
@@ -168,11 +169,21 @@ fn large_sum(g: &Group) -> nuvec_distributed::Result<()> {
     DATA.with(|d| g.all_sum(&mut d.borrow_mut()))
 }
 
-/// Sends `signal` to `victim` while the three ranks loop on `collective`: every survivor
-/// fails within `within` of it naming the victim, and no segment is left behind.
+/// Sends `signal` to rank 1 while the three ranks loop on `collective`: every survivor
+/// fails within the timeout of it naming rank 1, and no segment is left behind.
 fn fault(name: &str, signal: &str, collective: fn(&Group) -> nuvec_distributed::Result<()>) {
+    fault_on(name, signal, (3, 1), collective);
+}
+
+/// Sends `signal` to `victim` while the `size` ranks loop on `call`: every survivor fails
+/// within the timeout of it naming the victim, and no segment is left behind.
+fn fault_on(
+    name: &str,
+    signal: &str,
+    (size, victim): (usize, usize),
+    collective: fn(&Group) -> nuvec_distributed::Result<()>,
+) {
     const TIMEOUT_S: f64 = 3.0;
-    let (size, victim) = (3, 1);
     let launch = native(size).timeout(TIMEOUT_S);
     let Some(mut running) = launch.start(name, |g| {
         g.barrier().unwrap();
@@ -244,4 +255,139 @@ fn shm_stop_during_a_small_all_sum_p3() {
 #[test]
 fn shm_stop_during_a_64_mib_all_sum_p3() {
     fault("shm_stop_during_a_64_mib_all_sum_p3", "STOP", large_sum);
+}
+
+// Issue 13: send/recv through the segment's per-pair slots.
+
+/// The slots' size in the library (`native::shm::p2p::SLOT`): the sizes below straddle it.
+const SLOT: usize = 64 << 10;
+
+/// Byte `i` of rank `r`'s message of `n` bytes.
+fn pattern(r: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 + r * 7 + n) as u8).collect()
+}
+
+/// Every size around the slots' edges and up to 64 MiB goes from rank 0 to rank 1 and
+/// back, bit for bit, and messages both ways at once pass while they fit in the slots.
+#[test]
+fn send_recv_on_shared_memory_move_every_size_bit_for_bit() {
+    let name = "send_recv_on_shared_memory_move_every_size_bit_for_bit";
+    native(2).all_ok(name, |g| {
+        g.barrier().unwrap();
+        report_segment();
+        let peer = 1 - g.rank();
+        assert_eq!(g.transport(peer).unwrap(), Transport::SharedMemory);
+        assert_eq!(g.transport(g.rank()).unwrap(), Transport::Local);
+        for n in [0, 1, 4, SLOT, SLOT + 1, 1 << 20, 64 << 20] {
+            let mut got = vec![0u8; n];
+            if g.rank() == 0 {
+                g.send(&pattern(0, n), peer).unwrap();
+                g.recv(&mut got, peer).unwrap();
+                assert!(got == pattern(1, n), "{n} B back");
+            } else {
+                g.recv(&mut got, peer).unwrap();
+                assert!(got == pattern(0, n), "{n} B there");
+                g.send(&pattern(1, n), peer).unwrap();
+            }
+        }
+        // Both ways at once: each send fits in the slots, so neither waits for the other.
+        for n in [4, 3 * SLOT] {
+            g.send(&pattern(g.rank(), n), peer).unwrap();
+            let mut got = vec![0u8; n];
+            g.recv(&mut got, peer).unwrap();
+            assert!(got == pattern(peer, n), "{n} B both ways");
+        }
+    });
+}
+
+/// A ring shift at P = 3 and 4 (rank 0 sends first, the others receive first) moves
+/// messages larger than all of a pair's slots, bit for bit.
+#[test]
+fn a_ring_shift_on_shared_memory_p3() {
+    ring_shift("a_ring_shift_on_shared_memory_p3", 3);
+}
+
+#[test]
+fn a_ring_shift_on_shared_memory_p4() {
+    ring_shift("a_ring_shift_on_shared_memory_p4", 4);
+}
+
+fn ring_shift(name: &str, size: usize) {
+    native(size).all_ok(name, |g| {
+        let (me, p) = (g.rank(), g.size());
+        let (to, from) = ((me + 1) % p, (me + p - 1) % p);
+        for n in [4, (3 << 20) + 5] {
+            let mut got = vec![0u8; n];
+            if me == 0 {
+                g.send(&pattern(me, n), to).unwrap();
+                g.recv(&mut got, from).unwrap();
+            } else {
+                g.recv(&mut got, from).unwrap();
+                g.send(&pattern(me, n), to).unwrap();
+            }
+            assert!(got == pattern(from, n), "P {p}: {n} B from rank {from}");
+        }
+        let mut x = [1.0f32; 3];
+        g.all_sum(&mut x).unwrap();
+        assert_eq!(x, [p as f32; 3]);
+    });
+}
+
+/// A send against an all_sum: rank 0 sends to rank 1, then sums; rank 1 sums at once.
+/// Both fail at once with the mismatch naming the send and the all_sum.
+#[test]
+fn a_send_against_an_all_sum_on_shared_memory_fails_both_ranks() {
+    let name = "a_send_against_an_all_sum_on_shared_memory_fails_both_ranks";
+    let outputs = native(2).all_ok(name, |g| {
+        g.barrier().unwrap();
+        let start = Instant::now();
+        if g.rank() == 0 {
+            g.send(&[0u8; 12], 1).unwrap();
+        }
+        let e = g.all_sum(&mut [1.0f32; 4]).expect_err("a mismatch");
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}: {e}");
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        println!("ERR {e}");
+    });
+    for o in &outputs {
+        let e = o.lines("ERR ").join("");
+        assert!(
+            e.contains("send of 12 bytes to rank 1") && e.contains("all_sum"),
+            "rank {}: {e}",
+            o.rank
+        );
+    }
+}
+
+fn large_send_or_recv(g: &Group) -> nuvec_distributed::Result<()> {
+    // 64 MiB, rank 0 to rank 1.
+    thread_local!(static DATA: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![1; 64 << 20]));
+    DATA.with(|d| {
+        if g.rank() == 0 {
+            g.send(&d.borrow(), 1)
+        } else {
+            g.recv(&mut d.borrow_mut(), 0)
+        }
+    })
+}
+
+#[test]
+fn shm_kill_9_of_the_sender_during_a_64_mib_recv() {
+    fault_on(
+        "shm_kill_9_of_the_sender_during_a_64_mib_recv",
+        "KILL",
+        (2, 0),
+        large_send_or_recv,
+    );
+}
+
+#[test]
+fn shm_kill_9_of_the_receiver_during_a_64_mib_send() {
+    fault_on(
+        "shm_kill_9_of_the_receiver_during_a_64_mib_send",
+        "KILL",
+        (2, 1),
+        large_send_or_recv,
+    );
 }

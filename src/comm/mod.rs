@@ -79,6 +79,14 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     // Issue 16, broadcast and all_to_all. Defaults refuse, so that a backend without them
     // (JACCL today, a user's own) says so by name instead of failing to build.
 
+    /// What carries this rank's messages to and from `peer` (in range, not this rank), as
+    /// the group negotiated it when it formed. The default, for a backend that does not
+    /// say, is [`Transport::Unknown`](crate::Transport::Unknown).
+    fn transport(&self, peer: usize) -> crate::group::Transport {
+        let _ = peer;
+        crate::group::Transport::Unknown
+    }
+
     /// Copies rank `root`'s `data` into every other rank's `data` (same length on every
     /// rank). The default refuses with [`Error::Unsupported`] naming the backend.
     fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {

@@ -444,6 +444,11 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         "jaccl"
     }
 
+    /// Every peer's data moves over RDMA (TCP only sets the group up).
+    fn transport(&self, _peer: usize) -> crate::group::Transport {
+        crate::group::Transport::Rdma
+    }
+
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
         let traced = Traced::reduce(op, dtype, data.len());
         self.traced(traced, || self.reduce(op, dtype, data))

@@ -13,10 +13,9 @@
 //!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
 //!   (their I/O), and [`Native`] (the [`Communicator`]);
 //! - `shm`: shared memory for groups whose ranks all run on one host (every group
-//!   collective goes through one segment; send/recv, liveness and failure notices stay on
-//!   the connections, and a recv watches its source's step on the segment). A group spread
-//!   over several hosts runs hierarchically: shared memory inside each host, TCP between
-//!   the hosts' leaders (`shm::hier`).
+//!   collective and every send/recv goes through one segment; liveness and failure notices
+//!   stay on the connections). A group spread over several hosts runs hierarchically:
+//!   shared memory inside each host, TCP between the hosts' leaders (`shm::hier`).
 //!
 //! # Which algorithm
 //!
@@ -157,6 +156,8 @@ pub(crate) struct Native {
     size: usize,
     timeout: Duration,
     spin: Spin,
+    /// Whether the group formed on shared memory (what `transport` reports).
+    shared: bool,
     state: Guarded<State>,
 }
 
@@ -177,8 +178,8 @@ struct State {
     received: Vec<u32>,
     /// Scratch for the connections a stalled collective waits on.
     waits: Vec<(usize, PeerOp)>,
-    /// The group's shared memory, when every rank is on this host: group collectives go
-    /// through it, send/recv and liveness stay on the connections.
+    /// The group's shared memory, when every rank is on this host: group collectives and
+    /// send/recv go through it, liveness stays on the connections.
     shm: Option<shm::Link>,
     /// The group's shared memory when its ranks sit on several hosts, some with two ranks
     /// or more (see `shm::hier`); broadcast, all_to_all, send/recv stay on TCP.
@@ -324,6 +325,7 @@ impl Native {
             size,
             timeout: options.timeout,
             spin,
+            shared: shm.is_some(),
             state: Guarded::new(State {
                 transport,
                 exchange: Exchange::default(),
@@ -693,6 +695,15 @@ impl Communicator for Native {
         "ring"
     }
 
+    /// Shared memory for every link when the group formed on it, TCP otherwise.
+    fn transport(&self, _peer: usize) -> crate::group::Transport {
+        if self.shared {
+            crate::group::Transport::SharedMemory
+        } else {
+            crate::group::Transport::Tcp
+        }
+    }
+
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
         let algorithm = Algorithm::choose(self.size, data.len(), data.len() / dtype.size());
         self.all_reduce_by(algorithm, op, dtype, data)
@@ -763,6 +774,11 @@ impl Communicator for Native {
             recv_from: None,
             send_to: Some(dst),
         };
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.send(&call, data, dst, watch)
+            });
+        }
         state.exchange.send(
             &state.transport,
             self.rank,
@@ -788,18 +804,10 @@ impl Communicator for Native {
             recv_from: Some(src),
             send_to: None,
         };
-        if let Some(link) = state.shm.as_mut() {
-            // Watches `src`'s step word meanwhile, so that a group collective of `src`'s
-            // fails both as a mismatch (see `shm`).
-            let mut watch = shm::Watch {
-                transport: &mut state.transport,
-                closed: self.state.close_flag(),
-                context: call.phase(),
-                call: None,
-            };
-            if let Err(e) = link.await_recv(&call, src, &mut watch) {
-                return self.settle(&mut state.transport, Err(e));
-            }
+        if state.shm.is_some() {
+            return self.run_shm(state, &call, |link, watch| {
+                link.recv(&call, data, src, watch)
+            });
         }
         let len = data.len();
         state

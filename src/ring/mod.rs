@@ -264,6 +264,11 @@ impl Communicator for Ring {
         "ring"
     }
 
+    /// MLX's wire runs over TCP only.
+    fn transport(&self, _peer: usize) -> crate::group::Transport {
+        crate::group::Transport::Tcp
+    }
+
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
         let code = Traced::reduce(op, dtype, 0).op;
         self.reduce(op, dtype, data, code)

@@ -537,6 +537,7 @@ mod tests {
         let sizes = [4usize, 1024, 1 << 20, 64 << 20];
         let nuvec = |ranks: usize, scale: f64| NuvecRun {
             ranks,
+            transport: String::new(),
             measurements: sizes
                 .iter()
                 .map(|&bytes| Measurement {

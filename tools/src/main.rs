@@ -490,9 +490,11 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         if runner::interrupted() {
             return Err("interrupted".into());
         }
+        let (measurements, transport) = run_nuvec(args, ranks)?;
         let run = NuvecRun {
             ranks,
-            measurements: run_nuvec(args, ranks)?,
+            transport,
+            measurements,
         };
         print!("{}", report::nuvec_tables(&run));
         report.nuvec.push(run);
@@ -513,6 +515,9 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                 report.mpi.push(run);
             }
         }
+    }
+    if let Some(header) = report.header.as_mut() {
+        header.set_transport(&report.nuvec);
     }
     report.compare();
     if report.has_anchors() {
@@ -605,8 +610,8 @@ fn follow_progress(path: &Path, cases: &[Case], bar: &ProgressBar, stop: &Atomic
 }
 
 /// Starts `ranks` workers (this program again) through the launcher and returns what rank
-/// 0 measured.
-fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String> {
+/// 0 measured, and what carried each link as the ranks reported it.
+fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let port = match args.starting_port {
         Some(port) => port,
@@ -641,7 +646,19 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<Vec<Measurement>, String>
     }
     let text = std::fs::read_to_string(&results)
         .map_err(|e| format!("{ranks} ranks: rank 0 wrote no results ({e})"))?;
-    serde_json::from_str(&text).map_err(|e| format!("{ranks} ranks: reading the results: {e}"))
+    let measurements = serde_json::from_str(&text)
+        .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
+    // Written before the measurements: a run that measured reported its links.
+    let transport = std::fs::read_to_string(links_path(&results))
+        .map_err(|e| format!("{ranks} ranks: rank 0 reported no links ({e})"))?;
+    Ok((measurements, transport.trim().to_string()))
+}
+
+/// Where a worker's rank 0 writes what carried each link, beside its results.
+fn links_path(results: &Path) -> PathBuf {
+    let mut path = results.as_os_str().to_owned();
+    path.push(".links");
+    PathBuf::from(path)
 }
 
 /// The arguments a worker rank gets: the sweep, as given, and where to write results and
@@ -692,6 +709,23 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let links = match report::gather_links(&group) {
+        Ok(links) => links,
+        Err(e) => {
+            eprintln!(
+                "nuvec bench: rank {}: gathering the links: {e}",
+                group.rank()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if group.rank() == 0
+        && let Some(path) = &args.results
+        && let Err(e) = std::fs::write(links_path(path), &links)
+    {
+        eprintln!("nuvec bench: writing {}: {e}", links_path(path).display());
+        return ExitCode::FAILURE;
+    }
     // Rank 0 notes each case it starts for the launcher's progress line; a note that
     // cannot be written costs only the display.
     let mut notes = args
@@ -732,6 +766,7 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
                 "{}",
                 report::nuvec_tables(&NuvecRun {
                     ranks: group.size(),
+                    transport: links,
                     measurements
                 })
             ),

@@ -33,10 +33,10 @@ pub struct Header {
     pub simd: String,
     /// The bytes on the wire: `mlx`, MLX's ring format, or `native`, nuvec's own.
     pub wire: String,
-    /// What carries them: `tcp`, or on the native wire with every rank on this host
-    /// `shared memory` (unless `NUVEC_DISTRIBUTED_SHM=0`; the ranks inherit this
-    /// environment and apply the same rule, and log the links they use with
-    /// `NUVEC_DISTRIBUTED_VERBOSE`).
+    /// What carried them, link by link, as the ranks of each run reported it after their
+    /// group formed ([`nuvec_distributed::Group::transport`], see [`describe_links`]):
+    /// empty until a run reported, then each run's description (prefixed by its rank count
+    /// when several ran).
     pub transport: String,
     /// Connections between neighbouring ranks.
     pub connections: usize,
@@ -73,7 +73,7 @@ impl Header {
             kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
             simd: nuvec_distributed::simd_level().into(),
             wire: wire.name().into(),
-            transport: links(wire).into(),
+            transport: String::new(),
             connections,
             congestion,
         }
@@ -91,22 +91,172 @@ impl Header {
             ("connections", format!("{} per neighbour", self.connections)),
             ("congestion", self.congestion.clone()),
         ];
+        // The transport is known only once the ranks formed their group: each run's
+        // tables start with it, and the JSON header holds every run's.
         fields
             .iter()
+            .filter(|(_, v)| !v.is_empty())
             .map(|(k, v)| format!("# {k:<12} {v}\n"))
             .collect()
     }
+
+    /// Records what each run's ranks reported about their links.
+    pub fn set_transport(&mut self, runs: &[NuvecRun]) {
+        let reported: Vec<&NuvecRun> = runs.iter().filter(|r| !r.transport.is_empty()).collect();
+        self.transport = match reported.as_slice() {
+            [one] => one.transport.clone(),
+            many => many
+                .iter()
+                .map(|r| format!("n={}: {}", r.ranks, r.transport))
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+    }
 }
 
-/// What the bench's links use: its ranks all run on this host, so on the native wire
-/// shared memory unless the environment turns it off (as the library decides it).
-fn links(wire: nuvec_distributed::Wire) -> &'static str {
-    let off = std::env::var(nuvec_distributed::SHM_VAR).is_ok_and(|v| v.trim() == "0");
-    if wire == nuvec_distributed::Wire::Native && !off {
-        "shared memory (group collectives; send/recv tcp)"
-    } else {
-        "tcp"
+/// A transport as one byte, for the ranks to gather (`transport_of` reads it back).
+pub fn transport_code(t: nuvec_distributed::Transport) -> u8 {
+    use nuvec_distributed::Transport as T;
+    match t {
+        T::Local => 0,
+        T::Tcp => 1,
+        T::SharedMemory => 2,
+        T::Rdma => 3,
+        _ => 255,
     }
+}
+
+/// The transport `transport_code` made `code` of.
+pub fn transport_of(code: u8) -> nuvec_distributed::Transport {
+    use nuvec_distributed::Transport as T;
+    match code {
+        0 => T::Local,
+        1 => T::Tcp,
+        2 => T::SharedMemory,
+        3 => T::Rdma,
+        _ => T::Unknown,
+    }
+}
+
+/// Names what carried each link of a group, from every rank's report of its own links
+/// (`links[r][p]`: what rank `r` says carries its link to rank `p`), all on `hosts`
+/// hosts: `shared memory (every link, ranks 0-3, one host)` when every link agrees, and
+/// otherwise each transport with the ranks it joins (shared-memory links grouped into the
+/// sets of ranks they connect). Two ranks that disagree about their link are named.
+pub fn describe_links(links: &[Vec<nuvec_distributed::Transport>], hosts: &str) -> String {
+    use nuvec_distributed::Transport as T;
+    let size = links.len();
+    if size < 2 {
+        return format!("none (one rank, {hosts})");
+    }
+    let mut kinds: Vec<T> = Vec::new();
+    let mut disagree = Vec::new();
+    for a in 0..size {
+        for b in a + 1..size {
+            let (x, y) = (link(links, a, b), link(links, b, a));
+            if x != y {
+                disagree.push(format!("ranks {a} and {b} disagree ({x} / {y})"));
+            }
+            if !kinds.contains(&x) {
+                kinds.push(x);
+            }
+        }
+    }
+    let ranks = format!("ranks 0-{}", size - 1);
+    let mut out = match kinds.as_slice() {
+        [one] => format!("{one} (every link, {ranks}, {hosts})"),
+        _ => {
+            let mut parts = Vec::new();
+            for kind in &kinds {
+                if *kind == T::SharedMemory {
+                    // Sets of ranks joined by shared memory: one host each.
+                    let mut set: Vec<usize> = (0..size).collect();
+                    fn root(set: &mut [usize], i: usize) -> usize {
+                        let mut i = i;
+                        while set[i] != i {
+                            i = set[i];
+                        }
+                        i
+                    }
+                    for a in 0..size {
+                        for b in a + 1..size {
+                            if link(links, a, b) == T::SharedMemory {
+                                let (ra, rb) = (root(&mut set, a), root(&mut set, b));
+                                set[ra.max(rb)] = ra.min(rb);
+                            }
+                        }
+                    }
+                    let mut groups: Vec<Vec<usize>> = Vec::new();
+                    for r in 0..size {
+                        let g = root(&mut set, r);
+                        match groups.iter_mut().find(|x| root(&mut set, x[0]) == g) {
+                            Some(x) => x.push(r),
+                            None => groups.push(vec![r]),
+                        }
+                    }
+                    let within: Vec<String> = groups
+                        .iter()
+                        .filter(|g| g.len() > 1)
+                        .map(|g| format!("{g:?}"))
+                        .collect();
+                    parts.push(format!(
+                        "shared memory within ranks {}",
+                        within.join(" and ")
+                    ));
+                } else {
+                    let mut pairs = Vec::new();
+                    for a in 0..size {
+                        for b in a + 1..size {
+                            if link(links, a, b) == *kind {
+                                pairs.push(format!("{a}-{b}"));
+                            }
+                        }
+                    }
+                    parts.push(format!("{kind} between ranks {}", pairs.join(", ")));
+                }
+            }
+            format!("{} ({ranks}, {hosts})", parts.join("; "))
+        }
+    };
+    if !disagree.is_empty() {
+        out.push_str(&format!("; {}", disagree.join(", ")));
+    }
+    out
+}
+
+/// What carries each of the group's links, as every rank reports its own after the group
+/// formed (gathered, so every rank sees every link from both ends), described for the
+/// header ([`describe_links`]): every rank of a bench runs on this host. A collective:
+/// every rank calls it.
+///
+/// # Errors
+///
+/// The gathering failed.
+pub fn gather_links(group: &nuvec_distributed::Group) -> nuvec_distributed::Result<String> {
+    let size = group.size();
+    let mine = (0..size)
+        .map(|p| group.transport(p).map(transport_code))
+        .collect::<nuvec_distributed::Result<Vec<u8>>>()?;
+    let mut all = vec![0u8; size * size];
+    group.all_gather(&mine, &mut all)?;
+    let links: Vec<Vec<nuvec_distributed::Transport>> = all
+        .chunks(size)
+        .map(|row| row.iter().map(|&c| transport_of(c)).collect())
+        .collect();
+    Ok(describe_links(&links, "one host"))
+}
+
+/// What rank `a` reported about its link to rank `b` (unknown if it did not).
+fn link(
+    links: &[Vec<nuvec_distributed::Transport>],
+    a: usize,
+    b: usize,
+) -> nuvec_distributed::Transport {
+    links
+        .get(a)
+        .and_then(|row| row.get(b))
+        .copied()
+        .unwrap_or(nuvec_distributed::Transport::Unknown)
 }
 
 /// The CPU's model name, or `unknown`.
@@ -246,6 +396,9 @@ fn calls(op: Op, redops: &[&'static str]) -> String {
 /// nuvec's tables for one rank count, one per collective.
 pub fn nuvec_tables(run: &NuvecRun) -> String {
     let mut out = String::new();
+    if !run.transport.is_empty() {
+        out.push_str(&format!("\n# {:<12} {}\n", "transport", run.transport));
+    }
     for op in Op::ALL {
         let ms: Vec<&Measurement> = run.measurements.iter().filter(|m| m.op == op).collect();
         if ms.is_empty() {
@@ -314,6 +467,10 @@ pub fn anchor_tables(run: &AnchorRun) -> String {
 pub struct NuvecRun {
     /// Ranks.
     pub ranks: usize,
+    /// What carried each link, as the ranks reported it ([`describe_links`]); empty if
+    /// they did not.
+    #[serde(default)]
+    pub transport: String,
     /// What rank 0 reported.
     pub measurements: Vec<Measurement>,
 }
@@ -606,6 +763,7 @@ mod tests {
             header: None,
             nuvec: vec![NuvecRun {
                 ranks: 2,
+                transport: "tcp (every link, ranks 0-1, one host)".into(),
                 measurements: vec![
                     measurement(Op::AllSum, 2, 4, 10.0, 0.0004),
                     measurement(Op::AllSum, 2, 64 << 20, 80_000.0, 0.8),
@@ -709,6 +867,13 @@ mod tests {
     #[test]
     fn tables_have_nccl_tests_columns_in_one_unit_each() {
         let mut run = sample().nuvec.remove(0);
+        // The links the ranks reported head the run's tables.
+        let with = nuvec_tables(&run);
+        assert!(
+            with.starts_with("\n# transport    tcp (every link, ranks 0-1, one host)\n"),
+            "{with}"
+        );
+        run.transport.clear();
         run.measurements[1].median_us = 81_234.4;
         run.measurements[1].algbw_gbs = 0.826;
         run.measurements[1].busbw_gbs = 0.826;
@@ -793,12 +958,22 @@ mod tests {
     #[test]
     fn the_header_names_every_field() {
         let header = Header::detect(2, nuvec_distributed::Wire::Mlx);
+        // Not known before the ranks report it.
         assert_eq!(
             (header.wire.as_str(), header.transport.as_str()),
-            ("mlx", "tcp")
+            ("mlx", "")
         );
+        assert!(!header.text().contains("transport"), "{}", header.text());
         assert_eq!(header.simd, nuvec_distributed::simd_level());
         assert!(!header.host.is_empty() && !header.kernel.is_empty());
+        let mut header = header;
+        let run = |ranks, transport: &str| NuvecRun {
+            ranks,
+            transport: transport.into(),
+            measurements: Vec::new(),
+        };
+        header.set_transport(&[run(2, "tcp (every link, ranks 0-1, one host)")]);
+        assert_eq!(header.transport, "tcp (every link, ranks 0-1, one host)");
         let text = header.text();
         for key in [
             "host",
@@ -819,5 +994,51 @@ mod tests {
         let json = serde_json::to_value(&header).unwrap();
         assert_eq!(json["connections"], 2);
         assert_eq!(json["wire"], "mlx");
+        header.set_transport(&[run(2, "a"), run(3, ""), run(4, "b")]);
+        assert_eq!(header.transport, "n=2: a; n=4: b");
+    }
+
+    #[test]
+    fn links_are_described_as_the_ranks_reported_them() {
+        use nuvec_distributed::Transport::{Local, SharedMemory as Shm, Tcp};
+        let every = |size: usize, t| -> Vec<Vec<_>> {
+            (0..size)
+                .map(|r| (0..size).map(|p| if p == r { Local } else { t }).collect())
+                .collect()
+        };
+        assert_eq!(
+            describe_links(&every(4, Shm), "one host"),
+            "shared memory (every link, ranks 0-3, one host)"
+        );
+        assert_eq!(
+            describe_links(&every(2, Tcp), "one host"),
+            "tcp (every link, ranks 0-1, one host)"
+        );
+        // Two hosts of two ranks: shared memory inside each, TCP between them.
+        let mut two = every(4, Tcp);
+        for (a, b) in [(0, 1), (2, 3)] {
+            two[a][b] = Shm;
+            two[b][a] = Shm;
+        }
+        assert_eq!(
+            describe_links(&two, "2 hosts"),
+            "shared memory within ranks [0, 1] and [2, 3]; tcp between ranks 0-2, 0-3, 1-2, \
+             1-3 (ranks 0-3, 2 hosts)"
+        );
+        // A link its two ends report differently is named.
+        let mut odd = every(2, Shm);
+        odd[1][0] = Tcp;
+        assert_eq!(
+            describe_links(&odd, "one host"),
+            "shared memory (every link, ranks 0-1, one host); ranks 0 and 1 disagree \
+             (shared memory / tcp)"
+        );
+        assert_eq!(
+            describe_links(&every(1, Tcp), "one host"),
+            "none (one rank, one host)"
+        );
+        for t in [Local, Tcp, Shm, nuvec_distributed::Transport::Rdma] {
+            assert_eq!(transport_of(transport_code(t)), t);
+        }
     }
 }

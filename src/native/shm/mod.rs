@@ -2,9 +2,9 @@
 //! that runs every group collective through it (`protocol` has the layout and the schedule),
 //! and groups over several hosts (`hier`: a segment per host, TCP between the hosts).
 //!
-//! The TCP mesh stays: it carries the setup (the segment's nonce), `send`/`recv` (a `recv`
-//! also watches its source's step word, so that it and a group collective fail as a
-//! mismatch, see `protocol`), and it is how a rank learns that a co-located peer died (its
+//! `send`/`recv` go through per-pair slots in the segment too (`p2p`). The TCP mesh stays:
+//! it carries the setup (the segment's nonce), the answer to a refused message (as on TCP,
+//! see `super::header`), and it is how a rank learns that a co-located peer died (its
 //! connections close) while it waits.
 //!
 //! # Setup
@@ -62,6 +62,7 @@
 
 mod domain;
 mod hier;
+mod p2p;
 mod protocol;
 #[cfg(test)]
 mod tests;
@@ -481,6 +482,9 @@ impl Link {
                 self.copy_out(self.layout.header(peer, half), &mut got, context)?;
                 call.check(self.global(self.me), self.global(peer), &got)?;
             }
+            // Every peer is in this collective now: a message sent before it and not taken
+            // is a mismatch (see `p2p`).
+            self.unmatched_sends(call, context)?;
         }
         Ok(())
     }
@@ -493,12 +497,39 @@ impl Link {
             return Ok(());
         }
         let sleepers = self.word(self.layout.sleepers(peer), context)?;
+        self.wait_on(peer, (word, sleepers), watch, |watch, slow| {
+            if reached(word.load(Ordering::Acquire), self.step) {
+                return Ok(true);
+            }
+            if slow && let Some((_, call)) = watch.call {
+                // A message `peer` sent before this collective, still untaken: a mismatch
+                // (see `p2p`), which `peer` may be blocked in.
+                self.unread_from(peer, call, context)?;
+            }
+            Ok(false)
+        })
+    }
+
+    /// Waits until `poll` says so: spins, then sleeps on `word` in slices of [`SLICE`],
+    /// counted in `sleepers` (whoever changes `word` wakes the sleepers it counts).
+    /// Between slices it looks at `peer`'s refusal, the close flag and the connections
+    /// (`Watch::check`), so that a peer that died is named at once and one that stopped
+    /// after the timeout. `poll(watch, slow)` looks at the condition and may fail the
+    /// wait (a mismatch); `slow` is set once the wait sleeps, for checks that cost more
+    /// than a load. Every wait of the driver (steps, `p2p`'s slots) goes through here.
+    fn wait_on(
+        &self,
+        peer: usize,
+        (word, sleepers): (&AtomicU32, &AtomicU32),
+        watch: &mut Watch<'_>,
+        mut poll: impl FnMut(&mut Watch<'_>, bool) -> Result<bool>,
+    ) -> Result<()> {
+        let context = watch.context;
         let start = Instant::now();
         let deadline = crate::options::deadline(start, self.timeout);
         let mut checked = start;
         loop {
-            let seen = word.load(Ordering::Acquire);
-            if reached(seen, self.step) {
+            if poll(watch, false)? {
                 return Ok(());
             }
             let idle = start.elapsed();
@@ -517,6 +548,9 @@ impl Link {
                 return Err(Error::Aborted { context });
             }
             self.refused_by(peer, watch)?;
+            if poll(watch, true)? {
+                return Ok(());
+            }
             if checked.elapsed() >= SLICE || Instant::now() >= deadline {
                 // The peer sets its refusal before it fails the group and closes: a close
                 // seen here may be that refusal's.
@@ -540,14 +574,18 @@ impl Link {
                 checked = Instant::now();
             }
             // Counted before the last look, so the peer either sees the count when it
-            // publishes (and wakes this rank) or published before the look.
+            // changes the word (and wakes this rank) or changed it before the look.
             sleepers.fetch_add(1, Ordering::SeqCst);
             let seen = word.load(Ordering::SeqCst);
-            if !reached(seen, self.step) {
+            let ready = poll(watch, false);
+            if matches!(ready, Ok(false)) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 ffi::shm::wait(word, seen, SLICE.min(left.max(Duration::from_micros(1))));
             }
             sleepers.fetch_sub(1, Ordering::SeqCst);
+            if ready? {
+                return Ok(());
+            }
         }
     }
 
@@ -599,59 +637,6 @@ impl Link {
             ),
             context,
         })
-    }
-
-    /// Before a `recv` (`call`) from `src` reads its connection: waits until the
-    /// connection holds bytes (the TCP engine takes the message from there, and reports a
-    /// connection that ended) or finds `src` in a group collective, which is a mismatch
-    /// (see `protocol`).
-    ///
-    /// # Errors
-    ///
-    /// The mismatch, a close, or `src` silent past the timeout.
-    pub(crate) fn await_recv(
-        &mut self,
-        call: &Call,
-        src: usize,
-        watch: &mut Watch<'_>,
-    ) -> Result<()> {
-        let context = watch.context;
-        // `src` is a global rank; one outside this segment has no step word to watch.
-        let Some(local) = self.ranks.iter().position(|&r| r == src) else {
-            return Ok(());
-        };
-        let word = self.word(self.layout.step(local), context)?;
-        let conn = watch.transport.recv_conn(src);
-        let start = Instant::now();
-        let deadline = crate::options::deadline(start, self.timeout);
-        loop {
-            // The step first: a send's bytes reach the connection before its sender
-            // publishes the step of a later collective.
-            let ahead = reached(word.load(Ordering::Acquire), self.step.wrapping_add(1));
-            if !matches!(watch.transport.conn(conn).probe(), Ok(Transfer::Blocked)) {
-                return Ok(());
-            }
-            if ahead {
-                return Err(self.refuse(call, (src, local), context));
-            }
-            let idle = start.elapsed();
-            if idle < self.spin.total && idle < self.timeout {
-                if idle < self.spin.eager {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-                continue;
-            }
-            watch.check(src, deadline, self.timeout)?;
-            // The connection wakes this wait; a step of `src`'s does not, so it is looked
-            // at once per slice (only a mismatch waits on it).
-            let until = (Instant::now() + SLICE).min(deadline);
-            watch
-                .transport
-                .wait(until)
-                .map_err(|e| Error::local("waiting for a recv's message", e))?;
-        }
     }
 
     /// The mismatch of this rank's `recv` (`call`) from `src` with the group collective

@@ -14,6 +14,7 @@
 //! | `... + 48` | rank `r`'s refused `recv`'s header (16 bytes), valid once its refusal word is set |
 //! | `... + LINE` | rank `r`'s sleepers (u32): peers sleeping on its step word |
 //! | `data(r, h)` | rank `r`'s buffer `h` (0, 1) of [`CHUNK`] bytes, page-aligned |
+//! | `pairs()` | the `send`/`recv` channels, one per ordered pair of ranks (see `super::p2p`) |
 //!
 //! Each rank writes only its own words, headers and buffers; the step word and the sleepers
 //! sit on different cache lines, so a spinning reader does not disturb the writer's line.
@@ -50,11 +51,11 @@
 //!
 //! # A `recv` against a group collective
 //!
-//! A `recv` is not a step (its message travels on the connection), so a rank in a `recv`
-//! from `src` while `src` runs a group collective would wait for a send that never comes
+//! A `recv` is not a step (its message travels through its pair's slots), so a rank in a
+//! `recv` from `src` while `src` runs a group collective would wait for a send that never comes
 //! while `src` waits for a step that never comes. The `recv` therefore also watches
 //! `src`'s step word: once `src` published a step this rank has not, `src` is in a group
-//! collective this rank is not in (unless `src`'s message is on the connection already:
+//! collective this rank is not in (unless `src`'s message is in the slots already:
 //! a send precedes the step it publishes after it). The `recv` fails with the mismatch,
 //! naming `src`'s call from its header, and leaves its own header and `src + 1` in its
 //! refusal slot and word, which every rank that waits for its step looks at: they fail
@@ -156,9 +157,20 @@ impl Layout {
         self.data_base() + (2 * r + half) * self.chunk
     }
 
+    /// Ranks in the group.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Where the `send`/`recv` channels start (page-aligned: the buffers before them are
+    /// whole pages).
+    pub(crate) fn pairs(&self) -> usize {
+        self.data_base() + 2 * self.size * self.chunk
+    }
+
     /// Bytes of the whole segment.
     pub(crate) fn bytes(&self) -> usize {
-        self.data_base() + 2 * self.size * self.chunk
+        self.pairs() + super::p2p::bytes(self.size)
     }
 }
 
@@ -208,7 +220,8 @@ mod tests {
             for pair in words.windows(2) {
                 assert!(pair[1] - pair[0] >= LINE, "{words:?} share a line");
             }
-            assert_eq!(l.data(size - 1, 1) + CHUNK, l.bytes());
+            assert_eq!(l.data(size - 1, 1) + CHUNK, l.pairs());
+            assert_eq!(l.pairs() + super::super::p2p::bytes(size), l.bytes());
         }
     }
 

@@ -459,3 +459,239 @@ fn measure_large_all_sum() {
         }
     }
 }
+
+// Issue 13: send/recv through the segment's per-pair slots (`p2p`).
+
+use super::p2p::{SLOT, SLOTS};
+
+/// A group on shared memory whose waits end after `timeout`.
+fn group_timeout(size: usize, timeout: Duration) -> Vec<Native> {
+    let options = Options::default().timeout(timeout);
+    let (formed, _) = on_one_host(size, timeout);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = formed
+            .into_iter()
+            .map(|f| s.spawn(|| Native::new(f, &options).expect("a native communicator")))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    })
+}
+
+fn pieces_sent(c: &Native, dst: usize) -> u32 {
+    c.state
+        .lock()
+        .expect("open")
+        .shm
+        .as_ref()
+        .expect("on shared memory")
+        .pieces_sent(dst)
+}
+
+/// Messages of every size around the slots' edges, in a ring shift (rank r sends to
+/// r + 1 and receives from r - 1; rank 0 sends first, every other rank receives first, so
+/// that messages larger than the slots pipeline through them), arrive bit for bit, each
+/// through the segment in `max(1, ceil(n / SLOT))` pieces.
+#[test]
+fn the_transport_is_what_the_group_negotiated() {
+    use crate::group::Transport;
+    for c in &group(3) {
+        for peer in (0..3).filter(|&p| p != c.rank()) {
+            assert_eq!(c.transport(peer), Transport::SharedMemory);
+        }
+    }
+    // Hellos that do not share a host keep TCP.
+    for c in &super::super::tests::group(2, 1, Duration::from_secs(5)) {
+        assert_eq!(c.transport(1 - c.rank()), Transport::Tcp);
+    }
+}
+
+#[test]
+fn a_ring_shift_moves_every_size_through_the_slots_bit_for_bit() {
+    let total = SLOTS as usize * SLOT;
+    let sizes = [
+        0,
+        1,
+        4,
+        SLOT - 1,
+        SLOT,
+        SLOT + 1,
+        total,
+        total + 3,
+        1 << 20,
+        (3 << 20) + 5,
+    ];
+    for size in [2, 3, 4] {
+        let ranks = group(size);
+        for (i, &n) in sizes.iter().enumerate() {
+            let inputs: Vec<Vec<u8>> = (0..size)
+                .map(|r| random((size * 100 + i * 10 + r) as u64, n))
+                .collect();
+            let before: Vec<u32> = ranks
+                .iter()
+                .map(|c| pieces_sent(c, (c.rank() + 1) % size))
+                .collect();
+            let got = on_ranks(&ranks, |c| {
+                let (me, p) = (c.rank(), c.size());
+                let (to, from) = ((me + 1) % p, (me + p - 1) % p);
+                let mut out = vec![0xEE; n];
+                if me == 0 {
+                    c.send(&inputs[me], to)?;
+                    c.recv(&mut out, from)?;
+                } else {
+                    c.recv(&mut out, from)?;
+                    c.send(&inputs[me], to)?;
+                }
+                Ok::<_, crate::Error>(out)
+            });
+            for (r, got) in got.into_iter().enumerate() {
+                let got = got.unwrap_or_else(|e| panic!("P {size} shift of {n} B: rank {r}: {e}"));
+                assert!(
+                    got == inputs[(r + size - 1) % size],
+                    "P {size} shift of {n} B: rank {r}"
+                );
+                let moved = pieces_sent(&ranks[r], (r + 1) % size).wrapping_sub(before[r]);
+                assert_eq!(
+                    moved as usize,
+                    n.div_ceil(SLOT).max(1),
+                    "P {size} {n} B: rank {r}"
+                );
+            }
+        }
+        // The group is still in step for collectives afterwards.
+        let sums = on_ranks(&ranks, |c| {
+            let mut x = 1.0f32.to_le_bytes();
+            c.all_reduce(ReduceOp::Sum, DType::F32, &mut x).map(|()| x)
+        });
+        for s in sums {
+            assert_eq!(f32::from_le_bytes(s.expect("an all_sum")), size as f32);
+        }
+    }
+}
+
+/// Two ranks sending to each other at once: both complete while the messages fit in the
+/// slots (the sender runs ahead), and the messages alternate with collectives in order.
+#[test]
+fn sends_both_ways_at_once_complete_while_they_fit_in_the_slots() {
+    let ranks = group(2);
+    let fits = SLOTS as usize * SLOT;
+    for n in [0, 8, SLOT + 1, fits] {
+        for round in 0..3 {
+            let inputs: Vec<Vec<u8>> = (0..2)
+                .map(|r| random((n * 10 + round * 2 + r) as u64, n))
+                .collect();
+            let got = on_ranks(&ranks, |c| {
+                let peer = 1 - c.rank();
+                c.send(&inputs[c.rank()], peer)?;
+                let mut out = vec![0u8; n];
+                c.recv(&mut out, peer)?;
+                c.barrier()?;
+                Ok::<_, crate::Error>(out)
+            });
+            for (r, got) in got.into_iter().enumerate() {
+                let got = got.unwrap_or_else(|e| panic!("{n} B both ways: rank {r}: {e}"));
+                assert!(got == inputs[1 - r], "{n} B both ways: rank {r}");
+            }
+        }
+    }
+}
+
+/// Waits the caller wrote into a deadlock end by the timeout naming the peer, as on TCP:
+/// two recvs from each other, and two sends too large for the slots.
+#[test]
+fn a_recv_recv_or_oversized_send_send_deadlock_times_out_naming_the_peer() {
+    let timeout = Duration::from_millis(800);
+    let big = vec![7u8; 2 * SLOTS as usize * SLOT];
+    for sends in [false, true] {
+        let ranks = group_timeout(2, timeout);
+        let start = Instant::now();
+        let got = on_ranks(&ranks, |c| {
+            let peer = 1 - c.rank();
+            if sends {
+                c.send(&big, peer)
+            } else {
+                c.recv(&mut [0u8; 4], peer)
+            }
+        });
+        let took = start.elapsed();
+        for (r, e) in got.into_iter().enumerate() {
+            let e = e.expect_err("a deadlock cannot complete");
+            assert!(
+                matches!(e, crate::Error::Timeout { .. }) && e.peer() == Some(1 - r),
+                "sends {sends}: rank {r}: {e}"
+            );
+        }
+        assert!(
+            took >= timeout && took < timeout * 10,
+            "sends {sends}: {took:?}"
+        );
+    }
+}
+
+/// A send whose receiver runs a group collective fails both ranks with the mismatch, each
+/// naming the send and the all_sum: when the send fits in the slots (its sender then
+/// enters the all_sum too), and when it does not (its sender waits for room).
+#[test]
+fn a_send_against_an_all_sum_fails_both_ranks_naming_the_send() {
+    for n in [8, 2 * SLOTS as usize * SLOT] {
+        let ranks = group(2);
+        let start = Instant::now();
+        let got = on_ranks(&ranks, |c| {
+            let mut x = [0u8; 16];
+            if c.rank() == 0 {
+                c.send(&vec![1u8; n], 1)?;
+            }
+            c.all_reduce(ReduceOp::Sum, DType::F32, &mut x)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{n} B: {:?}",
+            start.elapsed()
+        );
+        for (r, got) in got.into_iter().enumerate() {
+            let e = got.expect_err("a mismatch");
+            let text = e.to_string();
+            assert!(
+                matches!(e, crate::Error::Mismatch { .. }),
+                "{n} B: rank {r}: {text}"
+            );
+            assert!(
+                text.contains(&format!("send of {n} bytes to rank 1")) && text.contains("all_sum"),
+                "{n} B: rank {r}: {text}"
+            );
+        }
+    }
+}
+
+/// A recv of another length than the send fails the receiver with the mismatch naming
+/// both, before it takes any data, and answers the sender, whose next call fails with the
+/// same mismatch: what the native wire does on TCP.
+#[test]
+fn a_recv_of_another_length_fails_the_receiver_and_then_the_sender_on_shared_memory() {
+    for size in [2, 3] {
+        let ranks = group(size);
+        let dst = size - 1;
+        let expected = format!(
+            "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
+             of 12 bytes from rank 0"
+        );
+        let got = on_ranks(&ranks, |c| match c.rank() {
+            0 => {
+                c.send(&[1; 8], dst).expect("first send");
+                c.send(&[1; 8], dst).expect("second send, not acknowledged");
+                c.barrier().expect_err("after a refused send")
+            }
+            r if r == dst => {
+                c.recv(&mut [0; 8], 0).expect("first recv");
+                c.recv(&mut [0; 12], 0)
+                    .expect_err("a recv of another length")
+            }
+            _ => c.barrier().expect_err("a barrier without the failed rank"),
+        });
+        for r in [0, dst] {
+            assert_eq!(got[r].to_string(), expected, "rank {r} of {size}");
+        }
+    }
+}

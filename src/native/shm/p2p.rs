@@ -1,0 +1,437 @@
+//! `send`/`recv` through the segment: one channel per ordered pair of ranks (sender,
+//! receiver), each a ring of [`SLOTS`] slots of [`SLOT`] bytes (fewer in large groups:
+//! [`slot_bytes`]), so that a sender runs
+//! ahead of its receiver by up to [`SLOTS`] slots without a system call, and a large
+//! message goes through the slots in pieces, the receiver copying one piece out while the
+//! sender copies the next in. Nothing is allocated per call.
+//!
+//! # A channel
+//!
+//! | offset | what | written by |
+//! |---|---|---|
+//! | 0 | `written` (u32): pieces published so far | the sender |
+//! | `LINE` | the sender's sleepers (u32): 1 while it sleeps on `read` | the sender |
+//! | `2 * LINE` | `read` (u32): pieces taken so far | the receiver |
+//! | `3 * LINE` | the receiver's sleepers (u32): 1 while it sleeps on `written` | the receiver |
+//! | `4 * LINE + k * (LINE + slot)` | slot `k`: the message's 16-byte header, the sender's step (u32) when it sent, then at `LINE` up to `slot` bytes of the message | the sender |
+//!
+//! Piece `n` of the channel's life goes in slot `n % SLOTS`. The sender writes it once
+//! `written - read < SLOTS`, then publishes `written = n + 1` (release) and wakes the
+//! receiver if it counts itself asleep; the receiver takes it once `written > n`
+//! (acquire), copies it out, publishes `read = n + 1` and wakes the sender likewise. The
+//! counters wrap, and are compared by their difference. A message of `n` bytes is
+//! `max(1, ceil(n / slot))` pieces, each with the message's header; the receiver compares
+//! the first piece's header with its own call before it takes any data, so a length or
+//! order that differs is [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, as
+//! on TCP, and the receiver answers the sender on its connection with the refusal TCP
+//! sends (see `super::super::header`), which the sender's next wait reads.
+//!
+//! # Memory
+//!
+//! `P * (P - 1)` channels of `4 * LINE + SLOTS * (LINE + slot)` bytes: 257 KiB each up to
+//! P = 16, so 0.5 MiB at P = 2, 3 MiB at P = 4, 14 MiB at P = 8, 60 MiB at P = 16, beside
+//! the collectives' `2 * P` MiB. Larger groups get smaller slots ([`slot_bytes`]), which
+//! keeps the channels near [`PAIRS_BUDGET`] (down to 4 KiB slots: 67 MiB at P = 64).
+//!
+//! # Against a group collective
+//!
+//! As on TCP, where a connection carries one stream, a message belongs between the calls
+//! around it: a rank that enters a group collective with a message of a peer's untaken,
+//! sent before the peer entered it, or with one of its own that the peer has not taken
+//! although the peer entered it, has its calls in another order than the peer; both ranks
+//! fail with the mismatch. Each piece carries the step its sender had published when it
+//! sent (`t`): in a collective whose first step is `s`, a piece with `t < s` was sent
+//! before the collective. A `recv` whose source published a step this rank has not (it is
+//! in a group collective) and whose slots are empty, or a `send` blocked on full slots
+//! whose receiver did so, is a mismatch too (the peer will not take or send anything
+//! before its collective ends, which needs this rank).
+//!
+//! A `recv` on A from B while B receives from A is not a mismatch: it is a deadlock the
+//! caller wrote, which ends by the timeout naming the peer, as on TCP; two sends at once
+//! complete while they fit in the slots, and time out otherwise.
+
+use std::sync::atomic::Ordering;
+
+use super::protocol::{LINE, Layout, pieces, reached};
+use super::{Link, Watch};
+use crate::error::{Error, Phase, Result};
+use crate::native::header::{Call, HEADER_BYTES, Header};
+
+/// Slots per channel: how many pieces a sender may run ahead of its receiver.
+pub(crate) const SLOTS: u32 = 4;
+
+/// Bytes of a message in one slot, in groups of up to 16 ranks: large enough that the two
+/// counters a piece costs are small against its copies, small enough that a channel stays
+/// in the caches.
+pub(crate) const SLOT: usize = 64 << 10;
+
+/// Bytes the slots of all channels may take before larger groups get smaller slots (the
+/// channels grow with the square of the group).
+pub(crate) const PAIRS_BUDGET: usize = 64 << 20;
+
+/// Bytes of a message in one slot in a group of `size` ranks: [`SLOT`], or the largest
+/// power of two down to 4 KiB that keeps every channel's slots within [`PAIRS_BUDGET`].
+pub(crate) fn slot_bytes(size: usize) -> usize {
+    let pairs = (size * size.saturating_sub(1)).max(1);
+    let fits = PAIRS_BUDGET / (pairs * SLOTS as usize);
+    let mut slot = SLOT;
+    while slot > 4096 && slot > fits {
+        slot /= 2;
+    }
+    slot
+}
+
+/// Bytes of one channel in a group of `size` ranks.
+fn channel_bytes(size: usize) -> usize {
+    4 * LINE + SLOTS as usize * (LINE + slot_bytes(size))
+}
+
+/// Bytes of the channels of a group of `size` ranks.
+pub(crate) fn bytes(size: usize) -> usize {
+    size * size.saturating_sub(1) * channel_bytes(size)
+}
+
+/// Where the channel from `src` to `dst` sits (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct Channel {
+    base: usize,
+    /// Bytes of a message in one slot.
+    slot: usize,
+}
+
+impl Channel {
+    /// The channel from `src` to `dst`, or a bug if they are one rank or out of range
+    /// (`Group` refuses those before a call gets here).
+    fn new(layout: &Layout, src: usize, dst: usize, context: Phase) -> Result<Channel> {
+        let size = layout.size();
+        if src == dst || src >= size || dst >= size {
+            return Err(Error::Bug {
+                context,
+                what: format!("a shared-memory channel from rank {src} to rank {dst} of {size}"),
+            });
+        }
+        // Off the diagonal: `src`'s `size - 1` receivers in rank order.
+        let index = src * (size - 1) + if dst < src { dst } else { dst - 1 };
+        Ok(Channel {
+            base: layout.pairs() + index * channel_bytes(size),
+            slot: slot_bytes(size),
+        })
+    }
+
+    fn written(self) -> usize {
+        self.base
+    }
+
+    fn sender_sleeps(self) -> usize {
+        self.base + LINE
+    }
+
+    fn read(self) -> usize {
+        self.base + 2 * LINE
+    }
+
+    fn receiver_sleeps(self) -> usize {
+        self.base + 3 * LINE
+    }
+
+    /// Slot of piece `n`: its header (16 bytes, then the sender's step).
+    fn slot(self, n: u32) -> usize {
+        self.base + 4 * LINE + (n % SLOTS) as usize * (LINE + self.slot)
+    }
+
+    /// Slot of piece `n`: its data.
+    fn data(self, n: u32) -> usize {
+        self.slot(n) + LINE
+    }
+}
+
+impl Link {
+    /// Sends `data` to `dst` (`call` is the send's; see the module docs): returns once
+    /// every piece is in the slots, which `dst` takes in its `recv`.
+    ///
+    /// # Errors
+    ///
+    /// `dst` in a group collective while the slots are full (a mismatch), `dst` dead or
+    /// silent past the timeout, a close, or a refusal of an earlier message read meanwhile.
+    pub(crate) fn send(
+        &mut self,
+        call: &Call,
+        data: &[u8],
+        dst: usize,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let ch = Channel::new(&self.layout, self.me, dst, context)?;
+        let written = self.word(ch.written(), context)?;
+        let read = self.word(ch.read(), context)?;
+        let wake = self.word(ch.receiver_sleeps(), context)?;
+        let head = call.header.encode();
+        let step = self.step.to_le_bytes();
+        for piece in pieces(data.len(), ch.slot) {
+            // Only this rank writes `written`.
+            let n = written.load(Ordering::Relaxed);
+            if n.wrapping_sub(read.load(Ordering::Acquire)) >= SLOTS {
+                self.await_room(call, (dst, ch, n), watch)?;
+            }
+            self.copy_in(ch.slot(n), &head, context)?;
+            self.copy_in(ch.slot(n) + HEADER_BYTES, &step, context)?;
+            self.copy_in(ch.data(n), &data[piece], context)?;
+            written.store(n.wrapping_add(1), Ordering::SeqCst);
+            if wake.load(Ordering::SeqCst) > 0 {
+                ffi::shm::wake_all(written);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `dst` took piece `n - SLOTS` of the channel `ch`, or fails: `dst` in a
+    /// group collective will not take it (a mismatch).
+    fn await_room(
+        &self,
+        call: &Call,
+        (dst, ch, n): (usize, Channel, u32),
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let read = self.word(ch.read(), context)?;
+        let sleepers = self.word(ch.sender_sleeps(), context)?;
+        let their_step = self.word(self.layout.step(dst), context)?;
+        let next = self.step.wrapping_add(1);
+        self.wait_on(dst, (read, sleepers), watch, |_, _| {
+            // The step first: `dst` takes what it takes before it publishes a step.
+            let ahead = reached(their_step.load(Ordering::Acquire), next);
+            if n.wrapping_sub(read.load(Ordering::Acquire)) < SLOTS {
+                return Ok(true);
+            }
+            if ahead {
+                return Err(self.collective_of(call, dst, context));
+            }
+            Ok(false)
+        })
+    }
+
+    /// The mismatch of this rank's point-to-point `call` with the group collective `peer`
+    /// has started (its header for the step this rank has not published).
+    fn collective_of(&self, call: &Call, peer: usize, context: Phase) -> Error {
+        let mut got = [0u8; HEADER_BYTES];
+        if let Err(e) = self.copy_out(
+            self.layout.header(peer, self.next_half()),
+            &mut got,
+            context,
+        ) {
+            return e;
+        }
+        call.check(self.me, peer, &got)
+            .err()
+            .unwrap_or_else(|| Error::Bug {
+                context,
+                what: format!("rank {peer}'s group collective carries a send's header"),
+            })
+    }
+
+    /// Receives `data.len()` bytes from `src` (`call` is the recv's; see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// A message of another length or order (the mismatch, also answered to `src`), `src`
+    /// in a group collective (the mismatch, left where `src` sees it), `src` dead or silent
+    /// past the timeout, or a close.
+    pub(crate) fn recv(
+        &mut self,
+        call: &Call,
+        data: &mut [u8],
+        src: usize,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let ch = Channel::new(&self.layout, src, self.me, context)?;
+        let written = self.word(ch.written(), context)?;
+        let read = self.word(ch.read(), context)?;
+        let wake = self.word(ch.sender_sleeps(), context)?;
+        let mut first = true;
+        for piece in pieces(data.len(), ch.slot) {
+            // Only this rank writes `read`.
+            let n = read.load(Ordering::Relaxed);
+            if written.load(Ordering::Acquire) == n {
+                self.await_piece(call, (src, ch, n), watch)?;
+            }
+            if first {
+                first = false;
+                let mut got = [0u8; HEADER_BYTES];
+                self.copy_out(ch.slot(n), &mut got, context)?;
+                if let Err(e) = call.check(self.me, src, &got) {
+                    if matches!(e, Error::Mismatch { .. }) {
+                        // Tell the sender, which is not waiting for an answer (see
+                        // `header`): best effort, before the group fails and closes.
+                        let transport = &mut *watch.transport;
+                        transport.assume_ready();
+                        let conn = transport.send_conn(src);
+                        let _ = transport.conn(conn).write(&call.rejection().encode());
+                    }
+                    return Err(e);
+                }
+            }
+            self.copy_out(ch.data(n), &mut data[piece], context)?;
+            read.store(n.wrapping_add(1), Ordering::SeqCst);
+            if wake.load(Ordering::SeqCst) > 0 {
+                ffi::shm::wake_all(read);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `src` published piece `n` of the channel `ch`, or fails: `src` in a
+    /// group collective will not send it (a mismatch, see `protocol`).
+    fn await_piece(
+        &self,
+        call: &Call,
+        (src, ch, n): (usize, Channel, u32),
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let context = watch.context;
+        let written = self.word(ch.written(), context)?;
+        let sleepers = self.word(ch.receiver_sleeps(), context)?;
+        let their_step = self.word(self.layout.step(src), context)?;
+        let next = self.step.wrapping_add(1);
+        self.wait_on(src, (written, sleepers), watch, |_, _| {
+            // The step first: a send's pieces are published before its sender publishes
+            // the step of a later collective.
+            let ahead = reached(their_step.load(Ordering::Acquire), next);
+            if written.load(Ordering::Acquire) != n {
+                return Ok(true);
+            }
+            if ahead {
+                return Err(self.refuse(call, (self.global(src), src), context));
+            }
+            Ok(false)
+        })
+    }
+
+    /// The header of piece `n` of channel `ch`, and the step its sender had published.
+    fn piece_head(&self, ch: Channel, n: u32, context: Phase) -> Result<([u8; HEADER_BYTES], u32)> {
+        let mut head = [0u8; HEADER_BYTES + 4];
+        self.copy_out(ch.slot(n), &mut head, context)?;
+        let mut got = [0u8; HEADER_BYTES];
+        got.copy_from_slice(&head[..HEADER_BYTES]);
+        let mut step = [0u8; 4];
+        step.copy_from_slice(&head[HEADER_BYTES..]);
+        Ok((got, u32::from_le_bytes(step)))
+    }
+
+    /// In the group collective `call` (at its first step or waiting in it): fails with the
+    /// mismatch if `peer` sent a message before it that this rank has not taken.
+    pub(super) fn unread_from(&self, peer: usize, call: &Call, context: Phase) -> Result<()> {
+        let ch = Channel::new(&self.layout, peer, self.me, context)?;
+        let n = self.word(ch.read(), context)?.load(Ordering::Relaxed);
+        if self.word(ch.written(), context)?.load(Ordering::Acquire) == n {
+            return Ok(());
+        }
+        let (got, sent_at) = self.piece_head(ch, n, context)?;
+        if reached(sent_at, self.step) {
+            // Sent after `peer` left this collective: taken by a later recv.
+            return Ok(());
+        }
+        call.check(self.me, peer, &got)
+    }
+
+    /// At the first step of the group collective `call`, once every peer published it:
+    /// fails with the mismatch if a message sent before it is still untaken, either way
+    /// (see the module docs).
+    pub(super) fn unmatched_sends(&self, call: &Call, context: Phase) -> Result<()> {
+        for peer in (0..self.size).filter(|&p| p != self.me) {
+            self.unread_from(peer, call, context)?;
+            let ch = Channel::new(&self.layout, self.me, peer, context)?;
+            // `peer` published this step after it took what it took before it.
+            let n = self.word(ch.read(), context)?.load(Ordering::Acquire);
+            if self.word(ch.written(), context)?.load(Ordering::Relaxed) == n {
+                continue;
+            }
+            let (got, sent_at) = self.piece_head(ch, n, context)?;
+            if reached(sent_at, self.step) {
+                continue;
+            }
+            // Named as the send it is, against `peer`'s collective (this rank's own).
+            let sent = Header::decode(&got).map_err(|garbled| Error::Bug {
+                context,
+                what: format!("this rank's own send in shared memory: {garbled}"),
+            })?;
+            let send = Call {
+                header: sent,
+                recv_from: None,
+                send_to: Some(peer),
+            };
+            return send.check(self.me, peer, &call.header.encode());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Link {
+    /// Pieces this rank published on its channel to `dst` (tests: a message went through
+    /// shared memory).
+    pub(super) fn pieces_sent(&self, dst: usize) -> u32 {
+        Channel::new(&self.layout, self.me, dst, Phase::Send)
+            .ok()
+            .and_then(|ch| self.seg.u32_at(ch.written()))
+            .map_or(0, |w| w.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::CHUNK;
+    use super::*;
+
+    #[test]
+    fn channels_tile_the_pairs_region_and_keep_their_counters_apart() {
+        for size in (2..=9).chain([17, 33]) {
+            let l = Layout::new(size, CHUNK);
+            let mut bases = Vec::new();
+            for src in 0..size {
+                assert!(Channel::new(&l, src, src, Phase::Send).is_err());
+                assert!(Channel::new(&l, src, size, Phase::Send).is_err());
+                for dst in (0..size).filter(|&d| d != src) {
+                    let ch = Channel::new(&l, src, dst, Phase::Send).expect("a pair");
+                    let words = [
+                        ch.written(),
+                        ch.sender_sleeps(),
+                        ch.read(),
+                        ch.receiver_sleeps(),
+                    ];
+                    for pair in words.windows(2) {
+                        assert!(pair[1] - pair[0] >= LINE, "P {size}: {words:?}");
+                    }
+                    assert!(ch.slot(0) >= ch.receiver_sleeps() + LINE);
+                    // Slot n % SLOTS; the last one ends where the channel does.
+                    assert_eq!(ch.slot(SLOTS), ch.slot(0));
+                    assert_eq!(ch.data(SLOTS - 1) + ch.slot, ch.base + channel_bytes(size));
+                    bases.push(ch.base);
+                }
+            }
+            bases.sort_unstable();
+            assert_eq!(bases[0], l.pairs());
+            for pair in bases.windows(2) {
+                assert_eq!(pair[1] - pair[0], channel_bytes(size), "P {size}");
+            }
+            assert_eq!(bases[bases.len() - 1] + channel_bytes(size), l.bytes());
+            assert_eq!(l.pairs() % 4096, 0);
+        }
+        // The memory the docs state: 257 KiB a pair up to P = 16, then smaller slots.
+        for size in [2, 4, 8, 16] {
+            assert_eq!(channel_bytes(size), 257 << 10, "P {size}");
+        }
+        assert_eq!(bytes(4), 12 * (257 << 10));
+        assert_eq!(slot_bytes(17), 32 << 10);
+        assert_eq!(slot_bytes(64), 4096);
+        assert_eq!(slot_bytes(1000), 4096);
+        for size in 2..=64 {
+            let slots = size * (size - 1) * SLOTS as usize * slot_bytes(size);
+            assert!(
+                slots <= PAIRS_BUDGET || slot_bytes(size) == 4096,
+                "P {size}"
+            );
+        }
+        assert!(bytes(64) < 70 << 20);
+    }
+}
