@@ -497,17 +497,22 @@ impl Link {
             return Ok(());
         }
         let sleepers = self.word(self.layout.sleepers(peer), context)?;
-        self.wait_on(peer, (word, sleepers), watch, |watch, slow| {
-            if reached(word.load(Ordering::Acquire), self.step) {
-                return Ok(true);
-            }
-            if slow && let Some((_, call)) = watch.call {
-                // A message `peer` sent before this collective, still untaken: a mismatch
-                // (see `p2p`), which `peer` may be blocked in.
-                self.unread_from(peer, call, context)?;
-            }
-            Ok(false)
-        })
+        self.wait_on(
+            peer,
+            (word, sleepers, Awaited::Step),
+            watch,
+            |watch, slow| {
+                if reached(word.load(Ordering::Acquire), self.step) {
+                    return Ok(true);
+                }
+                if slow && let Some((_, call)) = watch.call {
+                    // A message `peer` sent before this collective, still untaken: a mismatch
+                    // (see `p2p`), which `peer` may be blocked in.
+                    self.unread_from(peer, call, context)?;
+                }
+                Ok(false)
+            },
+        )
     }
 
     /// Waits until `poll` says so: spins, then sleeps on `word` in slices of [`SLICE`],
@@ -520,10 +525,11 @@ impl Link {
     fn wait_on(
         &self,
         peer: usize,
-        (word, sleepers): (&AtomicU32, &AtomicU32),
+        (word, sleepers, awaited): (&AtomicU32, &AtomicU32, Awaited),
         watch: &mut Watch<'_>,
         mut poll: impl FnMut(&mut Watch<'_>, bool) -> Result<bool>,
     ) -> Result<()> {
+        let step = awaited == Awaited::Step;
         let context = watch.context;
         let start = Instant::now();
         let deadline = crate::options::deadline(start, self.timeout);
@@ -561,11 +567,11 @@ impl Link {
                 // mismatch on: the step gets a last look before the close is reported.
                 match watch.check(self.global(peer), deadline, self.timeout) {
                     Err(Error::Closed { .. } | Error::Io { .. } | Error::Lost { .. })
-                        if self.size < watch.transport.ranks() && self.last_look(word) =>
+                        if step && self.size < watch.transport.ranks() && self.last_look(word) =>
                     {
                         return Ok(());
                     }
-                    Err(_) if reached(word.load(Ordering::Acquire), self.step) => {
+                    Err(_) if step && reached(word.load(Ordering::Acquire), self.step) => {
                         return Ok(());
                     }
                     Err(e) => return Err(self.refused_by(peer, watch).err().unwrap_or(e)),
@@ -982,4 +988,13 @@ fn move_all(
         }
     }
     Ok(())
+}
+
+/// What a wait ([`Link::wait_on`]) waits for: a peer's step word to reach this rank's step
+/// (a peer that failed after publishing it still counts), or a `p2p` slot counter (where
+/// only the counter's value does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Awaited {
+    Step,
+    Slot,
 }

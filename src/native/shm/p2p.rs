@@ -53,7 +53,7 @@
 use std::sync::atomic::Ordering;
 
 use super::protocol::{LINE, Layout, pieces, reached};
-use super::{Link, Watch};
+use super::{Awaited, Link, Watch};
 use crate::error::{Error, Phase, Result};
 use crate::native::header::{Call, HEADER_BYTES, Header};
 
@@ -197,7 +197,7 @@ impl Link {
         let sleepers = self.word(ch.sender_sleeps(), context)?;
         let their_step = self.word(self.layout.step(dst), context)?;
         let next = self.step.wrapping_add(1);
-        self.wait_on(dst, (read, sleepers), watch, |_, _| {
+        self.wait_on(dst, (read, sleepers, Awaited::Slot), watch, |_, _| {
             // The step first: `dst` takes what it takes before it publishes a step.
             let ahead = reached(their_step.load(Ordering::Acquire), next);
             if n.wrapping_sub(read.load(Ordering::Acquire)) < SLOTS {
@@ -293,7 +293,7 @@ impl Link {
         let sleepers = self.word(ch.receiver_sleeps(), context)?;
         let their_step = self.word(self.layout.step(src), context)?;
         let next = self.step.wrapping_add(1);
-        self.wait_on(src, (written, sleepers), watch, |_, _| {
+        self.wait_on(src, (written, sleepers, Awaited::Slot), watch, |_, _| {
             // The step first: a send's pieces are published before its sender publishes
             // the step of a later collective.
             let ahead = reached(their_step.load(Ordering::Acquire), next);
