@@ -479,7 +479,61 @@ impl Conn {
             Err(e) => Err(e),
         }
     }
+
+    /// What a [`Transport::step`]'s receive did, as [`Conn::read`] reports it (`None`:
+    /// it was not made, or was cancelled before it moved a byte).
+    fn settle_receive(&mut self, done: Option<io::Result<(usize, bool)>>) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok((0, _))) => Ok(Transfer::Closed),
+            Some(Ok((n, _))) => {
+                self.last_rx = Instant::now();
+                Ok(Transfer::Moved(n))
+            }
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// What a [`Transport::step`]'s send did, as [`Conn::write`] reports it.
+    fn settle_send(&mut self, done: Option<io::Result<usize>>) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok(0)) => Ok(Transfer::Closed),
+            Some(Ok(n)) => Ok(Transfer::Moved(n)),
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                _ => Err(e),
+            },
+        }
+    }
 }
+
+/// What a [`Transport::step`] did: its send's and its receive's outcome, each as
+/// [`Conn::write`] and [`Conn::read`] report theirs ([`Transfer::Blocked`] when it was not
+/// made or was cancelled before moving a byte).
+#[derive(Debug)]
+pub(crate) struct Stepped {
+    pub(crate) sent: io::Result<Transfer>,
+    pub(crate) received: io::Result<Transfer>,
+}
+
+/// The most bytes a [`Transport::step`] sends at once: they are copied to the transport's
+/// own buffer first (the protocol lends the send and the receive one at a time), which costs
+/// nothing next to the system calls it saves at small sizes; larger sends go out in place
+/// through [`Conn::write`].
+pub(crate) const STEP_SEND_BYTES: usize = 64 << 10;
 
 /// Applies what an io_uring wait reported to the connections; returns whether it was the
 /// close waker's.
@@ -530,6 +584,9 @@ pub(crate) struct Transport {
     uring: Option<Shared>,
     /// Whether the io_uring wait on `poll` (which then holds only the [`Waker`]) is armed.
     wake_armed: bool,
+    /// Where a [`Transport::step`]'s send is copied ([`STEP_SEND_BYTES`] with io_uring,
+    /// allocated once when it is chosen; empty otherwise).
+    step_send: Vec<u8>,
 }
 
 impl Transport {
@@ -600,6 +657,7 @@ impl Transport {
             guessed: false,
             uring: None,
             wake_armed: false,
+            step_send: Vec::new(),
         })
     }
 
@@ -672,6 +730,7 @@ impl Transport {
             conn.writable = true;
         }
         self.uring = Some(ring);
+        self.step_send = vec![0; STEP_SEND_BYTES];
         verbose!(rank, "event loop: io_uring");
         Ok(())
     }
@@ -765,6 +824,102 @@ impl Transport {
     /// Every connection.
     pub(crate) fn conns(&mut self) -> &mut [Conn] {
         &mut self.conns
+    }
+
+    /// Whether io_uring drives the connections.
+    pub(crate) fn uring(&self) -> bool {
+        self.uring.is_some()
+    }
+
+    /// Whether [`Transport::step`] can receive on connection `rx` now: io_uring drives the
+    /// connections, and the peer's first bytes need no look (see [`FirstBytes`]).
+    pub(crate) fn steps(&self, rx: usize) -> bool {
+        self.uring.is_some()
+            && self
+                .conns
+                .get(rx)
+                .is_some_and(|c| c.first == FirstBytes::Checked)
+    }
+
+    /// Copies what of `bytes` a [`Transport::step`] sends at once; returns how much that is.
+    pub(crate) fn stage_send(&mut self, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(self.step_send.len());
+        self.step_send[..n].copy_from_slice(&bytes[..n]);
+        n
+    }
+
+    /// One step's transfers in one io_uring submission (see `ffi::uring::Ring::exchange`):
+    /// sends the first `send.1` bytes staged by [`Transport::stage_send`] on connection
+    /// `send.0`, and receives into `recv.1` from connection `recv.0`, waiting in the kernel
+    /// until both moved bytes, `deadline` passes, or a close from another thread fires the
+    /// [`Waker`]; neither is in flight when this returns. Urgent bytes reported before and
+    /// during the wait are taken (a notice, a query to answer).
+    ///
+    /// # Errors
+    ///
+    /// The ring's own (the transfers' errors are in [`Stepped`]).
+    pub(crate) fn step(
+        &mut self,
+        send: Option<(usize, usize)>,
+        recv: Option<(usize, &mut [u8])>,
+        deadline: Instant,
+    ) -> io::Result<Stepped> {
+        let Some(ring) = self.uring.clone() else {
+            return Err(io::Error::other("a step without io_uring"));
+        };
+        let mut woke = self.take_uring_reports(&ring);
+        if !self.wake_armed {
+            ring.poll(
+                self.poll.registry().as_fd(),
+                uring::WAKE_TOKEN,
+                events::IN,
+                false,
+            )?;
+            self.wake_armed = true;
+        }
+        let mut stepped = Stepped {
+            sent: Ok(Transfer::Blocked),
+            received: Ok(Transfer::Blocked),
+        };
+        if !woke {
+            let tx = send.and_then(|(conn, n)| {
+                let c = self.conns.get(conn)?;
+                Some((c.stream.as_fd(), self.step_send.get(..n)?))
+            });
+            let rx_conn = recv.as_ref().map(|(conn, _)| *conn);
+            let rx = recv.and_then(|(conn, buf)| {
+                let len = buf.len().min(MAX_IO_BYTES);
+                Some((self.conns.get(conn)?.stream.as_fd(), &mut buf[..len]))
+            });
+            let done = ring.exchange(tx, rx, deadline, uring::WAKE_TOKEN)?;
+            if let Some((conn, _)) = send {
+                stepped.sent = self.conns[conn].settle_send(done.sent);
+            }
+            if let Some(conn) = rx_conn {
+                stepped.received = self.conns[conn].settle_receive(done.received);
+            }
+            woke = self.take_uring_reports(&ring);
+        }
+        if woke {
+            // As in `poll_uring`: the waker's event is taken, its wait armed anew later.
+            self.wake_armed = false;
+            let _ = self.poll.poll(&mut self.events, Some(Duration::ZERO));
+        }
+        Ok(stepped)
+    }
+
+    /// Applies what io_uring reported so far, without a system call, and answers the
+    /// queries that asks; returns whether the close waker fired.
+    fn take_uring_reports(&mut self, ring: &Shared) -> bool {
+        let mut woke = false;
+        let conns = &mut self.conns;
+        ring.take_ready(|ready| woke |= apply(conns, ready));
+        for conn in &mut self.conns {
+            if conn.owe_answer {
+                conn.answer();
+            }
+        }
+        woke
     }
 
     /// Blocks until some connection may have become ready, a close from another thread
