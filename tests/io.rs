@@ -1,7 +1,8 @@
 //! The event loop selection (`Options::io`): each driver, asked for by name, forms a ring
 //! and computes, on both wires, with transfers large enough to come back short and block.
-//! `tools/test.sh` also reruns the matrix, fault, zero-allocation and interop tests with
-//! `NUVEC_DISTRIBUTED_IO=uring`.
+//! On io_uring, a receive waits in the kernel: a timeout, a close from another thread and a
+//! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
+//! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
 use nuvec_distributed::{Io, Options, Wire, init_with};
 use nuvec_tools::testing;
@@ -110,4 +111,117 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
             });
         }
     });
+}
+
+/// Two ranks (threads) on io_uring with `timeout`: rank 0 runs `busy` with its group and
+/// a handle to it for another thread, while rank 1 runs `idle` (it never joins rank 0's
+/// collective). Returns what `busy` returned.
+#[cfg(target_os = "linux")]
+fn uring_busy_and_idle<T: Send>(
+    timeout: std::time::Duration,
+    busy: impl FnOnce(nuvec_distributed::Group) -> T + Send,
+    idle: impl FnOnce(nuvec_distributed::Group) + Send,
+) -> T {
+    let ports = testing::free_ports(2, 1);
+    let nodes: Vec<Vec<String>> = ports
+        .iter()
+        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+        .collect();
+    let options = Options::default().io(Io::Uring).timeout(timeout);
+    std::thread::scope(|s| {
+        let (nodes, options) = (&nodes, &options);
+        let peer = s.spawn(move || idle(init_with(nodes, 1, options).expect("rank 1 forms")));
+        let out = busy(init_with(nodes, 0, options).expect("rank 0 forms"));
+        peer.join().unwrap();
+        out
+    })
+}
+
+/// A receive waits in the kernel for a peer that never sends: the collective fails at its
+/// timeout naming that peer (its receive cancelled and reaped first).
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_millis(400),
+        |group| {
+            let start = Instant::now();
+            let mut x = [1u32];
+            let error = group.all_sum(&mut x).expect_err("rank 1 never joins");
+            (error, start.elapsed())
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(group);
+        },
+    );
+    assert_eq!(error.peer(), Some(1), "{error}");
+    assert!(took >= Duration::from_millis(400), "{took:?}: {error}");
+    assert!(took < Duration::from_millis(1400), "{took:?}: {error}");
+}
+
+/// A close from another thread ends a collective whose receive waits in the kernel, at
+/// once, as `Aborted` (or `GroupClosed` if it came between calls).
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_secs(20),
+        |group| {
+            let closer = {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let at = Instant::now();
+                    group.close().unwrap();
+                    at
+                })
+            };
+            let mut x = [1u32; 1000];
+            let error = group.all_sum(&mut x).expect_err("closed while waiting");
+            let ended = Instant::now();
+            let closed_at = closer.join().unwrap();
+            (error, ended.saturating_duration_since(closed_at))
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(1000));
+            drop(group);
+        },
+    );
+    assert!(
+        matches!(
+            error,
+            nuvec_distributed::Error::Aborted { .. } | nuvec_distributed::Error::GroupClosed
+        ),
+        "{error}"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "{took:?} after close(): {error}"
+    );
+}
+
+/// A peer that goes away (its sockets closed, as a process that dies has them closed)
+/// while a receive from it waits in the kernel: the collective fails at once naming it.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_secs(20),
+        |group| {
+            let start = Instant::now();
+            let mut x = vec![1.0f32; 1 << 20];
+            let error = group.all_sum(&mut x).expect_err("rank 1 leaves");
+            (error, start.elapsed())
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(200));
+            group.close().unwrap();
+        },
+    );
+    assert_eq!(error.peer(), Some(1), "{error}");
+    assert!(took < Duration::from_secs(5), "{took:?}: {error}");
 }
