@@ -81,6 +81,12 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
     let (tx, rx) = (lane.tx(), lane.rx());
     let mut any = false;
     loop {
+        // A close from another thread ends the wait it interrupts (which takes the wake-up
+        // with it): look at the flag before every wait, not only after one that moved
+        // nothing.
+        if c.closed.is_set() {
+            return Err(Error::Aborted { context: c.context });
+        }
         let send = match lane.poll_transmit(c.bufs, stage) {
             Some(bytes) if bytes.len() > STEP_SEND_BYTES => None,
             Some(bytes) => Some(c.transport.stage_send(bytes)),
@@ -136,11 +142,8 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
             c.last_moved = Instant::now();
             continue;
         }
-        // Nothing moved: the step was cut short by a close from another thread, or by
-        // the deadline (a peer silent for the whole timeout).
-        if c.closed.is_set() {
-            return Err(Error::Aborted { context: c.context });
-        }
+        // Nothing moved: the step was cut short by a close from another thread (seen at
+        // the top of the loop), or by the deadline (a peer silent for the whole timeout).
         if Instant::now() >= deadline {
             return Err(c.stalled(c.timeout));
         }
