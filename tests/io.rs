@@ -130,8 +130,16 @@ fn uring_busy_and_idle<T: Send>(
     let options = Options::default().io(Io::Uring).timeout(timeout);
     std::thread::scope(|s| {
         let (nodes, options) = (&nodes, &options);
-        let peer = s.spawn(move || idle(init_with(nodes, 1, options).expect("rank 1 forms")));
-        let out = busy(init_with(nodes, 0, options).expect("rank 0 forms"));
+        // Both ranks run a barrier first, so that what rank 0 then waits for is rank 1's
+        // silence, not the ring's first steps.
+        let peer = s.spawn(move || {
+            let group = init_with(nodes, 1, options).expect("rank 1 forms");
+            group.barrier().expect("rank 1's barrier");
+            idle(group)
+        });
+        let group = init_with(nodes, 0, options).expect("rank 0 forms");
+        group.barrier().expect("rank 0's barrier");
+        let out = busy(group);
         peer.join().unwrap();
         out
     })
