@@ -57,7 +57,8 @@ fn epoll_asked_for_by_name_computes() {
 }
 
 /// Two ranks (threads) on which `io_uring_setup` fails with `EPERM`, as in a sandbox that
-/// refuses io_uring: asked for by name, io_uring fails naming why; epoll still computes.
+/// refuses io_uring: asked for by name, io_uring fails naming why; epoll still computes, and
+/// so does Auto, which falls back to it.
 #[cfg(target_os = "linux")]
 #[test]
 fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes() {
@@ -108,6 +109,38 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
                 let mut x = [rank as u32 + 1];
                 group.all_sum(&mut x).unwrap();
                 assert_eq!(x, [3]);
+            });
+        }
+    });
+    // Auto would take io_uring here (two ranks, the MLX wire): refused, it falls back to
+    // epoll and computes. Unless the environment names io_uring, which Auto obeys: then
+    // forming fails as an explicit Io::Uring does.
+    let named =
+        std::env::var(nuvec_distributed::IO_VAR).is_ok_and(|v| v.parse::<Io>() == Ok(Io::Uring));
+    let ports = testing::free_ports(2, 1);
+    let nodes: Vec<Vec<String>> = ports
+        .iter()
+        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+        .collect();
+    let auto = Options::default()
+        .io(Io::Auto)
+        .timeout(std::time::Duration::from_secs(3));
+    std::thread::scope(|s| {
+        for rank in 0..2 {
+            let (nodes, auto) = (&nodes, &auto);
+            s.spawn(move || {
+                ffi::uring::refuse_setup_on_this_thread().expect("seccomp filters");
+                match init_with(nodes, rank, auto) {
+                    Ok(group) if !named => {
+                        let mut x = [rank as u32 + 1];
+                        group.all_sum(&mut x).unwrap();
+                        assert_eq!(x, [3]);
+                    }
+                    Ok(_) => panic!("rank {rank}: the environment names io_uring, refused"),
+                    // The other rank may fail first and close: only one names io_uring.
+                    Err(_) if named => {}
+                    Err(e) => panic!("rank {rank}: Auto falls back to epoll: {e}"),
+                }
             });
         }
     });
