@@ -22,7 +22,9 @@
 //! On Linux the same interface also runs on io_uring ([`Io::Uring`], see [`super::uring`]):
 //! each read and write is one io_uring operation that completes within the call (the buffer
 //! contract of `ffi::uring`), and waits are io_uring polls, including a standing `POLLPRI`
-//! poll per connection for urgent bytes. [`Transport::select_io`] picks the driver.
+//! poll per connection for urgent bytes. With two ranks, [`Transport::step`] also submits a
+//! ring step's send and receive together and lets the receive wait in the kernel, all
+//! within one call. [`Transport::select_io`] picks the driver.
 //!
 //! A read that stops short may have stopped at an urgent byte's position, and the next read
 //! would skip the byte (the kernel then drops it). Rather than asking for the byte after every
