@@ -1,7 +1,8 @@
 //! The event loop selection (`Options::io`): each driver, asked for by name, forms a ring
 //! and computes, on both wires, with transfers large enough to come back short and block.
-//! `tools/test.sh` also reruns the matrix, fault, zero-allocation and interop tests with
-//! `NUVEC_DISTRIBUTED_IO=uring`.
+//! On io_uring, a receive waits in the kernel: a timeout, a close from another thread and a
+//! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
+//! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
 use nuvec_distributed::{Io, Options, Wire, init_with};
 use nuvec_tools::testing;
@@ -56,7 +57,8 @@ fn epoll_asked_for_by_name_computes() {
 }
 
 /// Two ranks (threads) on which `io_uring_setup` fails with `EPERM`, as in a sandbox that
-/// refuses io_uring: asked for by name, io_uring fails naming why; epoll still computes.
+/// refuses io_uring: asked for by name, io_uring fails naming why; epoll still computes, and
+/// so does Auto, which falls back to it.
 #[cfg(target_os = "linux")]
 #[test]
 fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes() {
@@ -110,4 +112,159 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
             });
         }
     });
+    // Auto would take io_uring here (two ranks, the MLX wire): refused, it falls back to
+    // epoll and computes. Unless the environment names io_uring, which Auto obeys: then
+    // forming fails as an explicit Io::Uring does.
+    let named =
+        std::env::var(nuvec_distributed::IO_VAR).is_ok_and(|v| v.parse::<Io>() == Ok(Io::Uring));
+    let ports = testing::free_ports(2, 1);
+    let nodes: Vec<Vec<String>> = ports
+        .iter()
+        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+        .collect();
+    let auto = Options::default()
+        .io(Io::Auto)
+        .timeout(std::time::Duration::from_secs(3));
+    std::thread::scope(|s| {
+        for rank in 0..2 {
+            let (nodes, auto) = (&nodes, &auto);
+            s.spawn(move || {
+                ffi::uring::refuse_setup_on_this_thread().expect("seccomp filters");
+                match init_with(nodes, rank, auto) {
+                    Ok(group) if !named => {
+                        let mut x = [rank as u32 + 1];
+                        group.all_sum(&mut x).unwrap();
+                        assert_eq!(x, [3]);
+                    }
+                    Ok(_) => panic!("rank {rank}: the environment names io_uring, refused"),
+                    // The other rank may fail first and close: only one names io_uring.
+                    Err(_) if named => {}
+                    Err(e) => panic!("rank {rank}: Auto falls back to epoll: {e}"),
+                }
+            });
+        }
+    });
+}
+
+/// Two ranks (threads) on io_uring with `timeout`: rank 0 runs `busy` with its group and
+/// a handle to it for another thread, while rank 1 runs `idle` (it never joins rank 0's
+/// collective). Returns what `busy` returned.
+#[cfg(target_os = "linux")]
+fn uring_busy_and_idle<T: Send>(
+    timeout: std::time::Duration,
+    busy: impl FnOnce(nuvec_distributed::Group) -> T + Send,
+    idle: impl FnOnce(nuvec_distributed::Group) + Send,
+) -> T {
+    let ports = testing::free_ports(2, 1);
+    let nodes: Vec<Vec<String>> = ports
+        .iter()
+        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+        .collect();
+    let options = Options::default().io(Io::Uring).timeout(timeout);
+    std::thread::scope(|s| {
+        let (nodes, options) = (&nodes, &options);
+        // Both ranks run a barrier first, so that what rank 0 then waits for is rank 1's
+        // silence, not the ring's first steps.
+        let peer = s.spawn(move || {
+            let group = init_with(nodes, 1, options).expect("rank 1 forms");
+            group.barrier().expect("rank 1's barrier");
+            idle(group)
+        });
+        let group = init_with(nodes, 0, options).expect("rank 0 forms");
+        group.barrier().expect("rank 0's barrier");
+        let out = busy(group);
+        peer.join().unwrap();
+        out
+    })
+}
+
+/// A receive waits in the kernel for a peer that never sends: the collective fails at its
+/// timeout naming that peer (its receive cancelled and reaped first).
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_millis(400),
+        |group| {
+            let start = Instant::now();
+            let mut x = [1u32];
+            let error = group.all_sum(&mut x).expect_err("rank 1 never joins");
+            (error, start.elapsed())
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(group);
+        },
+    );
+    assert_eq!(error.peer(), Some(1), "{error}");
+    assert!(took >= Duration::from_millis(400), "{took:?}: {error}");
+    assert!(took < Duration::from_millis(1400), "{took:?}: {error}");
+}
+
+/// A close from another thread ends a collective whose receive waits in the kernel, at
+/// once, as `Aborted` (or `GroupClosed` if it came between calls).
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_secs(20),
+        |group| {
+            let closer = {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let at = Instant::now();
+                    group.close().unwrap();
+                    at
+                })
+            };
+            // One element: one lane, whose steps each wait in the kernel (larger arrays
+            // split into lanes both ways round the ring, which take the other path).
+            let mut x = [1u32];
+            let error = group.all_sum(&mut x).expect_err("closed while waiting");
+            let ended = Instant::now();
+            let closed_at = closer.join().unwrap();
+            (error, ended.saturating_duration_since(closed_at))
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(1000));
+            drop(group);
+        },
+    );
+    assert!(
+        matches!(
+            error,
+            nuvec_distributed::Error::Aborted { .. } | nuvec_distributed::Error::GroupClosed
+        ),
+        "{error}"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "{took:?} after close(): {error}"
+    );
+}
+
+/// A peer that goes away (its sockets closed, as a process that dies has them closed)
+/// while a receive from it waits in the kernel: the collective fails at once naming it.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
+    use std::time::{Duration, Instant};
+    let (error, took) = uring_busy_and_idle(
+        Duration::from_secs(20),
+        |group| {
+            let start = Instant::now();
+            let mut x = [1.0f32];
+            let error = group.all_sum(&mut x).expect_err("rank 1 leaves");
+            (error, start.elapsed())
+        },
+        |group| {
+            std::thread::sleep(Duration::from_millis(200));
+            group.close().unwrap();
+        },
+    );
+    assert_eq!(error.peer(), Some(1), "{error}");
+    assert!(took < Duration::from_secs(5), "{took:?}: {error}");
 }

@@ -2,15 +2,23 @@
 //! operations.
 //!
 //! The contract that makes this safe to offer as a safe API: **no operation that references
-//! a caller's memory outlives the call that submitted it.** [`Ring::recv`], [`Ring::send`]
-//! and [`Ring::send_pair`] push one entry with `MSG_DONTWAIT` (so the kernel completes it at
-//! once, with `EAGAIN` if the socket has nothing or no room, instead of parking it), enter
-//! the kernel, and return only once that entry's completion has been reaped. Success, error,
-//! a timeout elsewhere or a close from another thread: none of these can end the borrow
-//! while the kernel still holds the pointer, because the borrow lasts the whole call and
-//! the call does not return before the completion. A failure of `io_uring_enter` that
-//! leaves the entry's fate unknown cannot be survived soundly and aborts the process (it
-//! does not happen with a valid ring: see SAFETY.md).
+//! a caller's memory outlives the call that submitted it.** Two kinds of call submit such
+//! operations:
+//!
+//! - [`Ring::recv`], [`Ring::send`] and [`Ring::send_pair`] push one entry with
+//!   `MSG_DONTWAIT` (the kernel completes it at once, with `EAGAIN` if the socket has nothing
+//!   or no room), enter the kernel, and return once its completion has been reaped.
+//! - [`Ring::exchange`] pushes a step's send and receive without `MSG_DONTWAIT` and waits in
+//!   the kernel for both, in one `io_uring_enter` when they complete together: the receive
+//!   stays in flight across the wait, where the other calls would poll. A deadline, or a
+//!   readiness report the caller says ends the wait (a close from another thread wakes one),
+//!   cancels what is still in flight.
+//!
+//! Either way the operations in flight are held by an [`InFlight`] guard that, however the
+//! call ends (completion, error, deadline, stop, even an unwinding panic), cancels what has
+//! not completed and reaps every completion before the borrow of the caller's memory can
+//! end. A failure of `io_uring_enter` that leaves an entry's fate unknown cannot be survived
+//! soundly and aborts the process (it does not happen with a valid ring: see SAFETY.md).
 //!
 //! Readiness waits ([`Ring::poll`]) reference no memory, only a descriptor; they may stay
 //! armed between calls and are cancelled when the ring is dropped (closing the ring's
@@ -18,12 +26,38 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::{IoUring, opcode, types};
 
-/// `user_data` of the one transfer in flight (there is never more than one).
+/// `user_data` bit of a transfer (an operation on memory); its low bits are its [`Slot`].
 const TRANSFER: u64 = 1 << 63;
+/// `user_data` of a cancellation request (its own completion carries nothing to keep).
+const CANCEL: u64 = 1 << 62;
+
+/// Where a transfer's completion is kept until its call takes it: [`Ring::transfer`]'s one
+/// operation, or [`Ring::exchange`]'s send and receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    One = 0,
+    Send = 1,
+    Recv = 2,
+}
+
+/// The completions (result and flags) of the transfers in flight, by [`Slot`].
+type Done = [Option<(i32, u32)>; 3];
+
+/// What [`Ring::exchange`] did.
+#[derive(Debug)]
+pub struct Exchanged {
+    /// The send's result; `None` if there was no send or it was cancelled before it moved
+    /// a byte.
+    pub sent: Option<io::Result<usize>>,
+    /// The receive's result and whether the socket may still hold data (as
+    /// [`Ring::recv`]'s); `None` if there was no receive or it was cancelled before it
+    /// moved a byte.
+    pub received: Option<io::Result<(usize, bool)>>,
+}
 
 /// What a completed readiness wait reports: the caller's token and the `poll(2)` events
 /// seen (`POLLERR` if the wait itself failed). `ended` says the wait is no longer armed
@@ -167,43 +201,75 @@ impl Ring {
 
     /// [`Ring::transfer`], also returning the completion's flags.
     fn transfer_flags(&mut self, entry: io_uring::squeue::Entry) -> io::Result<(usize, u32)> {
-        let entry = entry.user_data(TRANSFER);
+        let mut flight = InFlight::new(&mut self.ring, &mut self.ready);
         // SAFETY: the entry references memory the caller borrows for this whole call (a
-        // buffer, or `iov`/`msg` on `send_pair`'s frame), and this function does not return
-        // before the entry's completion has been reaped: the loop below either reaps it or
-        // aborts the process.
-        let pushed = unsafe { self.ring.submission().push(&entry) };
-        if pushed.is_err() {
-            // The queue is full of readiness waits (no memory): submit them, then retry.
-            self.enter(0)?;
-            // SAFETY: as above.
-            let again = unsafe { self.ring.submission().push(&entry) };
-            if again.is_err() {
-                return Err(io::Error::other("the io_uring submission queue stays full"));
-            }
+        // buffer, or `iov`/`msg` on `send_pair`'s frame), and `flight`, which lives on this
+        // frame, does not let the call end (returning, or unwinding) before the entry's
+        // completion has been reaped: it cancels and drains it, or aborts the process.
+        unsafe { flight.push(entry, Slot::One)? };
+        flight.wait(None, |_| false)?;
+        flight.drain();
+        match flight.take(Slot::One) {
+            Some((result, flags)) if result >= 0 => Ok((result as usize, flags)),
+            Some((result, _)) => Err(io::Error::from_raw_os_error(-result)),
+            None => Err(io::Error::other("io_uring lost a transfer's completion")),
         }
-        loop {
-            match self.ring.submitter().submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if transient(&e) => {}
-                Err(e) => {
-                    // The entry may or may not be in the kernel's hands, with a pointer into
-                    // memory the caller gets back when this returns: no sound way on.
-                    eprintln!(
-                        "nuvec-distributed: io_uring_enter failed with a transfer in flight \
-                         ({e}); aborting, as the kernel may still write the caller's buffer"
-                    );
-                    std::process::abort();
-                }
-            }
-            if let Some((result, flags)) = self.reap() {
-                return if result >= 0 {
-                    Ok((result as usize, flags))
-                } else {
-                    Err(io::Error::from_raw_os_error(-result))
-                };
-            }
+    }
+
+    /// A ring step's transfers in one submission: sends what the socket `send.0` takes of
+    /// `send.1` and receives what `recv.0` brings into `recv.1`, waiting in the kernel (not
+    /// `MSG_DONTWAIT`) until both have moved some bytes, or `deadline` passes, or a
+    /// readiness report (see [`Ring::poll`]) makes `stop` say so: then what is still in
+    /// flight is cancelled. Either may be absent. On return neither is in flight any more
+    /// (the module's contract). Readiness reported meanwhile is kept for
+    /// [`Ring::take_ready`] (`stop` looks at it without taking it).
+    ///
+    /// A transfer that moved bytes reports them, whether it completed before or despite a
+    /// cancellation; a short one reports how many (re-submit the rest).
+    ///
+    /// # Errors
+    ///
+    /// The ring's (`io_uring_enter`, or a full submission queue); the transfers' own
+    /// errors are in [`Exchanged`].
+    pub fn exchange(
+        &mut self,
+        send: Option<(BorrowedFd<'_>, &[u8])>,
+        recv: Option<(BorrowedFd<'_>, &mut [u8])>,
+        deadline: Option<Instant>,
+        stop: impl FnMut(&Readiness) -> bool,
+    ) -> io::Result<Exchanged> {
+        let reports_rest = self.reports_rest;
+        let mut flight = InFlight::new(&mut self.ring, &mut self.ready);
+        if let Some((fd, buf)) = send {
+            let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            let entry = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), len)
+                .flags(libc::MSG_NOSIGNAL)
+                .build();
+            // SAFETY: `buf` is borrowed for this whole call, and `flight` (on this frame)
+            // does not let it end before the entry's completion is reaped.
+            unsafe { flight.push(entry, Slot::Send)? };
         }
+        if let Some((fd, buf)) = recv {
+            let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            let entry = opcode::Recv::new(types::Fd(fd.as_raw_fd()), buf.as_mut_ptr(), len).build();
+            // SAFETY: as for the send.
+            unsafe { flight.push(entry, Slot::Recv)? };
+        }
+        let waited = flight.wait(deadline, stop);
+        flight.drain();
+        waited?;
+        let outcome = |done: Option<(i32, u32)>| match done {
+            None => None,
+            Some((r, _)) if r == -libc::ECANCELED => None,
+            Some((r, flags)) if r >= 0 => Some(Ok((r as usize, flags))),
+            Some((r, _)) => Some(Err(io::Error::from_raw_os_error(-r))),
+        };
+        Ok(Exchanged {
+            sent: outcome(flight.take(Slot::Send)).map(|r| r.map(|(n, _)| n)),
+            received: outcome(flight.take(Slot::Recv)).map(|r| {
+                r.map(|(n, flags)| (n, !reports_rest || io_uring::cqueue::sock_nonempty(flags)))
+            }),
+        })
     }
 
     /// Submits what is queued and waits for `want` completions (or none), retrying
@@ -223,36 +289,11 @@ impl Ring {
     }
 
     /// Takes every completion off the queue: readiness is kept for [`Ring::take_ready`],
-    /// and the transfer's result, if it is there, returned.
-    fn reap(&mut self) -> Option<(i32, u32)> {
-        let mut transfer = None;
-        for cqe in self.ring.completion() {
-            let data = cqe.user_data();
-            if data == TRANSFER {
-                transfer = Some((cqe.result(), cqe.flags()));
-                continue;
-            }
-            let token = (data & u64::from(u32::MAX)) as u32;
-            let result = cqe.result();
-            let events = if result >= 0 {
-                result as u32
-            } else {
-                libc::POLLERR as u32
-            };
-            let ended = !io_uring::cqueue::more(cqe.flags());
-            match self.ready.iter_mut().find(|r| r.token == token) {
-                Some(r) => {
-                    r.events |= events;
-                    r.ended |= ended;
-                }
-                None => self.ready.push(Readiness {
-                    token,
-                    events,
-                    ended,
-                }),
-            }
-        }
-        transfer
+    /// and the transfers' results returned.
+    fn reap(&mut self) -> Done {
+        let mut done = [None; 3];
+        reap(&mut self.ring, &mut self.ready, &mut done);
+        done
     }
 
     /// Arms a readiness wait on `fd` for the `poll(2)` `events`, reported under `token`
@@ -326,6 +367,196 @@ impl Ring {
             each(r);
         }
     }
+}
+
+/// Takes every completion off `ring`'s queue: a transfer's goes to `done` by its slot, a
+/// cancellation request's is dropped, and readiness is merged into `ready` by token.
+fn reap(ring: &mut IoUring, ready: &mut Vec<Readiness>, done: &mut Done) {
+    for cqe in ring.completion() {
+        let data = cqe.user_data();
+        if data & TRANSFER != 0 {
+            if let Some(slot) = done.get_mut((data & !TRANSFER) as usize) {
+                *slot = Some((cqe.result(), cqe.flags()));
+            }
+            continue;
+        }
+        if data & CANCEL != 0 {
+            continue;
+        }
+        let token = (data & u64::from(u32::MAX)) as u32;
+        let result = cqe.result();
+        let events = if result >= 0 {
+            result as u32
+        } else {
+            libc::POLLERR as u32
+        };
+        let ended = !io_uring::cqueue::more(cqe.flags());
+        match ready.iter_mut().find(|r| r.token == token) {
+            Some(r) => {
+                r.events |= events;
+                r.ended |= ended;
+            }
+            None => ready.push(Readiness {
+                token,
+                events,
+                ended,
+            }),
+        }
+    }
+}
+
+/// The guard of the buffer contract: the transfers pushed through it are in flight until
+/// their completions have been reaped, and it does not end (drop) before that. Dropping it
+/// cancels what has not completed and waits for every completion, so a call that keeps it
+/// on its frame cannot return, nor unwind, while the kernel may still use the memory the
+/// entries point to. An `io_uring_enter` failure while draining leaves that unknown: the
+/// process aborts.
+struct InFlight<'r> {
+    ring: &'r mut IoUring,
+    ready: &'r mut Vec<Readiness>,
+    /// Which slots have an entry in the kernel's hands whose completion is not reaped.
+    pending: [bool; 3],
+    done: Done,
+}
+
+impl<'r> InFlight<'r> {
+    fn new(ring: &'r mut IoUring, ready: &'r mut Vec<Readiness>) -> Self {
+        InFlight {
+            ring,
+            ready,
+            pending: [false; 3],
+            done: [None; 3],
+        }
+    }
+
+    /// Pushes `entry` as `slot`'s transfer (queued for the next `io_uring_enter`).
+    ///
+    /// # Safety
+    ///
+    /// The memory `entry` points to stays valid until this guard is dropped.
+    unsafe fn push(&mut self, entry: io_uring::squeue::Entry, slot: Slot) -> io::Result<()> {
+        let entry = entry.user_data(TRANSFER | slot as u64);
+        // SAFETY: the caller keeps the entry's memory valid until this guard is dropped,
+        // which reaps its completion first (`drain`).
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            // The queue is full of waits armed earlier (no memory): submit them, retry.
+            self.enter(0, None);
+            // SAFETY: as above.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                return Err(io::Error::other("the io_uring submission queue stays full"));
+            }
+        }
+        self.pending[slot as usize] = true;
+        self.done[slot as usize] = None;
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.iter().filter(|&&p| p).count()
+    }
+
+    /// Submits what is queued and waits for `want` completions or `timeout`, then reaps.
+    /// Returns the error of `io_uring_enter` if it is not transient (an interruption, a
+    /// full completion queue, the timeout), which leaves the ring's state as it was.
+    fn enter(&mut self, want: usize, timeout: Option<Duration>) -> Option<io::Error> {
+        let entered = match timeout {
+            Some(t) => {
+                let ts = types::Timespec::from(t);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(want, &args)
+            }
+            None => self.ring.submitter().submit_and_wait(want),
+        };
+        let failed = match entered {
+            Ok(_) => None,
+            Err(e) if transient(&e) || e.raw_os_error() == Some(libc::ETIME) => None,
+            Err(e) => Some(e),
+        };
+        reap(self.ring, self.ready, &mut self.done);
+        for (slot, pending) in self.pending.iter_mut().enumerate() {
+            *pending &= self.done[slot].is_none();
+        }
+        failed
+    }
+
+    /// Waits until every transfer in flight completed, `deadline` passed, or a readiness
+    /// report makes `stop` true (what the transfers did stays to be taken).
+    fn wait(
+        &mut self,
+        deadline: Option<Instant>,
+        mut stop: impl FnMut(&Readiness) -> bool,
+    ) -> io::Result<()> {
+        loop {
+            let want = self.in_flight();
+            if want == 0 || self.ready.iter().any(&mut stop) {
+                return Ok(());
+            }
+            let timeout = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(());
+                    }
+                    Some(left)
+                }
+                None => None,
+            };
+            if let Some(e) = self.enter(want, timeout) {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Cancels every transfer still in flight and reaps every completion (this guard's
+    /// drop does it too): afterwards nothing refers to the transfers' memory.
+    fn drain(&mut self) {
+        if self.in_flight() == 0 {
+            return;
+        }
+        for slot in 0..self.pending.len() {
+            if !self.pending[slot] {
+                continue;
+            }
+            let cancel = opcode::AsyncCancel::new(TRANSFER | slot as u64)
+                .build()
+                .user_data(CANCEL);
+            // SAFETY: a cancellation request references no memory, only the `user_data`
+            // of the entry it cancels.
+            while unsafe { self.ring.submission().push(&cancel) }.is_err() {
+                if let Some(e) = self.enter(0, None) {
+                    abort_in_flight(&e);
+                }
+            }
+        }
+        // A cancelled transfer still completes (with `ECANCELED`, or with what it did if
+        // it finished first): wait for each one's completion, without a deadline.
+        while self.in_flight() > 0 {
+            if let Some(e) = self.enter(1, None) {
+                abort_in_flight(&e);
+            }
+        }
+    }
+
+    /// The completion of `slot`'s transfer, if it came.
+    fn take(&mut self, slot: Slot) -> Option<(i32, u32)> {
+        self.done[slot as usize].take()
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
+
+/// The ring failed while the kernel may hold pointers into memory its caller gets back
+/// when the call returns: there is no sound way on.
+fn abort_in_flight(e: &io::Error) -> ! {
+    eprintln!(
+        "nuvec-distributed: io_uring_enter failed with a transfer in flight ({e}); aborting, \
+         as the kernel may still write the caller's buffer"
+    );
+    std::process::abort();
 }
 
 /// Makes `io_uring_setup` fail with `EPERM` on the calling thread from now on, as a sandbox
@@ -544,6 +775,132 @@ mod tests {
         .unwrap();
         // The filter is the thread's, not the process's.
         drop(ring());
+    }
+
+    #[test]
+    fn an_exchange_sends_and_waits_in_the_kernel_for_the_peers_bytes() {
+        let (a, mut b) = pair();
+        let mut ring = ring();
+        let peer = std::thread::spawn(move || {
+            let mut got = [0u8; 4];
+            b.read_exact(&mut got).unwrap();
+            // Later than the exchange's submission: its receive waits in the kernel.
+            std::thread::sleep(Duration::from_millis(20));
+            b.write_all(b"pong").unwrap();
+            (got, b)
+        });
+        let mut buf = vec![0u8; 16];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let out = ring
+            .exchange(
+                Some((a.as_fd(), b"ping")),
+                Some((a.as_fd(), &mut buf)),
+                Some(deadline),
+                |_| false,
+            )
+            .unwrap();
+        assert_eq!(out.sent.unwrap().unwrap(), 4);
+        let (n, _) = out.received.expect("received").unwrap();
+        assert_eq!(&buf[..n], b"pong");
+        let (got, _b) = peer.join().unwrap();
+        assert_eq!(&got, b"ping");
+    }
+
+    #[test]
+    fn an_exchange_past_its_deadline_cancels_the_receive_and_frees_the_buffer() {
+        let (a, _b) = pair();
+        let mut ring = ring();
+        for _ in 0..8 {
+            // A fresh buffer per call, dropped right after it: a receive left in flight
+            // would write freed memory when the bytes below arrive (AddressSanitizer).
+            let mut buf = vec![0u8; 64];
+            let start = Instant::now();
+            let out = ring
+                .exchange(
+                    None,
+                    Some((a.as_fd(), &mut buf)),
+                    Some(start + Duration::from_millis(10)),
+                    |_| false,
+                )
+                .unwrap();
+            assert!(out.received.is_none(), "nothing came: {:?}", out.received);
+            assert!(out.sent.is_none());
+            assert!(start.elapsed() >= Duration::from_millis(10));
+            drop(buf);
+        }
+        // Bytes that arrive now go to the next receive, not to a cancelled one.
+        let mut b = _b;
+        b.write_all(b"late").unwrap();
+        let mut buf = [0u8; 8];
+        let out = ring
+            .exchange(
+                None,
+                Some((a.as_fd(), &mut buf)),
+                Some(Instant::now() + Duration::from_secs(10)),
+                |_| false,
+            )
+            .unwrap();
+        let (n, _) = out.received.unwrap().unwrap();
+        assert_eq!(&buf[..n], b"late");
+    }
+
+    #[test]
+    fn a_readiness_report_can_stop_an_exchange_in_flight() {
+        let (a, _b) = pair();
+        let (c, mut d) = pair();
+        let mut ring = ring();
+        ring.poll(c.as_fd(), 9, libc::POLLIN as u32, false).unwrap();
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            d.write_all(b"!").unwrap();
+            d
+        });
+        let mut buf = vec![0u8; 64];
+        let start = Instant::now();
+        let out = ring
+            .exchange(
+                None,
+                Some((a.as_fd(), &mut buf)),
+                Some(start + Duration::from_secs(10)),
+                |r| r.token == 9,
+            )
+            .unwrap();
+        drop(buf);
+        assert!(out.received.is_none(), "{:?}", out.received);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the report ended it"
+        );
+        assert!(ring.take(9).is_some(), "the report is kept for the caller");
+        let _d = waker.join().unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_dies_ends_a_receive_in_flight() {
+        let (a, mut b) = pair();
+        let mut ring = ring();
+        let killer = std::thread::spawn(move || {
+            // Unread data at close makes a reset, as a process that dies does.
+            let mut got = [0u8; 1];
+            b.read_exact(&mut got).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            drop(b);
+        });
+        let mut buf = vec![0u8; 64];
+        let out = ring
+            .exchange(
+                Some((a.as_fd(), b"x")),
+                Some((a.as_fd(), &mut buf)),
+                Some(Instant::now() + Duration::from_secs(10)),
+                |_| false,
+            )
+            .unwrap();
+        killer.join().unwrap();
+        assert_eq!(out.sent.unwrap().unwrap(), 1);
+        match out.received.expect("the close completes the receive") {
+            Ok((n, _)) => assert_eq!(n, 0, "a close, not data"),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET), "{e}"),
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
-use super::transport::{Transfer, Transport};
+use super::transport::{STEP_SEND_BYTES, Transfer, Transport};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
@@ -68,6 +68,88 @@ fn pump(
     }
 }
 
+/// [`pump`] on io_uring for a collective of one lane: each round submits the step's send
+/// and receive together and waits in the kernel for both ([`Transport::step`]), so a small
+/// step costs one system call instead of a send, a receive that finds nothing, a wait and
+/// the receive again. Sends above [`STEP_SEND_BYTES`] go through [`pump`] (they are sent in
+/// place there), as does a connection whose first bytes still need a look. Returns whether
+/// anything moved; fails the collective when the peer made no progress until `deadline`.
+fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
+    let (Some(lane), Some(stage)) = (c.lanes.first_mut(), c.stages.first_mut()) else {
+        return Ok(false);
+    };
+    let (tx, rx) = (lane.tx(), lane.rx());
+    let mut any = false;
+    loop {
+        // A close from another thread ends the wait it interrupts (which takes the wake-up
+        // with it): look at the flag before every wait, not only after one that moved
+        // nothing.
+        if c.closed.is_set() {
+            return Err(Error::Aborted { context: c.context });
+        }
+        let send = match lane.poll_transmit(c.bufs, stage) {
+            Some(bytes) if bytes.len() > STEP_SEND_BYTES => None,
+            Some(bytes) => Some(c.transport.stage_send(bytes)),
+            None => Some(0),
+        };
+        let Some(send) = send.filter(|_| c.transport.steps(rx)) else {
+            let moved = pump(lane, c.transport, c.bufs, stage, c.context, c.closed)?;
+            if moved {
+                c.last_moved = Instant::now();
+            }
+            return Ok(any | moved);
+        };
+        let target = lane.poll_receive(c.bufs, stage);
+        if send == 0 && target.is_none() {
+            return Ok(any);
+        }
+        let deadline = crate::options::deadline(c.last_moved, c.timeout);
+        let stepped = c
+            .transport
+            .step(
+                (send > 0).then_some((tx, send)),
+                target.map(|t| (rx, t)),
+                deadline,
+            )
+            .map_err(|e| Error::local("a step's transfers on io_uring", e))?;
+        let mut moved = false;
+        match stepped.sent {
+            Ok(Transfer::Moved(n)) => {
+                lane.handle_sent(n);
+                moved = true;
+            }
+            Ok(Transfer::Blocked) => {}
+            Ok(Transfer::Closed) => {
+                return Err(c.transport.conn(tx).closed(PeerOp::Send, c.context));
+            }
+            Err(e) => return Err(c.transport.conn(tx).failed(PeerOp::Send, c.context, e)),
+        }
+        match stepped.received {
+            Ok(Transfer::Moved(n)) => {
+                lane.handle_received(c.bufs, stage, n);
+                moved = true;
+            }
+            Ok(Transfer::Blocked) => {}
+            Ok(Transfer::Closed) => {
+                return Err(c.transport.conn(rx).closed(PeerOp::Receive, c.context));
+            }
+            Err(e) => {
+                return Err(c.transport.conn(rx).failed(PeerOp::Receive, c.context, e));
+            }
+        }
+        if moved {
+            any = true;
+            c.last_moved = Instant::now();
+            continue;
+        }
+        // Nothing moved: the step was cut short by a close from another thread (seen at
+        // the top of the loop), or by the deadline (a peer silent for the whole timeout).
+        if Instant::now() >= deadline {
+            return Err(c.stalled(c.timeout));
+        }
+    }
+}
+
 /// How often a collective that keeps moving bytes still looks at the poller.
 const REFRESH: Duration = Duration::from_millis(1);
 
@@ -80,10 +162,16 @@ struct Collective<'t, 'l, 'b, 'd> {
     stages: &'l mut [LaneStage],
     context: Phase,
     closed: &'l CloseFlag,
+    /// The peer's silence [`step`] allows, and when bytes last moved.
+    timeout: Duration,
+    last_moved: Instant,
 }
 
 impl Drive for Collective<'_, '_, '_, '_> {
     fn advance(&mut self) -> Result<bool> {
+        if self.lanes.len() == 1 && self.transport.uring() {
+            return step(self);
+        }
         let mut progressed = false;
         for (lane, stage) in self.lanes.iter_mut().zip(self.stages.iter_mut()) {
             progressed |= pump(
@@ -166,6 +254,8 @@ pub(crate) fn run(
         stages,
         context,
         closed,
+        timeout,
+        last_moved: Instant::now(),
     };
     progress(&mut collective, timeout, spin)
 }

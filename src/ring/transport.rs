@@ -22,7 +22,9 @@
 //! On Linux the same interface also runs on io_uring ([`Io::Uring`], see [`super::uring`]):
 //! each read and write is one io_uring operation that completes within the call (the buffer
 //! contract of `ffi::uring`), and waits are io_uring polls, including a standing `POLLPRI`
-//! poll per connection for urgent bytes. [`Transport::select_io`] picks the driver.
+//! poll per connection for urgent bytes. With two ranks, [`Transport::step`] also submits a
+//! ring step's send and receive together and lets the receive wait in the kernel, all
+//! within one call. [`Transport::select_io`] picks the driver.
 //!
 //! A read that stops short may have stopped at an urgent byte's position, and the next read
 //! would skip the byte (the kernel then drops it). Rather than asking for the byte after every
@@ -479,7 +481,61 @@ impl Conn {
             Err(e) => Err(e),
         }
     }
+
+    /// What a [`Transport::step`]'s receive did, as [`Conn::read`] reports it (`None`:
+    /// it was not made, or was cancelled before it moved a byte).
+    fn settle_receive(&mut self, done: Option<io::Result<(usize, bool)>>) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok((0, _))) => Ok(Transfer::Closed),
+            Some(Ok((n, _))) => {
+                self.last_rx = Instant::now();
+                Ok(Transfer::Moved(n))
+            }
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// What a [`Transport::step`]'s send did, as [`Conn::write`] reports it.
+    fn settle_send(&mut self, done: Option<io::Result<usize>>) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok(0)) => Ok(Transfer::Closed),
+            Some(Ok(n)) => Ok(Transfer::Moved(n)),
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                _ => Err(e),
+            },
+        }
+    }
 }
+
+/// What a [`Transport::step`] did: its send's and its receive's outcome, each as
+/// [`Conn::write`] and [`Conn::read`] report theirs ([`Transfer::Blocked`] when it was not
+/// made or was cancelled before moving a byte).
+#[derive(Debug)]
+pub(crate) struct Stepped {
+    pub(crate) sent: io::Result<Transfer>,
+    pub(crate) received: io::Result<Transfer>,
+}
+
+/// The most bytes a [`Transport::step`] sends at once: they are copied to the transport's
+/// own buffer first (the protocol lends the send and the receive one at a time), which costs
+/// nothing next to the system calls it saves at small sizes; larger sends go out in place
+/// through [`Conn::write`].
+pub(crate) const STEP_SEND_BYTES: usize = 64 << 10;
 
 /// Applies what an io_uring wait reported to the connections; returns whether it was the
 /// close waker's.
@@ -530,6 +586,9 @@ pub(crate) struct Transport {
     uring: Option<Shared>,
     /// Whether the io_uring wait on `poll` (which then holds only the [`Waker`]) is armed.
     wake_armed: bool,
+    /// Where a [`Transport::step`]'s send is copied ([`STEP_SEND_BYTES`] with io_uring,
+    /// allocated once when it is chosen; empty otherwise).
+    step_send: Vec<u8>,
 }
 
 impl Transport {
@@ -600,18 +659,25 @@ impl Transport {
             guessed: false,
             uring: None,
             wake_armed: false,
+            step_send: Vec::new(),
         })
     }
 
     /// Picks the driver `io` asks for (see [`Io`]) for this rank's connections, before any
-    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set, else epoll, without trying
-    /// io_uring: io_uring has not been measured faster. At P = 2 on loopback (both drivers
-    /// interleaved in one run, under load) a 4 B all_sum took 56 µs on epoll and 54 to 62 µs
-    /// on io_uring (MLX wire), and a 64 MiB all_sum cost both ranks about the same CPU (3.5
-    /// to 3.9 s user + sys for 40 of them either way: the kernel's copies dominate), though
-    /// io_uring makes fewer system calls (4 B: 4 `io_uring_enter` against 2 `sendto` and
-    /// 14 `recvfrom`; 64 MiB: 100 against 128). An explicit [`Io::Uring`] (or
-    /// `NUVEC_DISTRIBUTED_IO=uring`) that the kernel refuses is an error saying why.
+    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set; else, on Linux, io_uring for a
+    /// ring of two ranks whose engine steps (`auto_takes_uring`: the MLX wire's), where a
+    /// step's send and receive go in one submission and the receive waits in the kernel
+    /// ([`Transport::step`]), and epoll otherwise: with more ranks io_uring moves each
+    /// transfer on its own and was not measured faster, and the native wire's engine, which
+    /// does not step, took 49 µs per 4 B all_sum at P = 2 on io_uring against 8 µs on epoll
+    /// (its spinning retries see arrivals only through epoll or a system call). Measured
+    /// at P = 2 on loopback, under load (two interleaved rounds): a 4 B all_sum makes 2
+    /// `io_uring_enter` against 14.8 system calls on epoll (2 `sendto`, 11.9 `recvfrom`,
+    /// 0.8 `sched_yield`), and took 36 and 40 µs against 58 and 27 µs on epoll; 8 KiB took
+    /// 49 and 41 µs against 59 and 58 µs. Where the kernel refuses io_uring (`ENOSYS`,
+    /// `EPERM` from a sandbox's seccomp filter or `kernel.io_uring_disabled`, a kernel
+    /// without timed waits), `Auto` falls back to epoll with a verbose line saying why; an
+    /// explicit [`Io::Uring`] (or `NUVEC_DISTRIBUTED_IO=uring`) is then an error saying why.
     #[cfg_attr(
         not(target_os = "linux"),
         allow(
@@ -619,7 +685,7 @@ impl Transport {
             reason = "io_uring is Linux's: elsewhere its handle has no values"
         )
     )]
-    pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
+    pub(crate) fn select_io(&mut self, io: Io, auto_takes_uring: bool) -> Result<(), Error> {
         let rank = self.rank();
         let io = match io {
             Io::Auto => match std::env::var(IO_VAR) {
@@ -637,17 +703,41 @@ impl Transport {
             },
             io => io,
         };
-        if io != Io::Uring {
-            verbose!(rank, "event loop: epoll/kqueue ({IO_VAR}={io})");
-            return Ok(());
+        match io {
+            Io::Uring => {}
+            Io::Auto if cfg!(target_os = "linux") && auto_takes_uring && self.ranks() == 2 => {}
+            Io::Auto => {
+                verbose!(
+                    rank,
+                    "event loop: epoll/kqueue ({IO_VAR}=auto: io_uring is taken on Linux for \
+                     the MLX wire with two ranks only)"
+                );
+                return Ok(());
+            }
+            Io::Epoll => {
+                verbose!(rank, "event loop: epoll/kqueue ({IO_VAR}={io})");
+                return Ok(());
+            }
         }
-        let ring = Shared::new(self.conns.len()).map_err(|e| {
-            Error::invalid(format!(
-                "io_uring was asked for (Options::io or {IO_VAR}) but this system refuses \
-                 it: {e} (ENOSYS: no io_uring in this kernel; EPERM: a sandbox or \
-                 kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
-            ))
-        })?;
+        let ring = match Shared::new(self.conns.len()) {
+            Ok(ring) => ring,
+            Err(e) if io == Io::Auto => {
+                verbose!(
+                    rank,
+                    "event loop: epoll, as io_uring is refused here: {e} (ENOSYS: no \
+                     io_uring in this kernel; EPERM: a sandbox or kernel.io_uring_disabled \
+                     refuses it)"
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(Error::invalid(format!(
+                    "io_uring was asked for (Options::io or {IO_VAR}) but this system \
+                     refuses it: {e} (ENOSYS: no io_uring in this kernel; EPERM: a sandbox \
+                     or kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
+                )));
+            }
+        };
         for (i, conn) in self.conns.iter_mut().enumerate() {
             // The ring reports readiness now; the poller keeps only the waker.
             self.poll
@@ -672,6 +762,7 @@ impl Transport {
             conn.writable = true;
         }
         self.uring = Some(ring);
+        self.step_send = vec![0; STEP_SEND_BYTES];
         verbose!(rank, "event loop: io_uring");
         Ok(())
     }
@@ -765,6 +856,112 @@ impl Transport {
     /// Every connection.
     pub(crate) fn conns(&mut self) -> &mut [Conn] {
         &mut self.conns
+    }
+
+    /// Whether io_uring drives the connections.
+    pub(crate) fn uring(&self) -> bool {
+        self.uring.is_some()
+    }
+
+    /// Whether [`Transport::step`] can receive on connection `rx` now: io_uring drives the
+    /// connections, the peer's first bytes need no look (see [`FirstBytes`]), and the ring
+    /// has two ranks.
+    ///
+    /// A receive that waits in the kernel is not told about urgent data: when a failure
+    /// notice's urgent byte is the next byte of the stream, the kernel skips it and forgets
+    /// it (it only keeps an urgent byte that no read has passed), where the other path asks
+    /// the poller before every read. With two ranks no notice can name a third rank, so
+    /// none is lost; with more, a rank next to a lost one would blame the neighbour that
+    /// passed the notice on (measured: the fault tests at P = 3 and 4 name the wrong rank),
+    /// so there the transfers stay one non-blocking operation each.
+    pub(crate) fn steps(&self, rx: usize) -> bool {
+        self.uring.is_some()
+            && self.ranks() == 2
+            && self
+                .conns
+                .get(rx)
+                .is_some_and(|c| c.first == FirstBytes::Checked)
+    }
+
+    /// Copies what of `bytes` a [`Transport::step`] sends at once; returns how much that is.
+    pub(crate) fn stage_send(&mut self, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(self.step_send.len());
+        self.step_send[..n].copy_from_slice(&bytes[..n]);
+        n
+    }
+
+    /// One step's transfers in one io_uring submission (see `ffi::uring::Ring::exchange`):
+    /// sends the first `send.1` bytes staged by [`Transport::stage_send`] on connection
+    /// `send.0`, and receives into `recv.1` from connection `recv.0`, waiting in the kernel
+    /// until both moved bytes, `deadline` passes, or a close from another thread fires the
+    /// [`Waker`]; neither is in flight when this returns. Urgent bytes reported before and
+    /// during the wait are taken (a notice, a query to answer).
+    ///
+    /// # Errors
+    ///
+    /// The ring's own (the transfers' errors are in [`Stepped`]).
+    pub(crate) fn step(
+        &mut self,
+        send: Option<(usize, usize)>,
+        recv: Option<(usize, &mut [u8])>,
+        deadline: Instant,
+    ) -> io::Result<Stepped> {
+        let Some(ring) = self.uring.clone() else {
+            return Err(io::Error::other("a step without io_uring"));
+        };
+        let mut woke = self.take_uring_reports(&ring);
+        if !self.wake_armed {
+            ring.poll(
+                self.poll.registry().as_fd(),
+                uring::WAKE_TOKEN,
+                events::IN,
+                false,
+            )?;
+            self.wake_armed = true;
+        }
+        let mut stepped = Stepped {
+            sent: Ok(Transfer::Blocked),
+            received: Ok(Transfer::Blocked),
+        };
+        if !woke {
+            let tx = send.and_then(|(conn, n)| {
+                let c = self.conns.get(conn)?;
+                Some((c.stream.as_fd(), self.step_send.get(..n)?))
+            });
+            let rx_conn = recv.as_ref().map(|(conn, _)| *conn);
+            let rx = recv.and_then(|(conn, buf)| {
+                let len = buf.len().min(MAX_IO_BYTES);
+                Some((self.conns.get(conn)?.stream.as_fd(), &mut buf[..len]))
+            });
+            let done = ring.exchange(tx, rx, deadline, uring::WAKE_TOKEN)?;
+            if let Some((conn, _)) = send {
+                stepped.sent = self.conns[conn].settle_send(done.sent);
+            }
+            if let Some(conn) = rx_conn {
+                stepped.received = self.conns[conn].settle_receive(done.received);
+            }
+            woke = self.take_uring_reports(&ring);
+        }
+        if woke {
+            // As in `poll_uring`: the waker's event is taken, its wait armed anew later.
+            self.wake_armed = false;
+            let _ = self.poll.poll(&mut self.events, Some(Duration::ZERO));
+        }
+        Ok(stepped)
+    }
+
+    /// Applies what io_uring reported so far, without a system call, and answers the
+    /// queries that asks; returns whether the close waker fired.
+    fn take_uring_reports(&mut self, ring: &Shared) -> bool {
+        let mut woke = false;
+        let conns = &mut self.conns;
+        ring.take_ready(|ready| woke |= apply(conns, ready));
+        for conn in &mut self.conns {
+            if conn.owe_answer {
+                conn.answer();
+            }
+        }
+        woke
     }
 
     /// Blocks until some connection may have become ready, a close from another thread

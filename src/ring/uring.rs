@@ -5,7 +5,7 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `poll(2)` event bits, as io_uring's polls report them.
 pub(crate) mod events {
@@ -79,6 +79,20 @@ mod imp {
             self.lock()?.send(fd, buf)
         }
 
+        /// A step's send and receive in one submission, waited for in the kernel until
+        /// both moved bytes, `deadline`, or a report under `stop` (see
+        /// `ffi::uring::Ring::exchange`).
+        pub(crate) fn exchange(
+            &self,
+            send: Option<(BorrowedFd<'_>, &[u8])>,
+            recv: Option<(BorrowedFd<'_>, &mut [u8])>,
+            deadline: Instant,
+            stop: u32,
+        ) -> io::Result<ffi::uring::Exchanged> {
+            self.lock()?
+                .exchange(send, recv, Some(deadline), |r| r.token == stop)
+        }
+
         /// Hands what was reported so far to `each`, without a system call.
         pub(crate) fn take_ready(&self, mut each: impl FnMut(Ready)) {
             if let Ok(mut ring) = self.lock() {
@@ -143,6 +157,13 @@ mod imp {
 mod imp {
     use super::*;
 
+    /// What a step did (no values off Linux: there is no step).
+    #[derive(Debug)]
+    pub(crate) struct Exchanged {
+        pub(crate) sent: Option<io::Result<usize>>,
+        pub(crate) received: Option<io::Result<(usize, bool)>>,
+    }
+
     /// No io_uring off Linux: a type without values.
     #[derive(Clone, Debug)]
     pub(crate) enum Shared {}
@@ -168,6 +189,16 @@ mod imp {
         }
 
         pub(crate) fn take_ready(&self, _each: impl FnMut(Ready)) {
+            match *self {}
+        }
+
+        pub(crate) fn exchange(
+            &self,
+            _send: Option<(BorrowedFd<'_>, &[u8])>,
+            _recv: Option<(BorrowedFd<'_>, &mut [u8])>,
+            _deadline: Instant,
+            _stop: u32,
+        ) -> io::Result<Exchanged> {
             match *self {}
         }
 
