@@ -110,6 +110,7 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
                 (send > 0).then_some((tx, send)),
                 target.map(|t| (rx, t)),
                 deadline,
+                c.spin,
             )
             .map_err(|e| Error::local("a step's transfers on io_uring", e))?;
         let mut moved = false;
@@ -165,6 +166,8 @@ struct Collective<'t, 'l, 'b, 'd> {
     /// The peer's silence [`step`] allows, and when bytes last moved.
     timeout: Duration,
     last_moved: Instant,
+    /// How [`step`] waits before it sleeps in the kernel.
+    spin: Spin,
 }
 
 impl Drive for Collective<'_, '_, '_, '_> {
@@ -256,6 +259,7 @@ pub(crate) fn run(
         closed,
         timeout,
         last_moved: Instant::now(),
+        spin,
     };
     progress(&mut collective, timeout, spin)
 }

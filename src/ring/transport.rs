@@ -52,6 +52,7 @@ use socket2::SockRef;
 
 use super::uring::{self, Shared, events};
 use crate::auth;
+use crate::comm::progress::Spin;
 use crate::comm::progress::{Inquiry, Urgent, Verdict, notice_names};
 use crate::error::{Error, PeerOp, Phase};
 use crate::options::{IO_VAR, Io};
@@ -905,6 +906,7 @@ impl Transport {
         send: Option<(usize, usize)>,
         recv: Option<(usize, &mut [u8])>,
         deadline: Instant,
+        spin: Spin,
     ) -> io::Result<Stepped> {
         let Some(ring) = self.uring.clone() else {
             return Err(io::Error::other("a step without io_uring"));
@@ -933,7 +935,7 @@ impl Transport {
                 let len = buf.len().min(MAX_IO_BYTES);
                 Some((self.conns.get(conn)?.stream.as_fd(), &mut buf[..len]))
             });
-            let done = ring.exchange(tx, rx, deadline, uring::WAKE_TOKEN)?;
+            let done = ring.exchange(tx, rx, deadline, (uring::WAKE_TOKEN, spin))?;
             if let Some((conn, _)) = send {
                 stepped.sent = self.conns[conn].settle_send(done.sent);
             }

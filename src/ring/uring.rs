@@ -3,6 +3,7 @@
 //! transport waits on it), or, off Linux, a type with no values, so that the transport's
 //! code compiles everywhere and the epoll/kqueue path is all that runs there.
 
+use crate::comm::progress::Spin;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
@@ -87,10 +88,14 @@ mod imp {
             send: Option<(BorrowedFd<'_>, &[u8])>,
             recv: Option<(BorrowedFd<'_>, &mut [u8])>,
             deadline: Instant,
-            stop: u32,
+            (stop, spin): (u32, Spin),
         ) -> io::Result<ffi::uring::Exchanged> {
-            self.lock()?
-                .exchange(send, recv, Some(deadline), |r| r.token == stop)
+            let mut ring = self.lock()?;
+            ring.spin_first(ffi::uring::SpinFirst {
+                eager: spin.eager,
+                total: spin.total,
+            });
+            ring.exchange(send, recv, Some(deadline), |r| r.token == stop)
         }
 
         /// Hands what was reported so far to `each`, without a system call.
@@ -197,7 +202,7 @@ mod imp {
             _send: Option<(BorrowedFd<'_>, &[u8])>,
             _recv: Option<(BorrowedFd<'_>, &mut [u8])>,
             _deadline: Instant,
-            _stop: u32,
+            _stop: (u32, Spin),
         ) -> io::Result<Exchanged> {
             match *self {}
         }
