@@ -165,15 +165,12 @@ pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Io {
-    /// [`IO_VAR`] if it is set, else the loop measured faster: on Linux, io_uring for the
-    /// MLX wire with two ranks (a step's send and receive in one submission, the receive
-    /// waiting in the kernel: 2 system calls per 4 B all_sum against about 15 on epoll, and
-    /// no slower in the measurements), epoll for more ranks (where io_uring moves each
-    /// transfer on its own, because a receive waiting in the kernel would read past a
-    /// failure notice, and was not measured faster), for the native wire (measured 6 times
-    /// slower on io_uring at 4 B: its engine does not step) and off Linux. Where the kernel refuses
-    /// io_uring (`ENOSYS`, `EPERM` from seccomp or `kernel.io_uring_disabled`), `Auto` falls
-    /// back to epoll and says why in a verbose line.
+    /// [`IO_VAR`] if it is set, else the loop measured faster: epoll (kqueue off Linux),
+    /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
+    /// on the MLX wire against 5.1) but was not faster on this project's benchmark machine:
+    /// 1.07x epoll's time at 4 B and 1.12x at 8 KiB (medians of five interleaved rounds),
+    /// even at 64 MiB, and 6 times slower on the native wire, whose engine does not step.
+    /// Choose [`Io::Uring`] by name to use it.
     #[default]
     Auto,
     /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).

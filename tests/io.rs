@@ -58,7 +58,7 @@ fn epoll_asked_for_by_name_computes() {
 
 /// Two ranks (threads) on which `io_uring_setup` fails with `EPERM`, as in a sandbox that
 /// refuses io_uring: asked for by name, io_uring fails naming why; epoll still computes, and
-/// so does Auto, which falls back to it.
+/// so does Auto, which takes epoll.
 #[cfg(target_os = "linux")]
 #[test]
 fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes() {
@@ -112,9 +112,9 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
             });
         }
     });
-    // Auto would take io_uring here (two ranks, the MLX wire): refused, it falls back to
-    // epoll and computes. Unless the environment names io_uring, which Auto obeys: then
-    // forming fails as an explicit Io::Uring does.
+    // Auto takes epoll (io_uring was not measured faster) and computes without io_uring.
+    // Unless the environment names io_uring, which Auto obeys: then forming fails as an
+    // explicit Io::Uring does.
     let named =
         std::env::var(nuvec_distributed::IO_VAR).is_ok_and(|v| v.parse::<Io>() == Ok(Io::Uring));
     let ports = testing::free_ports(2, 1);
@@ -139,7 +139,7 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
                     Ok(_) => panic!("rank {rank}: the environment names io_uring, refused"),
                     // The other rank may fail first and close: only one names io_uring.
                     Err(_) if named => {}
-                    Err(e) => panic!("rank {rank}: Auto falls back to epoll: {e}"),
+                    Err(e) => panic!("rank {rank}: Auto needs no io_uring: {e}"),
                 }
             });
         }

@@ -9,7 +9,8 @@
 # NUVEC_BIN=path/to/nuvec counts another build (e.g. a baseline) instead of building this one.
 # Needs perf (Debian: linux-perf) and tracefs (mounted here if missing; root).
 # The ranks inherit the environment: NUVEC_DISTRIBUTED_IO=uring counts the io_uring driver
-# (each of its sends, receives and waits is one io_uring_enter).
+# (with two ranks a small step is one io_uring_enter for its send and receive, plus one
+# whenever a spin sees a completion waiting for task work).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4}; iters=${2:-20000}; ranks=${3:-2}

@@ -82,12 +82,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         crate::options::deadline(started, options.timeout),
         options.timeout,
     )
-    .and_then(|mut formed| {
-        formed
-            .transport
-            .select_io(options.io, false)
-            .map(|()| formed)
-    });
+    .and_then(|mut formed| formed.transport.select_io(options.io).map(|()| formed));
     let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());

@@ -93,7 +93,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         crate::options::deadline(started, options.timeout),
         options.timeout,
     )
-    .and_then(|mut transport| transport.select_io(options.io, true).map(|()| transport));
+    .and_then(|mut transport| transport.select_io(options.io).map(|()| transport));
     let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());

@@ -665,20 +665,11 @@ impl Transport {
     }
 
     /// Picks the driver `io` asks for (see [`Io`]) for this rank's connections, before any
-    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set; else, on Linux, io_uring for a
-    /// ring of two ranks whose engine steps (`auto_takes_uring`: the MLX wire's), where a
-    /// step's send and receive go in one submission and the receive waits in the kernel
-    /// ([`Transport::step`]), and epoll otherwise: with more ranks io_uring moves each
-    /// transfer on its own and was not measured faster, and the native wire's engine, which
-    /// does not step, took 49 µs per 4 B all_sum at P = 2 on io_uring against 8 µs on epoll
-    /// (its spinning retries see arrivals only through epoll or a system call). Measured
-    /// at P = 2 on loopback, under load (two interleaved rounds): a 4 B all_sum makes 2
-    /// `io_uring_enter` against 14.8 system calls on epoll (2 `sendto`, 11.9 `recvfrom`,
-    /// 0.8 `sched_yield`), and took 36 and 40 µs against 58 and 27 µs on epoll; 8 KiB took
-    /// 49 and 41 µs against 59 and 58 µs. Where the kernel refuses io_uring (`ENOSYS`,
-    /// `EPERM` from a sandbox's seccomp filter or `kernel.io_uring_disabled`, a kernel
-    /// without timed waits), `Auto` falls back to epoll with a verbose line saying why; an
-    /// explicit [`Io::Uring`] (or `NUVEC_DISTRIBUTED_IO=uring`) is then an error saying why.
+    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set, else epoll: io_uring was not
+    /// measured faster (see [`Io::Auto`]). An explicit [`Io::Uring`] (or
+    /// `NUVEC_DISTRIBUTED_IO=uring`) where the kernel refuses io_uring (`ENOSYS`, `EPERM`
+    /// from a sandbox's seccomp filter or `kernel.io_uring_disabled`, a kernel without timed
+    /// waits) is an error saying why: no silent fallback from a driver asked for by name.
     #[cfg_attr(
         not(target_os = "linux"),
         allow(
@@ -686,7 +677,7 @@ impl Transport {
             reason = "io_uring is Linux's: elsewhere its handle has no values"
         )
     )]
-    pub(crate) fn select_io(&mut self, io: Io, auto_takes_uring: bool) -> Result<(), Error> {
+    pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
         let rank = self.rank();
         let io = match io {
             Io::Auto => match std::env::var(IO_VAR) {
@@ -706,12 +697,10 @@ impl Transport {
         };
         match io {
             Io::Uring => {}
-            Io::Auto if cfg!(target_os = "linux") && auto_takes_uring && self.ranks() == 2 => {}
             Io::Auto => {
                 verbose!(
                     rank,
-                    "event loop: epoll/kqueue ({IO_VAR}=auto: io_uring is taken on Linux for \
-                     the MLX wire with two ranks only)"
+                    "event loop: epoll/kqueue ({IO_VAR}=auto: io_uring was not measured faster)"
                 );
                 return Ok(());
             }
@@ -720,25 +709,13 @@ impl Transport {
                 return Ok(());
             }
         }
-        let ring = match Shared::new(self.conns.len()) {
-            Ok(ring) => ring,
-            Err(e) if io == Io::Auto => {
-                verbose!(
-                    rank,
-                    "event loop: epoll, as io_uring is refused here: {e} (ENOSYS: no \
-                     io_uring in this kernel; EPERM: a sandbox or kernel.io_uring_disabled \
-                     refuses it)"
-                );
-                return Ok(());
-            }
-            Err(e) => {
-                return Err(Error::invalid(format!(
-                    "io_uring was asked for (Options::io or {IO_VAR}) but this system \
-                     refuses it: {e} (ENOSYS: no io_uring in this kernel; EPERM: a sandbox \
-                     or kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
-                )));
-            }
-        };
+        let ring = Shared::new(self.conns.len()).map_err(|e| {
+            Error::invalid(format!(
+                "io_uring was asked for (Options::io or {IO_VAR}) but this system refuses \
+                 it: {e} (ENOSYS: no io_uring in this kernel; EPERM: a sandbox or \
+                 kernel.io_uring_disabled refuses it); use Io::Epoll or Io::Auto"
+            ))
+        })?;
         for (i, conn) in self.conns.iter_mut().enumerate() {
             // The ring reports readiness now; the poller keeps only the waker.
             self.poll
