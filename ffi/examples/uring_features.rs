@@ -6,10 +6,12 @@
 //!   be reused), in 1 MiB and in 64 MiB submissions. The receiver is a plain blocking
 //!   `read`. Prints the rate and the CPU time of the process (both sides).
 //! - `pingpong`: a 4 B round trip against a blocking echo thread, three ways: blocking
-//!   `write` + `read`; one `io_uring_enter` per round carrying the send and a one-shot receive;
-//!   and the send alone against a standing multishot receive into provided buffers (the
-//!   consumed buffer is handed back in the next round's submission, so still one enter).
-//!   Prints the median and the 90th percentile.
+//!   `write` + `read`; one `io_uring_enter` per round carrying the send and a one-shot receive,
+//!   sleeping in the kernel for the completions or, as the driver does, watching the
+//!   completion queue first (`OneShotSpin`); the same with a kernel thread polling the
+//!   submission queue (`Sqpoll`); and the send alone against a standing multishot receive
+//!   into provided buffers (the consumed buffer is handed back in the next round's
+//!   submission, so still one enter). Prints the median and the 90th percentile.
 //!
 //! ```text
 //! cargo run --release -p nuvec-distributed-ffi --example uring_features -- send 20
@@ -172,8 +174,17 @@ mod linux {
     enum Mode {
         Blocking,
         OneShot,
+        /// As the driver does: submit, then watch the completion queue (cooperative task
+        /// running, entering the kernel only when the task-run flag asks).
+        OneShotSpin,
+        /// As `OneShotSpin`, with a kernel thread polling the submission queue (SQPOLL): no
+        /// system call to submit while that thread is awake.
+        Sqpoll,
         Multishot,
     }
+
+    /// How long a spinning mode watches the completion queue before it sleeps.
+    const SPIN: Duration = Duration::from_micros(50);
 
     /// Provided buffers for the multishot receive: group id, count and size of each.
     const GROUP: u16 = 1;
@@ -182,7 +193,13 @@ mod linux {
 
     pub(super) fn pingpong(rounds: usize) -> io::Result<()> {
         println!("4 B round trips over loopback TCP against a blocking echo thread, {rounds} each");
-        for mode in [Mode::Blocking, Mode::OneShot, Mode::Multishot] {
+        for mode in [
+            Mode::Blocking,
+            Mode::OneShot,
+            Mode::OneShotSpin,
+            Mode::Sqpoll,
+            Mode::Multishot,
+        ] {
             let (mut client, mut server) = pair()?;
             let echo = std::thread::spawn(move || -> io::Result<()> {
                 let mut b = [0u8; 4];
@@ -203,7 +220,18 @@ mod linux {
                         times.push(t.elapsed());
                     }
                 }
-                Mode::OneShot => one_shot(&client, rounds, &mut times)?,
+                Mode::OneShot => one_shot(&client, rounds, IoUring::new(8)?, false, &mut times)?,
+                Mode::OneShotSpin => {
+                    let ring = IoUring::builder()
+                        .setup_coop_taskrun()
+                        .setup_taskrun_flag()
+                        .build(8)?;
+                    one_shot(&client, rounds, ring, true, &mut times)?
+                }
+                Mode::Sqpoll => {
+                    let ring = IoUring::builder().setup_sqpoll(1000).build(8)?;
+                    one_shot(&client, rounds, ring, true, &mut times)?
+                }
                 Mode::Multishot => multishot(&client, rounds, &mut times)?,
             }
             echo.join()
@@ -219,10 +247,16 @@ mod linux {
         Ok(())
     }
 
-    /// Each round: the send and a one-shot receive in one `io_uring_enter`.
-    fn one_shot(client: &TcpStream, rounds: usize, times: &mut Vec<Duration>) -> io::Result<()> {
+    /// Each round: the send and a one-shot receive in one submission; with `spin`, the
+    /// completion queue is watched for up to [`SPIN`] before sleeping in the kernel.
+    fn one_shot(
+        client: &TcpStream,
+        rounds: usize,
+        mut ring: IoUring,
+        spin: bool,
+        times: &mut Vec<Duration>,
+    ) -> io::Result<()> {
         let fd = types::Fd(client.as_raw_fd());
-        let mut ring = IoUring::new(8)?;
         let mut out;
         let mut back = [0u8; 4];
         for i in 0..rounds {
@@ -240,7 +274,20 @@ mod linux {
                     let entry = opcode::Recv::new(fd, rest.as_mut_ptr(), rest.len() as u32);
                     push(&mut ring, &entry.build().user_data(1))?;
                 }
-                ring.submit_and_wait(1)?;
+                if spin {
+                    // With SQPOLL, `submit` makes a system call only to wake the thread.
+                    ring.submit()?;
+                    let start = Instant::now();
+                    while ring.completion().is_empty() && start.elapsed() < SPIN {
+                        if ring.submission().taskrun() {
+                            ring.submit()?;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+                if ring.completion().is_empty() {
+                    ring.submit_and_wait(1)?;
+                }
                 for c in ring.completion() {
                     if c.result() < 0 {
                         return Err(io::Error::from_raw_os_error(-c.result()));
