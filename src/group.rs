@@ -1281,7 +1281,10 @@ pub enum Transport {
     /// or when a co-located rank could not open the shared segment.
     Tcp,
     /// A shared-memory segment: the native wire, with every rank of the group on this host
-    /// (collectives and send/recv; the TCP connections stay for setup and liveness).
+    /// (collectives and send/recv; the TCP connections stay for setup and liveness). In a
+    /// group over several hosts, the peers on this host: the group collectives' data
+    /// between them go through the host's segment, while send/recv, broadcast and
+    /// all_to_all stay on TCP.
     SharedMemory,
     /// RDMA (the JACCL backend).
     Rdma,

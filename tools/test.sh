@@ -322,6 +322,23 @@ else
   echo "NOT RUN: tests/netns.rs and tools/tests/doctor.rs's netns test need root and a working 'ip netns' (iproute2); this machine has neither or refuses"
 fi
 
+step "mixed-hosts test in network namespaces (optional: needs root, ip netns, unshare and nsenter)"
+# Two hosts of two ranks: each a network namespace with its own tmpfs on /dev/shm, joined
+# by a veth pair (about 5 s).
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v nsenter >/dev/null \
+  && ip netns add nuvec-probe-$$ 2>/dev/null; then
+  if ip netns exec nuvec-probe-$$ unshare --mount --propagation private \
+    sh -c 'mount -t tmpfs nuvec-probe /dev/shm' 2>/dev/null; then
+    ip netns del nuvec-probe-$$
+    cargo test --release --test hosts -- --ignored
+  else
+    ip netns del nuvec-probe-$$
+    echo "NOT RUN: tests/hosts.rs needs a tmpfs mounted on /dev/shm in a private mount namespace inside a network namespace; this machine refuses"
+  fi
+else
+  echo "NOT RUN: tests/hosts.rs needs root, a working 'ip netns' (iproute2) and nsenter (util-linux); this machine has not all"
+fi
+
 step "shared-memory domain and hierarchical-group tests (optional: needs root and a private mount namespace)"
 # Two "hosts" on one kernel: ranks in mount namespaces with another directory bound on
 # /dev/shm (a few seconds).

@@ -156,8 +156,10 @@ pub(crate) struct Native {
     size: usize,
     timeout: Duration,
     spin: Spin,
-    /// Whether the group formed on shared memory (what `transport` reports).
-    shared: bool,
+    /// For each rank, whether the group's collectives reach it through shared memory
+    /// (what `transport` reports): every rank on a single-host segment, this host's ranks
+    /// in a hierarchical group.
+    shared: Vec<bool>,
     state: Guarded<State>,
 }
 
@@ -320,12 +322,17 @@ impl Native {
         // A close from another thread wakes a collective blocked on the poller; should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
         let waker = transport.waker();
+        let shared = match (&shm, &hier) {
+            (Some(_), _) => vec![true; size],
+            (None, Some(h)) => (0..size).map(|r| h.sharing().contains(&r)).collect(),
+            (None, None) => vec![false; size],
+        };
         Ok(Native {
             rank,
             size,
             timeout: options.timeout,
             spin,
-            shared: shm.is_some(),
+            shared,
             state: Guarded::new(State {
                 transport,
                 exchange: Exchange::default(),
@@ -695,9 +702,10 @@ impl Communicator for Native {
         "ring"
     }
 
-    /// Shared memory for every link when the group formed on it, TCP otherwise.
-    fn transport(&self, _peer: usize) -> crate::group::Transport {
-        if self.shared {
+    /// Shared memory for the ranks whose collectives go through a segment (every rank
+    /// when the group formed on one, this host's in a hierarchical group), TCP otherwise.
+    fn transport(&self, peer: usize) -> crate::group::Transport {
+        if self.shared.get(peer).copied().unwrap_or(false) {
             crate::group::Transport::SharedMemory
         } else {
             crate::group::Transport::Tcp

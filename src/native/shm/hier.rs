@@ -314,6 +314,15 @@ impl Hier {
         &self.domains
     }
 
+    /// The ranks that share this rank's segment, itself included; none without a segment
+    /// (a domain of one).
+    pub(crate) fn sharing(&self) -> &[usize] {
+        match (&self.link, self.domains.get(self.mine)) {
+            (Some(_), Some(domain)) => domain,
+            _ => &[],
+        }
+    }
+
     /// Whether the segment's pages are locked in memory (false without a segment).
     pub(crate) fn locked(&self) -> bool {
         self.link.as_ref().is_some_and(Link::locked)
