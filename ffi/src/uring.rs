@@ -14,7 +14,7 @@
 //!   readiness report the caller says ends the wait (a close from another thread wakes one),
 //!   cancels what is still in flight.
 //!
-//! Either way the operations in flight are held by an [`InFlight`] guard that, however the
+//! Either way the operations in flight are held by an `InFlight` guard that, however the
 //! call ends (completion, error, deadline, stop, even an unwinding panic), cancels what has
 //! not completed and reaps every completion before the borrow of the caller's memory can
 //! end. A failure of `io_uring_enter` that leaves an entry's fate unknown cannot be survived
