@@ -52,6 +52,14 @@ mod linux {
     use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
 
+    /// Ends the process on an error met while operations may be in flight: it returns to
+    /// no caller, so no buffer an operation points to is dropped (the memory lives until
+    /// the process does), where returning the error would unwind the frames that hold them.
+    fn fail(e: impl Into<io::Error>) -> ! {
+        eprintln!("uring_features: {}", e.into());
+        std::process::exit(1)
+    }
+
     /// A connected loopback pair with `TCP_NODELAY` on both ends.
     fn pair() -> io::Result<(TcpStream, TcpStream)> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
@@ -104,19 +112,19 @@ mod linux {
             } else {
                 opcode::Send::new(fd, rest.as_ptr(), len).build()
             };
-            push(ring, &entry)?;
+            push(ring, &entry).unwrap_or_else(|e| fail(e));
             // A zero-copy send completes twice: the result (flagged MORE), then the
             // notification that the kernel let go of the pages.
             let (mut sent, mut released) = (None, !zero_copy);
             while sent.is_none() || !released {
-                ring.submit_and_wait(1)?;
+                ring.submit_and_wait(1).unwrap_or_else(|e| fail(e));
                 for c in ring.completion() {
                     if cqueue::notif(c.flags()) {
                         released = true;
                         continue;
                     }
                     if c.result() < 0 {
-                        return Err(io::Error::from_raw_os_error(-c.result()));
+                        fail(io::Error::from_raw_os_error(-c.result()));
                     }
                     sent = Some(c.result() as usize);
                     if !cqueue::more(c.flags()) {
@@ -265,36 +273,42 @@ mod linux {
             push(
                 &mut ring,
                 &opcode::Send::new(fd, out.as_ptr(), 4).build().user_data(0),
-            )?;
+            )
+            .unwrap_or_else(|e| fail(e));
             let mut got = 0;
-            let mut sent = false;
+            let (mut sent, mut receiving) = (false, false);
             while !sent || got < 4 {
-                if got < 4 && ring.submission().is_empty() {
+                // One receive in flight at a time, into the rest of `back`.
+                if got < 4 && !receiving {
                     let rest = &mut back[got..];
                     let entry = opcode::Recv::new(fd, rest.as_mut_ptr(), rest.len() as u32);
-                    push(&mut ring, &entry.build().user_data(1))?;
+                    push(&mut ring, &entry.build().user_data(1)).unwrap_or_else(|e| fail(e));
+                    receiving = true;
                 }
                 if spin {
                     // With SQPOLL, `submit` makes a system call only to wake the thread.
-                    ring.submit()?;
+                    ring.submit().unwrap_or_else(|e| fail(e));
                     let start = Instant::now();
                     while ring.completion().is_empty() && start.elapsed() < SPIN {
                         if ring.submission().taskrun() {
-                            ring.submit()?;
+                            ring.submit().unwrap_or_else(|e| fail(e));
                         }
                         std::hint::spin_loop();
                     }
                 }
                 if ring.completion().is_empty() {
-                    ring.submit_and_wait(1)?;
+                    ring.submit_and_wait(1).unwrap_or_else(|e| fail(e));
                 }
                 for c in ring.completion() {
                     if c.result() < 0 {
-                        return Err(io::Error::from_raw_os_error(-c.result()));
+                        fail(io::Error::from_raw_os_error(-c.result()));
+                    }
+                    if c.user_data() == 1 {
+                        receiving = false;
                     }
                     match c.user_data() {
                         0 => sent = true,
-                        _ if c.result() == 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        _ if c.result() == 0 => fail(io::ErrorKind::UnexpectedEof),
                         _ => got += c.result() as usize,
                     }
                 }
@@ -324,8 +338,8 @@ mod linux {
         };
         let arm = opcode::RecvMulti::new(fd, GROUP).build().user_data(1);
         let entry = provide(&mut pool, 0, BUFFERS);
-        push(&mut ring, &entry)?;
-        push(&mut ring, &arm)?;
+        push(&mut ring, &entry).unwrap_or_else(|e| fail(e));
+        push(&mut ring, &arm).unwrap_or_else(|e| fail(e));
         let mut out;
         let (mut got, mut armed, mut closed) = (0, true, false);
         for i in 0..rounds {
@@ -334,13 +348,14 @@ mod linux {
             push(
                 &mut ring,
                 &opcode::Send::new(fd, out.as_ptr(), 4).build().user_data(0),
-            )?;
+            )
+            .unwrap_or_else(|e| fail(e));
             let mut sent = false;
             while !sent || got < 4 {
                 if closed {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+                    fail(io::ErrorKind::UnexpectedEof);
                 }
-                ring.submit_and_wait(1)?;
+                ring.submit_and_wait(1).unwrap_or_else(|e| fail(e));
                 let mut hand_back = Vec::new();
                 for c in ring.completion() {
                     let result = c.result();
@@ -355,20 +370,20 @@ mod linux {
                                 n if n > 0 => got += n as usize,
                                 // Out of buffers: handed back below, then armed again.
                                 n if n == -libc::ENOBUFS => {}
-                                n => return Err(io::Error::from_raw_os_error(-n)),
+                                n => fail(io::Error::from_raw_os_error(-n)),
                             }
                         }
-                        _ if result < 0 => return Err(io::Error::from_raw_os_error(-result)),
+                        _ if result < 0 => fail(io::Error::from_raw_os_error(-result)),
                         0 => sent = true,
                         _ => {}
                     }
                 }
                 for id in hand_back {
                     let entry = provide(&mut pool, id, 1);
-                    push(&mut ring, &entry)?;
+                    push(&mut ring, &entry).unwrap_or_else(|e| fail(e));
                 }
                 if !armed && !closed {
-                    push(&mut ring, &arm)?;
+                    push(&mut ring, &arm).unwrap_or_else(|e| fail(e));
                     armed = true;
                 }
             }
@@ -378,9 +393,10 @@ mod linux {
         // Stop the standing receive, if the echo thread's close has not, and reap it before
         // the pool is dropped.
         if armed {
-            push(&mut ring, &opcode::AsyncCancel::new(1).build().user_data(3))?;
+            push(&mut ring, &opcode::AsyncCancel::new(1).build().user_data(3))
+                .unwrap_or_else(|e| fail(e));
             while armed {
-                ring.submit_and_wait(1)?;
+                ring.submit_and_wait(1).unwrap_or_else(|e| fail(e));
                 for c in ring.completion() {
                     if c.user_data() == 1 && !cqueue::more(c.flags()) {
                         armed = false;
