@@ -581,12 +581,13 @@ impl<'a> Setup<'a> {
                 capabilities: self.expect.identity.capabilities,
             });
         }
+        // Errors show a connection's address beside the peer's rank: for one that arrived
+        // here, the peer's own (as the hostfile gives it), not this rank's.
+        let left_addr = self.addrs.first_address(left)?;
         let mut left_conns = Vec::with_capacity(self.ring_in.len());
-        for (slot, &addr) in self.ring_in.drain(..).zip(&self.addrs.listen) {
-            if let Some((stream, peer)) = slot {
-                peers[left] = Some(peer);
-                left_conns.push((stream, left, addr));
-            }
+        for (stream, peer) in self.ring_in.drain(..).flatten() {
+            peers[left] = Some(peer);
+            left_conns.push((stream, left, left_addr));
         }
         let mut right_conns = Vec::new();
         let mut others = Vec::new();
@@ -604,8 +605,8 @@ impl<'a> Setup<'a> {
         for (rank, slot) in self.mesh_in.drain(..).enumerate() {
             if let Some((stream, peer)) = slot {
                 peers[rank] = Some(peer);
-                // As for the ring's left connections: the address it arrived at.
-                others.push((stream, rank, self.addrs.listen[0]));
+                // As for the left connections: the peer's own address.
+                others.push((stream, rank, self.addrs.first_address(rank)?));
             }
         }
         others.sort_by_key(|&(_, rank, _)| rank);

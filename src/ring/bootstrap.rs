@@ -744,11 +744,13 @@ impl<'a> Setup<'a> {
         for mut c in self.candidates.drain(..).flatten() {
             let _ = self.poll.registry().deregister(&mut c.stream);
         }
+        // Errors show a connection's address beside the peer's rank: for one that arrived
+        // here, the left neighbour's own (as the hostfile gives it), not this rank's.
+        let left_addr = self.addrs.first_address(left)?;
         let left_conns: Vec<_> = self
             .slots
             .drain(..)
-            .zip(&self.addrs.listen)
-            .filter_map(|(stream, &addr)| stream.map(|s| (s, left, addr)))
+            .filter_map(|stream| stream.map(|s| (s, left, left_addr)))
             .collect();
         let mut right_conns = Vec::with_capacity(self.dials.len());
         for (dial, &addr) in self.dials.drain(..).zip(&self.addrs.right) {
