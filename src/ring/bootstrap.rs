@@ -967,6 +967,7 @@ mod tests {
             listen: vec![ports[rank]],
             right: vec![ports[1 - rank]],
             local_ranks: 2,
+            all: ports.iter().map(|p| vec![p.to_string()]).collect(),
             ..RingAddresses::default()
         }
     }
