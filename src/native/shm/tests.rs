@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
 use super::super::hello::CAP_SHARED_MEMORY;
-use super::super::tests::loopback_mesh;
+use super::super::tests::{loopback_mesh, on_ranks};
 use super::super::{Formed, Native};
 use super::protocol::ONE_SHOT_MAX;
 use super::*;
@@ -33,24 +33,17 @@ fn on_one_host(size: usize, timeout: Duration) -> (Vec<Formed>, [u8; 32]) {
 }
 
 fn group(size: usize) -> Vec<Native> {
-    let timeout = Duration::from_secs(20);
-    let options = Options::default().timeout(timeout);
-    let (formed, _) = on_one_host(size, timeout);
+    group_timeout(size, Duration::from_secs(20))
+}
+
+/// Starts a communicator per formed connection set, each on its own thread (they set up
+/// the segment together).
+pub(super) fn start(formed: Vec<Formed>, options: &Options) -> Vec<Native> {
     std::thread::scope(|s| {
         let handles: Vec<_> = formed
             .into_iter()
-            .map(|f| s.spawn(|| Native::new(f, &options).expect("a native communicator")))
+            .map(|f| s.spawn(|| Native::new(f, options).expect("a native communicator")))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
-}
-
-fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks.iter().map(|c| s.spawn(|| f(c))).collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("a rank's thread"))
@@ -466,18 +459,8 @@ use super::p2p::{SLOT, SLOTS};
 
 /// A group on shared memory whose waits end after `timeout`.
 fn group_timeout(size: usize, timeout: Duration) -> Vec<Native> {
-    let options = Options::default().timeout(timeout);
     let (formed, _) = on_one_host(size, timeout);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = formed
-            .into_iter()
-            .map(|f| s.spawn(|| Native::new(f, &options).expect("a native communicator")))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
+    start(formed, &Options::default().timeout(timeout))
 }
 
 fn pieces_sent(c: &Native, dst: usize) -> u32 {

@@ -8,9 +8,10 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
 use super::super::super::hello::CAP_SHARED_MEMORY;
-use super::super::super::tests::loopback_mesh;
+use super::super::super::tests::{loopback_mesh, on_ranks};
 use super::super::super::{Formed, Native};
 use super::super::protocol::CHUNK;
+use super::super::tests::start;
 use super::*;
 use crate::comm::Communicator;
 use crate::options::Options;
@@ -64,27 +65,10 @@ fn on_hosts(hosts: &[u8], timeout: Duration) -> Vec<Formed> {
 
 fn group(hosts: &[u8]) -> Vec<Native> {
     let timeout = Duration::from_secs(20);
-    let options = Options::default().timeout(timeout);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = on_hosts(hosts, timeout)
-            .into_iter()
-            .map(|f| s.spawn(|| Native::new(f, &options).expect("a native communicator")))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
-}
-
-fn on_ranks<T: Send>(ranks: &[Native], f: impl Fn(&Native) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks.iter().map(|c| s.spawn(|| f(c))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
+    start(
+        on_hosts(hosts, timeout),
+        &Options::default().timeout(timeout),
+    )
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
