@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nuvec_distributed::{Group, Transport};
-use nuvec_tools::testing::{self, Launch, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, ip, maps_a_segment, mark, report_failure};
 
 /// Ranks 0 and 1 run on host A, ranks 2 and 3 on host B.
 const SIZE: usize = 4;
@@ -32,27 +32,6 @@ const SIZE: usize = 4;
 /// The host (0 for A, 1 for B) of `rank`.
 fn host_of(rank: usize) -> usize {
     rank / 2
-}
-
-/// Whether this process maps a shared-memory segment of the native wire.
-fn maps_a_segment() -> bool {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .contains("/nuvec-")
-}
-
-/// Runs `ip` with `args`; panics with what it said when it fails.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("running ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// One host: a process that holds the host's network namespace and a mount namespace

@@ -8,26 +8,13 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nuvec_tools::testing::{self, Launch};
+use nuvec_tools::testing::{self, Launch, ip};
 
 const NAME: &str = "cutting_a_link_fails_both_ranks_naming_each_other";
 
 /// The namespaces and link of one run; removed on drop.
 struct Net {
     names: [String; 2],
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("running ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 impl Net {

@@ -23,17 +23,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nuvec_distributed::Group;
-use nuvec_tools::testing::{self, Launch, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, maps_a_segment, mark, report_failure};
 
 /// The variable that tells a wrapped rank which directory to mount on `/dev/shm`.
 const SHM_VAR: &str = "NUVEC_TEST_DEV_SHM";
-
-/// Whether this process maps a shared-memory segment of the native wire.
-fn maps_a_segment() -> bool {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .contains("/nuvec-")
-}
 
 /// A rank of test `name` in its own mount namespace with `dir` on `/dev/shm`.
 fn in_namespace(name: &str, dir: &Path) -> Command {

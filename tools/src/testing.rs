@@ -45,6 +45,28 @@ const MARKERS_VAR: &str = "NUVEC_TEST_MARKERS";
 
 // ---- Ports and hostfiles ---------------------------------------------------------------
 
+/// Runs `ip` (iproute2) with `args`, for tests that build network namespaces; panics with
+/// what it said when it fails.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("running ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether this process maps a shared-memory segment of the native wire (Linux).
+pub fn maps_a_segment() -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .contains("/nuvec-")
+}
+
 /// `size * connections` free ports on 127.0.0.1, `connections` per rank, from one block of
 /// [`free_port_block`]: below the ephemeral range, so that no outgoing connection of
 /// another ring is handed one of them before the ranks listen, and distinct from every

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use nuvec_tools::testing::{free_port_block, install_fake_ssh};
+use nuvec_tools::testing::{free_port_block, install_fake_ssh, ip};
 use serde_json::Value;
 
 const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
@@ -286,16 +286,6 @@ struct Net {
     names: [String; 2],
     veth: [String; 2],
     addrs: [String; 2],
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 impl Net {
