@@ -1200,7 +1200,7 @@ fn blame(
         );
         assert!(
             ms <= (BLAME_TIMEOUT_S * 1000.0) as u64 + MARGIN_MS,
-            "rank {} needed {ms} ms: {message}",
+            "rank {} needed {ms} ms: {message}; all: {all:?}",
             o.rank
         );
         let again = o.lines("AGAIN ").join("");

@@ -36,16 +36,22 @@ const TRANSFER: u64 = 1 << 63;
 const CANCEL: u64 = 1 << 62;
 
 /// Where a transfer's completion is kept until its call takes it: [`Ring::transfer`]'s one
-/// operation, or [`Ring::exchange`]'s send and receive.
+/// operation, or [`Ring::exchange`]'s send and its receive's chain (see
+/// [`Ring::exchange`]): the wait for the socket, the urgent byte's receive and the receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
     One = 0,
     Send = 1,
     Recv = 2,
+    Look = 3,
+    Urgent = 4,
 }
 
+/// How many [`Slot`]s there are.
+const SLOTS: usize = 5;
+
 /// The completions (result and flags) of the transfers in flight, by [`Slot`].
-type Done = [Option<(i32, u32)>; 3];
+type Done = [Option<(i32, u32)>; SLOTS];
 
 /// What [`Ring::exchange`] did.
 #[derive(Debug)]
@@ -54,9 +60,12 @@ pub struct Exchanged {
     /// a byte.
     pub sent: Option<io::Result<usize>>,
     /// The receive's result and whether the socket may still hold data (as
-    /// [`Ring::recv`]'s); `None` if there was no receive or it was cancelled before it
-    /// moved a byte.
+    /// [`Ring::recv`]'s); `None` if there was no receive or it moved nothing (see
+    /// [`Ring::exchange`]).
     pub received: Option<io::Result<(usize, bool)>>,
+    /// The TCP urgent byte the receive's socket held when its bytes came, taken before the
+    /// receive could pass its position (see [`Ring::exchange`]).
+    pub urgent: Option<u8>,
 }
 
 /// What a completed readiness wait reports: the caller's token and the `poll(2)` events
@@ -256,15 +265,33 @@ impl Ring {
     }
 
     /// A ring step's transfers in one submission: sends what the socket `send.0` takes of
-    /// `send.1` and receives what `recv.0` brings into `recv.1`, waiting in the kernel (not
-    /// `MSG_DONTWAIT`) until both have moved some bytes, or `deadline` passes, or a
-    /// readiness report (see [`Ring::poll`]) makes `stop` say so: then what is still in
-    /// flight is cancelled. Either may be absent. On return neither is in flight any more
-    /// (the module's contract). Readiness reported meanwhile is kept for
-    /// [`Ring::take_ready`] (`stop` looks at it without taking it).
+    /// `send.1` and receives what `recv.0` brings into `recv.1`, waiting in the kernel until
+    /// both have moved some bytes, or `deadline` passes, or a readiness report (see
+    /// [`Ring::poll`]) makes `stop` say so: then what is still in flight is cancelled.
+    /// Either may be absent. On return neither is in flight any more (the module's
+    /// contract). Readiness reported meanwhile is kept for [`Ring::take_ready`] (`stop`
+    /// looks at it without taking it).
+    ///
+    /// The receive is a chain of three linked operations, so that a TCP urgent byte is
+    /// never lost to it. A receive that starts exactly at the urgent byte's position skips
+    /// the byte, and the kernel then forgets it (it keeps an urgent byte only until a read
+    /// passes its position), which a receive waiting in the kernel would do whenever the
+    /// byte is the next one to come. So the chain is: a one-shot wait for the socket
+    /// (`POLLIN | POLLPRI`, which waits in the kernel), then a receive of the urgent byte
+    /// (`MSG_OOB`, reported in [`Exchanged::urgent`]), then the receive proper, both without
+    /// waiting (`MSG_DONTWAIT`): the kernel runs them in that order as soon as the socket
+    /// has something. The links are hard (a failed or cancelled link does not cancel the
+    /// next), so the receives also run, at once, after a cancelled wait.
     ///
     /// A transfer that moved bytes reports them, whether it completed before or despite a
-    /// cancellation; a short one reports how many (re-submit the rest).
+    /// cancellation; a short one reports how many (re-submit the rest); one that moved
+    /// nothing (cancelled, or its wait ended on an urgent byte alone) reports `None`.
+    ///
+    /// Once an urgent byte was taken, receive on that socket with [`Ring::recv`], not here,
+    /// until the stream has passed the byte's position: a receive that runs linked, from
+    /// the kernel's task work, sees a signal pending (the task work's own notification),
+    /// and TCP refuses such a receive at the urgent byte's position (`EAGAIN`) however
+    /// often it is tried.
     ///
     /// # Errors
     ///
@@ -278,6 +305,8 @@ impl Ring {
         mut stop: impl FnMut(&Readiness) -> bool,
     ) -> io::Result<Exchanged> {
         let (reports_rest, spin) = (self.reports_rest, self.spin);
+        // Declared before `flight`, so it outlives the guard (locals drop in reverse).
+        let mut urgent = 0u8;
         let mut flight = InFlight::new(&mut self.ring, &mut self.ready);
         if let Some((fd, buf)) = send {
             let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
@@ -289,9 +318,27 @@ impl Ring {
             unsafe { flight.push(entry, Slot::Send)? };
         }
         if let Some((fd, buf)) = recv {
+            let fd = types::Fd(fd.as_raw_fd());
             let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-            let entry = opcode::Recv::new(types::Fd(fd.as_raw_fd()), buf.as_mut_ptr(), len).build();
-            // SAFETY: as for the send.
+            let linked = io_uring::squeue::Flags::IO_HARDLINK;
+            let look = opcode::PollAdd::new(fd, (libc::POLLIN | libc::POLLPRI) as u32)
+                .build()
+                .flags(linked);
+            let take_urgent = opcode::Recv::new(fd, &raw mut urgent, 1)
+                .flags(libc::MSG_OOB | libc::MSG_DONTWAIT)
+                .build()
+                .flags(linked);
+            let entry = opcode::Recv::new(fd, buf.as_mut_ptr(), len)
+                .flags(libc::MSG_DONTWAIT)
+                .build();
+            // A chain cut by a full queue would be submitted in two parts, unlinked.
+            flight.make_room(3)?;
+            // SAFETY: the wait references no memory, only the descriptor.
+            unsafe { flight.push(look, Slot::Look)? };
+            // SAFETY: `urgent` lives on this frame longer than `flight`, which reaps every
+            // completion before it ends.
+            unsafe { flight.push(take_urgent, Slot::Urgent)? };
+            // SAFETY: as for the send: `buf` is borrowed for this whole call.
             unsafe { flight.push(entry, Slot::Recv)? };
         }
         let waited = flight
@@ -301,15 +348,23 @@ impl Ring {
         waited?;
         let outcome = |done: Option<(i32, u32)>| match done {
             None => None,
-            Some((r, _)) if r == -libc::ECANCELED => None,
+            // Cancelled, or (the receive) run after a wait that was cancelled or saw only
+            // an urgent byte: nothing moved.
+            Some((r, _)) if r == -libc::ECANCELED || r == -libc::EAGAIN => None,
             Some((r, flags)) if r >= 0 => Some(Ok((r as usize, flags))),
             Some((r, _)) => Some(Err(io::Error::from_raw_os_error(-r))),
         };
+        let took_urgent = matches!(flight.take(Slot::Urgent), Some((1, _)));
+        flight.take(Slot::Look);
+        let sent = outcome(flight.take(Slot::Send)).map(|r| r.map(|(n, _)| n));
+        let received = outcome(flight.take(Slot::Recv)).map(|r| {
+            r.map(|(n, flags)| (n, !reports_rest || io_uring::cqueue::sock_nonempty(flags)))
+        });
+        drop(flight);
         Ok(Exchanged {
-            sent: outcome(flight.take(Slot::Send)).map(|r| r.map(|(n, _)| n)),
-            received: outcome(flight.take(Slot::Recv)).map(|r| {
-                r.map(|(n, flags)| (n, !reports_rest || io_uring::cqueue::sock_nonempty(flags)))
-            }),
+            sent,
+            received,
+            urgent: took_urgent.then_some(urgent),
         })
     }
 
@@ -332,7 +387,7 @@ impl Ring {
     /// Takes every completion off the queue: readiness is kept for [`Ring::take_ready`],
     /// and the transfers' results returned.
     fn reap(&mut self) -> Done {
-        let mut done = [None; 3];
+        let mut done = [None; SLOTS];
         reap(&mut self.ring, &mut self.ready, &mut done);
         done
     }
@@ -456,7 +511,7 @@ struct InFlight<'r> {
     ring: &'r mut IoUring,
     ready: &'r mut Vec<Readiness>,
     /// Which slots have an entry in the kernel's hands whose completion is not reaped.
-    pending: [bool; 3],
+    pending: [bool; SLOTS],
     done: Done,
 }
 
@@ -465,8 +520,8 @@ impl<'r> InFlight<'r> {
         InFlight {
             ring,
             ready,
-            pending: [false; 3],
-            done: [None; 3],
+            pending: [false; SLOTS],
+            done: [None; SLOTS],
         }
     }
 
@@ -489,6 +544,25 @@ impl<'r> InFlight<'r> {
         }
         self.pending[slot as usize] = true;
         self.done[slot as usize] = None;
+        Ok(())
+    }
+
+    /// Submits what is queued if the submission queue has room for fewer than `n` more
+    /// entries.
+    fn make_room(&mut self, n: usize) -> io::Result<()> {
+        let free = {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if free < n {
+            if let Some(e) = self.enter(0, None) {
+                return Err(e);
+            }
+            let sq = self.ring.submission();
+            if sq.capacity() - sq.len() < n {
+                return Err(io::Error::other("the io_uring submission queue stays full"));
+            }
+        }
         Ok(())
     }
 
@@ -575,8 +649,7 @@ impl<'r> InFlight<'r> {
         mut stop: impl FnMut(&Readiness) -> bool,
     ) -> io::Result<()> {
         loop {
-            let want = self.in_flight();
-            if want == 0 || self.ready.iter().any(&mut stop) {
+            if self.in_flight() == 0 || self.ready.iter().any(&mut stop) {
                 return Ok(());
             }
             let timeout = match deadline {
@@ -589,7 +662,10 @@ impl<'r> InFlight<'r> {
                 }
                 None => None,
             };
-            if let Some(e) = self.enter(want, timeout) {
+            // One completion at a time: any readiness report may be the one that stops
+            // the wait, and the transfers' completions come close together anyway (a
+            // receive's chain in one run of the task work).
+            if let Some(e) = self.enter(1, timeout) {
                 return Err(e);
             }
         }
@@ -892,6 +968,56 @@ mod tests {
         assert_eq!(&buf[..n], b"pong");
         let (got, _b) = peer.join().unwrap();
         assert_eq!(&got, b"ping");
+    }
+
+    #[test]
+    fn an_urgent_byte_that_comes_while_an_exchange_waits_is_taken_not_skipped() {
+        // The byte comes alone, as the next byte of the stream, while the receive waits in
+        // the kernel: a plain receive would start at its position, skip it, and the kernel
+        // would forget it. Then the peer closes, as a rank that passed a notice on does.
+        for then_data in [false, true] {
+            let (a, b) = pair();
+            let mut ring = ring();
+            let peer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                socket2::SockRef::from(&b).send_out_of_band(&[7]).unwrap();
+                if then_data {
+                    std::thread::sleep(Duration::from_millis(5));
+                    (&b).write_all(b"after").unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                drop(b);
+            });
+            let mut buf = vec![0u8; 16];
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut urgent = None;
+            let mut got = Vec::new();
+            loop {
+                let received = if urgent.is_none() {
+                    let out = ring
+                        .exchange(None, Some((a.as_fd(), &mut buf)), Some(deadline), |_| false)
+                        .unwrap();
+                    urgent = out.urgent;
+                    out.received
+                } else {
+                    // Past the urgent byte as the exchange's documentation says.
+                    std::thread::sleep(Duration::from_millis(1));
+                    Some(ring.recv(a.as_fd(), &mut buf))
+                };
+                match received {
+                    Some(Ok((0, _))) => break,
+                    Some(Ok((n, _))) => got.extend_from_slice(&buf[..n]),
+                    Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    None => {}
+                    Some(Err(e)) => panic!("unexpected receive: {e}"),
+                }
+                assert!(Instant::now() < deadline, "the peer's close never came");
+            }
+            peer.join().unwrap();
+            assert_eq!(urgent, Some(7), "then_data {then_data}");
+            let expected: &[u8] = if then_data { b"after" } else { b"" };
+            assert_eq!(got, expected, "the urgent byte stays out of the stream");
+        }
     }
 
     #[test]

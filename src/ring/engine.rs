@@ -104,6 +104,7 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
             return Ok(any);
         }
         let deadline = crate::options::deadline(c.last_moved, c.timeout);
+        let submitted = Instant::now();
         let stepped = c
             .transport
             .step(
@@ -117,6 +118,10 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
         match stepped.sent {
             Ok(Transfer::Moved(n)) => {
                 lane.handle_sent(n);
+                // A step's send (staged, small) goes at once: its progress dates from the
+                // submission, not from the end of a wait that may have run to the
+                // deadline for the receive.
+                c.last_moved = submitted;
                 moved = true;
             }
             Ok(Transfer::Blocked) => {}
@@ -128,6 +133,7 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
         match stepped.received {
             Ok(Transfer::Moved(n)) => {
                 lane.handle_received(c.bufs, stage, n);
+                c.last_moved = Instant::now();
                 moved = true;
             }
             Ok(Transfer::Blocked) => {}
@@ -138,14 +144,10 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
                 return Err(c.transport.conn(rx).failed(PeerOp::Receive, c.context, e));
             }
         }
-        if moved {
-            any = true;
-            c.last_moved = Instant::now();
-            continue;
-        }
-        // Nothing moved: the step was cut short by a close from another thread (seen at
-        // the top of the loop), or by the deadline (a peer silent for the whole timeout).
-        if Instant::now() >= deadline {
+        any |= moved;
+        // Otherwise the step was cut short by a close from another thread (seen at the top
+        // of the loop), or by the deadline: a peer silent for the whole timeout.
+        if Instant::now() >= crate::options::deadline(c.last_moved, c.timeout) {
             return Err(c.stalled(c.timeout));
         }
     }

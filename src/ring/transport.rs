@@ -22,9 +22,10 @@
 //! On Linux the same interface also runs on io_uring ([`Io::Uring`], see [`super::uring`]):
 //! each read and write is one io_uring operation that completes within the call (the buffer
 //! contract of `ffi::uring`), and waits are io_uring polls, including a standing `POLLPRI`
-//! poll per connection for urgent bytes. With two ranks, [`Transport::step`] also submits a
-//! ring step's send and receive together and lets the receive wait in the kernel, all
-//! within one call. [`Transport::select_io`] picks the driver.
+//! poll per connection for urgent bytes. [`Transport::step`] also submits a ring step's
+//! send and receive together and lets the receive wait in the kernel, all within one call;
+//! that receive takes an urgent byte first, in the kernel, so it cannot pass one.
+//! [`Transport::select_io`] picks the driver.
 //!
 //! A read that stops short may have stopped at an urgent byte's position, and the next read
 //! would skip the byte (the kernel then drops it). Rather than asking for the byte after every
@@ -234,17 +235,26 @@ impl Conn {
             return;
         }
         if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
-            self.spoke = true;
-            match Urgent::decode(byte) {
-                Urgent::Notice(lost) => {
-                    self.notice = notice_names(lost, self.peer, self.me, self.ranks);
-                }
-                Urgent::Query => {
-                    self.owe_answer = true;
-                    self.answer();
-                }
-                Urgent::Alive => {}
+            self.took_urgent(byte);
+        }
+    }
+
+    /// Acts on the urgent byte `byte` read from this connection: keeps a notice, answers a
+    /// query.
+    fn took_urgent(&mut self, byte: u8) {
+        self.spoke = true;
+        if self.notice.is_some() {
+            return;
+        }
+        match Urgent::decode(byte) {
+            Urgent::Notice(lost) => {
+                self.notice = notice_names(lost, self.peer, self.me, self.ranks);
             }
+            Urgent::Query => {
+                self.owe_answer = true;
+                self.answer();
+            }
+            Urgent::Alive => {}
         }
     }
 
@@ -842,23 +852,20 @@ impl Transport {
     }
 
     /// Whether [`Transport::step`] can receive on connection `rx` now: io_uring drives the
-    /// connections, the peer's first bytes need no look (see [`FirstBytes`]), and the ring
-    /// has two ranks.
+    /// connections, the peer's first bytes need no look (see [`FirstBytes`]), and the
+    /// neighbour has sent no urgent byte.
     ///
-    /// A receive that waits in the kernel is not told about urgent data: when a failure
-    /// notice's urgent byte is the next byte of the stream, the kernel skips it and forgets
-    /// it (it only keeps an urgent byte that no read has passed), where the other path asks
-    /// the poller before every read. With two ranks no notice can name a third rank, so
-    /// none is lost; with more, a rank next to a lost one would blame the neighbour that
-    /// passed the notice on (measured: the fault tests at P = 3 and 4 name the wrong rank),
-    /// so there the transfers stay one non-blocking operation each.
+    /// A step's receive takes an urgent byte before it can pass the byte's position
+    /// (`ffi::uring::Ring::exchange`), but once one was taken, the receive that runs linked
+    /// behind it is refused at that position for as long as it is retried; the
+    /// transfer-at-a-time path reads past it. A neighbour that sent one has given up on
+    /// the collective anyway (see the module's documentation).
     pub(crate) fn steps(&self, rx: usize) -> bool {
         self.uring.is_some()
-            && self.ranks() == 2
             && self
                 .conns
                 .get(rx)
-                .is_some_and(|c| c.first == FirstBytes::Checked)
+                .is_some_and(|c| c.first == FirstBytes::Checked && !c.spoke)
     }
 
     /// Copies what of `bytes` a [`Transport::step`] sends at once; returns how much that is.
@@ -917,6 +924,11 @@ impl Transport {
                 stepped.sent = self.conns[conn].settle_send(done.sent);
             }
             if let Some(conn) = rx_conn {
+                if let Some(byte) = done.urgent {
+                    // Before the receive's outcome: a close that follows a notice is
+                    // blamed on the rank the notice names.
+                    self.conns[conn].took_urgent(byte);
+                }
                 stepped.received = self.conns[conn].settle_receive(done.received);
             }
             woke = self.take_uring_reports(&ring);

@@ -33,6 +33,13 @@ pub(crate) fn token(conn: usize, kind: u32) -> u32 {
         .saturating_add(kind)
 }
 
+/// Whether `ready` reports urgent data (or an error) on some connection's urgent-data wait.
+pub(crate) fn urgent(ready: &Ready) -> bool {
+    ready.token != WAKE_TOKEN
+        && ready.token % 3 == 2
+        && ready.events & (events::PRI | events::ERR) != 0
+}
+
 /// The token of the wait on the poller that holds the close [`Waker`](mio::Waker).
 pub(crate) const WAKE_TOKEN: u32 = u32::MAX;
 
@@ -81,8 +88,10 @@ mod imp {
         }
 
         /// A step's send and receive in one submission, waited for in the kernel until
-        /// both moved bytes, `deadline`, or a report under `stop` (see
-        /// `ffi::uring::Ring::exchange`).
+        /// both moved bytes, `deadline`, a report under `stop`, or urgent data on any
+        /// connection (see `ffi::uring::Ring::exchange`): a query from a neighbour that
+        /// timed out is answered at once, and a notice read while the stream still holds
+        /// it, whichever connection they come on.
         pub(crate) fn exchange(
             &self,
             send: Option<(BorrowedFd<'_>, &[u8])>,
@@ -95,7 +104,14 @@ mod imp {
                 eager: spin.eager,
                 total: spin.total,
             });
-            ring.exchange(send, recv, Some(deadline), |r| r.token == stop)
+            ring.exchange(send, recv, Some(deadline), |r| {
+                r.token == stop
+                    || urgent(&Ready {
+                        token: r.token,
+                        events: r.events,
+                        ended: r.ended,
+                    })
+            })
         }
 
         /// Hands what was reported so far to `each`, without a system call.
