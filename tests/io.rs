@@ -48,7 +48,13 @@ fn io_uring_asked_for_by_name_computes_on_the_mlx_wire() {
 
 #[test]
 fn io_uring_asked_for_by_name_computes_on_the_native_wire() {
-    two_ranks(&Options::default().io(Io::Uring).wire(Wire::Native));
+    // Without shared memory: two ranks on one host would otherwise not use the sockets.
+    two_ranks(
+        &Options::default()
+            .io(Io::Uring)
+            .wire(Wire::Native)
+            .shared_memory(false),
+    );
 }
 
 #[test]
@@ -146,11 +152,13 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
     });
 }
 
-/// Two ranks (threads) on io_uring with `timeout`: rank 0 runs `busy` with its group and
-/// a handle to it for another thread, while rank 1 runs `idle` (it never joins rank 0's
-/// collective). Returns what `busy` returned.
+/// Two ranks (threads) on io_uring over `wire` (its sockets: no shared memory) with
+/// `timeout`: rank 0 runs `busy` with its group and a handle to it for another thread,
+/// while rank 1 runs `idle` (it never joins rank 0's collective). Returns what `busy`
+/// returned.
 #[cfg(target_os = "linux")]
 fn uring_busy_and_idle<T: Send>(
+    wire: Wire,
     timeout: std::time::Duration,
     busy: impl FnOnce(nuvec_distributed::Group) -> T + Send,
     idle: impl FnOnce(nuvec_distributed::Group) + Send,
@@ -160,7 +168,11 @@ fn uring_busy_and_idle<T: Send>(
         .iter()
         .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
         .collect();
-    let options = Options::default().io(Io::Uring).timeout(timeout);
+    let options = Options::default()
+        .io(Io::Uring)
+        .wire(wire)
+        .shared_memory(false)
+        .timeout(timeout);
     std::thread::scope(|s| {
         let (nodes, options) = (&nodes, &options);
         // Both ranks run a barrier first, so that what rank 0 then waits for is rank 1's
@@ -183,8 +195,21 @@ fn uring_busy_and_idle<T: Send>(
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
+    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Wire::Mlx);
+}
+
+/// As above, on the native wire: its round's message out and receive step together.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer_native() {
+    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Wire::Native);
+}
+
+#[cfg(target_os = "linux")]
+fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Wire) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
+        wire,
         Duration::from_millis(400),
         |group| {
             let start = Instant::now();
@@ -207,8 +232,21 @@ fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
+    a_close_from_another_thread_ends_a_receive_in_flight(Wire::Mlx);
+}
+
+/// As above, on the native wire.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight_native() {
+    a_close_from_another_thread_ends_a_receive_in_flight(Wire::Native);
+}
+
+#[cfg(target_os = "linux")]
+fn a_close_from_another_thread_ends_a_receive_in_flight(wire: Wire) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
+        wire,
         Duration::from_secs(20),
         |group| {
             let closer = {
@@ -220,8 +258,9 @@ fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
                     at
                 })
             };
-            // One element: one lane, whose steps each wait in the kernel (larger arrays
-            // split into lanes both ways round the ring, which take the other path).
+            // One element: one lane (MLX wire), or one round (native wire), whose steps
+            // each wait in the kernel (larger arrays split into lanes both ways round the
+            // ring, which take the other path).
             let mut x = [1u32];
             let error = group.all_sum(&mut x).expect_err("closed while waiting");
             let ended = Instant::now();
@@ -251,8 +290,21 @@ fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
+    a_peer_that_goes_away_ends_a_receive_in_flight(Wire::Mlx);
+}
+
+/// As above, on the native wire.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight_native() {
+    a_peer_that_goes_away_ends_a_receive_in_flight(Wire::Native);
+}
+
+#[cfg(target_os = "linux")]
+fn a_peer_that_goes_away_ends_a_receive_in_flight(wire: Wire) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
+        wire,
         Duration::from_secs(20),
         |group| {
             let start = Instant::now();
@@ -267,4 +319,90 @@ fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
     );
     assert_eq!(error.peer(), Some(1), "{error}");
     assert!(took < Duration::from_secs(5), "{took:?}: {error}");
+}
+
+/// On io_uring, ranks of the native wire whose calls differ each fail with
+/// [`Error::Mismatch`](nuvec_distributed::Error::Mismatch) naming both calls, within a
+/// second, and the group is failed after: the stepped receive checks the peer's header as
+/// the other path does, also where one rank's message is too large to step (it goes out
+/// in place) and where the ranks take different algorithms. Two and three ranks, after
+/// 100 good all_sums.
+#[cfg(target_os = "linux")]
+#[test]
+fn io_uring_native_ranks_whose_calls_differ_fail_with_a_mismatch() {
+    use nuvec_distributed::Error;
+    use std::sync::Barrier;
+    use std::time::{Duration, Instant};
+    // Elements every rank but the last sums, elements the last one sums, both calls.
+    let cases = [
+        (10, 20, ("all_sum float32 x 10", "all_sum float32 x 20")),
+        (
+            4,
+            200_000,
+            ("all_sum float32 x 4", "all_sum float32 x 200000"),
+        ),
+        (
+            4,
+            1 << 20,
+            ("all_sum float32 x 4", "all_sum float32 x 1048576"),
+        ),
+    ];
+    let options = Options::default()
+        .io(Io::Uring)
+        .wire(Wire::Native)
+        .shared_memory(false)
+        .timeout(Duration::from_secs(20));
+    for size in [2, 3] {
+        for &(normal, odd, names) in &cases {
+            // A mismatch fails the group: each case forms its own.
+            let ports = testing::free_ports(size, 1);
+            let nodes: Vec<Vec<String>> = ports
+                .iter()
+                .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
+                .collect();
+            let start = Barrier::new(size);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..size)
+                    .map(|rank| {
+                        let (nodes, options, start) = (&nodes, &options, &start);
+                        s.spawn(move || {
+                            let group = init_with(nodes, rank, options)
+                                .unwrap_or_else(|e| panic!("rank {rank} of {size}: {e}"));
+                            for _ in 0..100 {
+                                let mut x = [1.0f32];
+                                group.all_sum(&mut x).expect("a good all_sum");
+                                assert_eq!(x, [size as f32]);
+                            }
+                            start.wait();
+                            let began = Instant::now();
+                            let n = if rank == size - 1 { odd } else { normal };
+                            let e = group
+                                .all_sum(&mut vec![0.0f32; n])
+                                .expect_err("a mismatched all_sum");
+                            let took = began.elapsed();
+                            let later = group.barrier().expect_err("a failed group");
+                            (e, took, later)
+                        })
+                    })
+                    .collect();
+                for (rank, h) in handles.into_iter().enumerate() {
+                    let (e, took, later) = h.join().unwrap();
+                    let msg = e.to_string();
+                    assert!(
+                        matches!(e, Error::Mismatch { .. }),
+                        "rank {rank} of {size}: {msg}"
+                    );
+                    assert!(
+                        msg.contains(names.0) && msg.contains(names.1),
+                        "rank {rank} of {size}: {msg}"
+                    );
+                    assert!(
+                        took < Duration::from_secs(1),
+                        "rank {rank}: {took:?}: {msg}"
+                    );
+                    assert!(matches!(later, Error::Failed(_)), "rank {rank}: {later}");
+                }
+            });
+        }
+    }
 }

@@ -3,6 +3,10 @@
 //!
 //! A message's header and the first of its data go out in one vectored write; a received
 //! header is read on its own, so that it is checked before any data behind it is read.
+//!
+//! On io_uring a round with at most one message pending each way steps as the ring's
+//! engine does (see [`Collective::step`]): the message out and the receive go in one
+//! submission that waits in the kernel, instead of a system call per transfer plus waits.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +14,7 @@ use super::protocol::{Exchange, Memory};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::ring::transport::{Transfer, Transport};
+use crate::ring::transport::{STEP_SEND_BYTES, Transfer, Transport};
 
 /// How often a collective that keeps moving bytes still looks at the poller (as the
 /// ring's engine does: a failure notice must be read while it is still there).
@@ -29,6 +33,18 @@ struct Collective<'a, 'm> {
     context: Phase,
     closed: &'a CloseFlag,
     waits: &'a mut Vec<(usize, PeerOp)>,
+    /// The peer's silence [`Collective::step`] allows, and when bytes last moved.
+    timeout: Duration,
+    last_moved: Instant,
+    /// How [`Collective::step`] waits before it sleeps in the kernel.
+    spin: Spin,
+}
+
+/// What one [`Collective::step`] moves: the message out (its index in the round, its
+/// connection and how many bytes were staged) and the message in (index, connection).
+struct Plan {
+    send: Option<(usize, usize, usize)>,
+    recv: Option<(usize, usize)>,
 }
 
 impl Collective<'_, '_> {
@@ -60,10 +76,9 @@ impl Collective<'_, '_> {
         self.exchange.complete(self.mem);
         Ok(self.exchange.take_progress())
     }
-}
 
-impl Drive for Collective<'_, '_> {
-    fn advance(&mut self) -> Result<bool> {
+    /// Passes until nothing moves, looking at the poller and the close flag now and then.
+    fn drain(&mut self) -> Result<bool> {
         let mut any = false;
         let mut refreshed = Instant::now();
         while !self.exchange.finished() && self.pass()? {
@@ -81,6 +96,147 @@ impl Drive for Collective<'_, '_> {
             }
         }
         Ok(any)
+    }
+
+    /// The next step's transfers, or `None` when the round cannot step now: more than one
+    /// message pending in either direction (those go through [`Collective::pass`], and the
+    /// last pending pair steps), a message out larger than [`STEP_SEND_BYTES`] (sent in
+    /// place by the pass), or a connection the transport cannot step on (see
+    /// [`Transport::steps`]). The message out's bytes are staged when it returns.
+    fn plan(&mut self) -> Option<Plan> {
+        let mut out = None;
+        for i in 0..self.exchange.outs() {
+            if let Some((conn, head, body)) = self.exchange.transmit(i, self.mem) {
+                if out.is_some() || head.len() + body.len() > STEP_SEND_BYTES {
+                    return None;
+                }
+                out = Some((i, conn));
+            }
+        }
+        let mut inc = None;
+        for i in 0..self.exchange.ins() {
+            if let Some((conn, _)) = self.exchange.receive(i, self.mem) {
+                if inc.is_some() {
+                    return None;
+                }
+                inc = Some((i, conn));
+            }
+        }
+        // A send-only step receives nothing, but the connection's own condition still
+        // applies: the transport decides where its steps are safe.
+        let conn = inc.or(out).map(|(_, conn)| conn)?;
+        if !self.transport.steps(conn) {
+            return None;
+        }
+        let send = match out {
+            Some((i, conn)) => {
+                let (_, head, body) = self.exchange.transmit(i, self.mem)?;
+                Some((i, conn, self.transport.stage_send_pair(head, body)))
+            }
+            None => None,
+        };
+        Some(Plan { send, recv: inc })
+    }
+
+    /// [`Collective::drain`] on io_uring: each round's message out (header and data, staged)
+    /// and its receive go in one [`Transport::step`], which waits in the kernel for both,
+    /// so a small round costs one system call. The receive takes what
+    /// [`Exchange::receive`] offers, the header first (with the data behind it only where
+    /// that lands in staging), so a header is still checked before data behind it is
+    /// used. Returns whether anything moved; fails the collective when the peer made no
+    /// progress until the deadline.
+    fn step(&mut self) -> Result<bool> {
+        let context = self.context;
+        let mut any = false;
+        loop {
+            // A close from another thread ends the wait it interrupts (which takes the
+            // wake-up with it): look at the flag before every wait.
+            if self.closed.is_set() {
+                return Err(Error::Aborted { context });
+            }
+            self.exchange.complete(self.mem);
+            if self.exchange.take_progress() {
+                any = true;
+                self.last_moved = Instant::now();
+            }
+            if self.exchange.finished() {
+                return Ok(any);
+            }
+            let Some(plan) = self.plan() else {
+                let moved = self.drain()?;
+                if moved {
+                    self.last_moved = Instant::now();
+                }
+                return Ok(any | moved);
+            };
+            let send = plan.send.filter(|&(_, _, n)| n > 0);
+            if send.is_none() && plan.recv.is_none() {
+                return Ok(any);
+            }
+            let deadline = crate::options::deadline(self.last_moved, self.timeout);
+            let recv = match plan.recv {
+                Some((i, _)) => self.exchange.receive(i, self.mem),
+                None => None,
+            };
+            let stepped = self
+                .transport
+                .step(
+                    send.map(|(_, conn, n)| (conn, n)),
+                    recv,
+                    deadline,
+                    self.spin,
+                )
+                .map_err(|e| Error::local("a native round's transfers on io_uring", e))?;
+            // The receive first: a header that differs explains a failed send better than
+            // the failure does, and it is not there to read again.
+            if let Some((i, conn)) = plan.recv {
+                match stepped.received {
+                    Ok(Transfer::Moved(n)) => self.exchange.received(i, n, self.mem)?,
+                    Ok(Transfer::Blocked) => {}
+                    Ok(Transfer::Closed) => {
+                        return Err(self.transport.conn(conn).closed(PeerOp::Receive, context));
+                    }
+                    Err(e) => {
+                        return Err(self
+                            .transport
+                            .conn(conn)
+                            .failed(PeerOp::Receive, context, e));
+                    }
+                }
+            }
+            if let Some((i, conn, _)) = send {
+                match stepped.sent {
+                    Ok(Transfer::Moved(n)) => self.exchange.sent(i, n),
+                    Ok(Transfer::Blocked) => {}
+                    Ok(Transfer::Closed) => {
+                        return Err(self.transport.conn(conn).closed(PeerOp::Send, context));
+                    }
+                    Err(e) => {
+                        return Err(self.transport.conn(conn).failed(PeerOp::Send, context, e));
+                    }
+                }
+            }
+            if self.exchange.take_progress() {
+                any = true;
+                self.last_moved = Instant::now();
+                continue;
+            }
+            // Nothing moved: the step was cut short by a close from another thread (seen
+            // at the top of the loop), or by the deadline (a peer silent for the whole
+            // timeout).
+            if Instant::now() >= deadline {
+                return Err(self.stalled(self.timeout));
+            }
+        }
+    }
+}
+
+impl Drive for Collective<'_, '_> {
+    fn advance(&mut self) -> Result<bool> {
+        if self.transport.uring() {
+            return self.step();
+        }
+        self.drain()
     }
 
     fn finished(&self) -> bool {
@@ -145,6 +301,9 @@ pub(crate) fn run(
         context,
         closed,
         waits,
+        timeout,
+        last_moved: Instant::now(),
+        spin,
     };
     match progress(&mut collective, timeout, spin) {
         Err(error @ (Error::Closed { .. } | Error::Io { .. } | Error::Lost { .. })) => {

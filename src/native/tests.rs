@@ -94,12 +94,19 @@ pub(crate) fn loopback_mesh(size: usize, connections: usize, timeout: Duration) 
     formed
 }
 
-/// Native communicators for `size` ranks over loopback.
+/// Native communicators for `size` ranks over loopback, on the driver
+/// `NUVEC_DISTRIBUTED_IO` names (epoll if unset), as a bootstrap picks it: these tests run
+/// on io_uring too.
 pub(super) fn group(size: usize, connections: usize, timeout: Duration) -> Vec<Native> {
     let options = Options::default().timeout(timeout);
     loopback_mesh(size, connections, timeout)
         .into_iter()
-        .map(|f| Native::new(f, &options).expect("a native communicator"))
+        .map(|mut f| {
+            f.transport
+                .select_io(options.io)
+                .expect("the driver the environment names");
+            Native::new(f, &options).expect("a native communicator")
+        })
         .collect()
 }
 

@@ -875,6 +875,18 @@ impl Transport {
         n
     }
 
+    /// [`Transport::stage_send`] for a native-wire message: what fits of `head`, then of
+    /// `body` behind it, so that one step sends both; returns how much that is.
+    pub(crate) fn stage_send_pair(&mut self, head: &[u8], body: &[u8]) -> usize {
+        let n = self.stage_send(head);
+        let Some(room) = self.step_send.get_mut(n..) else {
+            return n;
+        };
+        let m = body.len().min(room.len());
+        room[..m].copy_from_slice(&body[..m]);
+        n + m
+    }
+
     /// One step's transfers in one io_uring submission (see `ffi::uring::Ring::exchange`):
     /// sends the first `send.1` bytes staged by [`Transport::stage_send`] on connection
     /// `send.0`, and receives into `recv.1` from connection `recv.0`, waiting in the kernel
