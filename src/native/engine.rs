@@ -174,6 +174,7 @@ impl Collective<'_, '_> {
                 return Ok(any);
             }
             let deadline = crate::options::deadline(self.last_moved, self.timeout);
+            let submitted = Instant::now();
             let recv = match plan.recv {
                 Some((i, _)) => self.exchange.receive(i, self.mem),
                 None => None,
@@ -191,7 +192,10 @@ impl Collective<'_, '_> {
             // the failure does, and it is not there to read again.
             if let Some((i, conn)) = plan.recv {
                 match stepped.received {
-                    Ok(Transfer::Moved(n)) => self.exchange.received(i, n, self.mem)?,
+                    Ok(Transfer::Moved(n)) => {
+                        self.exchange.received(i, n, self.mem)?;
+                        self.last_moved = Instant::now();
+                    }
                     Ok(Transfer::Blocked) => {}
                     Ok(Transfer::Closed) => {
                         return Err(self.transport.conn(conn).closed(PeerOp::Receive, context));
@@ -206,7 +210,13 @@ impl Collective<'_, '_> {
             }
             if let Some((i, conn, _)) = send {
                 match stepped.sent {
-                    Ok(Transfer::Moved(n)) => self.exchange.sent(i, n),
+                    Ok(Transfer::Moved(n)) => {
+                        self.exchange.sent(i, n);
+                        // A step's send (staged, small) goes at once: its progress dates
+                        // from the submission, not from the end of a wait that may have
+                        // run to the deadline for the receive.
+                        self.last_moved = self.last_moved.max(submitted);
+                    }
                     Ok(Transfer::Blocked) => {}
                     Ok(Transfer::Closed) => {
                         return Err(self.transport.conn(conn).closed(PeerOp::Send, context));
@@ -216,15 +226,10 @@ impl Collective<'_, '_> {
                     }
                 }
             }
-            if self.exchange.take_progress() {
-                any = true;
-                self.last_moved = Instant::now();
-                continue;
-            }
-            // Nothing moved: the step was cut short by a close from another thread (seen
-            // at the top of the loop), or by the deadline (a peer silent for the whole
-            // timeout).
-            if Instant::now() >= deadline {
+            any |= self.exchange.take_progress();
+            // Otherwise the step was cut short by a close from another thread (seen at the
+            // top of the loop), or by the deadline: a peer silent for the whole timeout.
+            if Instant::now() >= crate::options::deadline(self.last_moved, self.timeout) {
                 return Err(self.stalled(self.timeout));
             }
         }
