@@ -24,7 +24,9 @@
 //! contract of `ffi::uring`), and waits are io_uring polls, including a standing `POLLPRI`
 //! poll per connection for urgent bytes. [`Transport::step`] also submits a ring step's
 //! send and receive together and lets the receive wait in the kernel, all within one call;
-//! that receive takes an urgent byte first, in the kernel, so it cannot pass one.
+//! with more than two ranks that receive takes an urgent byte first, in the kernel, so it
+//! cannot pass one (with two, a notice could only name the peer, and the plain receive is
+//! cheaper).
 //! [`Transport::select_io`] picks the driver.
 //!
 //! A read that stops short may have stopped at an urgent byte's position, and the next read
@@ -931,7 +933,10 @@ impl Transport {
                 let len = buf.len().min(MAX_IO_BYTES);
                 Some((self.conns.get(conn)?.stream.as_fd(), &mut buf[..len]))
             });
-            let done = ring.exchange(tx, rx, deadline, (uring::WAKE_TOKEN, spin))?;
+            // With two ranks an urgent byte can only be about the peer, whom the receive's
+            // failure names anyway: the plain receive is cheaper (see `guard_urgent`).
+            let guard = self.ranks() > 2;
+            let done = ring.exchange(tx, rx, deadline, (uring::WAKE_TOKEN, spin, guard))?;
             if let Some((conn, _)) = send {
                 stepped.sent = self.conns[conn].settle_send(done.sent);
             }

@@ -87,8 +87,9 @@ mod imp {
             self.lock()?.send(fd, buf)
         }
 
-        /// A step's send and receive in one submission, waited for in the kernel until
-        /// both moved bytes, `deadline`, a report under `stop`, or urgent data on any
+        /// A step's send and receive in one submission (the receive guarding urgent bytes
+        /// if `guard_urgent`), waited for in the kernel until both moved bytes,
+        /// `deadline`, a report under `stop`, or urgent data on any
         /// connection (see `ffi::uring::Ring::exchange`): a query from a neighbour that
         /// timed out is answered at once, and a notice read while the stream still holds
         /// it, whichever connection they come on.
@@ -97,13 +98,14 @@ mod imp {
             send: Option<(BorrowedFd<'_>, &[u8])>,
             recv: Option<(BorrowedFd<'_>, &mut [u8])>,
             deadline: Instant,
-            (stop, spin): (u32, Spin),
+            (stop, spin, guard_urgent): (u32, Spin, bool),
         ) -> io::Result<ffi::uring::Exchanged> {
             let mut ring = self.lock()?;
             ring.spin_first(ffi::uring::SpinFirst {
                 eager: spin.eager,
                 total: spin.total,
             });
+            ring.guard_urgent(guard_urgent);
             ring.exchange(send, recv, Some(deadline), |r| {
                 r.token == stop
                     || urgent(&Ready {
@@ -218,7 +220,7 @@ mod imp {
             _send: Option<(BorrowedFd<'_>, &[u8])>,
             _recv: Option<(BorrowedFd<'_>, &mut [u8])>,
             _deadline: Instant,
-            _stop: (u32, Spin),
+            _stop: (u32, Spin, bool),
         ) -> io::Result<Exchanged> {
             match *self {}
         }
