@@ -308,6 +308,9 @@ if [[ "$os" == Linux ]]; then
   # The native wire's in-crate tests (mismatches at P = 2..4, a rank that dies mid-call or
   # never calls, close) take the driver the variable names.
   NUVEC_DISTRIBUTED_IO=uring cargo test --release --lib -- native::
+  # Faults injected with steps waiting in the kernel at P = 3..5 (their receives take a
+  # failure notice's urgent byte first): every survivor must still name the faulted rank.
+  NUVEC_DISTRIBUTED_IO=uring tools/chaos.sh 5
   step "io_uring binding under AddressSanitizer (tools/asan-uring.sh; needs nightly)"
   tools/asan-uring.sh
 else
