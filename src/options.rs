@@ -167,20 +167,23 @@ pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 pub enum Io {
     /// [`IO_VAR`] if it is set, else the loop measured faster: epoll (kqueue off Linux),
     /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
-    /// on the MLX wire against 5.1) but was not faster on this project's benchmark machine:
-    /// 1.07x epoll's time at 4 B and 1.12x at 8 KiB (medians of five interleaved rounds),
-    /// even at 64 MiB, and 6 times slower on the native wire, whose engine does not step.
-    /// Choose [`Io::Uring`] by name to use it.
+    /// on the MLX wire against 5.7, 1.1 on the native wire against 2.3) but was not faster
+    /// on this project's benchmark machine (medians of five interleaved rounds, P = 2):
+    /// 1.04x epoll's time at 4 B, 1.17x at 8 KiB and 1.03x at 64 MiB on the MLX wire,
+    /// 1.20x and 1.16x on the native wire, and 1.2-1.7x with three or four ranks sharing
+    /// two CPUs. Choose [`Io::Uring`] by name to use it.
     #[default]
     Auto,
     /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
     Epoll,
-    /// io_uring (Linux). With two ranks, a collective of one lane (small arrays) submits each
-    /// ring step's send and receive together and waits in the kernel for both; otherwise
-    /// each send and receive is one non-blocking io_uring operation, and waits are io_uring
-    /// polls. Every operation on a caller's buffer has completed, or been cancelled and
-    /// reaped, before the collective returns, on success, error, timeout and close alike.
-    /// Forming a group fails, saying why, where the kernel refuses io_uring
+    /// io_uring (Linux). A ring step of a collective of one lane (small arrays; on the
+    /// native wire, a round with one message each way) submits its send and receive
+    /// together and waits in the kernel for both; with more than two ranks that receive
+    /// first takes any TCP urgent byte (a failure notice), in the kernel, so no notice is
+    /// lost to it. Other transfers are one non-blocking io_uring operation each, and waits
+    /// are io_uring polls. Every operation on a caller's buffer has completed, or been
+    /// cancelled and reaped, before the collective returns, on success, error, timeout and
+    /// close alike. Forming a group fails, saying why, where the kernel refuses io_uring
     /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`): there is no silent
     /// fallback when it is asked for by name.
     Uring,
