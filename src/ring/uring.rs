@@ -34,7 +34,8 @@ pub(crate) fn token(conn: usize, kind: u32) -> u32 {
 }
 
 /// Whether `ready` reports urgent data (or an error) on some connection's urgent-data wait.
-pub(crate) fn urgent(ready: &Ready) -> bool {
+#[cfg(target_os = "linux")]
+fn urgent(ready: &Ready) -> bool {
     ready.token != WAKE_TOKEN
         && ready.token % 3 == 2
         && ready.events & (events::PRI | events::ERR) != 0
@@ -185,6 +186,7 @@ mod imp {
     pub(crate) struct Exchanged {
         pub(crate) sent: Option<io::Result<usize>>,
         pub(crate) received: Option<io::Result<(usize, bool)>>,
+        pub(crate) urgent: Option<u8>,
     }
 
     /// No io_uring off Linux: a type without values.
