@@ -554,15 +554,11 @@ impl<'r> InFlight<'r> {
     /// The memory `entry` points to stays valid until this guard is dropped.
     unsafe fn push(&mut self, entry: io_uring::squeue::Entry, slot: Slot) -> io::Result<()> {
         let entry = entry.user_data(TRANSFER | slot as u64);
+        self.make_room(1)?;
         // SAFETY: the caller keeps the entry's memory valid until this guard is dropped,
         // which reaps its completion first (`drain`).
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
-            // The queue is full of waits armed earlier (no memory): submit them, retry.
-            self.enter(0, None);
-            // SAFETY: as above.
-            if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                return Err(io::Error::other("the io_uring submission queue stays full"));
-            }
+            return Err(io::Error::other("the io_uring submission queue stays full"));
         }
         self.pending[slot as usize] = true;
         self.done[slot as usize] = None;
@@ -570,7 +566,7 @@ impl<'r> InFlight<'r> {
     }
 
     /// Submits what is queued if the submission queue has room for fewer than `n` more
-    /// entries.
+    /// entries (it may be full of waits armed earlier, which reference no memory).
     fn make_room(&mut self, n: usize) -> io::Result<()> {
         let free = {
             let sq = self.ring.submission();
