@@ -556,12 +556,12 @@ fn apply(conns: &mut [Conn], ready: uring::Ready) -> bool {
     if ready.token == uring::WAKE_TOKEN {
         return true;
     }
-    let (index, kind) = ((ready.token / 3) as usize, (ready.token % 3) as usize);
+    let (index, kind) = uring::parse_token(ready.token);
     let Some(conn) = conns.get_mut(index) else {
         return false;
     };
     if ready.ended {
-        conn.armed[kind] = false;
+        conn.armed[kind as usize] = false;
     }
     let failed = ready.events & (events::ERR | events::HUP) != 0;
     if kind == 0 || failed {
@@ -570,7 +570,7 @@ fn apply(conns: &mut [Conn], ready: uring::Ready) -> bool {
     if kind == 1 || failed {
         conn.writable = true;
     }
-    if kind == 2 || ready.events & events::PRI != 0 {
+    if uring::announces_urgent(ready.token, ready.events) {
         conn.take_notice();
     }
     false

@@ -33,12 +33,15 @@ pub(crate) fn token(conn: usize, kind: u32) -> u32 {
         .saturating_add(kind)
 }
 
-/// Whether `ready` reports urgent data (or an error) on some connection's urgent-data wait.
-#[cfg(target_os = "linux")]
-fn urgent(ready: &Ready) -> bool {
-    ready.token != WAKE_TOKEN
-        && ready.token % 3 == 2
-        && ready.events & (events::PRI | events::ERR) != 0
+/// The connection and the kind of the wait a [`token`] names (its inverse).
+pub(crate) fn parse_token(token: u32) -> (usize, u32) {
+    ((token / 3) as usize, token % 3)
+}
+
+/// Whether a report of `events` under a connection's `token` announces urgent data (a
+/// notice, a query or an answer): any report of its urgent-data wait, or `POLLPRI`.
+pub(crate) fn announces_urgent(token: u32, events: u32) -> bool {
+    parse_token(token).1 == 2 || events & events::PRI != 0
 }
 
 /// The token of the wait on the poller that holds the close [`Waker`](mio::Waker).
@@ -108,12 +111,7 @@ mod imp {
             });
             ring.guard_urgent(guard_urgent);
             ring.exchange(send, recv, Some(deadline), |r| {
-                r.token == stop
-                    || urgent(&Ready {
-                        token: r.token,
-                        events: r.events,
-                        ended: r.ended,
-                    })
+                r.token == stop || (r.token != WAKE_TOKEN && announces_urgent(r.token, r.events))
             })
         }
 
