@@ -54,22 +54,20 @@ impl Collective<'_, '_> {
         for i in 0..self.exchange.outs() {
             while let Some((index, head, body)) = self.exchange.transmit(i, self.mem) {
                 let conn = self.transport.conn(index);
-                match conn.write_pair(head, body) {
-                    Ok(Transfer::Moved(n)) => self.exchange.sent(i, n),
-                    Ok(Transfer::Blocked) => break,
-                    Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Send, context)),
-                    Err(e) => return Err(conn.failed(PeerOp::Send, context, e)),
+                let sent = conn.write_pair(head, body);
+                match conn.moved(sent, PeerOp::Send, context)? {
+                    Some(n) => self.exchange.sent(i, n),
+                    None => break,
                 }
             }
         }
         for i in 0..self.exchange.ins() {
             while let Some((index, target)) = self.exchange.receive(i, self.mem) {
                 let conn = self.transport.conn(index);
-                match conn.read(target) {
-                    Ok(Transfer::Moved(n)) => self.exchange.received(i, n, self.mem)?,
-                    Ok(Transfer::Blocked) => break,
-                    Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, context)),
-                    Err(e) => return Err(conn.failed(PeerOp::Receive, context, e)),
+                let received = conn.read(target);
+                match conn.moved(received, PeerOp::Receive, context)? {
+                    Some(n) => self.exchange.received(i, n, self.mem)?,
+                    None => break,
                 }
             }
         }
@@ -191,39 +189,21 @@ impl Collective<'_, '_> {
             // The receive first: a header that differs explains a failed send better than
             // the failure does, and it is not there to read again.
             if let Some((i, conn)) = plan.recv {
-                match stepped.received {
-                    Ok(Transfer::Moved(n)) => {
-                        self.exchange.received(i, n, self.mem)?;
-                        self.last_moved = Instant::now();
-                    }
-                    Ok(Transfer::Blocked) => {}
-                    Ok(Transfer::Closed) => {
-                        return Err(self.transport.conn(conn).closed(PeerOp::Receive, context));
-                    }
-                    Err(e) => {
-                        return Err(self
-                            .transport
-                            .conn(conn)
-                            .failed(PeerOp::Receive, context, e));
-                    }
+                let received = stepped.received;
+                let conn = self.transport.conn(conn);
+                if let Some(n) = conn.moved(received, PeerOp::Receive, context)? {
+                    self.exchange.received(i, n, self.mem)?;
+                    self.last_moved = Instant::now();
                 }
             }
             if let Some((i, conn, _)) = send {
-                match stepped.sent {
-                    Ok(Transfer::Moved(n)) => {
-                        self.exchange.sent(i, n);
-                        // A step's send (staged, small) goes at once: its progress dates
-                        // from the submission, not from the end of a wait that may have
-                        // run to the deadline for the receive.
-                        self.last_moved = self.last_moved.max(submitted);
-                    }
-                    Ok(Transfer::Blocked) => {}
-                    Ok(Transfer::Closed) => {
-                        return Err(self.transport.conn(conn).closed(PeerOp::Send, context));
-                    }
-                    Err(e) => {
-                        return Err(self.transport.conn(conn).failed(PeerOp::Send, context, e));
-                    }
+                let conn = self.transport.conn(conn);
+                if let Some(n) = conn.moved(stepped.sent, PeerOp::Send, context)? {
+                    self.exchange.sent(i, n);
+                    // A step's send (staged, small) goes at once: its progress dates from
+                    // the submission, not from the end of a wait that may have run to the
+                    // deadline for the receive.
+                    self.last_moved = self.last_moved.max(submitted);
                 }
             }
             any |= self.exchange.take_progress();

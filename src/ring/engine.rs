@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::protocol::{Buffers, Lane};
 use super::staging::LaneStage;
-use super::transport::{STEP_SEND_BYTES, Transfer, Transport};
+use super::transport::{STEP_SEND_BYTES, Transport};
 use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
@@ -32,20 +32,18 @@ fn pump(
         // all_sum with two ranks).
         let conn = transport.conn(lane.tx());
         while let Some(bytes) = lane.poll_transmit(bufs, stage) {
-            match conn.write(bytes) {
-                Ok(Transfer::Moved(n)) => lane.handle_sent(n),
-                Ok(Transfer::Blocked) => break,
-                Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Send, context)),
-                Err(e) => return Err(conn.failed(PeerOp::Send, context, e)),
+            let sent = conn.write(bytes);
+            match conn.moved(sent, PeerOp::Send, context)? {
+                Some(n) => lane.handle_sent(n),
+                None => break,
             }
         }
         let conn = transport.conn(lane.rx());
         while let Some(target) = lane.poll_receive(bufs, stage) {
-            match conn.read(target) {
-                Ok(Transfer::Moved(n)) => lane.handle_received(bufs, stage, n),
-                Ok(Transfer::Blocked) => break,
-                Ok(Transfer::Closed) => return Err(conn.closed(PeerOp::Receive, context)),
-                Err(e) => return Err(conn.failed(PeerOp::Receive, context, e)),
+            let received = conn.read(target);
+            match conn.moved(received, PeerOp::Receive, context)? {
+                Some(n) => lane.handle_received(bufs, stage, n),
+                None => break,
             }
         }
         if !lane.take_progress() {
@@ -115,34 +113,27 @@ fn step(c: &mut Collective<'_, '_, '_, '_>) -> Result<bool> {
             )
             .map_err(|e| Error::local("a step's transfers on io_uring", e))?;
         let mut moved = false;
-        match stepped.sent {
-            Ok(Transfer::Moved(n)) => {
-                lane.handle_sent(n);
-                // A step's send (staged, small) goes at once: its progress dates from the
-                // submission, not from the end of a wait that may have run to the
-                // deadline for the receive.
-                c.last_moved = submitted;
-                moved = true;
-            }
-            Ok(Transfer::Blocked) => {}
-            Ok(Transfer::Closed) => {
-                return Err(c.transport.conn(tx).closed(PeerOp::Send, c.context));
-            }
-            Err(e) => return Err(c.transport.conn(tx).failed(PeerOp::Send, c.context, e)),
+        if let Some(n) = c
+            .transport
+            .conn(tx)
+            .moved(stepped.sent, PeerOp::Send, c.context)?
+        {
+            lane.handle_sent(n);
+            // A step's send (staged, small) goes at once: its progress dates from the
+            // submission, not from the end of a wait that may have run to the deadline
+            // for the receive.
+            c.last_moved = submitted;
+            moved = true;
         }
-        match stepped.received {
-            Ok(Transfer::Moved(n)) => {
-                lane.handle_received(c.bufs, stage, n);
-                c.last_moved = Instant::now();
-                moved = true;
-            }
-            Ok(Transfer::Blocked) => {}
-            Ok(Transfer::Closed) => {
-                return Err(c.transport.conn(rx).closed(PeerOp::Receive, c.context));
-            }
-            Err(e) => {
-                return Err(c.transport.conn(rx).failed(PeerOp::Receive, c.context, e));
-            }
+        let received = stepped.received;
+        if let Some(n) = c
+            .transport
+            .conn(rx)
+            .moved(received, PeerOp::Receive, c.context)?
+        {
+            lane.handle_received(c.bufs, stage, n);
+            c.last_moved = Instant::now();
+            moved = true;
         }
         any |= moved;
         // Otherwise the step was cut short by a close from another thread (seen at the top

@@ -182,6 +182,23 @@ impl Conn {
         }
     }
 
+    /// What a transfer `op` on this connection did, as a collective takes it: the bytes
+    /// it moved, `None` if it would block, or the error naming the peer (a close, see
+    /// [`Conn::closed`]; a failure, see [`Conn::failed`]).
+    pub(crate) fn moved(
+        &mut self,
+        transfer: io::Result<Transfer>,
+        op: PeerOp,
+        context: Phase,
+    ) -> crate::error::Result<Option<usize>> {
+        match transfer {
+            Ok(Transfer::Moved(n)) => Ok(Some(n)),
+            Ok(Transfer::Blocked) => Ok(None),
+            Ok(Transfer::Closed) => Err(self.closed(op, context)),
+            Err(e) => Err(self.failed(op, context, e)),
+        }
+    }
+
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
         if self.first == FirstBytes::NativePeer {
