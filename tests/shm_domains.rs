@@ -146,21 +146,7 @@ fn hosts(name: &'static str, size: usize, host_b: &'static [usize], domains: &st
         return;
     }
     for o in &outputs {
-        assert!(
-            o.stderr.contains(&format!("host domains {domains}")),
-            "rank {}:\n{}",
-            o.rank,
-            o.stderr
-        );
-        assert!(
-            o.stderr
-                .contains("links: shared memory inside this host, tcp between hosts")
-                || o.stderr
-                    .contains("links: shared memory (locked) inside this host"),
-            "rank {}:\n{}",
-            o.rank,
-            o.stderr
-        );
+        o.assert_hierarchical(domains);
     }
     let left: Vec<_> = std::fs::read_dir(&dir.0).expect("the directory").collect();
     assert!(left.is_empty(), "left behind on the second host: {left:?}");

@@ -334,6 +334,28 @@ impl RankOutput {
         self.status.is_some_and(|s| s.success()) && self.stdout.contains(DONE)
     }
 
+    /// Asserts that the rank's verbose log shows a hierarchical group: the host domains
+    /// `domains` (as the log prints them, e.g. `[[0, 1], [2, 3]]`), and shared memory
+    /// inside its host with TCP between hosts.
+    pub fn assert_hierarchical(&self, domains: &str) {
+        assert!(
+            self.stderr.contains(&format!("host domains {domains}")),
+            "rank {}:\n{}",
+            self.rank,
+            self.stderr
+        );
+        assert!(
+            self.stderr
+                .contains("links: shared memory inside this host, tcp between hosts")
+                || self
+                    .stderr
+                    .contains("links: shared memory (locked) inside this host"),
+            "rank {}:\n{}",
+            self.rank,
+            self.stderr
+        );
+    }
+
     /// What follows `marker` on each line of stdout that holds it. (The test harness may
     /// have printed the test's name before it on the same line.)
     pub fn lines(&self, marker: &str) -> Vec<String> {
