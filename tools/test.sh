@@ -124,7 +124,7 @@ cross_aarch64_tests() {
   # natively above (and under AddressSanitizer), not here.
   echo "io_uring tests skipped under qemu-user: it does not emulate io_uring (ENOSYS)"
   cross_aarch64_cargo "$first" test --release --target "$aarch64" \
-    -p nuvec-distributed -p nuvec-distributed-ffi --lib -- --skip uring::
+    -p nuvec-distributed-engine -p nuvec-distributed-ffi --lib -- --skip uring::
 
   step "aarch64 Linux under qemu (-cpu $first): multi-process ring tests ${qemu_ring_tests[*]}"
   cross_aarch64_cargo "$first" test --release --target "$aarch64" --test ring -- "${qemu_ring_tests[@]}"
@@ -132,7 +132,7 @@ cross_aarch64_tests() {
   for cpu in "${qemu_cpus[@]:1}"; do
     step "aarch64 Linux under qemu (-cpu $cpu): the SIMD kernels and their dispatch"
     cross_aarch64_cargo "$cpu" test --release --target "$aarch64" \
-      -p nuvec-distributed -p nuvec-distributed-ffi --lib -- simd:: reduce::
+      -p nuvec-distributed-engine -p nuvec-distributed-ffi --lib -- simd:: reduce::
   done
 }
 
@@ -226,6 +226,10 @@ if [[ "$(uname -s)" == Linux ]]; then
   fi
 fi
 "$python" -c 'import mlx.core as mx; print("MLX", mx.__version__, "at", mx.__file__)'
+# The toolchain rust-toolchain.toml pins (rustup installs it on first use too; asking
+# here makes a missing component or target an error of this step, not of a later one).
+toolchain=$(sed -n 's/^channel = "\(.*\)"$/\1/p' rust-toolchain.toml)
+rustup toolchain install "$toolchain" --profile minimal --component rustfmt,clippy
 cross_targets
 
 step "formatting"
@@ -247,15 +251,19 @@ step "docs, all features and default features"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
-msrv=$(sed -n 's/^rust-version = "\([0-9.]*\)"$/\1/p' Cargo.toml)
+# Two minimums: the root crate (nuvec's front end) needs what nuvec-core 0.5 needs, Rust
+# 1.99, the toolchain rust-toolchain.toml pins, so every step above already built it with
+# exactly that; the engine, ffi and tools keep the workspace's older rust-version, checked
+# here with that toolchain.
+msrv=$(sed -n '/^\[workspace.package\]/,/^\[/s/^rust-version = "\([0-9.]*\)"$/\1/p' Cargo.toml)
 [[ "$msrv" =~ ^[0-9]+\.[0-9]+$ ]] && msrv=$msrv.0
-step "MSRV: the library with Rust $msrv"
+step "MSRV: the engine with Rust $msrv (the front end's 1.99 is the pinned toolchain)"
 if rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1; then
-  # The library and ffi with either feature set, against the committed Cargo.lock (so a
+  # The engine and ffi with either feature set, against the committed Cargo.lock (so a
   # dependency that needs a newer compiler fails here too). Tests, benches and tools are
-  # built with the current toolchain only.
-  cargo "+$msrv" check -p nuvec-distributed --lib --all-features
-  cargo "+$msrv" check -p nuvec-distributed --lib
+  # built with the pinned toolchain only.
+  cargo "+$msrv" check -p nuvec-distributed-engine --lib --all-features
+  cargo "+$msrv" check -p nuvec-distributed-engine --lib
 else
   # Do not pretend: without that toolchain only clippy's incompatible_msrv (lints steps)
   # checked anything, and it sees std APIs newer than the MSRV, not language features,
@@ -268,7 +276,8 @@ fi
 # time. All features only: with default features the same tests run minus the jaccl and
 # probes ones (the default build is linted above, and its ring runs in release below).
 step "unit tests with debug assertions and overflow checks (dev profile at opt-level 1), all features"
-CARGO_PROFILE_DEV_OPT_LEVEL=1 cargo test -p nuvec-distributed -p nuvec-distributed-ffi --lib --all-features
+CARGO_PROFILE_DEV_OPT_LEVEL=1 cargo test -p nuvec-distributed -p nuvec-distributed-engine \
+  -p nuvec-distributed-ffi --lib --all-features
 
 # JACCL's real verbs path (the binding in ffi/src/verbs, src/jaccl/verbs.rs) has no RDMA
 # device here; the project's test provider stands in for libibverbs, loaded through

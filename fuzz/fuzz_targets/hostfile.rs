@@ -1,3 +1,3 @@
 //! Any bytes as an MLX hostfile: parsing and checking never panic.
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| nuvec_distributed::fuzzing::hostfile(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| nuvec_distributed_engine::fuzzing::hostfile(data));

@@ -24,7 +24,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::{Complex64, DType, Element, Error, Group, ReduceOp, Result, bf16, f16};
+use nuvec_distributed_engine::{
+    Complex64, DType, Element, Error, Group, ReduceOp, Result, bf16, f16,
+};
 use serde::{Deserialize, Serialize};
 
 /// A collective the sweep measures.
@@ -177,7 +179,7 @@ pub fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
 
 /// Serde for a [`DType`], by MLX's name.
 mod dtype_name {
-    use nuvec_distributed::DType;
+    use nuvec_distributed_engine::DType;
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use nuvec_distributed::Group;
+use nuvec_distributed_engine::Group;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -128,7 +128,7 @@ fn value(step: usize, rank: usize, k: usize) -> f32 {
 #[derive(Debug)]
 pub enum StepError {
     /// The library returned an error.
-    Failed(nuvec_distributed::Error),
+    Failed(nuvec_distributed_engine::Error),
     /// The collective returned, with a wrong result.
     Wrong(String),
 }
@@ -212,11 +212,11 @@ pub fn rank(plan: &RankPlan) -> u8 {
     let mut say = |line: String| {
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     };
-    let fail = |e: &nuvec_distributed::Error| {
+    let fail = |e: &nuvec_distributed_engine::Error| {
         let peer = e.peer().map_or("-".to_string(), |p| p.to_string());
         format!("FAIL {peer} {e}")
     };
-    let group = match nuvec_distributed::init(true) {
+    let group = match nuvec_distributed_engine::init(true) {
         Ok(group) => group,
         Err(e) => {
             say(fail(&e));
@@ -289,7 +289,7 @@ pub struct Options {
     /// Print every rank's output for rounds that are not correct.
     pub verbose: bool,
     /// The wire the ranks speak (`NUVEC_DISTRIBUTED_WIRE`).
-    pub wire: nuvec_distributed::Wire,
+    pub wire: nuvec_distributed_engine::Wire,
 }
 
 /// How a round (or one survivor of it) ended, best first.
@@ -611,7 +611,7 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
     let hostfile = dir.path().join("hostfile.json");
     std::fs::write(
         &hostfile,
-        nuvec_distributed::config::hostfile::to_json(&nodes),
+        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
     )
     .map_err(|e| e.to_string())?;
 
@@ -888,13 +888,19 @@ fn spawn_rank(
     let mut command = Command::new(&argv[0]);
     command
         .args(&argv[1..])
-        .env(nuvec_distributed::config::env::HOSTFILE_VAR, hostfile)
-        .env(nuvec_distributed::config::env::RANK_VAR, rank.to_string())
         .env(
-            nuvec_distributed::config::env::TIMEOUT_VAR,
+            nuvec_distributed_engine::config::env::HOSTFILE_VAR,
+            hostfile,
+        )
+        .env(
+            nuvec_distributed_engine::config::env::RANK_VAR,
+            rank.to_string(),
+        )
+        .env(
+            nuvec_distributed_engine::config::env::TIMEOUT_VAR,
             format!("{}", options.timeout.as_secs_f64()),
         )
-        .env(nuvec_distributed::WIRE_VAR, options.wire.name())
+        .env(nuvec_distributed_engine::WIRE_VAR, options.wire.name())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -902,7 +908,7 @@ fn spawn_rank(
     if netns.is_some() {
         // A cut link cuts TCP; ranks in network namespaces of one kernel still share
         // /dev/shm, so the native wire's shared memory would carry the data past the cut.
-        command.env(nuvec_distributed::SHM_VAR, "0");
+        command.env(nuvec_distributed_engine::SHM_VAR, "0");
     }
     // A killed chaos run must not leave ranks behind.
     ffi::process::kill_when_parent_dies(&mut command);

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use nuvec_distributed::DType;
+use nuvec_distributed_engine::DType;
 use plotters::coord::Shift;
 use plotters::coord::combinators::BindKeyPoints;
 use plotters::element::DashedPathElement;

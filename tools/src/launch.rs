@@ -25,13 +25,13 @@ use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use nuvec_distributed::Wire;
-use nuvec_distributed::config::devices::{self, DeviceCell};
-use nuvec_distributed::config::env::{
+use nuvec_distributed_engine::Wire;
+use nuvec_distributed_engine::config::devices::{self, DeviceCell};
+use nuvec_distributed_engine::config::env::{
     COORDINATOR_VAR, DEVICES_VAR, HOSTFILE_VAR, JACCL_RING_VAR, RANK_VAR, RING_VERBOSE_VAR,
     WIRE_VAR,
 };
-use nuvec_distributed::config::hostfile;
+use nuvec_distributed_engine::config::hostfile;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use nuvec_distributed::{DType, Wire};
+use nuvec_distributed_engine::{DType, Wire};
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
@@ -699,7 +699,7 @@ fn worker_args(args: &BenchArgs, results: &Path, progress: &Path) -> Vec<String>
 
 /// One rank of the sweep; rank 0 reports.
 fn bench_worker(args: &BenchArgs) -> ExitCode {
-    let group = match nuvec_distributed::init(true) {
+    let group = match nuvec_distributed_engine::init(true) {
         Ok(g) => g,
         Err(e) => {
             eprintln!(

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 
-use nuvec_distributed::DType;
+use nuvec_distributed_engine::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::anchors::{AnchorRun, Limits};
@@ -29,12 +29,12 @@ pub struct Header {
     pub cpu: String,
     /// The kernel: its name and release.
     pub kernel: String,
-    /// The SIMD level reductions use (`nuvec_distributed::simd_level`).
+    /// The SIMD level reductions use (`nuvec_distributed_engine::simd_level`).
     pub simd: String,
     /// The bytes on the wire: `mlx`, MLX's ring format, or `native`, nuvec's own.
     pub wire: String,
     /// What carried them, link by link, as the ranks of each run reported it after their
-    /// group formed ([`nuvec_distributed::Group::transport`], see [`describe_links`]):
+    /// group formed ([`nuvec_distributed_engine::Group::transport`], see [`describe_links`]):
     /// empty until a run reported, then each run's description (prefixed by its rank count
     /// when several ran).
     pub transport: String,
@@ -48,7 +48,7 @@ impl Header {
     /// This machine's header for a ring of `connections` connections per neighbour on
     /// `wire`, with the congestion control the ranks will use (they inherit this
     /// environment).
-    pub fn detect(connections: usize, wire: nuvec_distributed::Wire) -> Self {
+    pub fn detect(connections: usize, wire: nuvec_distributed_engine::Wire) -> Self {
         let uname = nix::sys::utsname::uname().ok();
         let text = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
             uname
@@ -57,7 +57,7 @@ impl Header {
                 .unwrap_or_else(|| "unknown".into())
         };
         let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-        let congestion_var = nuvec_distributed::TCP_CONGESTION_VAR;
+        let congestion_var = nuvec_distributed_engine::TCP_CONGESTION_VAR;
         let congestion = match std::env::var(congestion_var) {
             Ok(name) if !name.trim().is_empty() => format!("{} ({congestion_var})", name.trim()),
             _ => match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
@@ -71,7 +71,7 @@ impl Header {
             host: text(|u| u.nodename()),
             cpu: format!("{} ({cpus} CPUs)", cpu_model()),
             kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
-            simd: nuvec_distributed::simd_level().into(),
+            simd: nuvec_distributed_engine::simd_level().into(),
             wire: wire.name().into(),
             transport: String::new(),
             connections,
@@ -115,8 +115,8 @@ impl Header {
 }
 
 /// A transport as one byte, for the ranks to gather (`transport_of` reads it back).
-pub fn transport_code(t: nuvec_distributed::Transport) -> u8 {
-    use nuvec_distributed::Transport as T;
+pub fn transport_code(t: nuvec_distributed_engine::Transport) -> u8 {
+    use nuvec_distributed_engine::Transport as T;
     match t {
         T::Local => 0,
         T::Tcp => 1,
@@ -127,8 +127,8 @@ pub fn transport_code(t: nuvec_distributed::Transport) -> u8 {
 }
 
 /// The transport `transport_code` made `code` of.
-pub fn transport_of(code: u8) -> nuvec_distributed::Transport {
-    use nuvec_distributed::Transport as T;
+pub fn transport_of(code: u8) -> nuvec_distributed_engine::Transport {
+    use nuvec_distributed_engine::Transport as T;
     match code {
         0 => T::Local,
         1 => T::Tcp,
@@ -143,8 +143,8 @@ pub fn transport_of(code: u8) -> nuvec_distributed::Transport {
 /// hosts: `shared memory (every link, ranks 0-3, one host)` when every link agrees, and
 /// otherwise each transport with the ranks it joins (shared-memory links grouped into the
 /// sets of ranks they connect). Two ranks that disagree about their link are named.
-pub fn describe_links(links: &[Vec<nuvec_distributed::Transport>], hosts: &str) -> String {
-    use nuvec_distributed::Transport as T;
+pub fn describe_links(links: &[Vec<nuvec_distributed_engine::Transport>], hosts: &str) -> String {
+    use nuvec_distributed_engine::Transport as T;
     let size = links.len();
     if size < 2 {
         return format!("none (one rank, {hosts})");
@@ -232,14 +232,16 @@ pub fn describe_links(links: &[Vec<nuvec_distributed::Transport>], hosts: &str) 
 /// # Errors
 ///
 /// The gathering failed.
-pub fn gather_links(group: &nuvec_distributed::Group) -> nuvec_distributed::Result<String> {
+pub fn gather_links(
+    group: &nuvec_distributed_engine::Group,
+) -> nuvec_distributed_engine::Result<String> {
     let size = group.size();
     let mine = (0..size)
         .map(|p| group.transport(p).map(transport_code))
-        .collect::<nuvec_distributed::Result<Vec<u8>>>()?;
+        .collect::<nuvec_distributed_engine::Result<Vec<u8>>>()?;
     let mut all = vec![0u8; size * size];
     group.all_gather(&mine, &mut all)?;
-    let links: Vec<Vec<nuvec_distributed::Transport>> = all
+    let links: Vec<Vec<nuvec_distributed_engine::Transport>> = all
         .chunks(size)
         .map(|row| row.iter().map(|&c| transport_of(c)).collect())
         .collect();
@@ -248,15 +250,15 @@ pub fn gather_links(group: &nuvec_distributed::Group) -> nuvec_distributed::Resu
 
 /// What rank `a` reported about its link to rank `b` (unknown if it did not).
 fn link(
-    links: &[Vec<nuvec_distributed::Transport>],
+    links: &[Vec<nuvec_distributed_engine::Transport>],
     a: usize,
     b: usize,
-) -> nuvec_distributed::Transport {
+) -> nuvec_distributed_engine::Transport {
     links
         .get(a)
         .and_then(|row| row.get(b))
         .copied()
-        .unwrap_or(nuvec_distributed::Transport::Unknown)
+        .unwrap_or(nuvec_distributed_engine::Transport::Unknown)
 }
 
 /// The CPU's model name, or `unknown`.
@@ -957,14 +959,14 @@ mod tests {
 
     #[test]
     fn the_header_names_every_field() {
-        let header = Header::detect(2, nuvec_distributed::Wire::Mlx);
+        let header = Header::detect(2, nuvec_distributed_engine::Wire::Mlx);
         // Not known before the ranks report it.
         assert_eq!(
             (header.wire.as_str(), header.transport.as_str()),
             ("mlx", "")
         );
         assert!(!header.text().contains("transport"), "{}", header.text());
-        assert_eq!(header.simd, nuvec_distributed::simd_level());
+        assert_eq!(header.simd, nuvec_distributed_engine::simd_level());
         assert!(!header.host.is_empty() && !header.kernel.is_empty());
         let mut header = header;
         let run = |ranks, transport: &str| NuvecRun {
@@ -1000,7 +1002,7 @@ mod tests {
 
     #[test]
     fn links_are_described_as_the_ranks_reported_them() {
-        use nuvec_distributed::Transport::{Local, SharedMemory as Shm, Tcp};
+        use nuvec_distributed_engine::Transport::{Local, SharedMemory as Shm, Tcp};
         let every = |size: usize, t| -> Vec<Vec<_>> {
             (0..size)
                 .map(|r| (0..size).map(|p| if p == r { Local } else { t }).collect())
@@ -1037,7 +1039,7 @@ mod tests {
             describe_links(&every(1, Tcp), "one host"),
             "none (one rank, one host)"
         );
-        for t in [Local, Tcp, Shm, nuvec_distributed::Transport::Rdma] {
+        for t in [Local, Tcp, Shm, nuvec_distributed_engine::Transport::Rdma] {
             assert_eq!(transport_of(transport_code(t)), t);
         }
     }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use nuvec_distributed::Group;
+use nuvec_distributed_engine::Group;
 
 /// The one free-port picker, shared with `nuvec launch` and the benchmark: see
 /// [`free_ports`] for why its blocks suit tests.
@@ -286,7 +286,7 @@ pub fn mlx_python() -> PathBuf {
 
 /// In a rank: prints `FAIL <ms> <peer> <message>` for `error`, reached `elapsed` after the
 /// rank started waiting, for the parent to read with [`RankOutput::failure`].
-pub fn report_failure(error: &nuvec_distributed::Error, elapsed: Duration) {
+pub fn report_failure(error: &nuvec_distributed_engine::Error, elapsed: Duration) {
     let peer = error.peer().map_or("-".to_string(), |p| p.to_string());
     println!("FAIL {} {peer} {error}", elapsed.as_millis());
 }
@@ -684,7 +684,7 @@ impl Launch {
 
 /// In a rank: the group every rank of a [`Launch::run`] or [`Launch::start`] body gets.
 fn form_group() -> Group {
-    nuvec_distributed::init(true).expect("the ring forms")
+    nuvec_distributed_engine::init(true).expect("the ring forms")
 }
 
 /// Ranks started by [`Launch::start`] or [`Launch::spawn`], still running.

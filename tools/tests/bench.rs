@@ -136,7 +136,7 @@ fn a_missing_anchors_folder_is_named() {
 fn every_dtype_collective_and_reduction_comes_out_exact() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
-    let dtypes: Vec<&str> = nuvec_distributed::DType::ALL
+    let dtypes: Vec<&str> = nuvec_distributed_engine::DType::ALL
         .iter()
         .map(|d| d.name())
         .collect();

@@ -50,7 +50,7 @@ fn printed(text: &str, rank: usize, expected: &str) -> bool {
 /// The body of a Rust rank: forms the ring from MLX_HOSTFILE/MLX_RANK, all_sums
 /// rank + 1, and prints the result on stdout and a line on stderr.
 fn rust_rank() {
-    let group = nuvec_distributed::init(true).expect("the ring forms");
+    let group = nuvec_distributed_engine::init(true).expect("the ring forms");
     let mut x = [(group.rank() + 1) as f32];
     group.all_sum(&mut x).expect("all_sum");
     println!("RANK {} OF {} SUM {}", group.rank(), group.size(), x[0]);

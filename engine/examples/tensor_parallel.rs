@@ -1,0 +1,259 @@
+//! Tensor-parallel inference: a stack of transformer MLP blocks sharded across ranks, with
+//! one `all_sum` per layer, checked against the same blocks computed on one rank.
+//!
+//! ```text
+//! cargo build --release --example tensor_parallel
+//! cargo run --release --bin nuvec -- launch -n 2 -- target/release/examples/tensor_parallel
+//! ```
+//!
+//! This is the pattern for sharding a model's MLP (and, the same way, attention) across
+//! machines, as Megatron-style tensor parallelism does:
+//!
+//! - the up projection `W1` (hidden → ffn) is split by **columns**: rank `r` holds columns
+//!   `[r·ffn/P, (r+1)·ffn/P)` and computes its slice of the activations `h = act(x·W1)`
+//!   with no communication (the activation is element-wise, so it commutes with the split);
+//! - the down projection `W2` (ffn → hidden) is split by **rows**, the matching slice, so
+//!   each rank's `h_r·W2_r` is a partial sum of the layer's output;
+//! - one `all_sum` of those partials (in f16 or bf16, as inference runs) gives every rank
+//!   the full output, which feeds the next layer.
+//!
+//! Each rank also computes the unsharded stack (all of `W1` and `W2`) and checks that the
+//! sharded result matches within half-precision tolerance. Rank 0 prints the per-layer
+//! latency of the collective and the per-token latency a decode step pays for them.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use half::{bf16, f16};
+use nuvec_distributed_engine::{Element, Group};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A sharded MLP stack, checked against the unsharded one.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Element type of the activations the ranks sum: f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// Transformer layers (one all_sum each).
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 1024)]
+    hidden: usize,
+    /// MLP width (divisible by the number of ranks).
+    #[arg(long, default_value_t = 4096)]
+    ffn: usize,
+    /// Decode steps (one token each) to time.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+}
+
+/// One layer's weights, row-major: `w1` is hidden × ffn, `w2` is ffn × hidden.
+struct Layer {
+    w1: Vec<f32>,
+    w2: Vec<f32>,
+}
+
+/// The same weights on every rank, from a fixed seed.
+fn weights(args: &Args) -> Vec<Layer> {
+    let mut rng = StdRng::seed_from_u64(2026);
+    let (h, f) = (args.hidden, args.ffn);
+    (0..args.layers)
+        .map(|_| Layer {
+            w1: (0..h * f)
+                .map(|_| rng.random_range(-1.0..1.0) / (h as f32).sqrt())
+                .collect(),
+            w2: (0..f * h)
+                .map(|_| rng.random_range(-1.0..1.0) / (f as f32).sqrt())
+                .collect(),
+        })
+        .collect()
+}
+
+/// GELU (tanh form).
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// `x` (1 × hidden) through columns `cols` of `w1`, then the matching rows of `w2`:
+/// this rank's partial sum of the layer's output (1 × hidden).
+fn partial(args: &Args, layer: &Layer, x: &[f32], cols: std::ops::Range<usize>) -> Vec<f32> {
+    let (hidden, ffn) = (args.hidden, args.ffn);
+    let mut h = vec![0.0f32; cols.len()];
+    for (i, &xi) in x.iter().enumerate() {
+        let row = &layer.w1[i * ffn + cols.start..i * ffn + cols.end];
+        for (hj, &w) in h.iter_mut().zip(row) {
+            *hj += xi * w;
+        }
+    }
+    let mut y = vec![0.0f32; hidden];
+    for (k, hk) in h.iter().map(|&v| gelu(v)).enumerate() {
+        let row = &layer.w2[(cols.start + k) * hidden..(cols.start + k + 1) * hidden];
+        for (yj, &w) in y.iter_mut().zip(row) {
+            *yj += hk * w;
+        }
+    }
+    y
+}
+
+/// A half-precision element the ranks sum.
+trait Half: Element + Default {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Half for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl Half for bf16 {
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// Runs the sharded stack for one token: `x` in, the output out, the time each layer's
+/// all_sum took pushed to `times`.
+fn sharded<T: Half>(
+    g: &Group,
+    args: &Args,
+    layers: &[Layer],
+    x: &[f32],
+    times: &mut Vec<Duration>,
+) -> Vec<f32> {
+    let share = args.ffn / g.size();
+    let cols = g.rank() * share..(g.rank() + 1) * share;
+    let mut x = x.to_vec();
+    let mut wire = vec![T::default(); args.hidden];
+    for layer in layers {
+        let y = partial(args, layer, &x, cols.clone());
+        for (w, v) in wire.iter_mut().zip(&y) {
+            *w = T::from_f32(*v);
+        }
+        let start = Instant::now();
+        g.all_sum(&mut wire).expect("the layer's all_sum");
+        times.push(start.elapsed());
+        // Residual connection.
+        for (xi, w) in x.iter_mut().zip(&wire) {
+            *xi += w.to_f32();
+        }
+    }
+    x
+}
+
+/// The same stack on this rank alone, the sum rounded to half precision once per layer.
+fn unsharded<T: Half>(args: &Args, layers: &[Layer], x: &[f32]) -> Vec<f32> {
+    let mut x = x.to_vec();
+    for layer in layers {
+        let y = partial(args, layer, &x, 0..args.ffn);
+        for (xi, v) in x.iter_mut().zip(&y) {
+            *xi += T::from_f32(*v).to_f32();
+        }
+    }
+    x
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn run<T: Half>(g: &Group, args: &Args) -> bool {
+    let layers = weights(args);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut times = Vec::new();
+    let mut worst = 0.0f32;
+    let mut token_times = Vec::new();
+    for t in 0..args.tokens {
+        let x: Vec<f32> = (0..args.hidden)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let before = times.len();
+        let start = Instant::now();
+        let got = sharded::<T>(g, args, &layers, &x, &mut times);
+        let wall = start.elapsed();
+        token_times.push((wall, times[before..].iter().sum::<Duration>()));
+        // Check a few tokens against the unsharded stack (it costs P times the work).
+        if t < 4 {
+            let want = unsharded::<T>(args, &layers, &x);
+            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            for (a, b) in got.iter().zip(&want) {
+                worst = worst.max((a - b).abs() / scale);
+            }
+        }
+    }
+    // Half precision keeps 11 (f16) or 8 (bf16) significant bits; partial sums rounded on
+    // each rank and summed in half precision may differ from one rounding by a few units.
+    let tolerance = if T::DTYPE == nuvec_distributed_engine::DType::F16 {
+        4e-3
+    } else {
+        3e-2
+    };
+    let ok = worst <= tolerance;
+    if g.rank() == 0 {
+        let per_layer = median(&mut times.clone());
+        let mut p99 = times.clone();
+        p99.sort();
+        let p99 = p99[(p99.len() - 1) * 99 / 100];
+        let mut collective: Vec<Duration> = token_times.iter().map(|(_, c)| *c).collect();
+        let mut wall: Vec<Duration> = token_times.iter().map(|(w, _)| *w).collect();
+        println!(
+            "{} ranks, {} layers, hidden {}, ffn {} ({} per rank), {}: one all_sum of {} bytes per layer",
+            g.size(),
+            args.layers,
+            args.hidden,
+            args.ffn,
+            args.ffn / g.size(),
+            T::DTYPE,
+            args.hidden * T::DTYPE.size()
+        );
+        println!(
+            "all_sum per layer: median {per_layer:?}, p99 {p99:?} ({} calls)",
+            times.len()
+        );
+        println!(
+            "per token: collectives {:?} (median), whole step {:?} (median) over {} tokens",
+            median(&mut collective),
+            median(&mut wall),
+            args.tokens
+        );
+        println!(
+            "largest difference from the unsharded stack: {worst:.2e} of the output's scale (tolerance {tolerance:.0e}): {}",
+            if ok { "ok" } else { "TOO LARGE" }
+        );
+    }
+    ok
+}
+
+fn main() {
+    let args = Args::parse();
+    let g = nuvec_distributed_engine::init(false).expect("the group forms");
+    if args.ffn % g.size() != 0 || args.layers == 0 || args.tokens == 0 {
+        eprintln!(
+            "--ffn must divide by the {} ranks, and --layers and --tokens be positive",
+            g.size()
+        );
+        std::process::exit(2);
+    }
+    let ok = match args.dtype.as_str() {
+        "f16" => run::<f16>(&g, &args),
+        "bf16" => run::<bf16>(&g, &args),
+        other => {
+            eprintln!("--dtype {other:?}: expected f16 or bf16");
+            std::process::exit(2);
+        }
+    };
+    g.barrier().expect("the final barrier");
+    if !ok {
+        std::process::exit(1);
+    }
+}

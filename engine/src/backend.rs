@@ -1,0 +1,274 @@
+//! Choosing and initialising a backend from MLX's launch environment, as
+//! `mx.distributed.init(strict, backend)` does, with MLX's per-backend cache.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use crate::config::env;
+use crate::error::{Error, Result};
+use crate::group::{Group, set_default_group};
+use crate::hostfile;
+use crate::hostfile::RingAddresses;
+use crate::native::Native;
+use crate::options::{Options, Wire};
+use crate::ring::Ring;
+
+pub use crate::config::env::{HOSTFILE_VAR, RANK_VAR};
+
+/// A distributed backend, named as in `mx.distributed.init(backend=...)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// The first backend whose launch environment is present: the ring, then JACCL.
+    Any,
+    /// MLX's TCP ring ([`HOSTFILE_VAR`], [`RANK_VAR`]).
+    Ring,
+    /// MLX's RDMA backend over Thunderbolt 5 (feature `jaccl`).
+    Jaccl,
+}
+
+impl Backend {
+    /// MLX's name for the backend.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Backend::Any => "any",
+            Backend::Ring => "ring",
+            Backend::Jaccl => "jaccl",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "any" => Ok(Backend::Any),
+            "ring" => Ok(Backend::Ring),
+            "jaccl" => Ok(Backend::Jaccl),
+            other => Err(Error::invalid(format!(
+                "unknown backend {other:?}: expected \"any\", \"ring\" or \"jaccl\""
+            ))),
+        }
+    }
+}
+
+/// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
+/// built with the `jaccl` feature, the verbs library loads and it lists an RDMA device.
+/// [`unavailable_reason`] says why not.
+pub fn is_available(backend: Backend) -> bool {
+    unavailable_reason(backend).is_none()
+}
+
+/// Why `backend` cannot be used in this build on this machine, or `None` if it can (see
+/// [`is_available`]). For [`Backend::Any`], `None` if any backend can be used.
+pub fn unavailable_reason(backend: Backend) -> Option<String> {
+    match backend {
+        Backend::Any => unavailable_reason(Backend::Ring)
+            .and_then(|ring| unavailable_reason(Backend::Jaccl).map(|j| format!("{ring}; {j}"))),
+        Backend::Ring => None,
+        Backend::Jaccl => jaccl_unavailable_reason(),
+    }
+}
+
+#[cfg(feature = "jaccl")]
+fn jaccl_unavailable_reason() -> Option<String> {
+    crate::jaccl::unavailable_reason()
+}
+
+#[cfg(not(feature = "jaccl"))]
+fn jaccl_unavailable_reason() -> Option<String> {
+    Some("this build of nuvec-distributed has no `jaccl` feature".to_string())
+}
+
+/// Groups already formed, by backend; `Any` holds the first one formed. MLX keeps the same
+/// cache, so a second `init` returns the same group instead of forming another.
+static FORMED: Mutex<Option<HashMap<Backend, Group>>> = Mutex::new(None);
+
+/// Initialises `backend` from MLX's launch environment and makes its group the default.
+///
+/// A backend initialised before returns the same group. Without the environment a backend
+/// needs (for the ring: [`HOSTFILE_VAR`] and [`RANK_VAR`]; for JACCL a device file and a
+/// coordinator, see `jaccl::Config::from_env` (feature `jaccl`)) the result is an error
+/// naming the missing variables with `strict`. Without `strict` it is the group of this
+/// process alone only when no launch variable of any backend is set at all (not running
+/// under a launcher); when some are set but no backend can form the group they describe
+/// (`MLX_HOSTFILE` without `MLX_RANK`, a JACCL launch in a build without the `jaccl`
+/// feature), it is an error naming the variables, because falling back would turn N
+/// ranks into N independent processes that each succeed alone. Once a backend's
+/// environment is complete, any failure to form the group is an error, strict or not.
+/// [`Backend::Any`] tries the ring, then JACCL, as MLX's `any` does (MLX tries MPI
+/// between them, which this crate does not have).
+///
+/// # Errors
+///
+/// Bad environment values (including [`SIMD_VAR`](crate::SIMD_VAR)), an unusable hostfile
+/// (the error names the file and what is wrong), or a neighbour that cannot be reached within
+/// the timeout (the error names it).
+pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
+    env::simd_request(&env::process)?;
+    let mut formed = FORMED.lock().unwrap_or_else(|e| e.into_inner());
+    let formed = formed.get_or_insert_with(HashMap::new);
+    // A closed group is not handed out again: the next `init` forms a new one.
+    formed.retain(|_, group| !group.is_closed());
+    if let Some(group) = formed.get(&backend) {
+        set_default_group(group.clone());
+        return Ok(group.clone());
+    }
+    let mut reasons = Vec::new();
+    let candidates: &[Backend] = match backend {
+        Backend::Any => &[Backend::Ring, Backend::Jaccl],
+        Backend::Ring => &[Backend::Ring],
+        Backend::Jaccl => &[Backend::Jaccl],
+    };
+    for &candidate in candidates {
+        let attempt = match candidate {
+            Backend::Ring => ring_from_env()?,
+            _ => jaccl_from_env()?,
+        };
+        match attempt {
+            Ok(group) => {
+                formed.insert(candidate, group.clone());
+                formed.entry(Backend::Any).or_insert_with(|| group.clone());
+                set_default_group(group.clone());
+                return Ok(group);
+            }
+            Err(reason) => reasons.push(format!("{candidate}: {reason}")),
+        }
+    }
+    let launched = env::launch_vars_set(&env::process);
+    if strict || !launched.is_empty() {
+        let mut reason = reasons.join("; ");
+        if !strict {
+            reason = format!(
+                "{} set, so this process was launched as a rank of a group, but no backend \
+                 can form it ({reason}); unset them to run as a single process",
+                launched.join(", ")
+            );
+        }
+        return Err(Error::Unavailable {
+            backend: backend.name(),
+            reason,
+        });
+    }
+    let group = Group::single();
+    set_default_group(group.clone());
+    Ok(group)
+}
+
+/// The ring from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The inner `Err` is why the environment
+/// does not describe a ring (not an error unless `strict`); the outer one is a failure to
+/// form the ring it describes.
+fn ring_from_env() -> Result<std::result::Result<Group, String>> {
+    let launch = match env::ring_launch(&env::process)? {
+        Ok(launch) => launch,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let rank = launch.rank;
+    let options = env::options(&env::process)?;
+    options.validate()?;
+    let path = launch.hostfile.as_path();
+    let nodes = hostfile::read(path)?;
+    let addrs = hostfile::resolve(&nodes, rank, path)?;
+    if addrs.size == 1 {
+        return Ok(Ok(Group::single()));
+    }
+    Ok(Ok(form_ring(&addrs, &options)?))
+}
+
+/// JACCL from MLX's launch environment ([`crate::jaccl::Config::from_env`]). As for the
+/// ring, the inner `Err` says the environment does not describe a JACCL group; the outer one
+/// is a failure to form the group it describes (including a missing verbs library).
+#[cfg(feature = "jaccl")]
+fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+    let config = crate::jaccl::Config::from_env()?;
+    if let Some(missing) = config.missing() {
+        return Ok(Err(missing));
+    }
+    let options = env::options(&env::process)?;
+    crate::jaccl::init(&config, &options).map(Ok)
+}
+
+#[cfg(not(feature = "jaccl"))]
+fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+    Ok(Err(jaccl_unavailable_reason().unwrap_or_default()))
+}
+
+/// Forms rank `rank` of the ring over `nodes` (per rank, the addresses it listens on, one
+/// connection per address, as MLX's hostfile lists them) and returns its group. The group
+/// is not made the default. A ring of one rank is the group of this process alone.
+///
+/// # Errors
+///
+/// Malformed or unresolvable addresses, a rank out of range, or a neighbour that does not
+/// connect or accept within `options.timeout` (the error names it).
+///
+/// # Examples
+///
+/// Two ranks of a ring on loopback, as two threads of one process (two processes, or two
+/// hosts, run the same code with their own `rank`):
+///
+/// ```
+/// use std::time::Duration;
+/// use nuvec_distributed_engine::{Options, init_with};
+///
+/// // Each rank listens on the addresses of its entry: here one port each, on loopback.
+/// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+/// # // dial of another example running in parallel can take one.
+/// # let ports = nuvec_tools::testing::free_ports(2, 1);
+/// # let (p0, p1) = (ports[0][0], ports[1][0]);
+/// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+/// let options = Options::default().timeout(Duration::from_secs(10));
+/// let sums = std::thread::scope(|s| {
+///     let ranks: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (nodes, options) = (&nodes, &options);
+///             s.spawn(move || -> nuvec_distributed_engine::Result<[f32; 1]> {
+///                 let group = init_with(nodes, rank, options)?;
+///                 assert_eq!((group.rank(), group.size()), (rank, 2));
+///                 let mut x = [rank as f32 + 1.0];
+///                 group.all_sum(&mut x)?;
+///                 Ok(x)
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|r| r.join().unwrap()).collect::<Vec<_>>()
+/// });
+/// for sum in sums {
+///     assert_eq!(sum?, [3.0]);
+/// }
+///
+/// // One entry is the group of this process alone; a rank out of range is refused.
+/// assert_eq!(init_with(&[vec!["127.0.0.1:0".into()]], 0, &Options::default())?.size(), 1);
+/// assert!(init_with(&nodes, 2, &options).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Result<Group> {
+    options.validate()?;
+    let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;
+    if addrs.size == 1 {
+        return Ok(Group::single());
+    }
+    form_ring(&addrs, options)
+}
+
+/// Forms the ring of two or more ranks described by `addrs` on the wire `options` asks for.
+pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Group> {
+    let group = match options.wire {
+        Wire::Mlx => Group::new(Arc::new(Ring::connect(addrs, options)?)),
+        Wire::Native => {
+            let formed = crate::native::bootstrap::connect(addrs, options)?;
+            Group::new(Arc::new(Native::new(formed, options)?))
+        }
+    };
+    // Kept so that the group can be split on the same links with the same options.
+    Ok(group.with_origin(crate::split::Origin::new(addrs, options)))
+}

@@ -1,0 +1,618 @@
+//! How a group is formed: the timeout every wait is bounded by, and (with the
+//! authentication work) a pre-shared key.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::auth::Secret;
+use crate::error::{Error, Result};
+// The environment's names for these options; `config::env` reads them.
+pub use crate::config::env::{
+    SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+};
+
+/// The instant `wait` after `start`, for every deadline in the crate.
+///
+/// A timeout may be anything up to [`Duration::MAX`] (and `NUVEC_DISTRIBUTED_TIMEOUT=1e19`
+/// is about 317 billion years), more than an [`Instant`] can hold, where `start + wait`
+/// panics. Such a deadline is taken as far enough ahead that no wait reaches it: a century,
+/// or the most of that the platform's clock can represent.
+pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
+    const DAY: u64 = 24 * 60 * 60;
+    start.checked_add(wait).unwrap_or_else(|| {
+        [100 * 365 * DAY, 365 * DAY, DAY, 60]
+            .into_iter()
+            .find_map(|secs| start.checked_add(Duration::from_secs(secs)))
+            // No clock ends within a minute of now; if one did, the wait ends now.
+            .unwrap_or(start)
+    })
+}
+
+/// Options of [`init_with`](crate::init_with).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use nuvec_distributed_engine::{Options, Wire, init_with};
+///
+/// // The defaults, then only what differs, by builder or by field.
+/// let mut options = Options::default().timeout(Duration::from_secs(5));
+/// options.spin = Duration::ZERO;
+/// assert_eq!(options.timeout, Duration::from_secs(5));
+/// assert_eq!(options.wire, Wire::Mlx);
+/// let group = init_with(&[vec!["127.0.0.1:0".into()]], 0, &options)?;
+/// assert_eq!(group.size(), 1);
+///
+/// // Values no group can use are refused when one is formed.
+/// let zero = Options::default().timeout(Duration::ZERO);
+/// assert!(init_with(&[vec!["127.0.0.1:0".into()]], 0, &zero).is_err());
+/// # Ok::<(), nuvec_distributed_engine::Error>(())
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct Options {
+    /// How long connecting, and every transfer, may wait for a peer that makes no progress
+    /// before failing with an error naming it. Default 30 s ([`TIMEOUT_VAR`], in seconds, for
+    /// [`init`](crate::init)). The kernel's own timeouts on each connection (keepalive, and
+    /// `TCP_USER_TIMEOUT` on Linux) are derived from it, so a peer that is late by less than
+    /// this never fails a collective, whatever its size. Any value above zero is accepted;
+    /// one beyond what the clock can represent (up to [`Duration::MAX`]) waits as good as
+    /// forever.
+    pub timeout: Duration,
+    /// The TCP congestion control every connection uses (Linux: `TCP_CONGESTION`), or
+    /// `None` (the default) for the system's. On loopback the common default, `bbr`, paces
+    /// each stream well below what the machine can move; `"cubic"` or `"reno"` lift large
+    /// collectives by about a third on the 2-vCPU VMs this was measured on (compare on your
+    /// own machine: `nuvec bench` with `NUVEC_DISTRIBUTED_TCP_CONGESTION` set and unset; the
+    /// bench's header names the one in use). Only algorithms in
+    /// `/proc/sys/net/ipv4/tcp_allowed_congestion_control` may be chosen without
+    /// privileges.
+    pub tcp_congestion: Option<String>,
+    /// Send and receive buffer size of every connection, in bytes, or `None` (the default)
+    /// for the kernel's autotuning, which measured as fast or faster on loopback. Setting
+    /// it turns autotuning off for those sockets.
+    pub socket_buffer: Option<usize>,
+    /// How long a collective that is waiting for a peer keeps retrying before it sleeps in
+    /// the kernel. Default 50 µs: waking a thread that slept costs ~100 µs on the VMs this
+    /// was measured on, against a ~10 µs round trip. Retries yield the CPU after the first
+    /// 10 µs, and from the start when the hostfile puts more ranks on this host than it has
+    /// CPUs. Zero never spins (lowest CPU use); longer suits ranks that often arrive at a
+    /// collective at slightly different times. An idle group never spins, and spinning
+    /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
+    pub spin: Duration,
+    /// Which wire the ring speaks: [`Wire::Mlx`] (the default), byte for byte MLX's, or
+    /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`] for [`init`](crate::init)).
+    pub wire: Wire,
+    /// Whether native-wire ranks on one host move data through shared memory (default
+    /// `true`; [`SHM_VAR`] for [`init`](crate::init)). A group uses it when every rank is on
+    /// the same host and offers it; otherwise every link stays TCP. The MLX wire never uses
+    /// it.
+    pub shared_memory: bool,
+    /// Which event loop drives the sockets on Linux (see [`Io`]); default [`Io::Auto`].
+    pub io: Io,
+    /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
+    pub(crate) key: Option<Secret>,
+}
+
+/// The bytes a ring's connections carry.
+///
+/// ```
+/// use nuvec_distributed_engine::{Options, Wire};
+///
+/// let options = Options::default().wire(Wire::Native);
+/// assert_eq!(options.wire, Wire::Native);
+/// assert_eq!(Options::default().wire, Wire::Mlx);
+/// assert_eq!("native".parse::<Wire>(), Ok(Wire::Native));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wire {
+    /// MLX's ring wire, byte for byte: ranks of `mx.distributed` and of this crate share one
+    /// ring. No headers: every rank must make the same calls, and a rank that does not gets
+    /// wrong data. An all-reduce is `2(P-1)` dependent hops.
+    #[default]
+    Mlx,
+    /// The native wire, between ranks of this crate only: a handshake per connection, a
+    /// header per collective (a mismatched call fails every rank involved, naming both
+    /// calls) and latency-optimal algorithms over connections between any two ranks.
+    Native,
+}
+
+impl Wire {
+    /// The name [`WIRE_VAR`] takes: `"mlx"` or `"native"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Mlx => "mlx",
+            Wire::Native => "native",
+        }
+    }
+}
+
+impl fmt::Display for Wire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Wire {
+    type Err = String;
+
+    /// `"mlx"` or `"native"`, ignoring case and surrounding blanks.
+    fn from_str(text: &str) -> std::result::Result<Wire, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "mlx" => Ok(Wire::Mlx),
+            "native" => Ok(Wire::Native),
+            _ => Err(format!("{text:?} is not a wire: use \"mlx\" or \"native\"")),
+        }
+    }
+}
+
+/// The variable that chooses the event loop (see [`Io`]) when [`Options::io`] is
+/// [`Io::Auto`]: `auto`, `epoll` or `uring`. It is read when a group forms, by
+/// [`init`](crate::init) and [`init_with`](crate::init_with) alike.
+pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
+
+/// The event loop that drives a ring's sockets.
+///
+/// ```
+/// use nuvec_distributed_engine::{Io, Options};
+///
+/// assert_eq!(Options::default().io, Io::Auto);
+/// assert_eq!(Options::default().io(Io::Epoll).io, Io::Epoll);
+/// assert_eq!("uring".parse::<Io>(), Ok(Io::Uring));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Io {
+    /// [`IO_VAR`] if it is set, else the loop measured faster: epoll (kqueue off Linux),
+    /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
+    /// on the MLX wire against 5.7, 1.1 on the native wire against 2.3) but was not faster
+    /// on this project's benchmark machine (medians of five interleaved rounds, P = 2):
+    /// 1.04x epoll's time at 4 B, 1.17x at 8 KiB and 1.03x at 64 MiB on the MLX wire,
+    /// 1.20x and 1.16x on the native wire, and 1.2-1.7x with three or four ranks sharing
+    /// two CPUs. Choose [`Io::Uring`] by name to use it.
+    #[default]
+    Auto,
+    /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
+    Epoll,
+    /// io_uring (Linux). A ring step of a collective of one lane (small arrays; on the
+    /// native wire, a round with one message each way) submits its send and receive
+    /// together and waits in the kernel for both; with more than two ranks that receive
+    /// first takes any TCP urgent byte (a failure notice), in the kernel, so no notice is
+    /// lost to it. Other transfers are one non-blocking io_uring operation each, and waits
+    /// are io_uring polls. Every operation on a caller's buffer has completed, or been
+    /// cancelled and reaped, before the collective returns, on success, error, timeout and
+    /// close alike. Forming a group fails, saying why, where the kernel refuses io_uring
+    /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`): there is no silent
+    /// fallback when it is asked for by name.
+    Uring,
+}
+
+impl Io {
+    /// The name [`IO_VAR`] takes: `"auto"`, `"epoll"` or `"uring"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Io::Auto => "auto",
+            Io::Epoll => "epoll",
+            Io::Uring => "uring",
+        }
+    }
+}
+
+impl fmt::Display for Io {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Io {
+    type Err = String;
+
+    /// `"auto"`, `"epoll"` or `"uring"` (also `"io_uring"`), ignoring case and blanks.
+    fn from_str(text: &str) -> std::result::Result<Io, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Io::Auto),
+            "epoll" => Ok(Io::Epoll),
+            "uring" | "io_uring" => Ok(Io::Uring),
+            _ => Err(format!(
+                "{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\""
+            )),
+        }
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+            tcp_congestion: None,
+            socket_buffer: None,
+            spin: Duration::from_micros(50),
+            wire: Wire::Mlx,
+            shared_memory: true,
+            io: Io::Auto,
+            key: None,
+        }
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("timeout", &self.timeout)
+            .field("tcp_congestion", &self.tcp_congestion)
+            .field("socket_buffer", &self.socket_buffer)
+            .field("spin", &self.spin)
+            .field("wire", &self.wire)
+            .field("shared_memory", &self.shared_memory)
+            .field("io", &self.io)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl Options {
+    /// Sets the timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use nuvec_distributed_engine::{Fault, Options, init_with};
+    ///
+    /// // Rank 1 of this ring never starts: rank 0 gives up after the timeout, naming it.
+    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+    /// # // dial of another example running in parallel can take one.
+    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+    /// let options = Options::default().timeout(Duration::from_millis(300));
+    /// let start = Instant::now();
+    /// let err = init_with(&nodes, 0, &options).unwrap_err();
+    /// assert!(start.elapsed() >= Duration::from_millis(300));
+    /// assert!(start.elapsed() < Duration::from_secs(10));
+    /// assert_eq!((err.fault(), err.peer()), (Fault::PeerFailed, Some(1)), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Authenticates every connection with this pre-shared secret, which must be the same
+    /// on every rank and at least 16 bytes long (`NUVEC_DISTRIBUTED_KEY` for
+    /// [`init`](crate::init)).
+    ///
+    /// Each connection then runs a mutual challenge-response before any data flows (see
+    /// the crate docs): a host without the key can neither join the ring nor keep a rank
+    /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
+    /// ranks only. The traffic after the handshake is **not encrypted** or authenticated;
+    /// on an untrusted network, run the ring over a VPN.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::{Options, init_with};
+    ///
+    /// // Two ranks with the same key form their ring (one thread each here).
+    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+    /// # // dial of another example running in parallel can take one.
+    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+    /// let options = Options::default().key("a secret of at least sixteen bytes");
+    /// std::thread::scope(|s| {
+    ///     for rank in 0..2 {
+    ///         let (nodes, options) = (&nodes, &options);
+    ///         s.spawn(move || {
+    ///             let group = init_with(nodes, rank, options).unwrap();
+    ///             let mut x = [1u32];
+    ///             group.all_sum(&mut x).unwrap();
+    ///             assert_eq!(x, [2]);
+    ///         });
+    ///     }
+    /// });
+    ///
+    /// // A key shorter than 16 bytes is refused before any connection is made.
+    /// let short = Options::default().key("too short");
+    /// assert!(init_with(&nodes, 0, &short).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.key = Some(Secret::new(secret.as_ref()));
+        self
+    }
+
+    /// Sets the TCP congestion control of every connection (see
+    /// [`Options::tcp_congestion`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// let options = Options::default().tcp_congestion("reno");
+    /// assert_eq!(options.tcp_congestion.as_deref(), Some("reno"));
+    /// // The default leaves the system's choice alone.
+    /// assert_eq!(Options::default().tcp_congestion, None);
+    /// ```
+    pub fn tcp_congestion(mut self, algorithm: impl Into<String>) -> Self {
+        self.tcp_congestion = Some(algorithm.into());
+        self
+    }
+
+    /// Sets the send and receive buffer size of every connection (see
+    /// [`Options::socket_buffer`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// let options = Options::default().socket_buffer(4 << 20);
+    /// assert_eq!(options.socket_buffer, Some(4 << 20));
+    /// assert_eq!(Options::default().socket_buffer, None); // the kernel's autotuning
+    /// ```
+    pub fn socket_buffer(mut self, bytes: usize) -> Self {
+        self.socket_buffer = Some(bytes);
+        self
+    }
+
+    /// Sets how long a waiting collective retries before it sleeps (see [`Options::spin`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// // Never spin: the lowest CPU use, for ranks that share cores with other work.
+    /// let options = Options::default().spin(Duration::ZERO);
+    /// assert_eq!(options.spin, Duration::ZERO);
+    /// assert_eq!(Options::default().spin, Duration::from_micros(50));
+    /// ```
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// Chooses the wire (see [`Wire`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::{Options, Wire};
+    ///
+    /// assert_eq!(Options::default().wire, Wire::Mlx); // MLX's ranks can join
+    /// let options = Options::default().wire("native".parse()?);
+    /// assert_eq!(options.wire, Wire::Native); // nuvec ranks only
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn wire(mut self, wire: Wire) -> Self {
+        self.wire = wire;
+        self
+    }
+
+    /// Turns shared memory between co-located native-wire ranks on (the default) or off
+    /// (every link TCP), as [`SHM_VAR`] does for [`init`](crate::init).
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// assert!(Options::default().shared_memory);
+    /// assert!(!Options::default().shared_memory(false).shared_memory);
+    /// ```
+    pub fn shared_memory(mut self, on: bool) -> Self {
+        self.shared_memory = on;
+        self
+    }
+
+    /// Chooses the event loop (see [`Io`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::{Io, Options};
+    ///
+    /// let options = Options::default().io(Io::Uring);
+    /// assert_eq!(options.io, Io::Uring);
+    /// ```
+    pub fn io(mut self, io: Io) -> Self {
+        self.io = io;
+        self
+    }
+
+    /// Checks values a caller may have set by hand.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.timeout.is_zero() {
+            return Err(Error::invalid("Options::timeout must be more than zero"));
+        }
+        if self.socket_buffer == Some(0) {
+            return Err(Error::invalid(
+                "Options::socket_buffer must be more than zero bytes",
+            ));
+        }
+        if self.tcp_congestion.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::invalid("Options::tcp_congestion names no algorithm"));
+        }
+        if let Some(secret) = &self.key {
+            secret.key()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::comm::progress::Spin;
+    use crate::config::env::{self, KEY_VAR};
+    use crate::tcp::{self, SocketTuning};
+
+    /// Durations from zero to [`Duration::MAX`], with the edges often.
+    fn any_duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::ZERO),
+            Just(Duration::MAX),
+            Just(Duration::from_secs(10_000_000_000_000_000_000)),
+            (0u64..5_000_000).prop_map(Duration::from_micros),
+            (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]
+    }
+
+    fn any_options() -> impl Strategy<Value = Options> {
+        (
+            any_duration(),
+            any_duration(),
+            prop::option::of(prop_oneof![Just(0usize), Just(usize::MAX), any::<usize>()]),
+            prop::option::of(prop_oneof![
+                Just(String::new()),
+                Just("reno".to_string()),
+                ".{0,20}"
+            ]),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..40)),
+        )
+            .prop_map(|(timeout, spin, buffer, congestion, key)| {
+                let mut options = Options::default().timeout(timeout).spin(spin);
+                options.socket_buffer = buffer;
+                options.tcp_congestion = congestion;
+                if let Some(key) = key {
+                    options = options.key(key);
+                }
+                options
+            })
+    }
+
+    #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        for huge in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let far = deadline(now, huge);
+            assert!(
+                far >= now + Duration::from_secs(365 * 24 * 3600),
+                "{huge:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn absurd_timeouts_from_the_environment_are_kept_or_refused_by_name() {
+        let huge = env::parse_timeout("1e19").unwrap();
+        assert_eq!(huge, Duration::from_secs(10_000_000_000_000_000_000));
+        assert!(deadline(Instant::now(), huge) > Instant::now());
+        for bad in ["1e-300", "inf", "1e20", "0.0000000000001"] {
+            let e = env::parse_timeout(bad).unwrap_err().to_string();
+            assert!(e.contains(env::TIMEOUT_VAR) && e.contains(bad), "{e}");
+        }
+    }
+
+    /// The lookup of an environment made of `pairs`.
+    fn vars(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<OsString> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    /// Values of the numeric variables: numbers of every shape, and anything else.
+    fn any_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "",
+                " ",
+                "0",
+                "-0",
+                "1e19",
+                "1e-300",
+                "inf",
+                "-inf",
+                "NaN",
+                "1e308",
+                "18446744073709551615",
+                "18446744073709551616",
+                "4294967296",
+                "0.0000000001",
+                "1.5",
+                "-3",
+                " 30 ",
+            ])
+            .prop_map(String::from),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|f| f.to_string()),
+            ".{0,12}",
+        ]
+    }
+
+    /// Everything an option feeds before any peer is waited for: validation, a group of
+    /// one, the derived socket values (applied to real sockets: the kernel accepts them),
+    /// the spin policy and deadlines. None of it may panic, whatever the values.
+    fn check_options(options: &Options) -> std::result::Result<(), TestCaseError> {
+        let valid = options.validate();
+        let single = crate::init_with(&[vec!["127.0.0.1:1".into()]], 0, options);
+        prop_assert_eq!(valid.is_ok(), single.is_ok());
+        let tuning = SocketTuning::from_options(options);
+        let now = Instant::now();
+        prop_assert!(deadline(now, options.timeout) >= now);
+        let _ = Spin::for_local_ranks(options.spin, 4);
+        if let Ok(listener) = tcp::listen("127.0.0.1:0".parse().unwrap(), &tuning) {
+            let addr = listener.local_addr().unwrap();
+            let stream = tcp::dial(addr, &tuning);
+            if valid.is_ok() && options.tcp_congestion.is_none() {
+                let stream = stream.map_err(|e| TestCaseError::fail(format!("dial: {e}")))?;
+                let tuned = tcp::tune_established(&stream, &tuning.liveness);
+                prop_assert!(tuned.is_ok(), "{:?}: {:?}", options, tuned);
+            }
+        } else {
+            prop_assert!(options.tcp_congestion.is_some(), "{:?}", options);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn no_option_value_panics(options in any_options()) {
+            let valid = options.validate();
+            let expected = !options.timeout.is_zero()
+                && options.socket_buffer != Some(0)
+                && options.tcp_congestion.as_deref() != Some("")
+                && options.key.as_ref().is_none_or(|k| k.key().is_ok());
+            prop_assert_eq!(valid.is_ok(), expected, "{:?}", valid);
+            check_options(&options)?;
+        }
+
+        #[test]
+        fn no_environment_value_panics(
+            timeout in any_value(),
+            spin in any_value(),
+            buffer in any_value(),
+            congestion in prop_oneof![Just("reno".to_string()), ".{0,8}"],
+            key in ".{0,24}",
+        ) {
+            let lookup = vars(vec![
+                (env::TIMEOUT_VAR, timeout.clone()),
+                (env::SPIN_VAR, spin),
+                (env::SOCKET_BUFFER_VAR, buffer),
+                (env::TCP_CONGESTION_VAR, congestion),
+                (KEY_VAR, key),
+            ]);
+            if let Ok(options) = env::options(&lookup) {
+                prop_assert!(!options.timeout.is_zero(), "{:?} read as zero", timeout);
+                check_options(&options)?;
+            }
+            if let Ok(t) = env::parse_timeout(&timeout) {
+                prop_assert!(!t.is_zero());
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Where the diagnostics go: to the program's `log` logger when it installs one, and to
+//! stderr in MLX's `[ring] rank R: ...` form when it does not and `MLX_RING_VERBOSE` is set.
+//! Each case runs two real ranks on loopback, since a logger is global to a process.
+
+use std::sync::Mutex;
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+use nuvec_tools::testing::{self, Launch, RankOutput};
+
+/// Prints every record it takes on stdout, as `LOG <level> <target> <message>`; takes
+/// records up to `info`.
+struct Printer(Mutex<()>);
+
+impl Log for Printer {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.level() <= Level::Info
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        if self.enabled(record.metadata()) {
+            let _one_at_a_time = self.0.lock();
+            println!(
+                "LOG {} {} {}",
+                record.level(),
+                record.target(),
+                record.args()
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static PRINTER: Printer = Printer(Mutex::new(()));
+
+fn sum_once() {
+    let g = nuvec_distributed_engine::init(true).expect("the ring forms");
+    let mut x = [1.0f32; 8];
+    g.all_sum(&mut x).unwrap();
+    assert_eq!(x, [2.0; 8]);
+}
+
+fn stderr_lines<'a>(o: &'a RankOutput, prefix: &str) -> Vec<&'a str> {
+    o.stderr.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[test]
+fn without_a_logger_mlx_ring_verbose_writes_mlx_s_lines_to_stderr() {
+    let name = "without_a_logger_mlx_ring_verbose_writes_mlx_s_lines_to_stderr";
+    let launch = Launch::new(2, 1).env("MLX_RING_VERBOSE", "1");
+    let Some(outputs) = launch.run_raw(name, sum_once) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "{o}");
+        let ours = stderr_lines(o, &format!("[ring] rank {}: ", o.rank));
+        assert!(
+            ours.iter().any(|l| l.contains(": forming a ring of 2 "))
+                && ours.iter().any(|l| l.contains(": ring formed in ")),
+            "rank {}'s stderr lacks the forming lines:\n{}",
+            o.rank,
+            o.stderr
+        );
+        assert!(!o.stdout.contains("LOG "), "{o}");
+    }
+}
+
+#[test]
+fn without_a_logger_or_a_variable_nothing_is_written() {
+    let name = "without_a_logger_or_a_variable_nothing_is_written";
+    let launch = Launch::new(2, 1).command(move |_| {
+        let mut c = testing::this_test(name);
+        c.env_remove("MLX_RING_VERBOSE")
+            .env_remove("NUVEC_DISTRIBUTED_VERBOSE");
+        c
+    });
+    let Some(outputs) = launch.run_raw(name, sum_once) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "{o}");
+        assert!(stderr_lines(o, "[ring]").is_empty(), "{o}");
+    }
+}
+
+#[test]
+fn a_logger_gets_the_lines_it_takes_and_stderr_the_others() {
+    let name = "a_logger_gets_the_lines_it_takes_and_stderr_the_others";
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_VERBOSE", "");
+    let Some(outputs) = launch.run_raw(name, || {
+        log::set_logger(&PRINTER).unwrap();
+        log::set_max_level(LevelFilter::Trace);
+        sum_once();
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "{o}");
+        let r = o.rank;
+        // "ring formed" is at info: the logger takes it, with the backend's target and the
+        // rank in the message, and it is not written to stderr as well.
+        let formed = o
+            .lines("LOG INFO nuvec_distributed_engine::ring ")
+            .into_iter()
+            .filter(|l| l.starts_with(&format!("rank {r}: ring formed in ")))
+            .count();
+        assert_eq!(formed, 1, "rank {r}:\n{o}");
+        assert!(
+            !o.stderr.contains("ring formed"),
+            "rank {r} wrote a line its logger took to stderr too:\n{o}"
+        );
+        // "forming a ring" is at debug, which the logger refuses: under the variable it
+        // goes to stderr as MLX's line.
+        assert!(
+            stderr_lines(o, &format!("[ring] rank {r}: forming a ring of 2 ")).len() == 1,
+            "rank {r}:\n{o}"
+        );
+        assert!(!o.stdout.contains("forming a ring"), "rank {r}:\n{o}");
+    }
+}
