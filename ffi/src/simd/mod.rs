@@ -613,8 +613,10 @@ mod tests {
                     .copied()
                     .chain(
                         acc[1..]
-                            .chunks_exact(2)
-                            .zip(inc[1..].chunks_exact(2))
+                            .as_chunks::<2>()
+                            .0
+                            .iter()
+                            .zip(inc[1..].as_chunks::<2>().0)
                             .flat_map(|(a, b)| {
                                 portable::bf16_round(widen(a) + widen(b)).to_ne_bytes()
                             }),
@@ -639,7 +641,9 @@ mod tests {
                 .collect();
             if reduce(level, Semantics::Ring, Op::Sum, Elem::BF16, &mut acc, &inc) {
                 let got: Vec<u16> = acc
-                    .chunks_exact(2)
+                    .as_chunks::<2>()
+                    .0
+                    .iter()
                     .map(|c| u16::from_ne_bytes([c[0], c[1]]))
                     .collect();
                 assert_eq!(got, [0x0041, 0x8002, 0x0080], "{level}");
