@@ -191,16 +191,20 @@ impl Ranks {
 
 fn run() -> Check {
     let mut args = std::env::args().skip(1);
-    let launched: Option<usize> = args.next().and_then(|a| a.parse().ok());
+    // At least two: the checks send between ranks 0 and 1, and one rank leaves at the end.
+    let launched: Option<usize> = args.next().and_then(|a| a.parse().ok()).filter(|&n| n >= 2);
     let setup = |expected: &str, got: String| Failure {
         check: "setup".into(),
-        rank: format!("rank {}", std::env::var("MLX_RANK").unwrap_or_default()),
+        rank: std::env::var("MLX_RANK").map_or_else(
+            |_| "a process outside a launch (MLX_RANK unset)".into(),
+            |r| format!("rank {r}"),
+        ),
         expected: expected.into(),
         got,
     };
     let Some(launched) = launched else {
         return Err(setup(
-            "one argument, the number of ranks launched",
+            "one argument, the number of ranks launched (2 or more)",
             format!("{:?}", std::env::args().skip(1).collect::<Vec<_>>()),
         ));
     };
