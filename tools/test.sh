@@ -16,7 +16,10 @@
 #   them) and the overflow checks execute;
 # - the whole suite, release, all features; then, with default features, the release
 #   integration tests whose code the features change (the ring's collectives, where the
-#   probes compile in or out, and the README example);
+#   probes compile in or out, and the README example); the whole suite includes the crate
+#   documentation's first example (examples/seed.rs) under `nuvec launch -n 2` and `-n 4`;
+# - a nuvec user's project with this crate patched in (tests/dropin), built in its own
+#   target directory and run under `nuvec launch` on both wires;
 # - the tests that need root: network namespaces, and the probes under bpftrace; between
 #   them a short chaos run (tools/chaos.sh 5: faults injected into rings, blame checked);
 # - a short fuzz run of every target (tools/fuzz.sh, which installs cargo-fuzz if missing);
@@ -234,6 +237,8 @@ cross_targets
 
 step "formatting"
 cargo fmt --all -- --check
+# tests/dropin is a project of its own (outside the workspace), which --all does not reach.
+cargo fmt --manifest-path tests/dropin/Cargo.toml -- --check
 
 step "SAFETY.md lists every unsafe site of ffi/"
 tools/check-safety.sh
@@ -298,6 +303,16 @@ cargo test --workspace --all-features --release
 # a minute and a half; the features change nothing in its code but the probes.
 step "tests, default features (release): the ring (MLX wire) and the example"
 cargo test --release --test ring --test example -- --skip native
+
+# A nuvec user's project (tests/dropin: nuvec and nuvec-nn from crates.io, this crate patched
+# in with one [patch.crates-io] line): cargo tree must show this crate as its only
+# nuvec-distributed; it is built in release in target/dropin (its own Cargo.lock, so nuvec
+# and its dependencies compile there once per clean clone: about 125 s of CPU, 96 s on the
+# 2-core box under other load; afterwards only this crate and the engine, about 10 s), then
+# run under `nuvec launch` at 2 and 4 ranks on MLX's wire and the native wire, every
+# collective checked against its exact result (about 1.2 s for the four launches).
+step "drop-in for nuvec users: tests/dropin under nuvec launch -n 2 and 4, both wires"
+cargo test --release --test dropin -- --ignored --nocapture
 
 # The io_uring driver (Options::io, Linux): a subset of the matrix (both wires), the fault
 # tests that kill, stop and close from another thread mid-transfer, the zero-allocation and

@@ -226,39 +226,66 @@ pub fn this_test_in(wrapper: &[&str], name: &str) -> Command {
     command
 }
 
+/// The directory of the profile the tests run in (`target/<profile>`), where cargo puts the
+/// workspace's binaries and libraries.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<this test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary sits in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Runs `cargo build` with `args` in the workspace, in the profile the tests run in;
+/// panics naming `what` when it fails.
+fn cargo_build(args: &[&str], what: &str) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("build")
+        .args(args);
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    let status = build
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo build for {what}: {e}"));
+    assert!(status.success(), "cargo build {} failed", args.join(" "));
+}
+
 /// The test verbs provider's shared library (`ffi/verbs-provider`), built once per test
 /// binary with `cargo build -p nuvec-verbs-provider` in the profile the tests run in, so
 /// that JACCL's real binding can load it through `NUVEC_DISTRIBUTED_VERBS_LIBRARY`.
 pub fn verbs_provider() -> &'static Path {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        // target/<profile>/deps/<this test> -> target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary sits in target/<profile>/deps");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "-p", "nuvec-verbs-provider"]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        let status = build
-            .status()
-            .expect("running cargo build for the provider");
-        assert!(
-            status.success(),
-            "cargo build -p nuvec-verbs-provider failed"
-        );
+        cargo_build(&["-p", "nuvec-verbs-provider"], "the provider");
         let name = if cfg!(target_os = "macos") {
             "libnuvec_verbs_provider.dylib"
         } else {
             "libnuvec_verbs_provider.so"
         };
-        let path = profile_dir.join(name);
+        let path = profile_dir().join(name);
+        assert!(path.exists(), "{} was not built", path.display());
+        path
+    })
+}
+
+/// The `nuvec` binary (`nuvec launch`) of the profile the tests run in, for tests that run
+/// a program under it. A `cargo test` of the workspace or of its default members builds
+/// it, with the features of that run, before any test starts; a test run of one other
+/// package does not, and then this builds it once with `cargo build -p nuvec-tools --bin
+/// nuvec` (rather than always, which with other features than the run's would rebuild the
+/// engine under the other tests' feet).
+pub fn nuvec_binary() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let path = profile_dir().join(format!("nuvec{}", std::env::consts::EXE_SUFFIX));
+        if !path.exists() {
+            cargo_build(&["-p", "nuvec-tools", "--bin", "nuvec"], "nuvec launch");
+        }
         assert!(path.exists(), "{} was not built", path.display());
         path
     })
