@@ -47,6 +47,14 @@
 //! length, the data: four engine messages per array), so a Python MLX rank cannot `recv` a
 //! nuvec array and a nuvec rank cannot `recv` one MLX sent. That is nuvec-core's choice of
 //! framing; the reductions and `all_gather` carry bare elements and mix with MLX ranks.
+//! When one tries anyway (the repository's `tests/interop.rs` does): the MLX rank's `recv`
+//! returns the frame's first bytes as its array, which nothing on MLX's wire can detect,
+//! while the nuvec rank's `send` succeeds; a nuvec rank's `recv` of MLX's bare bytes fails,
+//! at once when they cannot be nuvec-core's header (`recv: rank 1 sent no array header`,
+//! `... sent another dtype or shape`), or after the timeout when they announce more bytes
+//! than come (`distributed recv from rank 0: ... receive timed out`): only bytes that
+//! carry nuvec-core's frame with the expected header come back as an array. Either way
+//! the two ranks' streams are out of step: form a new group.
 //!
 //! # Errors
 //!
