@@ -47,6 +47,14 @@
 //! length, the data: four engine messages per array), so a Python MLX rank cannot `recv` a
 //! nuvec array and a nuvec rank cannot `recv` one MLX sent. That is nuvec-core's choice of
 //! framing; the reductions and `all_gather` carry bare elements and mix with MLX ranks.
+//! When one tries anyway (the repository's `tests/interop.rs` does): the MLX rank's `recv`
+//! returns the frame's first bytes as its array, which nothing on MLX's wire can detect,
+//! while the nuvec rank's `send` succeeds; a nuvec rank's `recv` of MLX's bare bytes fails,
+//! at once when they cannot be nuvec-core's header (`recv: rank 1 sent no array header`,
+//! `... sent another dtype or shape`), or after the timeout when they announce more bytes
+//! than come (`distributed recv from rank 0: ... receive timed out`): only bytes that
+//! carry nuvec-core's frame with the expected header come back as an array. Either way
+//! the two ranks' streams are out of step: form a new group.
 //!
 //! # Errors
 //!
@@ -206,5 +214,36 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
 /// # Ok::<(), nuvec_core::Error>(())
 /// ```
 pub fn from_engine(group: engine::Group) -> Group {
-    Group::new(Arc::new(comm::ArrayComm::new(group)))
+    Group::new(communicator(group))
+}
+
+/// nuvec-core's transport over an engine group: the adapter that [`from_engine`] (and so
+/// every group this crate forms) wraps in nuvec's [`Group`], for code that calls the
+/// [`Communicator`](nuvec_core::distributed::Communicator) methods itself, such as a
+/// benchmark that tells this crate's cost apart from nuvec-core's, or a test of what
+/// reaches the engine.
+///
+/// Its `all_reduce`, `all_gather`, `send` and `recv` hand the engine the caller's buffers
+/// as they are: no copy and no allocation, only the translation of dtypes, reductions and
+/// errors (see the crate docs' [Errors](crate#errors)).
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_core::DType;
+/// use nuvec_core::distributed::AllReduce;
+///
+/// let comm = nuvec_distributed::communicator(nuvec_distributed::engine::Group::single());
+/// assert_eq!((comm.rank(), comm.size()), (0, 1));
+/// let mut bytes = 2.5f32.to_ne_bytes();
+/// comm.all_reduce(AllReduce::Sum, DType::F32, &mut bytes)?;
+/// assert_eq!(f32::from_ne_bytes(bytes), 2.5); // a group of one keeps its input
+///
+/// // A buffer that is not a whole number of elements is refused, naming the call.
+/// let err = comm.all_reduce(AllReduce::Max, DType::F32, &mut [0; 3]).unwrap_err();
+/// assert!(err.to_string().contains("all_max"), "{err}");
+/// # Ok::<(), nuvec_core::Error>(())
+/// ```
+pub fn communicator(group: engine::Group) -> Arc<dyn nuvec_core::distributed::Communicator> {
+    Arc::new(comm::ArrayComm::new(group))
 }
