@@ -206,5 +206,47 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
 /// # Ok::<(), nuvec_core::Error>(())
 /// ```
 pub fn from_engine(group: engine::Group) -> Group {
-    Group::new(Arc::new(comm::ArrayComm::new(group)))
+    Group::new(communicator(group))
+}
+
+/// nuvec-core's transport over an engine group, not yet a [`Group`]: for a program that
+/// wraps it (to time or log every collective, as `examples/llama.rs` times its `all_sum`s)
+/// before handing it to [`Group::new`]. [`from_engine`] is `Group::new(communicator(g))`.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use nuvec_core::distributed::{AllReduce, Communicator, Group};
+/// use nuvec_core::{DType, Result};
+///
+/// /// Counts the reductions that pass through it.
+/// struct Counted(Arc<dyn Communicator>, AtomicUsize);
+///
+/// impl Communicator for Counted {
+///     fn rank(&self) -> usize { self.0.rank() }
+///     fn size(&self) -> usize { self.0.size() }
+///     fn all_reduce(&self, op: AllReduce, dtype: DType, data: &mut [u8]) -> Result<()> {
+///         self.1.fetch_add(1, Ordering::Relaxed);
+///         self.0.all_reduce(op, dtype, data)
+///     }
+///     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+///         self.0.all_gather(input, output)
+///     }
+///     fn send(&self, dst: usize, data: &[u8]) -> Result<()> { self.0.send(dst, data) }
+///     fn recv(&self, src: usize, data: &mut [u8]) -> Result<()> { self.0.recv(src, data) }
+/// }
+///
+/// let inner = nuvec_distributed::communicator(nuvec_distributed::engine::Group::single());
+/// let counted = Counted(inner, AtomicUsize::new(0));
+/// let mut x = 2.5f32.to_ne_bytes();
+/// counted.all_reduce(AllReduce::Sum, DType::F32, &mut x)?;
+/// assert_eq!((f32::from_ne_bytes(x), counted.1.load(Ordering::Relaxed)), (2.5, 1));
+/// let group = Group::new(Arc::new(counted)); // a group of one: nuvec skips its transport
+/// assert_eq!(group.size(), 1);
+/// # Ok::<(), nuvec_core::Error>(())
+/// ```
+pub fn communicator(group: engine::Group) -> Arc<dyn nuvec_core::distributed::Communicator> {
+    Arc::new(comm::ArrayComm::new(group))
 }
