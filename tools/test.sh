@@ -303,7 +303,9 @@ cargo test --release --test ring --test example -- --skip native
 # non-zero unless every token and the logits behind it match the unsharded model's; each
 # run prints which transport its ranks used, checked here, so a shared-memory run that fell
 # back to TCP fails. Then a run with one rank's attention shard zeroed, which must fail
-# naming the token and the rank. About 5 s once built (the builds reuse the steps above).
+# naming the token and the rank. The four runs take about 6 s; building the root crate and
+# the example with default features about 10 s more of CPU (nuvec and nuvec-nn were built
+# by the whole suite above).
 step "Llama example across 2 ranks: MLX wire, native over TCP, native over shared memory, a dropped shard"
 cargo build --release -p nuvec-distributed --example llama
 cargo build --release -p nuvec-tools --bin nuvec
