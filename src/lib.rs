@@ -227,6 +227,9 @@ pub fn from_engine(group: engine::Group) -> Group {
 /// as they are: no copy and no allocation, only the translation of dtypes, reductions and
 /// errors (see the crate docs' [Errors](crate#errors)).
 ///
+/// A program may also wrap it (to time or log every collective, as `examples/llama.rs`
+/// times its `all_sum`s) before handing it to [`Group::new`].
+///
 /// # Examples
 ///
 /// ```

@@ -314,6 +314,34 @@ cargo test --release --test ring --test example -- --skip native
 step "drop-in for nuvec users: tests/dropin under nuvec launch -n 2 and 4, both wires"
 cargo test --release --test dropin -- --ignored --nocapture
 
+# examples/llama.rs generates 32 tokens with a 4-layer model sharded over 2 ranks and exits
+# non-zero unless every token and the logits behind it match the unsharded model's; each
+# run prints which transport its ranks used, checked here, so a shared-memory run that fell
+# back to TCP fails. Then a run with one rank's attention shard zeroed, which must fail
+# naming the token and the rank. The four runs take about 6 s; building the root crate and
+# the example with default features about 10 s more of CPU (nuvec and nuvec-nn were built
+# by the whole suite above).
+step "Llama example across 2 ranks: MLX wire, native over TCP, native over shared memory, a dropped shard"
+cargo build --release -p nuvec-distributed --example llama
+cargo build --release -p nuvec-tools --bin nuvec
+llama() { # $1: the transport the run must report; then nuvec launch's options
+  local transport=$1 out; shift
+  out=$(target/release/nuvec launch -n 2 "$@" -- target/release/examples/llama 2>&1) \
+    || { echo "$out"; return 1; }
+  echo "$out"
+  grep -q "rank 0: .*rank 1 over $transport" <<<"$out" \
+    || { echo "FAILED: rank 0 did not report reaching rank 1 over $transport"; return 1; }
+}
+llama tcp
+llama tcp --wire native --env NUVEC_DISTRIBUTED_SHM=0
+llama "shared memory" --wire native
+if out=$(target/release/nuvec launch -n 2 -- target/release/examples/llama --drop-shard 1 2>&1); then
+  echo "$out"; echo "FAILED: the check passed with rank 1's attention shard dropped"; exit 1
+fi
+grep -q "MISMATCH rank 1: token 0 " <<<"$out" \
+  || { echo "$out"; echo "FAILED: the dropped shard's mismatch does not name rank 1 and token 0"; exit 1; }
+echo "the dropped shard failed as it must: $(grep -m1 'MISMATCH rank 1' <<<"$out")"
+
 # The io_uring driver (Options::io, Linux): a subset of the matrix (both wires), the fault
 # tests that kill, stop and close from another thread mid-transfer, the zero-allocation and
 # idle tests and MLX interop, rerun with NUVEC_DISTRIBUTED_IO=uring (the whole suite above ran
