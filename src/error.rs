@@ -50,7 +50,12 @@ impl fmt::Display for Call {
 impl Call {
     /// `error` as nuvec's error (see the module docs for the variant).
     pub(crate) fn error(self, error: engine::Error) -> nuvec_core::Error {
-        let text = format!("distributed {self}: {error}");
+        // nuvec prints its own "invalid argument: " before the text; the engine's argument
+        // errors carry the same words, so only the message goes in.
+        let text = match &error {
+            engine::Error::InvalidArgument(msg) => format!("distributed {self}: {msg}"),
+            other => format!("distributed {self}: {other}"),
+        };
         match error.fault() {
             engine::Fault::Misuse | engine::Fault::Config | engine::Fault::Unavailable => {
                 nuvec_core::Error::InvalidArgument(text)
@@ -96,7 +101,7 @@ mod tests {
         );
         assert!(
             got.to_string()
-                .starts_with("invalid argument: distributed all_gather: invalid argument"),
+                == "invalid argument: distributed all_gather: all_gather: the output holds 3 elements",
             "{got}"
         );
         let e = engine::Error::Environment {

@@ -348,7 +348,7 @@ echo "the dropped shard failed as it must: $(grep -m1 'MISMATCH rank 1' <<<"$out
 # on epoll, Auto's choice); then the io_uring binding's tests under AddressSanitizer.
 step "io_uring driver: ring, fault, resource and interop tests with NUVEC_DISTRIBUTED_IO=uring"
 if [[ "$os" == Linux ]]; then
-  NUVEC_DISTRIBUTED_IO=uring cargo test --release --test ring --test resilience \
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release -p nuvec-distributed-engine --test ring --test resilience \
     --test resources --test interop --test io -- \
     matrix_p2_c2 matrix_p3_c1 native_matrix_p3_c1 float_sums_agree_p2 \
     a_rank_that_exits_is_named_by_ranks_that_are_not_its_neighbours_p4 \
@@ -359,7 +359,7 @@ if [[ "$os" == Linux ]]; then
     do_not_allocate an_idle interop_p2_c1 interop_p3_c2 io_uring
   # The native wire's in-crate tests (mismatches at P = 2..4, a rank that dies mid-call or
   # never calls, close) take the driver the variable names.
-  NUVEC_DISTRIBUTED_IO=uring cargo test --release --lib -- native::
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release -p nuvec-distributed-engine --lib -- native::
   # Faults injected with steps waiting in the kernel at P = 3..5 (their receives take a
   # failure notice's urgent byte first): every survivor must still name the faulted rank.
   NUVEC_DISTRIBUTED_IO=uring tools/chaos.sh 5
