@@ -56,6 +56,18 @@ impl RingAddresses {
         (self.rank + 1) % self.size
     }
 
+    /// Rank `r`'s address `i` as the hostfile writes it (`"node-a:5000"`), for messages.
+    pub(crate) fn written(&self, r: usize, i: usize) -> Option<&str> {
+        self.all.get(r)?.get(i).map(String::as_str)
+    }
+
+    /// Rank `r`'s address `i`, resolved, for an error's `addr`: `None` when the entry is
+    /// missing or does not resolve (a placeholder), since the error is about something
+    /// else and must not fail for it.
+    pub(crate) fn resolved(&self, r: usize, i: usize) -> Option<SocketAddr> {
+        lookup(self.written(r, i)?).ok()
+    }
+
     /// Resolves rank `r`'s first address, which the native wire connects to when `r` is not
     /// a neighbour. Entries other than the neighbours' are only resolved here, so the MLX
     /// wire keeps accepting placeholders there (port 0, hosts it cannot resolve).
