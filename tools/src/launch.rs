@@ -133,6 +133,22 @@ pub struct Host {
     pub rdma: Vec<Option<RdmaCell>>,
 }
 
+/// Whether `value` is a ring address file (`[["host:port", ...], ...]`: what `MLX_HOSTFILE`
+/// names and the ranks read) rather than a launch hostfile (`[{"ssh": ..., "ips": [...]}]`
+/// or `{"hosts": [...]}`: the hosts to start ranks on). Both are JSON lists, and serde
+/// would read `["127.0.0.1:5000"]` as a host whose ssh name is `127.0.0.1:5000`.
+///
+/// ```
+/// use nuvec_tools::launch::is_address_file;
+///
+/// let file = |text: &str| is_address_file(&serde_json::from_str(text).unwrap());
+/// assert!(file(r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#));
+/// assert!(!file(r#"[{"ssh": "node-a", "ips": ["10.0.0.1"]}]"#));
+/// ```
+pub fn is_address_file(value: &Value) -> bool {
+    matches!(value, Value::Array(ranks) if !ranks.is_empty() && ranks.iter().all(Value::is_array))
+}
+
 /// The hosts to launch on, with what a hostfile may add.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostList {
@@ -154,6 +170,15 @@ impl HostList {
     pub fn parse_hostfile(text: &str) -> Result<Self, PlanError> {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| PlanError(format!("the hostfile is not valid JSON: {e}")))?;
+        if is_address_file(&value) {
+            return fail(
+                "this is a ring address file (per rank a list of \"host:port\" addresses, \
+                 the file MLX_HOSTFILE names and the ranks read), not a launch hostfile: a \
+                 launch hostfile lists the hosts to start ranks on, [{\"ssh\": \"node-a\", \
+                 \"ips\": [\"10.0.0.1\"]}, ...] (or give --hosts a,b); the launcher writes \
+                 the address file for each run",
+            );
+        }
         let (hosts, backend, envs) = match value {
             Value::Array(hosts) => (hosts, None, Vec::new()),
             Value::Object(mut object) => {
@@ -887,6 +912,11 @@ mod tests {
             ("[{\"ssh\": \"a\", \"rdma\": [1]}]", "host 0"),
             ("{\"hosts\": [], \"envs\": [1]}", "envs"),
             ("not json", "not valid JSON"),
+            // The file MLX_HOSTFILE names is not a list of hosts: never ssh to "host:port".
+            (
+                r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#,
+                "this is a ring address file",
+            ),
         ] {
             let err = HostList::parse_hostfile(bad).unwrap_err();
             assert!(err.0.contains(why), "{bad}: {err}");
