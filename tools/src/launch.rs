@@ -599,11 +599,14 @@ impl Plan {
 /// What a remote rank's script prints before the path of its PID file.
 pub const PIDFILE_MARKER: &str = "nuvec-pidfile ";
 
-/// The command that runs `script` on `host`: `ssh -tt -o LogLevel=QUIET -- HOST SCRIPT`.
+/// The command that runs `script` on `host`: `ssh -tt -o LogLevel=ERROR -- HOST SCRIPT`.
 /// `-tt` allocates a terminal on the remote side, so that the rank is hung up on when the
-/// connection ends.
+/// connection ends. `LogLevel=ERROR` keeps ssh's own failures (a refused connection, a
+/// host key it cannot verify, a refused login) on the rank's stderr, where the launcher
+/// shows them under the rank's prefix, and drops what ssh says at `INFO`, such as the
+/// "Connection to HOST closed." that `-tt` adds after every session.
 pub fn ssh_command(host: &str, script: &str) -> Vec<String> {
-    ["ssh", "-tt", "-o", "LogLevel=QUIET", "--", host, script]
+    ["ssh", "-tt", "-o", "LogLevel=ERROR", "--", host, script]
         .map(String::from)
         .to_vec()
 }
@@ -1085,7 +1088,7 @@ mod tests {
                 "ssh",
                 "-tt",
                 "-o",
-                "LogLevel=QUIET",
+                "LogLevel=ERROR",
                 "--",
                 "10.0.0.2",
                 script.as_str()
