@@ -199,7 +199,7 @@ fn a_forming_rank_says_whom_it_waits_for_and_names_the_missing_peer_by_its_addre
         // Rank 1's port is free: rank 0's own connection is refused, and the report says so.
         if !clash {
             assert!(
-                reports[0].contains(&format!("rank 1 to accept ")) && reports[0].contains(&theirs),
+                reports[0].contains("rank 1 to accept ") && reports[0].contains(&theirs),
                 "{case}: {}",
                 reports[0]
             );
@@ -220,7 +220,7 @@ fn a_forming_rank_says_whom_it_waits_for_and_names_the_missing_peer_by_its_addre
         }
         assert_eq!(
             o.lines("DEBUG "),
-            [error.clone()],
+            std::slice::from_ref(&error),
             "{case}: Debug is the message"
         );
     }

@@ -433,7 +433,7 @@ pub struct Options {
     pub starting_port: u16,
     /// Per rank, the port of each of its addresses, when a ring address file gave them
     /// (then `starting_port` is not used).
-    pub ports: Option<Vec<Vec<u16>>>,
+    pub ports: Option<Ports>,
     /// `--over`.
     pub over: Option<Over>,
     /// The nuvec program on the hosts (`None`: `nuvec` from their PATH, and this program
@@ -1554,7 +1554,7 @@ pub fn jaccl_hostfile(report: &Report) -> Result<String, String> {
 /// assert_eq!(ports, [[5000], [5001]]);
 /// # Ok::<(), String>(())
 /// ```
-pub fn from_address_file(text: &str) -> Result<(HostList, Vec<Vec<u16>>), String> {
+pub fn from_address_file(text: &str) -> Result<(HostList, Ports), String> {
     use nuvec_distributed_engine::config::hostfile;
     use std::net::ToSocketAddrs;
     let nodes = hostfile::parse(text)?;
@@ -1610,9 +1610,12 @@ pub fn from_address_file(text: &str) -> Result<(HostList, Vec<Vec<u16>>), String
     ))
 }
 
+/// Per rank, the port of each of its addresses (from a ring address file).
+pub type Ports = Vec<Vec<u16>>;
+
 /// The hosts of `--hostfile PATH`, a launch hostfile or a ring address file (with its
 /// ports), each error naming the file.
-fn read_hostfile(path: &Path) -> Result<(HostList, Option<Vec<Vec<u16>>>), String> {
+fn read_hostfile(path: &Path) -> Result<(HostList, Option<Ports>), String> {
     let named = |e: String| format!("hostfile {}: {e}", path.display());
     let text = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
     let address_file = serde_json::from_str(&text).is_ok_and(|v| launch::is_address_file(&v));
