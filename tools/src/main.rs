@@ -456,7 +456,8 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     } else {
         None
     };
-    let header = Header::detect(args.connections, args.wire);
+    let mut header = Header::detect(args.connections, args.wire);
+    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
     print!("{}", header.text());
     let mut report = Report {
         header: Some(header),
