@@ -215,7 +215,7 @@ struct BenchArgs {
     /// stream both ways at once.
     #[arg(long)]
     limits: bool,
-    /// The anchors folder (default: shared/anchors next to the repository).
+    /// The anchors folder (default: tools/anchors in the repository nuvec was built from).
     #[arg(long, value_name = "DIR")]
     anchors: Option<PathBuf>,
     /// The anchors' environment, setup.sh's output (default: target/anchors in the
