@@ -99,7 +99,9 @@ fn main() {
         .ok()
         .map(|w| w.parse().expect("NUVEC_DISTRIBUTED_WIRE is mlx or native"))
         .unwrap_or(nuvec_distributed_engine::Wire::Mlx);
-    print!("{}", Header::detect(1, wire).text());
+    let mut header = Header::detect(1, wire);
+    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
+    print!("{}", header.text());
     for ranks in env_list::<usize>("NUVEC_BENCH_RANKS", "2,3,4") {
         let port = launch::free_port_block(ranks).expect("free ports on 127.0.0.1");
         let mut plan = launch::local_ring(ranks, 1, port, None, command.clone()).expect("a plan");

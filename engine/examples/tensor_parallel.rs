@@ -20,6 +20,14 @@
 //! Each rank also computes the unsharded stack (all of `W1` and `W2`) and checks that the
 //! sharded result matches within half-precision tolerance. Rank 0 prints the per-layer
 //! latency of the collective and the per-token latency a decode step pays for them.
+//!
+//! An `all_sum` cannot finish before the last rank has reached it, so timed alone it
+//! includes the wait for the slowest rank's matrix product (milliseconds on a loaded
+//! machine, against about a hundred microseconds for the collective itself). To report the
+//! two apart, each layer runs a timed `barrier` just before its `all_sum`: the barrier's
+//! time is the wait for the last arrival (plus one barrier, itself a small collective), and
+//! the `all_sum` after it starts with the ranks aligned. A decode step without the barriers
+//! pays the wait inside its `all_sum` instead.
 
 use std::time::{Duration, Instant};
 
@@ -121,14 +129,21 @@ impl Half for bf16 {
     }
 }
 
-/// Runs the sharded stack for one token: `x` in, the output out, the time each layer's
-/// all_sum took pushed to `times`.
+/// Per layer: the wait for the last rank to arrive (a timed barrier), then the all_sum.
+#[derive(Default)]
+struct Times {
+    waits: Vec<Duration>,
+    sums: Vec<Duration>,
+}
+
+/// Runs the sharded stack for one token: `x` in, the output out, each layer's arrival wait
+/// and all_sum time pushed to `times`.
 fn sharded<T: Half>(
     g: &Group,
     args: &Args,
     layers: &[Layer],
     x: &[f32],
-    times: &mut Vec<Duration>,
+    times: &mut Times,
 ) -> Vec<f32> {
     let share = args.ffn / g.size();
     let cols = g.rank() * share..(g.rank() + 1) * share;
@@ -139,9 +154,12 @@ fn sharded<T: Half>(
         for (w, v) in wire.iter_mut().zip(&y) {
             *w = T::from_f32(*v);
         }
+        let arrived = Instant::now();
+        g.barrier().expect("the barrier before the layer's all_sum");
         let start = Instant::now();
         g.all_sum(&mut wire).expect("the layer's all_sum");
-        times.push(start.elapsed());
+        times.sums.push(start.elapsed());
+        times.waits.push(start - arrived);
         // Residual connection.
         for (xi, w) in x.iter_mut().zip(&wire) {
             *xi += w.to_f32();
@@ -167,21 +185,31 @@ fn median(v: &mut [Duration]) -> Duration {
     v[v.len() / 2]
 }
 
+fn p99(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[(v.len() - 1) * 99 / 100]
+}
+
 fn run<T: Half>(g: &Group, args: &Args) -> bool {
     let layers = weights(args);
     let mut rng = StdRng::seed_from_u64(7);
-    let mut times = Vec::new();
+    let mut times = Times::default();
     let mut worst = 0.0f32;
+    // Per token: the whole step, its all_sums, its waits for the last rank.
     let mut token_times = Vec::new();
     for t in 0..args.tokens {
         let x: Vec<f32> = (0..args.hidden)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        let before = times.len();
+        let before = times.sums.len();
         let start = Instant::now();
         let got = sharded::<T>(g, args, &layers, &x, &mut times);
         let wall = start.elapsed();
-        token_times.push((wall, times[before..].iter().sum::<Duration>()));
+        token_times.push((
+            wall,
+            times.sums[before..].iter().sum::<Duration>(),
+            times.waits[before..].iter().sum::<Duration>(),
+        ));
         // Check a few tokens against the unsharded stack (it costs P times the work).
         if t < 4 {
             let want = unsharded::<T>(args, &layers, &x);
@@ -200,12 +228,9 @@ fn run<T: Half>(g: &Group, args: &Args) -> bool {
     };
     let ok = worst <= tolerance;
     if g.rank() == 0 {
-        let per_layer = median(&mut times.clone());
-        let mut p99 = times.clone();
-        p99.sort();
-        let p99 = p99[(p99.len() - 1) * 99 / 100];
-        let mut collective: Vec<Duration> = token_times.iter().map(|(_, c)| *c).collect();
-        let mut wall: Vec<Duration> = token_times.iter().map(|(w, _)| *w).collect();
+        let mut collective: Vec<Duration> = token_times.iter().map(|t| t.1).collect();
+        let mut waiting: Vec<Duration> = token_times.iter().map(|t| t.2).collect();
+        let mut wall: Vec<Duration> = token_times.iter().map(|t| t.0).collect();
         println!(
             "{} ranks, {} layers, hidden {}, ffn {} ({} per rank), {}: one all_sum of {} bytes per layer",
             g.size(),
@@ -217,14 +242,22 @@ fn run<T: Half>(g: &Group, args: &Args) -> bool {
             args.hidden * T::DTYPE.size()
         );
         println!(
-            "all_sum per layer: median {per_layer:?}, p99 {p99:?} ({} calls)",
-            times.len()
+            "all_sum per layer, the ranks aligned by a barrier just before: median {:?}, p99 {:?} ({} calls)",
+            median(&mut times.sums),
+            p99(&mut times.sums),
+            times.sums.len()
         );
         println!(
-            "per token: collectives {:?} (median), whole step {:?} (median) over {} tokens",
+            "wait for the last rank per layer (that barrier's time: the wait plus one barrier): median {:?}, p99 {:?}",
+            median(&mut times.waits),
+            p99(&mut times.waits)
+        );
+        println!(
+            "per token (medians over {} tokens): all_sums {:?}, waits {:?}, whole step {:?} (the barriers included; without them a step pays the wait inside its all_sums)",
+            args.tokens,
             median(&mut collective),
-            median(&mut wall),
-            args.tokens
+            median(&mut waiting),
+            median(&mut wall)
         );
         println!(
             "largest difference from the unsharded stack: {worst:.2e} of the output's scale (tolerance {tolerance:.0e}): {}",

@@ -96,6 +96,24 @@ impl fmt::Display for Phase {
 
 /// Everything that can go wrong in this crate.
 ///
+/// # Printing
+///
+/// `{}` and `{:?}` both print the message ("rank 1 (10.0.0.2:5000): connect failed during
+/// ring setup: Connection refused (os error 111)"), as `anyhow`'s errors do, so an error
+/// returned from `main` (which Rust prints with `{:?}`), `unwrap`'s panic and a log line
+/// read as a sentence rather than a struct. `{:#?}` (`dbg!`, pretty debug output) prints
+/// the variant and its fields; in code, match the variants or ask [`Error::fault`] and
+/// [`Error::peer`].
+///
+/// ```
+/// use nuvec_distributed_engine::Error;
+///
+/// let e = Error::Environment { var: "MLX_RANK", reason: "\"x\" is not a rank".into() };
+/// assert_eq!(format!("{e:?}"), format!("{e}"));
+/// assert_eq!(format!("{e:?}"), r#"environment variable MLX_RANK: "x" is not a rank"#);
+/// assert!(format!("{e:#?}").starts_with("Environment {\n    var: \"MLX_RANK\","));
+/// ```
+///
 /// # Examples
 ///
 /// Sorting an error by its class ([`Error::fault`]) rather than by variant, which may grow:
@@ -119,7 +137,7 @@ impl fmt::Display for Phase {
 /// assert_eq!(err.peer(), None); // no peer to blame
 /// assert!(err.to_string().starts_with("invalid argument: all_gather"), "{err}");
 /// ```
-#[derive(Clone, Debug, thiserror::Error)]
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The caller passed something unusable: buffer lengths that do not match, a rank out of
@@ -216,12 +234,14 @@ pub enum Error {
         reason: String,
     },
 
-    /// A peer made no progress for the whole timeout.
-    #[error("rank {peer}{}: {op} timed out after {after:?} during {context}", fmt_addr(*addr))]
+    /// A peer made no progress for the whole timeout. With [`PeerOp::Accept`] it never
+    /// connected to this rank while the group formed.
+    #[error("{}", fmt_timeout(*peer, *addr, *op, *context, *after))]
     Timeout {
         /// The peer's rank.
         peer: usize,
-        /// The address involved, when there is one.
+        /// The peer's address, when there is one: the one this rank dialled, or for
+        /// [`PeerOp::Accept`] the peer's own as the hostfile gives it.
         addr: Option<SocketAddr>,
         /// What this rank was waiting for.
         op: PeerOp,
@@ -336,6 +356,156 @@ pub enum Error {
     },
 }
 
+/// `{:?}` is the message (`Display`), so that `main` returning an error prints a sentence;
+/// `{:#?}` is the variant with its fields, as a derived `Debug` would print it.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::InvalidArgument(what) => f.debug_tuple("InvalidArgument").field(what).finish(),
+            Error::Environment { var, reason } => f
+                .debug_struct("Environment")
+                .field("var", var)
+                .field("reason", reason)
+                .finish(),
+            Error::Config { path, reason } => f
+                .debug_struct("Config")
+                .field("path", path)
+                .field("reason", reason)
+                .finish(),
+            Error::Io {
+                peer,
+                addr,
+                op,
+                context,
+                source,
+            } => f
+                .debug_struct("Io")
+                .field("peer", peer)
+                .field("addr", addr)
+                .field("op", op)
+                .field("context", context)
+                .field("source", source)
+                .finish(),
+            Error::Closed { peer, op, context } => f
+                .debug_struct("Closed")
+                .field("peer", peer)
+                .field("op", op)
+                .field("context", context)
+                .finish(),
+            Error::Lost { peer, via, context } => f
+                .debug_struct("Lost")
+                .field("peer", peer)
+                .field("via", via)
+                .field("context", context)
+                .finish(),
+            Error::Auth {
+                peer,
+                addr,
+                context,
+                reason,
+            } => f
+                .debug_struct("Auth")
+                .field("peer", peer)
+                .field("addr", addr)
+                .field("context", context)
+                .field("reason", reason)
+                .finish(),
+            Error::Rdma {
+                peer,
+                op,
+                context,
+                reason,
+            } => f
+                .debug_struct("Rdma")
+                .field("peer", peer)
+                .field("op", op)
+                .field("context", context)
+                .field("reason", reason)
+                .finish(),
+            Error::Timeout {
+                peer,
+                addr,
+                op,
+                context,
+                after,
+            } => f
+                .debug_struct("Timeout")
+                .field("peer", peer)
+                .field("addr", addr)
+                .field("op", op)
+                .field("context", context)
+                .field("after", after)
+                .finish(),
+            Error::PeerMisbehaved {
+                peer,
+                addr,
+                context,
+                reason,
+            } => f
+                .debug_struct("PeerMisbehaved")
+                .field("peer", peer)
+                .field("addr", addr)
+                .field("context", context)
+                .field("reason", reason)
+                .finish(),
+            Error::PeerIncompatible {
+                peer,
+                addr,
+                context,
+                reason,
+            } => f
+                .debug_struct("PeerIncompatible")
+                .field("peer", peer)
+                .field("addr", addr)
+                .field("context", context)
+                .field("reason", reason)
+                .finish(),
+            Error::Mismatch {
+                seq,
+                point_to_point,
+                rank,
+                call,
+                peer,
+                peer_call,
+                context,
+            } => f
+                .debug_struct("Mismatch")
+                .field("seq", seq)
+                .field("point_to_point", point_to_point)
+                .field("rank", rank)
+                .field("call", call)
+                .field("peer", peer)
+                .field("peer_call", peer_call)
+                .field("context", context)
+                .finish(),
+            Error::Bug { context, what } => f
+                .debug_struct("Bug")
+                .field("context", context)
+                .field("what", what)
+                .finish(),
+            Error::Local { what, source } => f
+                .debug_struct("Local")
+                .field("what", what)
+                .field("source", source)
+                .finish(),
+            Error::GroupClosed => f.write_str("GroupClosed"),
+            Error::Aborted { context } => {
+                f.debug_struct("Aborted").field("context", context).finish()
+            }
+            Error::Failed(inner) => f.debug_tuple("Failed").field(inner).finish(),
+            Error::Unsupported(what) => f.debug_tuple("Unsupported").field(what).finish(),
+            Error::Unavailable { backend, reason } => f
+                .debug_struct("Unavailable")
+                .field("backend", backend)
+                .field("reason", reason)
+                .finish(),
+        }
+    }
+}
+
 /// "collective #17: rank 0 called ..., rank 1 called ...", the lower rank first.
 fn fmt_mismatch(
     seq: u64,
@@ -357,6 +527,25 @@ fn fmt_mismatch(
         "{what} #{seq}: rank {} called {}, rank {} called {}",
         first.0, first.1, second.0, second.1
     )
+}
+
+/// "rank 1 (10.0.0.2:5000): connect timed out after 30s during ring setup", or for a peer
+/// that never connected, "rank 0 (10.0.0.1:5000): did not connect to this rank within 30s
+/// during ring setup".
+fn fmt_timeout(
+    peer: usize,
+    addr: Option<SocketAddr>,
+    op: PeerOp,
+    context: Phase,
+    after: Duration,
+) -> String {
+    let addr = fmt_addr(addr);
+    match op {
+        PeerOp::Accept => format!(
+            "rank {peer}{addr}: did not connect to this rank within {after:?} during {context}"
+        ),
+        _ => format!("rank {peer}{addr}: {op} timed out after {after:?} during {context}"),
+    }
 }
 
 fn fmt_addr(addr: Option<SocketAddr>) -> String {
@@ -611,6 +800,40 @@ mod tests {
         );
         let misuse = Error::invalid("lengths");
         assert_eq!((misuse.fault(), misuse.is_fatal()), (Fault::Misuse, false));
+    }
+
+    #[test]
+    fn debug_is_the_message_and_alternate_debug_the_fields() {
+        let inner = Error::Io {
+            peer: 1,
+            addr: Some(SocketAddr::from(([10, 0, 0, 2], 5000))),
+            op: PeerOp::Connect,
+            context: Phase::RingSetup,
+            source: Arc::new(io::Error::from(io::ErrorKind::ConnectionRefused)),
+        };
+        let failed = Error::Failed(Arc::new(inner.clone()));
+        for e in [&inner, &failed] {
+            assert_eq!(format!("{e:?}"), e.to_string());
+            // What `main` prints for an error it returns: "Error: " and the message.
+            assert!(
+                format!("Error: {e:?}").starts_with("Error: ")
+                    && !format!("{e:?}").contains("peer:"),
+                "{e:?}"
+            );
+        }
+        assert!(
+            inner
+                .to_string()
+                .starts_with("rank 1 (10.0.0.2:5000): connect failed during ring setup: "),
+            "{inner}"
+        );
+        let pretty = format!("{failed:#?}");
+        assert!(
+            pretty.starts_with("Failed(\n    Io {\n        peer: 1,\n"),
+            "{pretty}"
+        );
+        assert!(pretty.contains("op: Connect") && pretty.contains("context: RingSetup"));
+        assert_eq!(format!("{:#?}", Error::GroupClosed), "GroupClosed");
     }
 
     #[test]

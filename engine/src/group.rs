@@ -17,18 +17,26 @@ use crate::reduce::ReduceOp;
 /// # Order, and threads
 ///
 /// Collectives on one group must be issued in the same order on every rank, with the same
-/// lengths, dtypes and ops: the wire carries no tags, so the k-th call on one rank pairs
-/// with the k-th call on every other. A mismatch (another collective, length, dtype or op)
-/// is not detected: it returns `Ok` with wrong data, and every later call on the group is
-/// wrong too, because the ranks no longer agree where one call's bytes end. Such a group
-/// cannot be put back in step: [`close`](Group::close) it on every rank and form a new one.
+/// lengths, dtypes and ops: the k-th call on one rank pairs with the k-th call on every
+/// other. What a mismatch (another collective, length, dtype or op) does depends on the
+/// wire ([`Options::wire`](crate::Options::wire)):
+///
+/// - On **MLX's wire** (the default) and on **JACCL**, messages carry element bytes only,
+///   so a mismatch is not detected: it returns `Ok` with wrong data, and every later call on
+///   the group is wrong too, because the ranks no longer agree where one call's bytes end.
+///   Such a group cannot be put back in step: [`close`](Group::close) it on every rank and
+///   form a new one.
+/// - On the **native wire** every message has a header (the call's number, kind, op, dtype
+///   and length), checked before its data is used: the call fails on every rank involved
+///   with [`Error::Mismatch`] naming both calls, and the group is failed.
 ///
 /// A group may be used from several threads, but its collectives then run one at a time in
 /// whatever order the threads reach it, which differs from rank to rank: thread 0's call on
-/// one rank pairs with thread 1's on another. Nothing detects it. With equal lengths the
-/// results are silently mixed up (measured: 1221 of 2000 calls paired across threads);
-/// with different lengths they are silently wrong (1993 of 2000), and the stream is out of
-/// step for every later call. So:
+/// one rank pairs with thread 1's on another. With equal lengths nothing on any wire can
+/// tell, and the results are silently mixed up (measured on MLX's wire: 1221 of 2000 calls
+/// paired across threads); with different lengths they are silently wrong on MLX's wire
+/// (1993 of 2000) and the stream is out of step for every later call, while the native wire
+/// fails them as a mismatch. So:
 ///
 /// - issue all collectives of a group from one thread (other threads hand it their work), or
 /// - give each thread its own group: form one per thread with

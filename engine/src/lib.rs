@@ -1,12 +1,24 @@
-//! Collectives over MLX's distributed backends, from Rust.
+//! The slice-level engine of `nuvec-distributed`: collectives on Rust slices across
+//! processes and machines, over MLX's distributed backends and a wire of its own.
 //!
-//! `nuvec-distributed` runs `all_sum`, `all_max`, `all_min`, `all_gather`, `sum_scatter`,
-//! `send`/`recv` and `barrier` between processes on one machine or many, over the
-//! backends of MLX's `mx.distributed`:
+//! It runs `all_sum`, `all_max`, `all_min`, `all_gather`, `sum_scatter`, `send`/`recv`,
+//! `barrier`, `broadcast` and `all_to_all` on `&mut [T]` for every MLX dtype. The
+//! `nuvec-distributed` crate wraps it as nuvec's distributed backend (nuvec arrays through
+//! `nuvec_core::distributed`); depend on this crate alone for programs without nuvec
+//! arrays (it needs no nuvec-core, and Rust 1.89 rather than 1.99). What it forms:
 //!
-//! - **ring**: MLX's TCP ring, started the way MLX starts it (`MLX_HOSTFILE`, `MLX_RANK`,
-//!   the same hostfile) and byte-compatible on the wire, so Rust ranks and Python
-//!   `mx.distributed` ranks can form one ring and get bit-identical results.
+//! - **MLX's ring** over TCP (the default, [`Wire::Mlx`]): started the way MLX starts it
+//!   (`MLX_HOSTFILE`, `MLX_RANK`, the same hostfile) and byte-compatible on the wire, so
+//!   Rust ranks and Python `mx.distributed` ranks can form one ring and get bit-identical
+//!   results.
+//! - **The native wire** between ranks of this crate ([`Wire::Native`],
+//!   `NUVEC_DISTRIBUTED_WIRE=native`): a handshake on every connection, a header on every
+//!   message (so a rank whose call differs from the others' fails on every rank, naming both
+//!   calls), one- and two-hop algorithms over connections between any two ranks, and
+//!   `send`/`recv` between any two ranks. Ranks on one host move their data through **shared
+//!   memory** ([`Options::shared_memory`]); a group over several hosts runs hierarchically
+//!   (shared memory inside each host, TCP between them). [`Group::transport`] says what each
+//!   link uses.
 //! - **jaccl** (feature `jaccl`, **experimental**): MLX's RDMA backend over Thunderbolt 5,
 //!   following MLX 0.32.1's side channel and message schedule. It is tested on an emulated
 //!   fabric only and **unverified on Thunderbolt hardware** until someone runs
@@ -26,11 +38,19 @@
 //! # }
 //! ```
 //!
-//! Every rank must call the same collectives in the same order with the same lengths, dtypes
-//! and ops, as with MLX: neither backend's wire carries anything but element bytes, so
-//! nothing can detect a mismatch. A rank that calls something else gets `Ok` with wrong
-//! data, and so does every later call on that group; close the group on every rank and form
-//! a new one.
+//! Every rank must call the same collectives in the same order with the same lengths,
+//! dtypes and ops, as with MLX. What happens when one does not depends on the wire:
+//!
+//! - **MLX's wire and JACCL carry element bytes only**, so nothing can detect a mismatch: a
+//!   rank that calls something else gets `Ok` with wrong data, and so does every later call
+//!   on that group (the ranks no longer agree where one call's bytes end). Close the group
+//!   on every rank and form a new one.
+//! - **The native wire detects it**: each message's header carries the collective's number,
+//!   kind, op, dtype and length, checked before any data is used, so the call fails within
+//!   milliseconds on every rank involved with [`Error::Mismatch`] ("collective #17: rank 0
+//!   called all_sum float32 x 10, rank 1 called all_sum float32 x 20"), and the group is
+//!   failed. Calls that agree in all of these but mean different things (two threads issuing
+//!   same-shaped calls in different orders, see [`Group`]) still pass unnoticed.
 //!
 //! # Nonblocking collectives
 //!
@@ -54,19 +74,21 @@
 //!
 //! # Backends, against MLX's support matrix
 //!
-//! | | ring (here) | MLX ring | jaccl mesh (here) | jaccl ring (here) | MLX jaccl |
-//! |---|---|---|---|---|---|
-//! | `all_sum`, `all_max`, `all_min` | yes, MLX's bytes | yes | yes, MLX's frames | yes, MLX's frames | yes |
-//! | `all_gather` | yes, MLX's bytes | yes | yes | yes, but not MLX's (its ring all_gather looks defective) | yes |
-//! | `send` / `recv` | neighbours only | neighbours only | any peer | neighbours only | mesh: any; ring: neighbours |
-//! | `sum_scatter` | yes (between nuvec ranks) | refused | yes | yes | yes |
-//! | `barrier` | yes (an `all_sum` of one f32, MLX's idiom) | none in Python | yes (an `all_sum` of one u8, as MLX's C++) | yes | C++ only |
-//! | `split` | yes ([`Group::split`], between nuvec ranks) | no | no | no | no |
-//! | timeouts, errors naming the peer | yes | no | yes | yes | no |
-//! | pre-shared-key authentication | optional (nuvec ranks only) | no | no | no | no |
-//! | mixed with MLX ranks | tested, bit for bit (P = 2..4, C = 1, 2) | — | unverified on hardware | unverified on hardware | — |
+//! | | ring, MLX wire (here) | native wire (here) | MLX ring | jaccl mesh (here) | jaccl ring (here) | MLX jaccl |
+//! |---|---|---|---|---|---|---|
+//! | `all_sum`, `all_max`, `all_min` | yes, MLX's bytes | yes, one or two hops | yes | yes, MLX's frames | yes, MLX's frames | yes |
+//! | `all_gather` | yes, MLX's bytes | yes | yes | yes | yes, but not MLX's (its ring all_gather looks defective) | yes |
+//! | `send` / `recv` | neighbours only | any peer | neighbours only | any peer | neighbours only | mesh: any; ring: neighbours |
+//! | `sum_scatter` | yes (between nuvec ranks) | yes | refused | yes | yes | yes |
+//! | `barrier` | yes (an `all_sum` of one f32, MLX's idiom) | yes (a round of headers) | none in Python | yes (an `all_sum` of one u8, as MLX's C++) | yes | C++ only |
+//! | `split` | yes ([`Group::split`], between nuvec ranks) | yes | no | no | no | no |
+//! | mismatched calls detected | no | yes ([`Error::Mismatch`]) | no | no | no | no |
+//! | shared memory between ranks on one host | no | yes | no | no | no | no |
+//! | timeouts, errors naming the peer | yes | yes | no | yes | yes | no |
+//! | pre-shared-key authentication | optional (nuvec ranks only) | optional | no | no | no | no |
+//! | mixed with MLX ranks | tested, bit for bit (P = 2..4, C = 1, 2) | no (nuvec ranks only) | — | unverified on hardware | unverified on hardware | — |
 //!
-//! Both backends take every MLX dtype ([`DType`]): `bool`, `u8`..`u64`, `i8`..`i64`, `f16`,
+//! Every backend and wire takes every MLX dtype ([`DType`]): `bool`, `u8`..`u64`, `i8`..`i64`, `f16`,
 //! `bf16`, `f32`, `f64`, `complex64`.
 //!
 //! # Failures
@@ -140,9 +162,11 @@
 //! # Logging
 //!
 //! Forming and failing are logged through the [`log`] facade, with targets
-//! `nuvec_distributed_engine::ring`, `nuvec_distributed_engine::jaccl` and `nuvec_distributed_engine::native`:
-//! progress at `debug`, a formed group at `info`, a failure at `warn`, each message starting
-//! with the rank. A program that installs a logger gets them through its filter (with
+//! `nuvec_distributed_engine::ring`, `nuvec_distributed_engine::jaccl` and
+//! `nuvec_distributed_engine::native`: progress at `debug`; a formed group, and what a group
+//! still forming waits for (after 2 s, then every 5 s: each peer not yet connected, with its
+//! address and this rank's) at `info`; a failure at `warn`. Each message starts with the
+//! rank. A program that installs a logger gets them through its filter (with
 //! env_logger: `RUST_LOG=nuvec_distributed_engine=debug`). A line the logger does not take is
 //! written to stderr instead when `MLX_RING_VERBOSE` or `NUVEC_DISTRIBUTED_VERBOSE` is set,
 //! so `mlx.launch --verbose` works for programs without a logger; nothing is written twice,

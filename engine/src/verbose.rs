@@ -5,7 +5,8 @@
 //! (`nuvec_distributed_engine::ring`, `nuvec_distributed_engine::jaccl`, `nuvec_distributed_engine::native`), and a
 //! message starting with the rank (`rank 0: ring formed in 3ms`). A program that installs a
 //! logger (env_logger, tracing-log's `LogTracer`, ...) gets the lines its filter accepts:
-//! progress at `debug`, a formed group at `info`, failures at `warn`.
+//! progress at `debug`, a formed group and a forming group's reports of whom it still
+//! waits for at `info`, failures at `warn`.
 //!
 //! A line the installed logger does not take (or every line, when the program installs
 //! none) is written to standard error instead, as MLX's ring writes it (`[ring] rank 0:

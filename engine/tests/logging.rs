@@ -118,3 +118,110 @@ fn a_logger_gets_the_lines_it_takes_and_stderr_the_others() {
         assert!(!o.stdout.contains("forming a ring"), "rank {r}:\n{o}");
     }
 }
+
+#[test]
+fn on_the_native_wire_a_logger_at_info_gets_the_formed_line() {
+    let name = "on_the_native_wire_a_logger_at_info_gets_the_formed_line";
+    let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_WIRE", "native");
+    let Some(outputs) = launch.run_raw(name, || {
+        log::set_logger(&PRINTER).unwrap();
+        log::set_max_level(LevelFilter::Info);
+        sum_once();
+    }) else {
+        return;
+    };
+    for o in &outputs {
+        assert!(o.finished(), "{o}");
+        let r = o.rank;
+        let formed = o
+            .lines("LOG INFO nuvec_distributed_engine::native ")
+            .into_iter()
+            .filter(|l| l.starts_with(&format!("rank {r}: native mesh formed in ")))
+            .count();
+        assert_eq!(formed, 1, "rank {r}:\n{o}");
+    }
+}
+
+/// What rank 0 of a ring of two says while rank 1 never comes, and the error it ends with:
+/// on each wire, with rank 1's port free (nothing listens) and taken by another program
+/// (a port clash: rank 0's connection lands there, and rank 1 never connects back).
+#[test]
+fn a_forming_rank_says_whom_it_waits_for_and_names_the_missing_peer_by_its_address() {
+    let name = "a_forming_rank_says_whom_it_waits_for_and_names_the_missing_peer_by_its_address";
+    if testing::as_rank(name, || {
+        let e = nuvec_distributed_engine::init(true).unwrap_err();
+        println!("ERROR {e}");
+        println!("DEBUG {e:?}");
+    }) {
+        return;
+    }
+    let mut cases = Vec::new();
+    for wire in ["mlx", "native"] {
+        for clash in [false, true] {
+            let ports = testing::free_ports(2, 1);
+            let nodes = testing::loopback_nodes(&ports);
+            let (mine, theirs) = (nodes[0][0].clone(), nodes[1][0].clone());
+            let squatter = clash.then(|| std::net::TcpListener::bind(&theirs).unwrap());
+            let ranks = Launch::new(2, 1)
+                .nodes(nodes)
+                .skip(1)
+                .timeout(3.0)
+                .env("NUVEC_DISTRIBUTED_WIRE", wire)
+                .env("NUVEC_DISTRIBUTED_VERBOSE", "1")
+                .spawn(name);
+            cases.push((wire, clash, mine, theirs, squatter, ranks));
+        }
+    }
+    for (wire, clash, mine, theirs, _squatter, ranks) in cases {
+        let outputs = ranks.finish();
+        let o = &outputs[0];
+        let case = format!(
+            "{wire} wire, rank 1's port {}",
+            if clash { "taken" } else { "free" }
+        );
+        let component = if wire == "mlx" { "ring" } else { "native" };
+        let reports: Vec<&str> = o
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with(&format!("[{component}] rank 0: still forming the ")))
+            .collect();
+        assert!(!reports.is_empty(), "{case}: no report while forming:\n{o}");
+        // Every report names rank 1 by its own address as the one that has not connected
+        // to this rank's.
+        for report in &reports {
+            assert!(
+                report.contains(&format!(
+                    "rank 1 ({theirs}) to connect to this rank's {mine}"
+                )),
+                "{case}: {report}"
+            );
+        }
+        // Rank 1's port is free: rank 0's own connection is refused, and the report says so.
+        if !clash {
+            assert!(
+                reports[0].contains("rank 1 to accept ") && reports[0].contains(&theirs),
+                "{case}: {}",
+                reports[0]
+            );
+        }
+        let error = o.lines("ERROR ").into_iter().next().unwrap_or_else(|| {
+            panic!("{case}: rank 0 printed no error:\n{o}");
+        });
+        // The error names rank 1 beside its own address, never this rank's.
+        assert!(
+            error.starts_with(&format!("rank 1 ({theirs})")) && !error.contains(&mine),
+            "{case}: {error}"
+        );
+        if clash && wire == "mlx" {
+            assert!(
+                error.contains("did not connect to this rank within"),
+                "{case}: {error}"
+            );
+        }
+        assert_eq!(
+            o.lines("DEBUG "),
+            std::slice::from_ref(&error),
+            "{case}: Debug is the message"
+        );
+    }
+}

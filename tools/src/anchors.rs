@@ -1,4 +1,4 @@
-//! The anchors `nuvec bench` compares against, from the project's `shared/anchors` folder:
+//! The anchors `nuvec bench` compares against, from `tools/anchors/` in this repository:
 //! MLX's own ring (`mlx_bench.py` under `mlx.launch`), Open MPI over TCP (`mpi_bench.py`
 //! under `mpirun`), and the raw TCP limits of this machine (`tcp_pingpong`, `tcp_stream`).
 //! Running them, and parsing what they print or write, as pure functions.
@@ -260,7 +260,7 @@ pub const STREAM_BYTES: usize = 64 << 20;
 /// Where the anchors' scripts are and where their environment (`setup.sh`'s output) lives.
 #[derive(Clone, Debug)]
 pub struct Anchors {
-    /// The anchors folder (`shared/anchors`: `setup.sh`, `mlx_bench.py`, `mpi_bench.py`).
+    /// The anchors folder (`tools/anchors`: `setup.sh`, `mlx_bench.py`, `mpi_bench.py`).
     pub dir: PathBuf,
     /// What `setup.sh` made: `venv/` and `bin/`.
     pub env: PathBuf,
@@ -319,15 +319,33 @@ impl Anchors {
             .unwrap_or_default()
     }
 
-    /// The anchors in `dir` (default: `shared/anchors` next to the repository) with their
-    /// environment in `env` (default: the repository's `target/anchors`).
+    /// The anchors folder this tool was built with: `tools/anchors` in its repository.
+    pub fn default_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("anchors")
+    }
+
+    /// The anchors in `dir` (default: [`Anchors::default_dir`], `tools/anchors` in the
+    /// repository) with their environment in `env` (default: the repository's
+    /// `target/anchors`).
     ///
     /// # Errors
     ///
     /// The folder is missing or lacks the sweep scripts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_tools::anchors::Anchors;
+    ///
+    /// // The scripts ship with the repository.
+    /// let anchors = Anchors::locate(None, None)?;
+    /// assert!(anchors.dir.ends_with("tools/anchors"));
+    /// assert!(anchors.dir.join("mlx_bench.py").is_file());
+    /// # Ok::<(), String>(())
+    /// ```
     pub fn locate(dir: Option<PathBuf>, env: Option<PathBuf>) -> Result<Self, String> {
         let root = Self::repo_root();
-        let dir = dir.unwrap_or_else(|| root.join("../shared/anchors"));
+        let dir = dir.unwrap_or_else(Self::default_dir);
         let dir = std::fs::canonicalize(&dir).map_err(|e| {
             format!(
                 "the anchors folder {} is not there ({e}); give it with --anchors DIR",

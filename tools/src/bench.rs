@@ -1,6 +1,6 @@
 //! The collective benchmark sweep, run inside every rank of a group.
 //!
-//! Methodology (the same as `../shared/anchors/mlx_bench.py`, so figures compare):
+//! Methodology (the same as `tools/anchors/mlx_bench.py`, so figures compare):
 //!
 //! - per case (collective, dtype, reduction, size): a barrier, warm-up iterations, then
 //!   rank 0 picks an iteration count from the warm-up time (about `target` seconds of timed

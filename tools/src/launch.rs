@@ -133,6 +133,22 @@ pub struct Host {
     pub rdma: Vec<Option<RdmaCell>>,
 }
 
+/// Whether `value` is a ring address file (`[["host:port", ...], ...]`: what `MLX_HOSTFILE`
+/// names and the ranks read) rather than a launch hostfile (`[{"ssh": ..., "ips": [...]}]`
+/// or `{"hosts": [...]}`: the hosts to start ranks on). Both are JSON lists, and serde
+/// would read `["127.0.0.1:5000"]` as a host whose ssh name is `127.0.0.1:5000`.
+///
+/// ```
+/// use nuvec_tools::launch::is_address_file;
+///
+/// let file = |text: &str| is_address_file(&serde_json::from_str(text).unwrap());
+/// assert!(file(r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#));
+/// assert!(!file(r#"[{"ssh": "node-a", "ips": ["10.0.0.1"]}]"#));
+/// ```
+pub fn is_address_file(value: &Value) -> bool {
+    matches!(value, Value::Array(ranks) if !ranks.is_empty() && ranks.iter().all(Value::is_array))
+}
+
 /// The hosts to launch on, with what a hostfile may add.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostList {
@@ -154,6 +170,15 @@ impl HostList {
     pub fn parse_hostfile(text: &str) -> Result<Self, PlanError> {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| PlanError(format!("the hostfile is not valid JSON: {e}")))?;
+        if is_address_file(&value) {
+            return fail(
+                "this is a ring address file (per rank a list of \"host:port\" addresses, \
+                 the file MLX_HOSTFILE names and the ranks read), not a launch hostfile: a \
+                 launch hostfile lists the hosts to start ranks on, [{\"ssh\": \"node-a\", \
+                 \"ips\": [\"10.0.0.1\"]}, ...] (or give --hosts a,b); the launcher writes \
+                 the address file for each run",
+            );
+        }
         let (hosts, backend, envs) = match value {
             Value::Array(hosts) => (hosts, None, Vec::new()),
             Value::Object(mut object) => {
@@ -574,11 +599,14 @@ impl Plan {
 /// What a remote rank's script prints before the path of its PID file.
 pub const PIDFILE_MARKER: &str = "nuvec-pidfile ";
 
-/// The command that runs `script` on `host`: `ssh -tt -o LogLevel=QUIET -- HOST SCRIPT`.
+/// The command that runs `script` on `host`: `ssh -tt -o LogLevel=ERROR -- HOST SCRIPT`.
 /// `-tt` allocates a terminal on the remote side, so that the rank is hung up on when the
-/// connection ends.
+/// connection ends. `LogLevel=ERROR` keeps ssh's own failures (a refused connection, a
+/// host key it cannot verify, a refused login) on the rank's stderr, where the launcher
+/// shows them under the rank's prefix, and drops what ssh says at `INFO`, such as the
+/// "Connection to HOST closed." that `-tt` adds after every session.
 pub fn ssh_command(host: &str, script: &str) -> Vec<String> {
-    ["ssh", "-tt", "-o", "LogLevel=QUIET", "--", host, script]
+    ["ssh", "-tt", "-o", "LogLevel=ERROR", "--", host, script]
         .map(String::from)
         .to_vec()
 }
@@ -887,6 +915,11 @@ mod tests {
             ("[{\"ssh\": \"a\", \"rdma\": [1]}]", "host 0"),
             ("{\"hosts\": [], \"envs\": [1]}", "envs"),
             ("not json", "not valid JSON"),
+            // The file MLX_HOSTFILE names is not a list of hosts: never ssh to "host:port".
+            (
+                r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#,
+                "this is a ring address file",
+            ),
         ] {
             let err = HostList::parse_hostfile(bad).unwrap_err();
             assert!(err.0.contains(why), "{bad}: {err}");
@@ -1055,7 +1088,7 @@ mod tests {
                 "ssh",
                 "-tt",
                 "-o",
-                "LogLevel=QUIET",
+                "LogLevel=ERROR",
                 "--",
                 "10.0.0.2",
                 script.as_str()

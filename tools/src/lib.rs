@@ -12,6 +12,7 @@ pub mod chart;
 pub mod doctor;
 pub mod guardian;
 pub mod launch;
+pub mod load;
 pub mod report;
 pub mod runner;
 pub mod testing;

@@ -1,7 +1,7 @@
 //! `nuvec`: start and measure nuvec-distributed (and MLX) rings.
 //!
 //! `nuvec launch -n 2 -- PROGRAM ARGS` starts two ranks on this machine as `mlx.launch`
-//! would (the same hostfile, `MLX_HOSTFILE` and `MLX_RANK`), `nuvec bench -n 2` measures
+//! would (the same ring address file, `MLX_HOSTFILE` and `MLX_RANK`), `nuvec bench -n 2` measures
 //! collectives across local ranks started the same way.
 
 use std::io::IsTerminal;
@@ -109,8 +109,9 @@ struct LaunchArgs {
     /// Comma-separated hosts; an IP address is also where the ring listens.
     #[arg(long, default_value = launch::LOCAL_HOST)]
     hosts: String,
-    /// A JSON hostfile: a list of {"ssh", "ips", "rdma"} hosts, or {"backend", "envs",
-    /// "hosts"}. Takes precedence over --hosts and -n.
+    /// A launch hostfile, as mlx.launch takes: a list of {"ssh", "ips", "rdma"} hosts, or
+    /// {"backend", "envs", "hosts"}. Takes precedence over --hosts and -n. (Not the ring
+    /// address file MLX_HOSTFILE names, which the launcher writes for each run.)
     #[arg(long)]
     hostfile: Option<PathBuf>,
     /// The backend to prepare (default: the hostfile's, else ring).
@@ -214,7 +215,7 @@ struct BenchArgs {
     /// stream both ways at once.
     #[arg(long)]
     limits: bool,
-    /// The anchors folder (default: shared/anchors next to the repository).
+    /// The anchors folder (default: tools/anchors in the repository nuvec was built from).
     #[arg(long, value_name = "DIR")]
     anchors: Option<PathBuf>,
     /// The anchors' environment, setup.sh's output (default: target/anchors in the
@@ -455,7 +456,8 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     } else {
         None
     };
-    let header = Header::detect(args.connections, args.wire);
+    let mut header = Header::detect(args.connections, args.wire);
+    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
     print!("{}", header.text());
     let mut report = Report {
         header: Some(header),

@@ -42,6 +42,13 @@ pub struct Header {
     pub connections: usize,
     /// The TCP congestion control of those connections, and where it comes from.
     pub congestion: String,
+    /// What else used the machine just before the run ([`crate::load::Load::text`]);
+    /// empty until [`Header::set_load`].
+    #[serde(default)]
+    pub load: String,
+    /// The warning when other work kept the machine busy ([`crate::load::Load::warning`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_warning: Option<String>,
 }
 
 impl Header {
@@ -76,7 +83,15 @@ impl Header {
             transport: String::new(),
             connections,
             congestion,
+            load: String::new(),
+            load_warning: None,
         }
+    }
+
+    /// Records what else used the machine, and the warning if it was loaded.
+    pub fn set_load(&mut self, load: &crate::load::Load) {
+        self.load = load.text();
+        self.load_warning = load.warning();
     }
 
     /// The header as comment lines, as nccl-tests starts its output.
@@ -90,6 +105,8 @@ impl Header {
             ("transport", self.transport.clone()),
             ("connections", format!("{} per neighbour", self.connections)),
             ("congestion", self.congestion.clone()),
+            ("load", self.load.clone()),
+            ("WARNING", self.load_warning.clone().unwrap_or_default()),
         ];
         // The transport is known only once the ranks formed their group: each run's
         // tables start with it, and the JSON header holds every run's.
@@ -993,6 +1010,24 @@ mod tests {
             );
         }
         assert!(text.contains("# connections  2 per neighbour"), "{text}");
+        assert!(
+            !text.contains("# load") && !text.contains("WARNING"),
+            "{text}"
+        );
+        let mut loaded = header.clone();
+        loaded.set_load(&crate::load::Load {
+            cpus: 2,
+            others: 1.0,
+            load_average: 3.0,
+            busiest: Vec::new(),
+            window: crate::load::WINDOW,
+        });
+        let text = loaded.text();
+        assert!(
+            text.contains("# load         1.00 of 2 CPUs busy with other work")
+                && text.contains("# WARNING      the machine is loaded"),
+            "{text}"
+        );
         let json = serde_json::to_value(&header).unwrap();
         assert_eq!(json["connections"], 2);
         assert_eq!(json["wire"], "mlx");

@@ -134,7 +134,17 @@ impl Outcome {
                             .join(", ")
                     ),
                 };
-                Some(format!("rank {rank} ({host}) failed: {status}{ended}"))
+                // ssh exits 255 when it fails itself (the program's own 255 looks the
+                // same, hence "likely"); its message was relayed under the rank's prefix.
+                let ssh = if host != crate::launch::LOCAL_HOST && status.code() == Some(255) {
+                    format!(
+                        " (ssh's own failure, likely: see its message above; `nuvec doctor \
+                         --hosts {host}` checks the connection)"
+                    )
+                } else {
+                    String::new()
+                };
+                Some(format!("rank {rank} ({host}) failed: {status}{ssh}{ended}"))
             }
             Outcome::Interrupted { signal } => Some(format!(
                 "interrupted by {signal}, which was forwarded to every rank"

@@ -246,6 +246,96 @@ fn a_foreign_address_a_busy_port_and_an_unreachable_host_fail_with_a_fix() {
     );
 }
 
+/// The quick start's file, `[["127.0.0.1:P"], ["127.0.0.1:P+1"]]` (what MLX_HOSTFILE names),
+/// is a ring address file: both ranks run here (no ssh), and the ports checked are the
+/// file's, whatever -p says.
+#[test]
+fn a_ring_address_file_is_checked_with_its_own_hosts_and_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = install_fake_ssh(dir.path());
+    let log = dir.path().join("ssh.log");
+    let file = dir.path().join("ring.json");
+    let (port, busy) = (0..20)
+        .find_map(|_| {
+            let port = free_port_block(2).ok()?;
+            let busy = TcpListener::bind(("127.0.0.1", port + 1)).ok()?;
+            Some((port, busy))
+        })
+        .expect("a free block of two ports, its second bound here");
+    std::fs::write(
+        &file,
+        format!(r#"[["127.0.0.1:{port}"], ["127.0.0.1:{}"]]"#, port + 1),
+    )
+    .unwrap();
+    let run = || {
+        let out = Command::new(NUVEC)
+            .args([
+                "doctor",
+                "--json",
+                "--remote-nuvec",
+                NUVEC,
+                "-p",
+                "1",
+                "--hostfile",
+            ])
+            .arg(&file)
+            .env("PATH", &path)
+            .env("FAKE_SSH_LOG", &log)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+        (out, v["findings"].as_array().cloned().unwrap_or_default())
+    };
+
+    // Rank 1's port is taken: its port check fails naming it; rank 0's passes.
+    let (out, findings) = run();
+    drop(busy);
+    assert!(!out.status.success());
+    for rank in 0..2 {
+        let who = format!("{rank} (127.0.0.1)");
+        let ssh = rows(&findings, &who, "ssh");
+        assert_eq!(ssh[0]["verdict"], "ok", "{ssh:?}");
+        assert!(
+            ssh[0]["detail"].as_str().unwrap().starts_with("runs here"),
+            "{ssh:?}"
+        );
+    }
+    let p0 = rows(&findings, "0 (127.0.0.1)", "port");
+    assert_eq!(p0[0]["verdict"], "ok", "{p0:?}");
+    assert!(
+        p0[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{port} is free")),
+        "{p0:?}"
+    );
+    let p1 = rows(&findings, "1 (127.0.0.1)", "port");
+    assert_eq!(p1[0]["verdict"], "fail", "{p1:?}");
+    assert!(
+        p1[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{} on 127.0.0.1 is in use", port + 1)),
+        "{p1:?}"
+    );
+
+    // Free again: every check that can run here passes, each link to the file's port.
+    let (out, findings) = run();
+    assert!(out.status.success(), "{findings:?}");
+    for (from, to) in [(0, 1), (1, 0)] {
+        let link = rows(&findings, &format!("{from} -> {to}"), "link");
+        assert_eq!(link[0]["verdict"], "ok", "{link:?}");
+        let at = format!("127.0.0.1:{}", port + to);
+        assert!(
+            link[0]["detail"].as_str().unwrap().contains(&at),
+            "{link:?}"
+        );
+    }
+    // Nothing went through ssh: no "host:port" was taken for a host name.
+    assert!(!log.exists() || std::fs::read_to_string(&log).unwrap().is_empty());
+}
+
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();

@@ -503,3 +503,43 @@ fn standard_input_reaches_every_rank() {
         );
     }
 }
+
+/// A host ssh cannot reach (192.0.2.7, TEST-NET-1; the stand-in ssh contacts nothing):
+/// the launcher shows ssh's own message (under the rank's prefix)
+/// and says that exit status 255 is likely ssh's, instead of a bare "exit status: 255".
+#[test]
+fn ssh_s_own_failure_is_shown() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // As real ssh does: its message unless LogLevel=QUIET silences it, then status 255.
+    let ssh = dir.path().join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nquiet=no\nfor a; do [ \"$a\" = LogLevel=QUIET ] && quiet=yes; done\n\
+         [ $quiet = no ] && echo 'ssh: connect to host 192.0.2.7 port 22: Connection refused' >&2\n\
+         exit 255\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = nuvec_launch(&["--hosts", "192.0.2.7", "--", "true"]);
+    c.env("PATH", &path);
+    let f = finish(c.spawn().unwrap(), Duration::from_secs(60));
+    assert_eq!(f.status.code(), Some(255), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("ssh: connect to host 192.0.2.7 port 22: Connection refused"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        f.stderr
+            .contains("rank 0 (192.0.2.7) failed: exit status: 255 (ssh's own failure"),
+        "{}",
+        f.stderr
+    );
+}

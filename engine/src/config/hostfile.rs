@@ -1,5 +1,9 @@
-//! MLX's ring hostfile: a JSON list, one entry per rank in rank order, each a list of the
-//! `"host:port"` addresses that rank listens on (one TCP connection per address).
+//! MLX's ring hostfile, which this project's docs call the *ring address file*: the file
+//! `MLX_HOSTFILE` names, a JSON list with one entry per rank in rank order, each a list of
+//! the `"host:port"` addresses that rank listens on (one TCP connection per address). It is
+//! not the *launch hostfile* that `mlx.launch --hostfile` and `nuvec launch --hostfile` take
+//! (the hosts to start ranks on, `[{"ssh": ..., "ips": [...]}]`), from which a launcher
+//! writes this one.
 //!
 //! `[["10.0.0.1:5000","10.0.1.1:5001"],["10.0.0.2:5002","10.0.1.2:5003"]]` is a ring of two
 //! ranks with two connections between neighbours. This module turns such a file, or the
@@ -56,6 +60,18 @@ impl RingAddresses {
         (self.rank + 1) % self.size
     }
 
+    /// Rank `r`'s address `i` as the hostfile writes it (`"node-a:5000"`), for messages.
+    pub(crate) fn written(&self, r: usize, i: usize) -> Option<&str> {
+        self.all.get(r)?.get(i).map(String::as_str)
+    }
+
+    /// Rank `r`'s address `i`, resolved, for an error's `addr`: `None` when the entry is
+    /// missing or does not resolve (a placeholder), since the error is about something
+    /// else and must not fail for it.
+    pub(crate) fn resolved(&self, r: usize, i: usize) -> Option<SocketAddr> {
+        lookup(self.written(r, i)?).ok()
+    }
+
     /// Resolves rank `r`'s first address, which the native wire connects to when `r` is not
     /// a neighbour. Entries other than the neighbours' are only resolved here, so the MLX
     /// wire keeps accepting placeholders there (port 0, hosts it cannot resolve).
@@ -101,8 +117,26 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Vec<String>>> {
     parse(&text).map_err(fail)
 }
 
-/// Parses hostfile text. The error is the reason only; the caller adds the file's name.
-pub(crate) fn parse(text: &str) -> std::result::Result<Vec<Vec<String>>, String> {
+/// Parses hostfile text into per-rank `"host:port"` lists, checking only that it is such a
+/// list (see [`check`] for the addresses' form). The error is the reason only; the caller
+/// adds the file's name.
+///
+/// # Errors
+///
+/// Text that is empty, not JSON, or not a list of lists of strings.
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_distributed_engine::config::hostfile;
+///
+/// let nodes = hostfile::parse(r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#)?;
+/// assert_eq!(nodes[1], ["127.0.0.1:5001"]);
+/// hostfile::check(&nodes, 0)?;
+/// assert!(hostfile::parse(r#"[{"ssh": "node-a"}]"#).is_err()); // a launch hostfile
+/// # Ok::<(), String>(())
+/// ```
+pub fn parse(text: &str) -> std::result::Result<Vec<Vec<String>>, String> {
     if text.trim().is_empty() {
         return Err(
             "the hostfile is empty (mlx.launch writes an empty hostfile for a single \
@@ -195,9 +229,24 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
     })
 }
 
-/// Checks the shape of the per-rank lists for `rank`, without resolving any host. The
-/// error is the reason only.
-pub(crate) fn check(nodes: &[Vec<String>], rank: usize) -> std::result::Result<(), String> {
+/// Checks the per-rank lists as `init` would for `rank`, without resolving any host: `rank`
+/// in range, the same number of addresses for every rank, each `"host:port"` with a port
+/// number, no address listed twice. The error is the reason only.
+///
+/// # Errors
+///
+/// The first problem found, naming the rank and address.
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_distributed_engine::config::hostfile;
+///
+/// let nodes = vec![vec!["10.0.0.1:5000".to_string()], vec!["10.0.0.2".to_string()]];
+/// let err = hostfile::check(&nodes, 0).unwrap_err();
+/// assert!(err.contains("rank 1, address 0"), "{err}");
+/// ```
+pub fn check(nodes: &[Vec<String>], rank: usize) -> std::result::Result<(), String> {
     let fail = |reason: String| reason;
     if nodes.is_empty() {
         return Err(fail("the ring has no ranks (an empty list)".into()));

@@ -43,6 +43,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp, Phase, Result};
+use crate::ring::bootstrap::Reports;
+use crate::verbose::verbose;
 
 /// The context errors during set-up name.
 pub(crate) const SETUP: Phase = Phase::JacclSetup;
@@ -473,14 +475,25 @@ fn io_error(peer: &Peer, op: PeerOp, e: io::Error) -> Error {
 /// Rank 0: listens at `addr` and takes P-1 connections, each introduced by its rank.
 fn accept_all(size: usize, addr: SocketAddr, timeout: Duration) -> Result<Vec<Peer>> {
     let listener = listen(addr)?;
-    let deadline = crate::options::deadline(Instant::now(), timeout);
+    let started = Instant::now();
+    let deadline = crate::options::deadline(started, timeout);
+    let mut reports = Reports::new(started);
     let mut slots: Vec<Option<Peer>> = (1..size).map(|_| None).collect();
     let mut joined = 0;
     while joined < size - 1 {
         let (stream, from) = match listener.accept() {
             Ok(accepted) => accepted,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if let Some(elapsed) = reports.take(now) {
+                    let missing: Vec<usize> =
+                        (1..size).filter(|r| slots[r - 1].is_none()).collect();
+                    verbose!(
+                        info: 0,
+                        "still forming the JACCL side channel after {elapsed:.1?} (the timeout is {timeout:?}); waiting for rank(s) {missing:?} to connect to {addr}"
+                    );
+                }
+                if now >= deadline {
                     let missing = slots.iter().position(Option::is_none).map_or(1, |i| i + 1);
                     return Err(Error::Timeout {
                         peer: missing,
@@ -569,14 +582,21 @@ fn listen(addr: SocketAddr) -> Result<TcpListener> {
 
 /// Ranks 1..P: connects to rank 0, retrying until `timeout`, and introduces itself.
 fn connect_to_root(rank: usize, addr: SocketAddr, timeout: Duration) -> Result<Peer> {
-    let deadline = crate::options::deadline(Instant::now(), timeout);
+    let started = Instant::now();
+    let deadline = crate::options::deadline(started, timeout);
+    let mut reports = Reports::new(started);
     let mut wait = Duration::from_millis(10);
     let stream = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
             Ok(stream) => break stream,
             Err(e) if Instant::now() + wait < deadline => {
-                let _ = e;
+                if let Some(elapsed) = reports.take(Instant::now()) {
+                    verbose!(
+                        info: rank,
+                        "still forming the JACCL side channel after {elapsed:.1?} (the timeout is {timeout:?}); waiting for rank 0 to accept at {addr} (its last try failed: {e})"
+                    );
+                }
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_millis(500));
             }

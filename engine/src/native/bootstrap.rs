@@ -30,7 +30,7 @@ use crate::auth::{self, Fault, Handshake, Key, Outcome};
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
-use crate::ring::bootstrap::{FIRST_RETRY, next_backoff, pump};
+use crate::ring::bootstrap::{FIRST_RETRY, Reports, next_backoff, pump};
 use crate::tcp::{self, SocketTuning};
 use crate::verbose::verbose;
 
@@ -79,7 +79,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         tuning,
         key,
         options.shared_memory,
-        crate::options::deadline(started, options.timeout),
+        started,
         options.timeout,
     )
     .and_then(|mut formed| formed.transport.select_io(options.io).map(|()| formed));
@@ -87,9 +87,9 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
     match &result {
-        Ok(_) => verbose!(rank, "native mesh formed in {:?}", started.elapsed()),
+        Ok(_) => verbose!(info: rank, "native mesh formed in {:?}", started.elapsed()),
         Err(e) => verbose!(
-            rank,
+            warn: rank,
             "forming the native mesh failed after {:?}: {e}",
             started.elapsed()
         ),
@@ -97,14 +97,19 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
     result
 }
 
+/// The setup loop: dials, accepts and runs hellos until the mesh is formed, a peer failed
+/// it, or `timeout` has passed since `started`, reporting at `info` what it still waits
+/// for while it waits ([`Reports`]).
 fn form(
     addrs: &RingAddresses,
     tuning: SocketTuning,
     key: Option<Key>,
     shared_memory: bool,
-    deadline: Instant,
+    started: Instant,
     timeout: Duration,
 ) -> Result<Formed> {
+    let deadline = crate::options::deadline(started, timeout);
+    let mut reports = Reports::new(started);
     let mut setup = Setup::new(addrs, tuning, key, shared_memory)?;
     loop {
         setup.start_due_dials()?;
@@ -115,10 +120,23 @@ fn form(
             return setup.finish();
         }
         let now = Instant::now();
+        // Before the deadline's check, so a rank that gives up has said what it waited
+        // for (every timeout of at least FIRST_REPORT sees one report).
+        if let Some(elapsed) = reports.take(now) {
+            verbose!(
+                info: addrs.rank,
+                "still forming the native mesh after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
+                setup.waiting_for()
+            );
+        }
         if now >= deadline {
             return Err(setup.give_up(timeout));
         }
-        let wake = setup.next_retry().unwrap_or(deadline).min(deadline);
+        let wake = setup
+            .next_retry()
+            .unwrap_or(deadline)
+            .min(deadline)
+            .min(reports.due());
         match setup
             .poll
             .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
@@ -317,6 +335,57 @@ impl<'a> Setup<'a> {
         })
     }
 
+    /// What the mesh still waits for, for a report: each connection this rank dials that
+    /// is not up, and each connection it expects that has not arrived, with the peer's rank
+    /// and address.
+    fn waiting_for(&self) -> String {
+        let mut missing = Vec::new();
+        for (dial, (target, failure)) in self
+            .dials
+            .iter()
+            .zip(self.targets.iter().zip(&self.dial_failures))
+        {
+            let why = match dial {
+                Dial::Up(..) => continue,
+                Dial::Idle(_) | Dial::Connecting(_) => match failure {
+                    Some(e) => format!("its last try failed: {e}"),
+                    None => "connecting".to_string(),
+                },
+                Dial::Handshake(..) => "connected, in the hello".to_string(),
+            };
+            missing.push(format!(
+                "rank {} to accept {} at {} ({why})",
+                target.peer, target.kind, target.addr
+            ));
+        }
+        let left = self.addrs.left_rank();
+        let arrived = |slot: usize| self.candidates.iter().flatten().any(|c| c.slot == slot);
+        for (i, slot) in self.ring_in.iter().enumerate() {
+            if slot.is_none() {
+                missing.push(format!(
+                    "rank {left} ({}) to connect to this rank's {}{}",
+                    self.addrs.written(left, i).unwrap_or("its address"),
+                    self.addrs.listen[i],
+                    if arrived(i) {
+                        " (a connection arrived there and has not said who it is yet)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        for &r in &self.mesh_from {
+            if self.mesh_in[r].is_none() {
+                missing.push(format!(
+                    "rank {r} ({}) to open the mesh connection to this rank's {}",
+                    self.addrs.written(r, 0).unwrap_or("its address"),
+                    self.addrs.listen[0]
+                ));
+            }
+        }
+        missing.join("; ")
+    }
+
     fn formed(&self) -> bool {
         self.dials.iter().all(|d| matches!(d, Dial::Up(..)))
             && self.ring_in.iter().all(Option::is_some)
@@ -452,12 +521,17 @@ impl<'a> Setup<'a> {
             let Some(listener) = self.listeners.get_mut(slot) else {
                 return Ok(());
             };
-            let accepted = tcp::accept_next(listener).map_err(|e| Error::Io {
-                peer: self.addrs.left_rank(),
-                addr: Some(self.addrs.listen[slot]),
-                op: PeerOp::Accept,
-                context: CONTEXT,
-                source: e.into(),
+            // What is left after the transient errors (`accept_next`) is this machine's:
+            // out of descriptors or memory. No peer is at fault.
+            let at = self.addrs.listen[slot];
+            let accepted = tcp::accept_next(listener).map_err(|e| {
+                Error::local(
+                    format!(
+                        "rank {} accepting on its address {slot} ({at})",
+                        self.addrs.rank
+                    ),
+                    e,
+                )
             })?;
             let Some((mut stream, from)) = accepted else {
                 return Ok(());
@@ -703,10 +777,12 @@ impl<'a> Setup<'a> {
             .iter()
             .copied()
             .find(|&r| self.mesh_in[r].is_none());
-        let (peer, slot) = match (missing_ring, missing_mesh) {
-            (Some(i), _) => (self.addrs.left_rank(), i),
-            (None, Some(r)) => (r, 0),
-            (None, None) => (self.addrs.left_rank(), 0),
+        // The peer's own address for the error (`peer_addr`), and this rank's that it did
+        // not reach (`slot`), where a client may have been passed over.
+        let (peer, slot, peer_addr) = match (missing_ring, missing_mesh) {
+            (Some(i), _) => (self.addrs.left_rank(), i, i),
+            (None, Some(r)) => (r, 0, 0),
+            (None, None) => (self.addrs.left_rank(), 0, 0),
         };
         let listen = self.addrs.listen.get(slot).copied();
         match self.passed_over.get_mut(slot).and_then(Option::take) {
@@ -722,7 +798,7 @@ impl<'a> Setup<'a> {
             },
             None => Error::Timeout {
                 peer,
-                addr: listen,
+                addr: self.addrs.resolved(peer, peer_addr),
                 op: PeerOp::Accept,
                 context: CONTEXT,
                 after: timeout,

@@ -53,6 +53,51 @@ const MAX_RETRY: Duration = Duration::from_millis(250);
 /// How long an accepted connection must have been up before it may be taken, without a key.
 const SETTLE: Duration = Duration::from_millis(20);
 
+/// When a forming rank first says what it still waits for, and then how often: a launch
+/// that forms normally is done well within the first (tens of milliseconds on one host), and
+/// a missing peer is named within seconds instead of only at the timeout (30 s by default).
+const FIRST_REPORT: Duration = Duration::from_secs(2);
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// The reports of a forming group: at [`FIRST_REPORT`], then at every multiple of
+/// [`REPORT_EVERY`] (2 s, 5 s, 10 s, 15 s, ...), each naming the peers still missing.
+pub(crate) struct Reports {
+    started: Instant,
+    next: Duration,
+}
+
+impl Reports {
+    pub(crate) fn new(started: Instant) -> Self {
+        Reports {
+            started,
+            next: FIRST_REPORT,
+        }
+    }
+
+    /// When the next report is due (the setup loop wakes for it).
+    pub(crate) fn due(&self) -> Instant {
+        crate::options::deadline(self.started, self.next)
+    }
+
+    /// How long setup has run, if a report is due at `now`; schedules the next one.
+    pub(crate) fn take(&mut self, now: Instant) -> Option<Duration> {
+        let elapsed = now.saturating_duration_since(self.started);
+        if elapsed < self.next {
+            return None;
+        }
+        while self.next <= elapsed {
+            self.next = next_report(self.next);
+        }
+        Some(elapsed)
+    }
+}
+
+/// The report after one at `at`: the next multiple of [`REPORT_EVERY`].
+fn next_report(at: Duration) -> Duration {
+    let every = REPORT_EVERY.as_millis();
+    Duration::from_millis(((at.as_millis() / every + 1) * every) as u64)
+}
+
 /// Tokens: listeners from 0, outgoing connections from `DIAL_BASE`, accepted candidates
 /// from `CANDIDATE_BASE`.
 const DIAL_BASE: usize = 1 << 16;
@@ -86,14 +131,8 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
     ffi::probes::register();
     let started = Instant::now();
     let tuning = SocketTuning::from_options(options);
-    let result = form(
-        addrs,
-        tuning,
-        key,
-        crate::options::deadline(started, options.timeout),
-        options.timeout,
-    )
-    .and_then(|mut transport| transport.select_io(options.io).map(|()| transport));
+    let result = form(addrs, tuning, key, started, options.timeout)
+        .and_then(|mut transport| transport.select_io(options.io).map(|()| transport));
     let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
@@ -109,14 +148,17 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
 }
 
 /// The setup loop: retries, accepts and handshakes until the ring is formed, a neighbour
-/// refused us, or `deadline` passes.
+/// refused us, or `timeout` has passed since `started`. While it waits it reports, at
+/// `info`, what it still waits for ([`Reports`]).
 fn form(
     addrs: &RingAddresses,
     tuning: SocketTuning,
     key: Option<Key>,
-    deadline: Instant,
+    started: Instant,
     timeout: Duration,
 ) -> Result<Transport> {
+    let deadline = crate::options::deadline(started, timeout);
+    let mut reports = Reports::new(started);
     let mut setup = Setup::new(addrs, tuning, key)?;
     loop {
         setup.start_due_dials()?;
@@ -127,10 +169,23 @@ fn form(
             return Err(error);
         }
         let now = Instant::now();
+        // Before the deadline's check, so a rank that gives up has said what it waited
+        // for (every timeout of at least FIRST_REPORT sees one report).
+        if let Some(elapsed) = reports.take(now) {
+            verbose!(
+                info: addrs.rank,
+                "still forming the ring after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
+                setup.waiting_for()
+            );
+        }
         if now >= deadline {
             return Err(setup.give_up(timeout));
         }
-        let wake = setup.next_retry().unwrap_or(deadline).min(deadline);
+        let wake = setup
+            .next_retry()
+            .unwrap_or(deadline)
+            .min(deadline)
+            .min(reports.due());
         match setup
             .poll
             .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
@@ -338,9 +393,11 @@ fn timed_out(
                 None => reason,
             },
         ),
+        // Beside the peer's rank its own address, as in every error; not the address of
+        // this rank's that it did not reach.
         None => Error::Timeout {
             peer: left,
-            addr: listen,
+            addr: addrs.resolved(left, i),
             op: PeerOp::Accept,
             context: CONTEXT,
             after: timeout,
@@ -429,6 +486,54 @@ impl<'a> Setup<'a> {
             rejected: (0..c).map(|_| None).collect(),
             said_no_key: None,
         })
+    }
+
+    /// What the ring still waits for, for a report: each connection to the right
+    /// neighbour that is not up, and each of our addresses the left neighbour has not
+    /// connected to yet, with the peer's rank and address.
+    fn waiting_for(&self) -> String {
+        let (left, right) = (self.addrs.left_rank(), self.addrs.right_rank());
+        let mut missing = Vec::new();
+        for (i, dial) in self.dials.iter().enumerate() {
+            let at = self.addrs.right[i];
+            let why = match dial {
+                Dial::Up(_) => continue,
+                Dial::Idle(_) | Dial::Connecting(_) => match &self.dial_failures[i] {
+                    Some(e) => format!("its last try failed: {e}"),
+                    None => "connecting".to_string(),
+                },
+                Dial::Handshake(..) => "connected, in the handshake".to_string(),
+                Dial::Refused(_, reason) => format!("refused: {reason}"),
+            };
+            missing.push(format!(
+                "rank {right} to accept connection {i} at {at} ({why})"
+            ));
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            let arrived = self.candidates.iter().flatten().any(|c| c.slot == i);
+            // Without a key an arrived connection is only taken once this rank's own are up
+            // (see `formed`): it is not missing.
+            if slot.is_some() || (arrived && self.key.is_none()) {
+                continue;
+            }
+            if arrived {
+                missing.push(format!(
+                    "rank {left}'s connection to this rank's {} to finish the handshake",
+                    self.addrs.listen[i]
+                ));
+                continue;
+            }
+            let mut line = format!(
+                "rank {left} ({}) to connect to this rank's {}",
+                self.addrs.written(left, i).unwrap_or("its address"),
+                self.addrs.listen[i]
+            );
+            if let Some((claimed, from, _, why)) = &self.rejected[i] {
+                line += &format!(" (turned away rank {claimed}'s client from {from}: {why})");
+            }
+            missing.push(line);
+        }
+        missing.join("; ")
     }
 
     fn formed(&mut self) -> bool {
@@ -640,12 +745,17 @@ impl<'a> Setup<'a> {
             let Some(listener) = self.listeners[slot].as_mut() else {
                 return Ok(());
             };
-            let accepted = tcp::accept_next(listener).map_err(|e| Error::Io {
-                peer: self.addrs.left_rank(),
-                addr: Some(self.addrs.listen[slot]),
-                op: PeerOp::Accept,
-                context: CONTEXT,
-                source: e.into(),
+            // What is left after the transient errors (`accept_next`) is this machine's:
+            // out of descriptors or memory. No peer is at fault.
+            let at = self.addrs.listen[slot];
+            let accepted = tcp::accept_next(listener).map_err(|e| {
+                Error::local(
+                    format!(
+                        "rank {} accepting on its address {slot} ({at})",
+                        self.addrs.rank
+                    ),
+                    e,
+                )
             })?;
             let Some((mut stream, from)) = accepted else {
                 return Ok(());
@@ -804,6 +914,23 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     #[test]
+    fn a_forming_rank_reports_at_2_s_then_at_every_5_s() {
+        let s = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut reports = Reports::new(t0);
+        assert_eq!(reports.due(), t0 + 2 * s);
+        assert_eq!(reports.take(t0 + 1999 * MS), None);
+        assert_eq!(reports.take(t0 + 2 * s), Some(2 * s));
+        assert_eq!(reports.due(), t0 + 5 * s);
+        assert_eq!(reports.take(t0 + 4 * s), None);
+        assert_eq!(reports.take(t0 + 5 * s), Some(5 * s));
+        // A late wake makes one report, not one per missed slot.
+        assert_eq!(reports.take(t0 + 17 * s), Some(17 * s));
+        assert_eq!(reports.due(), t0 + 20 * s);
+        assert_eq!(reports.take(t0 + 18 * s), None);
+    }
+
+    #[test]
     fn refused_connections_back_off_from_10_ms_to_a_250_ms_cap() {
         let mut wait = FIRST_RETRY;
         let mut schedule = vec![wait];
@@ -877,6 +1004,9 @@ mod tests {
             listen: vec![a(5001), a(5002)],
             right: vec![a(6001), a(6002)],
             local_ranks: 3,
+            all: [4001, 5001, 6001]
+                .map(|p| vec![format!("127.0.0.1:{p}"), format!("127.0.0.1:{}", p + 1)])
+                .to_vec(),
             ..RingAddresses::default()
         }
     }
@@ -946,10 +1076,16 @@ mod tests {
                     && reason.contains("a client sent garbage; no authenticated connection reached 127.0.0.1:5002")),
             "{e:?}"
         );
+        // The left neighbour never connected to this rank's 5002: the error names it with
+        // its own address (4002), never with this rank's.
         let e = verdict(vec![DialView::Up, DialView::Up], &[true, false], None);
         assert!(
-            matches!(&e, Error::Timeout { peer: 0, addr: Some(a), op: PeerOp::Accept, .. } if a.port() == 5002),
-            "{e:?}"
+            matches!(&e, Error::Timeout { peer: 0, addr: Some(a), op: PeerOp::Accept, .. } if a.port() == 4002),
+            "{e:#?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "rank 0 (127.0.0.1:4002): did not connect to this rank within 3s during ring setup"
         );
     }
 

@@ -1,9 +1,11 @@
 //! `nuvec doctor`: checks a set of hosts before a launch and says, per host and per ring
 //! link, what is wrong and how to fix it.
 //!
-//! The hosts come from the same hostfile `nuvec launch` and `mlx.launch` take (either
-//! format, JACCL's `rdma` rows included) or from `--hosts`; ring ports are numbered as the
-//! launcher numbers them (`--starting-port`, one per address in rank order).
+//! The hosts come from the launch hostfile `nuvec launch` and `mlx.launch` take (either
+//! format, JACCL's `rdma` rows included) or from `--hosts`, and ring ports are numbered as
+//! the launcher numbers them (`--starting-port`, one per address in rank order). Or they
+//! come from a ring address file (what `MLX_HOSTFILE` names: per rank its `"host:port"`
+//! addresses), with the ports it gives ([`from_address_file`]).
 //!
 //! The doctor runs one shell script per host over ssh ([`PROBE_SCRIPT`]: `uname`, the
 //! interfaces, the default route and, on macOS, the hardware ports and Thunderbolt bus;
@@ -96,7 +98,10 @@ pub enum Over {
     check failed."
 )]
 pub struct DoctorArgs {
-    /// A JSON hostfile, as `nuvec launch` and `mlx.launch` take (ring or JACCL).
+    /// A launch hostfile, as `nuvec launch` and `mlx.launch` take (ring or JACCL:
+    /// `[{"ssh": ..., "ips": [...]}]`), or a ring address file, as MLX_HOSTFILE names
+    /// (`[["host:port", ...], ...]`: each rank's host is its first address's, its ports
+    /// the file's, and -p does not apply).
     #[arg(long, conflicts_with = "hosts")]
     pub hostfile: Option<PathBuf>,
     /// Comma-separated ssh names or addresses; an IP address is also the ring's address.
@@ -109,7 +114,8 @@ pub struct DoctorArgs {
     /// default route's) or thunderbolt (macOS).
     #[arg(long, value_enum)]
     pub over: Option<Over>,
-    /// Write a ring hostfile ({"ssh", "ips"} per host) from the verified addresses.
+    /// Write a launch hostfile for the ring ({"ssh", "ips"} per host) from the verified
+    /// addresses.
     #[arg(long, value_name = "PATH")]
     pub write_hostfile: Option<PathBuf>,
     /// Write a JACCL hostfile (with each host's `rdma` row) from the RDMA devices found.
@@ -425,6 +431,9 @@ pub struct Options {
     pub hosts: HostList,
     /// The ring's first port.
     pub starting_port: u16,
+    /// Per rank, the port of each of its addresses, when a ring address file gave them
+    /// (then `starting_port` is not used).
+    pub ports: Option<Ports>,
     /// `--over`.
     pub over: Option<Over>,
     /// The nuvec program on the hosts (`None`: `nuvec` from their PATH, and this program
@@ -572,10 +581,12 @@ pub fn run(opts: &Options) -> Report {
         } else {
             host.ips.len()
         };
+        let fixed = opts.ports.as_ref().and_then(|p| p.get(rank));
         let mut numbered = Vec::new();
-        for ip in &addresses {
+        for (i, ip) in addresses.iter().enumerate() {
             if let Some(ip) = ip {
-                numbered.push((*ip, u16::try_from(port).unwrap_or(0)));
+                let given = fixed.and_then(|f| f.get(i)).copied();
+                numbered.push((*ip, given.unwrap_or(u16::try_from(port).unwrap_or(0))));
             }
             port += 1;
         }
@@ -1521,6 +1532,103 @@ pub fn jaccl_hostfile(report: &Report) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The hosts and ports of a ring address file (`[["host:port", ...], ...]`, what
+/// `MLX_HOSTFILE` names), checked as `init` checks it: rank `r`'s host is the host part of
+/// its first address (reached by ssh under that name, or run here when it is exactly
+/// `127.0.0.1`, as `nuvec launch` does), its addresses are its `ips` (a name resolved here
+/// to its first IPv4 address, as a rank resolves it), and each port is the file's.
+///
+/// # Errors
+///
+/// Text that is not a ring address file `init` would accept, a name that does not
+/// resolve, or a port 0 placeholder (the doctor checks every rank).
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_tools::doctor::from_address_file;
+///
+/// let (hosts, ports) = from_address_file(r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#)?;
+/// assert_eq!(hosts.hosts[1].ssh, "127.0.0.1");
+/// assert_eq!(hosts.hosts[1].ips, ["127.0.0.1"]);
+/// assert_eq!(ports, [[5000], [5001]]);
+/// # Ok::<(), String>(())
+/// ```
+pub fn from_address_file(text: &str) -> Result<(HostList, Ports), String> {
+    use nuvec_distributed_engine::config::hostfile;
+    use std::net::ToSocketAddrs;
+    let nodes = hostfile::parse(text)?;
+    hostfile::check(&nodes, 0)?;
+    let mut hosts = Vec::with_capacity(nodes.len());
+    let mut ports = Vec::with_capacity(nodes.len());
+    for (rank, addresses) in nodes.iter().enumerate() {
+        let mut ips = Vec::new();
+        let mut own = Vec::new();
+        for (i, address) in addresses.iter().enumerate() {
+            // `check` has made sure of "host:port" with a port number.
+            let (host, port) = address
+                .split_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .ok_or_else(|| format!("rank {rank}, address {i}: {address:?}"))?;
+            if port == 0 {
+                return Err(format!(
+                    "rank {rank}, address {i}: {address:?} is a placeholder (port 0); the \
+                     doctor checks every rank's addresses"
+                ));
+            }
+            let ip = match host.parse::<IpAddr>() {
+                Ok(ip) => ip,
+                Err(_) => (host, port)
+                    .to_socket_addrs()
+                    .map_err(|e| format!("rank {rank}, address {i}: cannot resolve {host:?}: {e}"))?
+                    .map(|a| a.ip())
+                    .find(IpAddr::is_ipv4)
+                    .ok_or_else(|| {
+                        format!("rank {rank}, address {i}: {host:?} has no IPv4 address")
+                    })?,
+            };
+            ips.push(ip.to_string());
+            own.push(port);
+        }
+        let ssh = addresses[0]
+            .split_once(':')
+            .map_or(addresses[0].as_str(), |(h, _)| h)
+            .to_string();
+        hosts.push(Host {
+            ssh,
+            ips,
+            rdma: Vec::new(),
+        });
+        ports.push(own);
+    }
+    Ok((
+        HostList {
+            hosts,
+            ..HostList::default()
+        },
+        ports,
+    ))
+}
+
+/// Per rank, the port of each of its addresses (from a ring address file).
+pub type Ports = Vec<Vec<u16>>;
+
+/// The hosts of `--hostfile PATH`, a launch hostfile or a ring address file (with its
+/// ports), each error naming the file.
+fn read_hostfile(path: &Path) -> Result<(HostList, Option<Ports>), String> {
+    let named = |e: String| format!("hostfile {}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
+    let address_file = serde_json::from_str(&text).is_ok_and(|v| launch::is_address_file(&v));
+    if address_file {
+        let (hosts, ports) =
+            from_address_file(&text).map_err(|e| named(format!("a ring address file: {e}")))?;
+        Ok((hosts, Some(ports)))
+    } else {
+        let hosts = HostList::parse_hostfile(&text).map_err(|e| named(e.to_string()))?;
+        Ok((hosts, None))
+    }
+}
+
 /// `nuvec doctor`: the whole command, from its arguments to its exit status.
 pub fn main(args: &DoctorArgs) -> ExitCode {
     if let Some(addr) = &args.serve {
@@ -1538,20 +1646,20 @@ pub fn main(args: &DoctorArgs) -> ExitCode {
         ExitCode::FAILURE
     };
     let hosts = match (&args.hostfile, &args.hosts) {
-        (Some(path), _) => std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| HostList::parse_hostfile(&t).map_err(|e| e.to_string()))
-            .map_err(|e| format!("hostfile {}: {e}", path.display())),
-        (None, Some(list)) => HostList::from_hosts(list, 1).map_err(|e| e.to_string()),
+        (Some(path), _) => read_hostfile(path),
+        (None, Some(list)) => HostList::from_hosts(list, 1)
+            .map(|h| (h, None))
+            .map_err(|e| e.to_string()),
         (None, None) => Err("give --hostfile PATH or --hosts a,b,...".into()),
     };
-    let hosts = match hosts {
-        Ok(h) if h.hosts.is_empty() => return fail("there are no hosts to check".into()),
-        Ok(h) => h,
+    let (hosts, ports) = match hosts {
+        Ok((h, _)) if h.hosts.is_empty() => return fail("there are no hosts to check".into()),
+        Ok(found) => found,
         Err(e) => return fail(e),
     };
     let report = run(&Options {
         hosts,
+        ports,
         starting_port: args.starting_port,
         over: args.over,
         remote_nuvec: args.remote_nuvec.clone(),
