@@ -96,7 +96,7 @@ pub use config::{
     COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, RANK_VARS, RING_VARS, Topology,
 };
 pub use frames::{BUFFERS_VAR, SizeClasses};
-pub use verbs::{PortState, RdmaDevice, devices, unavailable_reason};
+pub use verbs::{APPLE_QUEUE_PAIRS_PER_DEVICE, PortState, RdmaDevice, devices, unavailable_reason};
 
 use crate::error::{Error, Result};
 use crate::group::Group;
@@ -156,7 +156,7 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
         let side = SideChannel::connect(rank, size, coordinator, options.timeout)?;
         let plan = kind.plan(rank, size, config.buffers);
         let peers = kind.peers(rank, size);
-        let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, &peers)?;
+        let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, config.buffers, &peers)?;
         let setup = Setup {
             rank,
             size,
