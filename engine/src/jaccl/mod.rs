@@ -93,7 +93,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use config::{
-    COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, RANK_VARS, RING_VARS, Topology,
+    COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, MLX_ALL_GATHER_VAR, MlxAllGather,
+    RANK_VARS, RING_VARS, Topology,
 };
 pub use frames::{BUFFERS_VAR, SizeClasses};
 pub use verbs::{APPLE_QUEUE_PAIRS_PER_DEVICE, PortState, RdmaDevice, devices, unavailable_reason};
@@ -164,6 +165,8 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
             classes: config.buffers,
             timeout: options.timeout,
             spin: driver::DEDICATED,
+            mlx_all_gather: config.mlx_all_gather,
+            records: bootstrap::Records::Nuvec,
         };
         Jaccl::form(setup, side, fabric, plan)
     })();
