@@ -92,18 +92,27 @@ impl SizeClasses {
     }
 
     /// The depth this crate gives each queue of a queue pair, sends and receives alike: the
-    /// frames of [`PIPELINE`] messages of the largest class in use, and never less than
-    /// MLX's [`MAX_SEND_WR`].
+    /// frames of two messages (the pipeline) of the largest class in use, and never less
+    /// than MLX's 32.
     ///
     /// Apple's transport counts queue depth in 4 KiB Thunderbolt frames, not work requests
     /// (TN3205, as llama.cpp's Apple transport reports it). MLX asks for 32 per queue and
-    /// keeps [`PIPELINE`] = 2 messages in flight on each; counted in frames, 32 holds two
-    /// messages of 4 to 64 KiB (2 x 1 to 2 x 16 frames) but only one of 128 KiB (32 frames)
-    /// and none of 256 or 512 KiB (64 and 128 frames), the classes messages of 128 KiB and
-    /// more use from macOS 26.3. So MLX's pipeline does not fit from the 128 KiB class, and
-    /// this crate asks for 2 x 128 = 256 with large classes (MLX's 32 with small ones, which
-    /// need 2). Where the depth counts work requests, 256 is only more room; llama.cpp's Apple
-    /// transport asks for 512 on the same hardware. Nothing of it reaches the wire.
+    /// keeps 2 messages in flight on each; counted in frames, 32 holds two messages of 4 to
+    /// 64 KiB (2 x 1 to 2 x 16 frames) but only one of 128 KiB (32 frames) and none of 256 or
+    /// 512 KiB (64 and 128 frames), the classes messages of 128 KiB and more use from macOS
+    /// 26.3. So MLX's pipeline does not fit from the 128 KiB class, and this crate asks for
+    /// 2 x 128 = 256 with large classes (MLX's 32 with small ones, which need 2). Where the
+    /// depth counts work requests, 256 is only more room; llama.cpp's Apple transport asks
+    /// for 512 on the same hardware. Nothing of it reaches the wire.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::jaccl::SizeClasses;
+    ///
+    /// assert_eq!(SizeClasses::Large.queue_depth(), 256); // 2 x 512 KiB / 4 KiB
+    /// assert_eq!(SizeClasses::Small.queue_depth(), 32); // MLX's
+    /// ```
     pub fn queue_depth(self) -> u32 {
         let largest = self.used().last().map_or(1, Class::frames);
         (PIPELINE * largest).max(MAX_SEND_WR as usize) as u32

@@ -134,7 +134,27 @@ fn describe_ports(found: &ffi::verbs::ActivePort) -> String {
         .join(", ")
 }
 
-/// This machine's RDMA devices.
+/// This machine's RDMA devices, each with the port JACCL would bind its queue pairs to (the
+/// first active one: on Thunderbolt devices it is not always 1) and that port's state, LID
+/// and IPv4 address.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "jaccl")] {
+/// use nuvec_distributed_engine::jaccl;
+///
+/// // Without a verbs library, or without RDMA in the kernel, there is nothing to list.
+/// match jaccl::devices() {
+///     Ok(devices) => {
+///         for d in devices {
+///             println!("{}: port {} of {}, {:?}, {:?}", d.name, d.port, d.ports, d.state, d.ipv4);
+///         }
+///     }
+///     Err(e) => println!("no RDMA here: {e}"),
+/// }
+/// # }
+/// ```
 ///
 /// # Errors
 ///
