@@ -1196,8 +1196,9 @@ pub struct FrameBuffer {
 }
 
 // SAFETY: the memory region handles are used only by `Drop` (handed to their PD, which
-// deregisters each once) and their keys are plain integers; the mapping is owned. Moving the buffer between threads moves
-// nothing the hardware holds (the mapping's address does not change).
+// deregisters each once) and their keys are plain integers; the mapping is owned. Moving the
+// buffer between threads moves nothing the hardware holds (the mapping's address does not
+// change).
 unsafe impl Send for FrameBuffer {}
 // SAFETY: `&FrameBuffer` gives access to the keys and length only, never to the bytes.
 unsafe impl Sync for FrameBuffer {}
