@@ -92,7 +92,10 @@
 //!   failed; nuvec ranks tell each other which rank was lost, MLX ranks are only closed on.
 //! - **Buffers** are anonymous mappings (page-aligned, as MLX's `posix_memalign`'d ones).
 //! - **The library** is opened with `RTLD_NOW | RTLD_LOCAL` (MLX: `RTLD_GLOBAL`), so its
-//!   symbols do not leak into the process's namespace.
+//!   symbols do not leak into the process's namespace; the device list is fetched for each
+//!   device opened (MLX fetches it once per group).
+//! - **Work-request ids** given to the library are the binding's slot numbers, which it
+//!   maps back to MLX's tags on completion, so a completion always finds its buffer.
 //! - **Errors say which limit**: `EBUSY` from `ibv_create_qp` names the device, Apple's
 //!   ten-per-device limit and the counts; a device with no active port is refused naming
 //!   its ports. MLX reports the errno.
