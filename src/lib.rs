@@ -92,7 +92,7 @@ use nuvec_core::distributed::{Group, set_default_group};
 pub use engine;
 #[cfg(feature = "jaccl")]
 pub use engine::jaccl;
-pub use engine::{Backend, Io, Options, Wire, is_available};
+pub use engine::{Backend, Io, Options, Wire, is_available, unavailable_reason};
 
 use error::Call;
 

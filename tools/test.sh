@@ -28,10 +28,13 @@
 #   run every level the CPU has); on an x86-64 Linux host, aarch64 Linux built with Debian's
 #   cross gcc and run under qemu-user (unit tests with the simulations, at NUVEC_SIM_CASES
 #   cases, and the property tests; a subset of the multi-process ring tests; the kernels
-#   again on each further CPU model of NUVEC_QEMU_CPUS), and clippy for aarch64 Linux and
-#   macOS (the probes feature excluded: see cross_clippy). Measured on 2 idle cores with a
-#   warm target directory: 641 s in all, of which the forced levels 21 s, aarch64 under
-#   qemu 116 s (unit tests 56, ring subset 58, second CPU 2), cross lints 9 s.
+#   again on each further CPU model of NUVEC_QEMU_CPUS), clippy for aarch64 Linux and
+#   macOS (the probes feature excluded: see cross_clippy), and macOS compiled and linked
+#   with cargo-zigbuild, its binaries' imports checked (cross_macos_link). Measured on 2
+#   idle cores with a warm target directory: 641 s in all, of which the forced levels
+#   21 s, aarch64 under qemu 116 s (unit tests 56, ring subset 58, second CPU 2), cross
+#   lints 9 s; the macOS link step, measured apart on 2 shared cores from a cold target
+#   directory (the venv's download included), 167 s.
 # On macOS (.github/workflows/ci.yml) the same script runs natively: nothing from apt, the
 # Linux-only steps print why they are skipped, and the cross steps are replaced by the
 # native build. That path has not yet run on a Mac: it was written by reading what each
@@ -42,8 +45,10 @@
 # tests run MLX ranks in (tools/mlx-venv.sh; it needs python3 with venv and pip, and network
 # access to PyPI the first time), and on Linux rdma-core's verbs header (libibverbs-dev,
 # through apt-get) for the verbs layout test; for the cross steps, rustup's aarch64 targets
-# and, on Linux, Debian's aarch64 cross gcc and libc and qemu-user; on macOS, `flock`
-# (Homebrew's, for tools/mlx-venv.sh) and MLX's macOS wheel in place of the Linux CPU build.
+# and, on Linux, Debian's aarch64 cross gcc and libc and qemu-user, Debian's llvm (llvm-nm,
+# llvm-objdump) and, from PyPI into target/zigbuild-venv, cargo-zigbuild and ziglang; on
+# macOS, `flock` (Homebrew's, for tools/mlx-venv.sh) and MLX's macOS wheel in place of the
+# Linux CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 os=$(uname -s)
@@ -171,6 +176,94 @@ cross_clippy() {
   done
 }
 
+# macOS compiled and linked from Linux. cargo-zigbuild runs cargo with zig as the C compiler
+# and linker for aarch64-apple-darwin (zig ships macOS's libc headers and libSystem's stubs),
+# so unlike the lint step blake3's real C (NEON) is compiled and linked. Both come from PyPI,
+# pinned, into a venv under target/. Release, after the native release suite, whose host
+# artifacts (build scripts, proc macros) this reuses.
+#
+# What links: every member but the root crate, with the engine's `jaccl` feature: the
+# engine, ffi and the verbs provider (a dylib), the `nuvec` tools, the examples and the test
+# binaries. The root crate (nuvec-distributed) and nuvec-core 0.5 under it compile for macOS,
+# with default features and with `jaccl`, but nothing that links nuvec-core can be linked
+# from Linux: nuvec-gpu, a macOS dependency of nuvec-core, links the Metal, Foundation and
+# CoreFoundation frameworks and libobjc (through objc2), whose stubs are in Apple's SDK, which
+# zig does not ship and which is not redistributable; the Mac workflow links them. `probes`
+# stays native (see cross_clippy). The binaries are for checking, not shipping.
+#
+# rustc asks xcrun for the SDK at every link and warns without one: an empty SDK root, with
+# the two directories the linker searches, silences that and changes nothing in the binaries
+# (the same LC_BUILD_VERSION; zig provides what they link).
+zigbuild_pins=(cargo-zigbuild==0.24.1 ziglang==0.17.1)
+cross_macos_link() {
+  local target=aarch64-apple-darwin venv=target/zigbuild-venv sdk=target/zigbuild-sdk
+  step "macOS ($target) compiled and linked with cargo-zigbuild, blake3's C included; imports checked"
+  if [[ "$os" != Linux ]]; then
+    echo "SKIPPED: on $os the native build above is the macOS build"
+    return 0
+  fi
+  local have="" pin
+  [[ -x "$venv/bin/pip" ]] && have=$("$venv/bin/pip" freeze)
+  for pin in "${zigbuild_pins[@]}"; do
+    if ! grep -qxF "$pin" <<<"$have"; then
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q "${zigbuild_pins[@]}"
+      break
+    fi
+  done
+  mkdir -p "$sdk/usr/lib" "$sdk/System/Library/Frameworks"
+  local zb=(env PATH="$PWD/$venv/bin:$PATH" SDKROOT="$PWD/$sdk" cargo zigbuild --release --target "$target")
+  "${zb[@]}" --workspace --exclude nuvec-distributed --lib --bins --examples --tests \
+    --features nuvec-distributed-engine/jaccl
+  "${zb[@]}" -p nuvec-distributed --lib
+  "${zb[@]}" -p nuvec-distributed --lib --features jaccl
+  check_macos_imports "target/$target/release"
+}
+
+# What the Mac binaries must import and carry: libSystem's __ulock_wait and __ulock_wake (the
+# shared-memory transport's sleep, ffi/src/shm.rs), dlopen and dlsym (the verbs library is
+# loaded at run time, never linked: ffi/src/verbs/loader.rs) and the name librdma.dylib; the
+# nuvec binary also blake3's NEON C; none may link a verbs library. The provider dylib must
+# export every function the binding resolves by name (read from loader.rs). Fails naming what
+# is missing.
+check_macos_imports() {
+  local dir=$1 bin sym missing=()
+  local tests=("$dir"/deps/jaccl_provider-*)
+  local bins=("$dir/nuvec")
+  for bin in "${tests[@]}"; do [[ -x "$bin" && "$bin" != *.d ]] && bins+=("$bin") && break; done
+  [[ ${#bins[@]} -eq 2 ]] || missing+=("a jaccl_provider test binary in $dir/deps")
+  for bin in "${bins[@]}"; do
+    [[ -f "$bin" ]] || { missing+=("$bin"); continue; }
+    local undefined
+    undefined=$(llvm-nm --undefined-only -j "$bin")
+    for sym in ___ulock_wait ___ulock_wake _dlopen _dlsym; do
+      grep -qxF "$sym" <<<"$undefined" || missing+=("$bin imports no ${sym#_}")
+    done
+    grep -qaF librdma.dylib "$bin" || missing+=("$bin does not name librdma.dylib")
+    # Outputs go through variables: with pipefail, `grep -q` closing a pipe early would
+    # fail the producer.
+    local linked
+    linked=$(llvm-objdump --macho --dylibs-used "$bin")
+    if grep -qiE 'rdma|ibverbs' <<<"$linked"; then
+      missing+=("$bin links a verbs library")
+    fi
+  done
+  local defined
+  defined=$(llvm-nm --defined-only -j "$dir/nuvec")
+  grep -qxF _blake3_hash_many_neon <<<"$defined" \
+    || missing+=("$dir/nuvec has no blake3 NEON code (_blake3_hash_many_neon)")
+  local provider=$dir/libnuvec_verbs_provider.dylib exported
+  exported=$(llvm-nm --defined-only --extern-only -j "$provider")
+  for sym in $(grep -o 'b"ibv_[a-z_]*' ffi/src/verbs/loader.rs | cut -c3-); do
+    grep -qxF "_$sym" <<<"$exported" || missing+=("$provider does not export $sym")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    printf 'macOS binaries: %s\n' "${missing[@]}" >&2
+    return 1
+  fi
+  echo "checked: ${bins[*]} import __ulock_wait, __ulock_wake, dlopen and dlsym, name librdma.dylib and link no verbs library; nuvec has blake3's NEON C; $provider exports the binding's functions"
+}
+
 # macOS's counterpart of the bpftrace step: tests/probes_dtrace.rs attaches dtrace (as root,
 # or through passwordless sudo, which GitHub's macOS runners have) to a rank.
 cross_probes_dtrace() {
@@ -218,6 +311,8 @@ if [[ "$(uname -s)" == Linux ]]; then
   command -v readelf >/dev/null || need+=(binutils)
   command -v bpftrace >/dev/null || need+=(bpftrace)
   command -v ip >/dev/null || need+=(iproute2)
+  # llvm-nm and llvm-objdump read the Mach-O binaries of the macOS link step.
+  command -v llvm-nm >/dev/null && command -v llvm-objdump >/dev/null || need+=(llvm)
   [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
   mapfile -t cross < <(cross_packages)
   need+=("${cross[@]}")
@@ -369,6 +464,7 @@ else
   echo "SKIPPED: io_uring is Linux's (this is $os)"
 fi
 
+cross_macos_link
 cross_forced_levels
 cross_aarch64_tests
 

@@ -6,12 +6,20 @@
 //! RTR, RTS, with the provider checking every transition as the kernel does), posting and
 //! polling all run as they would on hardware.
 //!
+//! The provider runs its Apple profile (its default): every rule reported for Apple's
+//! `librdma` over Thunderbolt is enforced (regions with the remote rights, receives only from
+//! RTS, a SEND and its RECV covering the same 4 KiB frames, credit-based flow control, queue
+//! depth counted in frames, the active port not at 1, ten queue pairs per device, no region
+//! deregistered while a queue pair of its domain lives, no ERR before destroying; see the
+//! provider's crate docs for each rule's source). Each rule has a test below showing the
+//! binding meets it, or fails naming the device and the rule where the project cannot.
+//!
 //! Each rank checks every collective against a reference it computes itself (the same
 //! reference the emulated-fabric tests in `src/jaccl/tests/` are held to), for meshes of 2 to
 //! 8 ranks and rings of 1 to 4 cables. Faults (a lost message, an error completion, a rank
 //! that exits mid-collective, a port that goes down) must end in errors naming the peer. The
 //! binding's own checks (transition order, attributes, UC loss, ordering) run against the
-//! provider directly.
+//! provider's rdma-core profile directly.
 //!
 //! The provider is built by `cargo build -p nuvec-verbs-provider` (the test runs it, with
 //! this test binary's profile, once).
@@ -26,14 +34,17 @@ use std::time::Duration;
 use ffi::verbs::{
     ACCESS_JACCL, Connection, FrameBuffer, LIBRARY_VAR, QueueSizes, RemoteEndpoint, Verbs,
 };
+use nuvec_distributed_engine::jaccl::SizeClasses;
 use nuvec_distributed_engine::{Backend, Error, Group, bf16, f16, init_backend, jaccl};
 use nuvec_tools::testing;
 
 const DONE: &str = "PROVIDER-CHILD-DONE";
 
 /// Every variable the backends read, removed from children unless a test sets it.
-const LAUNCH_VARS: [&str; 16] = [
+const LAUNCH_VARS: [&str; 18] = [
     "NUVEC_VERBS_PROVIDER_TRACE",
+    "NUVEC_VERBS_PROVIDER_PROFILE",
+    "NUVEC_JACCL_MLX_ALL_GATHER",
     "NUVEC_VERBS_PROVIDER_CHANNELS",
     "NUVEC_VERBS_PROVIDER_EARLY",
     "MLX_HOSTFILE",
@@ -162,7 +173,8 @@ fn launch_in(
             format!("{d}{extra}")
         })
         .collect();
-    let port = testing::free_port_block(1).unwrap();
+    // Four: the queue-pair limit test forms four groups, at this port and the next three.
+    let port = testing::free_port_block(4).unwrap();
     let children: Vec<_> = (0..fabric.size)
         .map(|rank| {
             let mut cmd = testing::this_test(name);
@@ -385,23 +397,50 @@ ring_test!(ring_2_ranks_1_cable: 2, 1, ring_3_ranks_2_cables: 3, 2, ring_4_ranks
 // ---------------------------------------------------------------------------------------
 // The set-up, as MLX does it
 
-/// The queue-pair set-up of a mesh of 3, read back from the provider's trace: one CQ of 64
-/// entries and one UC queue pair (32 sends, 32 receives, one SGE, no inline data, one CQ for
-/// both) per peer; INIT on port 1, P_Key 0, local write + remote read + remote write; RTR with
-/// a 1024-byte MTU, PSN 7, the peer's queue pair, a global route with hop limit 1 to the
-/// peer's IPv4-mapped GID, from the index where the scan found this port's (1, or 3 on the
-/// one device that keeps it there: MLX's fixed 1 would be refused); RTS with PSN 7; buffers
-/// registered for local write only. Dropping the group moves every queue pair to ERR.
+/// The trace lines of every process that ran with `NUVEC_VERBS_PROVIDER_TRACE` in `dir`,
+/// one list per process, in the order each wrote them.
+fn traces(dir: &Path) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir.join(".nuvec-verbs")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("trace-") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            out.push(text.lines().map(String::from).collect());
+        }
+    }
+    out
+}
+
+/// The value of `key=` in a trace line.
+fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(String::from))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// The queue-pair set-up of a mesh of 3 on the Apple profile, read back from the provider's
+/// trace: MLX's set-up (one UC queue pair per peer with one SGE, no inline data and one CQ
+/// for both directions; INIT with P_Key 0 and local write + remote read + remote write; RTR
+/// with a 1024-byte MTU, PSN 7, the peer's queue pair and a global route with hop limit 1 to
+/// the peer's IPv4-mapped GID; RTS with PSN 7; buffers registered with the same three
+/// rights), with this crate's departures: the device's first active port (2 on the Apple
+/// profile's devices, 3 on the one with four ports and the third cabled) where MLX uses 1;
+/// the source GID index the scan found (3 on the one device that keeps its IPv4 GID there,
+/// where MLX's fixed 1 would be refused); queues of 256 frames and a CQ of 512 entries with
+/// a completion channel, where MLX has 32, 64 and none. Dropping the group destroys each
+/// queue pair from RTS (never ERR first), then deregisters every region: the provider
+/// refuses a region deregistered while a queue pair of its domain lives (EBUSY) or after one
+/// went to ERR (EIO), and every call must succeed.
 #[test]
-fn the_queue_pair_set_up_is_mlx_s() {
-    const NAME: &str = "the_queue_pair_set_up_is_mlx_s";
+fn the_queue_pair_set_up_is_mlx_s_with_apple_s_rules() {
+    const NAME: &str = "the_queue_pair_set_up_is_mlx_s_with_apple_s_rules";
     if testing::is_rank(NAME) {
         // jaccl::init, not init_backend: the group is not kept as the default, so dropping
-        // it tears the connections down through the binding (QP to ERR, then destroyed,
-        // then CQ, PD, regions and device: the provider refuses a wrong order with EBUSY).
+        // it tears the connections down through the binding.
         let config = jaccl::Config::from_env().unwrap();
         let group = jaccl::init(&config, &nuvec_distributed_engine::Options::default()).unwrap();
-        let mut v = vec![1f32; 64];
+        let mut v = vec![1f32; 300_000];
         group.all_sum(&mut v).unwrap();
         assert!(v.iter().all(|&x| x == 3.0));
         drop(group);
@@ -413,8 +452,12 @@ fn the_queue_pair_set_up_is_mlx_s() {
     let settings: Vec<(String, String)> = (0..p)
         .flat_map(|i| (0..p).filter(move |&j| j != i).map(move |j| (i, j)))
         .map(|(i, j)| {
-            let gid = if (i, j) == (2, 0) { ":gid=3" } else { "" };
-            (format!("m{i}to{j}"), format!("ipv4=10.9.{i}.{j}{gid}"))
+            let extra = match (i, j) {
+                (2, 0) => ":gid=3",
+                (1, 2) => ":ports=4:active=3",
+                _ => "",
+            };
+            (format!("m{i}to{j}"), format!("ipv4=10.9.{i}.{j}{extra}"))
         })
         .collect();
     let settings: Vec<(&str, &str)> = settings
@@ -427,44 +470,28 @@ fn the_queue_pair_set_up_is_mlx_s() {
         .collect();
     let out = launch_in(dir.path(), NAME, &fabric, 20, &settings, &trace);
     assert!(out.iter().all(finished), "{}", show(&out));
-    let mut lines = Vec::new();
-    for entry in std::fs::read_dir(dir.path().join(".nuvec-verbs")).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("trace-")
-        {
-            lines.extend(
-                std::fs::read_to_string(path)
-                    .unwrap()
-                    .lines()
-                    .map(String::from),
-            );
-        }
-    }
-    let field = |line: &str, key: &str| -> String {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(String::from))
-            .unwrap_or_else(|| panic!("no {key} in {line}"))
-    };
+    let per_process = traces(dir.path());
+    assert_eq!(per_process.len(), p);
+    let lines: Vec<String> = per_process.iter().flatten().cloned().collect();
     let count = |prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
     let qps = p * (p - 1);
-    // MLX's CQ has 64 entries and no channel; ours has one channel each when the library
-    // offers them (the provider does): a local difference, nothing of it reaches the wire.
-    assert_eq!(count("create_cq cqe=64 channel=true"), qps, "{lines:#?}");
+    let depth = SizeClasses::Large.queue_depth();
+    assert_eq!(depth, 256);
+    assert_eq!(
+        count(&format!("create_cq cqe={} channel=true", 2 * depth)),
+        qps,
+        "{lines:#?}"
+    );
     assert_eq!(count("create_comp_channel"), qps, "{lines:#?}");
     assert_eq!(count("create_qp "), qps, "{lines:#?}");
     // qpn -> device
     let mut device = std::collections::HashMap::new();
     for l in lines.iter().filter(|l| l.starts_with("create_qp ")) {
-        assert!(
-            l.ends_with(
-                "type=3 send_wr=32 recv_wr=32 send_sge=1 recv_sge=1 inline=0 sig_all=0 same_cq=true"
-            ),
-            "{l}"
+        let tail = format!(
+            "type=3 send_wr={depth} recv_wr={depth} send_sge=1 recv_sge=1 inline=0 sig_all=0 \
+             same_cq=true"
         );
+        assert!(l.ends_with(&tail), "{l}");
         device.insert(field(l, "qpn"), field(l, "device"));
     }
     let ends = |d: &str| -> (usize, usize) {
@@ -473,16 +500,17 @@ fn the_queue_pair_set_up_is_mlx_s() {
     };
     for (qpn, dev) in &device {
         let (i, j) = ends(dev);
+        let port = if (i, j) == (1, 2) { "3" } else { "2" };
         let mine: Vec<&String> = lines
             .iter()
             .filter(|l| l.starts_with(&format!("modify qpn={qpn} ")))
             .collect();
         assert!(
-            mine.len() == 4,
-            "INIT, RTR, RTS, then ERR at teardown: {mine:#?}"
+            mine.len() == 3,
+            "INIT, RTR, RTS, and no ERR before the queue pair is destroyed: {mine:#?}"
         );
         assert!(
-            mine[0].ends_with("INIT port=1 pkey=0 access=7"),
+            mine[0].ends_with(&format!("INIT port={port} pkey=0 access=7")),
             "{}",
             mine[0]
         );
@@ -493,7 +521,7 @@ fn the_queue_pair_set_up_is_mlx_s() {
             ("global", "1"),
             ("hop", "1"),
             ("dlid", "0"),
-            ("port", "1"),
+            ("port", port),
         ] {
             assert_eq!(field(rtr, k), v, "{k} in {rtr}");
         }
@@ -508,16 +536,16 @@ fn the_queue_pair_set_up_is_mlx_s() {
         let dgid = format!("00000000000000000000ffff0a09{j:02x}{i:02x}");
         assert_eq!(field(rtr, "dgid"), dgid, "{rtr}");
         assert!(mine[2].ends_with("RTS sq_psn=7"), "{}", mine[2]);
-        assert!(
-            mine[3..].iter().all(|l| l.ends_with("state=6")),
-            "{mine:#?}"
-        );
     }
     let regs: Vec<_> = lines.iter().filter(|l| l.starts_with("reg_mr ")).collect();
     assert!(!regs.is_empty());
-    assert!(regs.iter().all(|l| l.ends_with("access=1")), "{regs:#?}");
+    assert!(regs.iter().all(|l| l.ends_with("access=7")), "{regs:#?}");
+    assert_eq!(count("post_recv"), 0, "no receive refused: {lines:#?}");
+    assert_eq!(count("post_send"), 0, "no send refused: {lines:#?}");
     // Teardown, children first: every object destroyed once, none refused (EBUSY would
-    // mean a parent went before its children).
+    // mean a parent went before its children, or a region before its queue pair; EIO a
+    // queue pair moved to ERR first); in each process every queue pair goes before the
+    // first region.
     for (call, n) in [
         ("destroy_qp", qps),
         ("destroy_cq", qps),
@@ -528,6 +556,11 @@ fn the_queue_pair_set_up_is_mlx_s() {
     ] {
         assert_eq!(count(&format!("{call} rc=0")), n, "{call}: {lines:#?}");
         assert_eq!(count(&format!("{call} ")), n, "{call}: {lines:#?}");
+    }
+    for process in &per_process {
+        let last_qp = process.iter().rposition(|l| l.starts_with("destroy_qp"));
+        let first_mr = process.iter().position(|l| l.starts_with("dereg_mr"));
+        assert!(last_qp < first_mr, "{process:#?}");
     }
 }
 
@@ -664,8 +697,9 @@ fn a_port_gone_down_fails_naming_the_peer() {
     assert!(zero.contains("retry"), "{}", show(&out));
 }
 
-/// A device without an IPv4-mapped GID cannot be used, and the error names the device and
-/// the peer; `jaccl::devices` reports ports, states and addresses as the provider set them.
+/// A device without an IPv4-mapped GID, or without an active port, cannot be used, and the
+/// error names the device and the peer; `jaccl::devices` reports ports, states and
+/// addresses as the provider set them.
 #[test]
 fn device_listing_and_a_missing_ipv4_gid_are_reported() {
     const NAME: &str = "device_listing_and_a_missing_ipv4_gid_are_reported";
@@ -673,19 +707,25 @@ fn device_listing_and_a_missing_ipv4_gid_are_reported() {
         let devices = jaccl::devices().unwrap();
         let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["m0to1", "m1to0"]);
+        assert_eq!((devices[0].ports, devices[0].port), (2, 2));
+        assert_eq!(devices[0].state, jaccl::PortState::Active);
         assert_eq!(devices[0].ipv4, None);
+        assert_eq!((devices[1].ports, devices[1].port), (1, 1));
         assert_eq!(devices[1].state, jaccl::PortState::Down);
         assert_eq!(devices[1].ipv4, Some("169.254.7.9".parse().unwrap()));
         assert!(nuvec_distributed_engine::is_available(Backend::Jaccl));
         let e = init_backend(true, Backend::Jaccl).unwrap_err();
-        if rank() == 0 {
-            assert!(matches!(e, Error::Rdma { .. }), "{e}");
-            assert_eq!(e.peer(), Some(1), "{e}");
-            assert!(
-                e.to_string().contains("m0to1") && e.to_string().contains("IPv4"),
-                "{e}"
-            );
-        }
+        assert!(matches!(e, Error::Rdma { .. }), "{e}");
+        let (device, what) = if rank() == 0 {
+            ("m0to1 (port 2)", "IPv4")
+        } else {
+            ("m1to0", "no active port (port 1 down)")
+        };
+        assert_eq!(e.peer(), Some(1 - rank()), "{e}");
+        assert!(
+            e.to_string().contains(device) && e.to_string().contains(what),
+            "{e}"
+        );
         println!("{DONE}");
         return;
     }
@@ -695,7 +735,7 @@ fn device_listing_and_a_missing_ipv4_gid_are_reported() {
         3,
         &[
             ("m0to1", "ipv4=none"),
-            ("m1to0", "state=down:ipv4=169.254.7.9:gid=3"),
+            ("m1to0", "ports=1:state=down:ipv4=169.254.7.9:gid=3"),
         ],
         &[],
     );
@@ -705,25 +745,50 @@ fn device_listing_and_a_missing_ipv4_gid_are_reported() {
 // ---------------------------------------------------------------------------------------
 // The binding against the provider, one process
 
-fn in_provider_process(name: &str, body: impl FnOnce(&Verbs)) {
+/// Whose rules the provider follows in a one-process test.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    /// Apple's reported rules (the provider's default).
+    Apple,
+    /// rdma-core's, with messages that find no receive lost (the UC of the specification).
+    RdmaCore,
+}
+
+/// Runs `body` in a child process of this test with the provider loaded, following
+/// `profile`, on the devices `devices` (the provider's syntax); returns the trace the child
+/// left, or `None` in the child.
+fn in_provider_process(
+    name: &str,
+    profile: Profile,
+    devices: &str,
+    body: impl FnOnce(&Verbs),
+) -> Option<Vec<String>> {
     if testing::is_rank(name) {
         let verbs = Verbs::load().unwrap();
         assert_eq!(verbs.library(), provider_path_from_env());
         body(&verbs);
         println!("{DONE}");
-        return;
+        return None;
     }
     let lib = testing::verbs_provider();
     let dir = tempfile::tempdir().unwrap();
-    let out = testing::this_test(name)
+    let mut child = testing::this_test(name);
+    for var in LAUNCH_VARS {
+        child.env_remove(var);
+    }
+    child
         .env(LIBRARY_VAR, lib)
         .env("NUVEC_VERBS_PROVIDER_DIR", dir.path())
-        .env("NUVEC_VERBS_PROVIDER_DEVICES", "a,b,c:gid=2")
-        .env_remove("NUVEC_VERBS_PROVIDER_FAULT")
-        .env("NUVEC_VERBS_PROVIDER_EARLY", "drop")
-        .output()
-        .unwrap();
+        .env("NUVEC_VERBS_PROVIDER_DEVICES", devices)
+        .env("NUVEC_VERBS_PROVIDER_TRACE", "1");
+    if profile == Profile::RdmaCore {
+        child
+            .env("NUVEC_VERBS_PROVIDER_PROFILE", "rdma-core")
+            .env("NUVEC_VERBS_PROVIDER_EARLY", "drop");
+    }
+    let out = child.output().unwrap();
     assert!(finished(&out), "{}", show(&[out]));
+    Some(traces(dir.path()).concat())
 }
 
 fn provider_path_from_env() -> String {
@@ -736,21 +801,47 @@ const SIZES: QueueSizes = QueueSizes {
     max_recv_wr: 32,
 };
 
-/// A connection on device `name`, at INIT, with its address.
-fn endpoint(verbs: &Verbs, name: &str, gid_index: i32) -> (Connection, RemoteEndpoint) {
+/// A connection on device `name` with queues of `sizes`, at INIT on the device's first
+/// active port, with its address (the GID at `gid_index` of that port) and the port.
+fn endpoint_sized(
+    verbs: &Verbs,
+    name: &str,
+    gid_index: i32,
+    sizes: QueueSizes,
+) -> (Connection, RemoteEndpoint, u8) {
     let ctx = verbs.open(name).unwrap();
-    let mut conn = ctx.connection(SIZES).unwrap();
-    conn.to_init(1, ACCESS_JACCL).unwrap();
-    let gid = ctx.query_gid(1, gid_index).unwrap();
+    let port = ctx.active_port().unwrap().port.expect("an active port").0;
+    let mut conn = ctx.connection(sizes).unwrap();
+    conn.to_init(port, ACCESS_JACCL).unwrap();
+    let gid = ctx.query_gid(port, gid_index).unwrap();
     let remote = RemoteEndpoint {
         lid: 0,
         qp_num: conn.qp_num(),
         psn: 7,
         gid,
     };
+    (conn, remote, port)
+}
+
+/// [`endpoint_sized`] with MLX's queue sizes, without the port.
+fn endpoint(verbs: &Verbs, name: &str, gid_index: i32) -> (Connection, RemoteEndpoint) {
+    let (conn, remote, _) = endpoint_sized(verbs, name, gid_index, SIZES);
     (conn, remote)
 }
 
+/// Two connections on devices `a` and `b` (Apple profile: port 2, IPv4 GID at 1), each in
+/// RTS towards the other, with queues of `sizes`.
+fn connected_pair(verbs: &Verbs, sizes: QueueSizes) -> (Connection, Connection) {
+    let (mut a, a_addr, pa) = endpoint_sized(verbs, "a", 1, sizes);
+    let (mut b, b_addr, pb) = endpoint_sized(verbs, "b", 1, sizes);
+    a.to_rtr(&b_addr, pa, 1).unwrap();
+    a.to_rts(7).unwrap();
+    b.to_rtr(&a_addr, pb, 1).unwrap();
+    b.to_rts(7).unwrap();
+    (a, b)
+}
+
+/// A buffer of `len` bytes of `fill`, registered with `conn`.
 fn buffer(conn: &Connection, len: usize, fill: u8) -> Arc<FrameBuffer> {
     let mut b = FrameBuffer::new(len).unwrap();
     b.bytes_mut().fill(fill);
@@ -769,11 +860,12 @@ fn completions(conn: &mut Connection, n: usize) -> Vec<ffi::verbs::Completion> {
 }
 
 /// The transitions in the wrong order, or with bad attributes, are refused with `EINVAL`;
-/// in the right order they succeed, with the GID index the scan finds.
+/// in the right order they succeed, with the GID index the scan finds (rdma-core profile:
+/// one port).
 #[test]
 fn the_provider_checks_queue_pair_transitions_as_the_kernel_does() {
     const NAME: &str = "the_provider_checks_queue_pair_transitions_as_the_kernel_does";
-    in_provider_process(NAME, |verbs| {
+    in_provider_process(NAME, Profile::RdmaCore, "a,b,c:gid=2", |verbs| {
         assert_eq!(verbs.device_names().unwrap(), ["a", "b", "c"]);
         let ctx = verbs.open("c").unwrap();
         let port = ctx.query_port(1).unwrap();
@@ -805,11 +897,12 @@ fn the_provider_checks_queue_pair_transitions_as_the_kernel_does() {
 }
 
 /// Messages arrive whole and in order; one that finds no receive posted is lost (UC); one
-/// longer than the receive completes it with a length error; registered memory is checked.
+/// longer than the receive completes it with a length error; registered memory is checked
+/// (rdma-core profile: the specification's UC).
 #[test]
 fn the_provider_delivers_in_order_and_drops_without_a_receive() {
     const NAME: &str = "the_provider_delivers_in_order_and_drops_without_a_receive";
-    in_provider_process(NAME, |verbs| {
+    in_provider_process(NAME, Profile::RdmaCore, "a,b,c:gid=2", |verbs| {
         let (mut a, a_addr) = endpoint(verbs, "a", 1);
         let (mut b, b_addr) = endpoint(verbs, "b", 1);
         a.to_rtr(&b_addr, 1, 1).unwrap();
@@ -868,6 +961,410 @@ fn the_provider_delivers_in_order_and_drops_without_a_receive() {
         // A buffer registered elsewhere is refused before it reaches the provider.
         assert!(a.post_send(buffer(&b, 64, 0), 11).is_err());
     });
+}
+
+// ---------------------------------------------------------------------------------------
+// Apple's rules (the provider's Apple profile), one test each: the binding meets them
+
+/// Polls `conn` for `ms` milliseconds, returning what completed (for "nothing yet").
+fn completions_for(conn: &mut Connection, ms: u64) -> Vec<ffi::verbs::Completion> {
+    let mut out = Vec::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(ms) {
+        conn.poll(&mut out).unwrap();
+    }
+    out
+}
+
+/// The queue sizes the JACCL fabric creates with large messages (256 frames per queue).
+fn jaccl_sizes() -> QueueSizes {
+    let depth = SizeClasses::Large.queue_depth();
+    QueueSizes {
+        cq_entries: 2 * depth,
+        max_send_wr: depth,
+        max_recv_wr: depth,
+    }
+}
+
+/// Regions carry MLX's rights: the Apple profile refuses a region without remote read and
+/// write, and every region the binding registers has all three (access=7 in the trace).
+#[test]
+fn apple_regions_are_registered_with_mlx_s_rights() {
+    const NAME: &str = "apple_regions_are_registered_with_mlx_s_rights";
+    let Some(trace) = in_provider_process(NAME, Profile::Apple, "a", |verbs| {
+        let ctx = verbs.open("a").unwrap();
+        let conn = ctx.connection(SIZES).unwrap();
+        let mut b = FrameBuffer::new(4096).unwrap();
+        b.register(&conn).unwrap();
+        assert!(b.is_registered_with(&conn));
+    }) else {
+        return;
+    };
+    let regs: Vec<_> = trace.iter().filter(|l| l.starts_with("reg_mr ")).collect();
+    assert_eq!(regs, ["reg_mr len=4096 access=7"], "{trace:#?}");
+}
+
+/// Receives are posted only from RTS: the Apple profile refuses them at INIT and RTR, and
+/// the JACCL collectives (which post none before the group is formed) all run on it.
+#[test]
+fn apple_receives_are_refused_before_rts() {
+    const NAME: &str = "apple_receives_are_refused_before_rts";
+    let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b", |verbs| {
+        let (mut a, a_addr, pa) = endpoint_sized(verbs, "a", 1, SIZES);
+        let (_, b_addr, _) = endpoint_sized(verbs, "b", 1, SIZES);
+        let _ = a_addr;
+        let refused = |conn: &mut Connection, state: &str| {
+            let e = conn
+                .post_recv(buffer(conn, 4096, 0), 1)
+                .expect_err("a receive before RTS");
+            assert_eq!(
+                e.error.kind(),
+                std::io::ErrorKind::InvalidInput,
+                "{state}: {e:?}"
+            );
+        };
+        refused(&mut a, "INIT");
+        a.to_rtr(&b_addr, pa, 1).unwrap();
+        refused(&mut a, "RTR");
+        a.to_rts(7).unwrap();
+        a.post_recv(buffer(&a, 4096, 0), 2).unwrap();
+    }) else {
+        return;
+    };
+    let refusals = trace.iter().filter(|l| l.contains("is not RTS")).count();
+    assert_eq!(refusals, 2, "{trace:#?}");
+}
+
+/// A SEND and its RECV must cover the same number of 4 KiB frames: a 4 KiB message landing
+/// in an 8 KiB receive fails both (the receive with a length error, the send with a remote
+/// invalid-request error); equal frame counts succeed. And the send completes only once the
+/// message has landed (credit-based flow control): not while no receive is posted.
+#[test]
+fn apple_a_send_and_its_receive_cover_the_same_frames() {
+    const NAME: &str = "apple_a_send_and_its_receive_cover_the_same_frames";
+    in_provider_process(NAME, Profile::Apple, "a,b", |verbs| {
+        let (mut a, mut b) = connected_pair(verbs, SIZES);
+        a.post_send(buffer(&a, 4096, 1), 1).unwrap();
+        assert!(completions_for(&mut a, 50).is_empty(), "no receive yet");
+        assert!(completions_for(&mut b, 50).is_empty());
+        assert!(completions_for(&mut a, 50).is_empty(), "still no receive");
+        b.post_recv(buffer(&b, 8192, 0), 2).unwrap();
+        let r = completions(&mut b, 1);
+        assert_eq!((r[0].wr_id, r[0].status), (2, 1), "local length error");
+        let s = completions(&mut a, 1);
+        assert_eq!((s[0].wr_id, s[0].status), (1, 9), "remote invalid request");
+        // Equal frames: 8 KiB into 8 KiB, and 6 KiB (2 frames) into 8 KiB.
+        for (len, fill) in [(8192, 3u8), (6144, 4)] {
+            b.post_recv(buffer(&b, 8192, 0), 10).unwrap();
+            a.post_send(buffer(&a, len, fill), 11).unwrap();
+            let mut r = completions(&mut b, 1);
+            assert!(r[0].is_ok(), "{len}: {:?}", r[0]);
+            assert_eq!(r[0].byte_len as usize, len);
+            let bytes = Arc::get_mut(&mut r[0].buffer).unwrap().bytes_mut();
+            assert!(bytes[..len].iter().all(|&x| x == fill));
+            assert!(completions(&mut a, 1)[0].is_ok());
+        }
+    });
+}
+
+/// Queue depth counts 4 KiB frames: with MLX's 32 per queue, one 128 KiB receive fits and a
+/// second does not, and a 512 KiB one (128 frames) fits not even alone, which is why MLX's
+/// pipeline of two 512 KiB messages cannot run on it; with the depth this crate asks for
+/// (256), two 512 KiB messages fit each way, and a third is refused until one completes.
+#[test]
+fn apple_queue_depth_counts_frames() {
+    const NAME: &str = "apple_queue_depth_counts_frames";
+    let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b,c,d", |verbs| {
+        const KIB: usize = 1024;
+        let full = |what: &str, r: Result<(), ffi::verbs::PostError>| {
+            let e = r.expect_err(what);
+            assert_eq!(e.error.raw_os_error(), Some(libc_enomem()), "{what}: {e:?}");
+        };
+        // MLX's sizes, 32 frames a queue.
+        let (mut a, mut b) = connected_pair(verbs, SIZES);
+        a.post_recv(buffer(&a, 128 * KIB, 0), 1).unwrap();
+        full(
+            "a second 128 KiB receive",
+            a.post_recv(buffer(&a, 128 * KIB, 0), 2),
+        );
+        full(
+            "a 512 KiB receive",
+            b.post_recv(buffer(&b, 512 * KIB, 0), 3),
+        );
+        full("a 512 KiB send", b.post_send(buffer(&b, 512 * KIB, 0), 4));
+        drop((a, b));
+        // This crate's sizes, 256 frames a queue: MLX's pipeline of two 512 KiB messages.
+        let sizes = jaccl_sizes();
+        let (mut c, mut d, pc, pd) = {
+            let (mut c, c_addr, pc) = endpoint_sized(verbs, "c", 1, sizes);
+            let (mut d, d_addr, pd) = endpoint_sized(verbs, "d", 1, sizes);
+            c.to_rtr(&d_addr, pc, 1).unwrap();
+            c.to_rts(7).unwrap();
+            d.to_rtr(&c_addr, pd, 1).unwrap();
+            d.to_rts(7).unwrap();
+            (c, d, pc, pd)
+        };
+        let _ = (pc, pd);
+        // Two sends with no receive at d stay outstanding (credit-based flow control): a third
+        // would exceed the 256 frames.
+        for i in 0..2u8 {
+            c.post_send(buffer(&c, 512 * KIB, 10 + i), u64::from(i))
+                .unwrap();
+        }
+        full(
+            "a third 512 KiB send",
+            c.post_send(buffer(&c, 512 * KIB, 0), 9),
+        );
+        for i in 0..2u8 {
+            d.post_recv(buffer(&d, 512 * KIB, 0), u64::from(i)).unwrap();
+        }
+        let mut got = completions(&mut d, 2);
+        for (i, r) in got.iter_mut().enumerate() {
+            assert!(r.is_ok(), "{r:?}");
+            let bytes = Arc::get_mut(&mut r.buffer).unwrap().bytes_mut();
+            assert!(bytes.iter().all(|&x| x == 10 + i as u8), "message {i}");
+        }
+        let sent = completions(&mut c, 2);
+        assert!(sent.iter().all(ffi::verbs::Completion::is_ok), "{sent:?}");
+        // Completed requests gave their frames back: two receives fit again, not a third.
+        for i in 0..2u8 {
+            d.post_recv(buffer(&d, 512 * KIB, 0), 20 + u64::from(i))
+                .unwrap();
+        }
+        full(
+            "a third 512 KiB receive",
+            d.post_recv(buffer(&d, 512 * KIB, 0), 29),
+        );
+        c.post_send(buffer(&c, 512 * KIB, 0), 30).unwrap();
+        assert!(completions(&mut d, 1)[0].is_ok());
+    }) else {
+        return;
+    };
+    let refused = trace.iter().filter(|l| l.contains("(ENOMEM)")).count();
+    assert_eq!(refused, 5, "{trace:#?}");
+}
+
+/// `ENOMEM` (the same value on Linux and macOS).
+fn libc_enomem() -> i32 {
+    12
+}
+
+/// The active port is not always 1: the binding finds each device's first active one, and
+/// `jaccl::devices()` reports it (with the port count), where MLX would use port 1.
+#[test]
+fn apple_the_first_active_port_is_found() {
+    const NAME: &str = "apple_the_first_active_port_is_found";
+    in_provider_process(
+        NAME,
+        Profile::Apple,
+        "a, b:ports=4:active=3, c:ports=1, d:ports=3:state=down",
+        |verbs| {
+            let port = |name: &str| {
+                let found = verbs.open(name).unwrap().active_port().unwrap();
+                (found.port.map(|(p, _)| p), found.states.len())
+            };
+            assert_eq!(port("a"), (Some(2), 2));
+            assert_eq!(port("b"), (Some(3), 3));
+            assert_eq!(port("c"), (Some(1), 1));
+            assert_eq!(port("d"), (None, 3));
+            // Port 1 of "a" is down and publishes no IPv4-mapped GID: MLX's fixed port 1
+            // finds none there.
+            let a = verbs.open("a").unwrap();
+            let p1 = a.query_port(1).unwrap();
+            assert_eq!(
+                (p1.state, p1.gid_table_len),
+                (ffi::verbs::PortState::Down, 1)
+            );
+            assert_eq!(a.query_device().unwrap().ports, 2);
+            let devices = jaccl::devices().unwrap();
+            let seen: Vec<_> = devices
+                .iter()
+                .map(|d| (d.name.as_str(), d.ports, d.port, d.state))
+                .collect();
+            use jaccl::PortState::{Active, Down};
+            assert_eq!(
+                seen,
+                [
+                    ("a", 2, 2, Active),
+                    ("b", 4, 3, Active),
+                    ("c", 1, 1, Active),
+                    ("d", 3, 1, Down)
+                ]
+            );
+            assert!(devices[..3].iter().all(|d| d.ipv4.is_some()));
+            assert_eq!(devices[3].ipv4, None);
+        },
+    );
+}
+
+/// Ten queue pairs per device, however they are spread over contexts: the 11th is refused
+/// with `EBUSY`; another device is unaffected; destroying one makes room.
+#[test]
+fn apple_the_eleventh_queue_pair_on_a_device_is_refused() {
+    const NAME: &str = "apple_the_eleventh_queue_pair_on_a_device_is_refused";
+    let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b", |verbs| {
+        let contexts: Vec<_> = (0..5).map(|_| verbs.open("a").unwrap()).collect();
+        let mut held: Vec<Connection> = contexts
+            .iter()
+            .flat_map(|ctx| {
+                [
+                    ctx.connection(SIZES).unwrap(),
+                    ctx.connection(SIZES).unwrap(),
+                ]
+            })
+            .collect();
+        assert_eq!(contexts[0].queue_pairs(), 10);
+        let e = contexts[3].connection(SIZES).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ResourceBusy, "{e:?}");
+        let other = verbs.open("b").unwrap();
+        let _b = other.connection(SIZES).unwrap();
+        assert_eq!(other.queue_pairs(), 1);
+        held.pop();
+        assert_eq!(contexts[0].queue_pairs(), 9);
+        held.push(contexts[0].connection(SIZES).unwrap());
+    }) else {
+        return;
+    };
+    let refused: Vec<_> = trace.iter().filter(|l| l.contains("refused")).collect();
+    assert_eq!(
+        refused,
+        ["create_qp device=a refused: 10 queue pairs of 10 (EBUSY)"],
+        "{trace:#?}"
+    );
+}
+
+/// Teardown as Apple's driver wants it: a queue pair is destroyed before any region of its
+/// protection domain is deregistered, and never moved to ERR first. A send buffer
+/// registered with two connections and still in flight on one (its receiver posted no
+/// receive) is released when that connection is dropped: its region there goes at once, and
+/// the one with the other connection's domain waits until that queue pair is destroyed. The
+/// provider refuses a region deregistered too early (EBUSY) or after an ERR (EIO): every
+/// call succeeds, in that order.
+#[test]
+fn apple_teardown_destroys_queue_pairs_before_their_regions() {
+    const NAME: &str = "apple_teardown_destroys_queue_pairs_before_their_regions";
+    let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b,c", |verbs| {
+        let (mut x, x_addr, px) = endpoint_sized(verbs, "a", 1, SIZES);
+        let (y, _, _) = endpoint_sized(verbs, "b", 1, SIZES);
+        let (mut z, z_addr, pz) = endpoint_sized(verbs, "c", 1, SIZES);
+        x.to_rtr(&z_addr, px, 1).unwrap();
+        x.to_rts(7).unwrap();
+        z.to_rtr(&x_addr, pz, 1).unwrap();
+        z.to_rts(7).unwrap();
+        let mut shared = FrameBuffer::new(4096).unwrap();
+        shared.register(&x).unwrap();
+        shared.register(&y).unwrap();
+        x.post_send(Arc::new(shared), 1).unwrap();
+        assert!(
+            completions_for(&mut x, 20).is_empty(),
+            "in flight: z posted nothing"
+        );
+        assert_eq!(x.in_flight(), 1);
+        drop(x);
+        drop(y);
+        drop(z);
+    }) else {
+        return;
+    };
+    let teardown: Vec<&str> = trace
+        .iter()
+        .filter(|l| l.starts_with("destroy_qp") || l.starts_with("dereg_mr"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        teardown,
+        [
+            "destroy_qp rc=0", // x
+            "dereg_mr rc=0",   // the buffer's region with x's domain
+            "destroy_qp rc=0", // y
+            "dereg_mr rc=0",   // ... with y's domain, kept until now
+            "destroy_qp rc=0", // z
+        ],
+        "{trace:#?}"
+    );
+    assert!(!trace.iter().any(|l| l.ends_with("state=6")), "{trace:#?}");
+}
+
+/// A process that needs an 11th queue pair on a device gets an error naming the device and
+/// the rule: four ranks, each reaching its three peers through one device, form groups
+/// until the fourth needs queue pairs 10 to 12 there; the 11th is refused (EBUSY) and every
+/// rank reports its own device, the limit and mlx PR #4209.
+#[test]
+fn a_process_needing_an_eleventh_queue_pair_on_a_device_is_told_which_and_why() {
+    const NAME: &str = "a_process_needing_an_eleventh_queue_pair_on_a_device_is_told_which_and_why";
+    let p = 4;
+    if testing::is_rank(NAME) {
+        let base = jaccl::Config::from_env().unwrap();
+        let first = base.coordinator_addr().unwrap().port();
+        let options = nuvec_distributed_engine::Options::default().timeout(Duration::from_secs(10));
+        let mut groups = Vec::new();
+        for g in 0..4u16 {
+            let mut config = base.clone();
+            config.coordinator = Some(format!("127.0.0.1:{}", first + g));
+            match jaccl::init(&config, &options) {
+                Ok(group) => {
+                    group.barrier().unwrap();
+                    groups.push(group);
+                }
+                Err(e) => {
+                    println!("GROUP {g} ERROR {e}");
+                    break;
+                }
+            }
+        }
+        println!("FORMED {}", groups.len());
+        println!("{DONE}");
+        return;
+    }
+    // Every cell of rank i's row names device d{i}.
+    let rows: Vec<String> = (0..p)
+        .map(|i| {
+            let cells: Vec<String> = (0..p)
+                .map(|j| {
+                    if i == j {
+                        "null".into()
+                    } else {
+                        format!("\"d{i}\"")
+                    }
+                })
+                .collect();
+            format!("[{}]", cells.join(", "))
+        })
+        .collect();
+    let fabric = Fabric {
+        size: p,
+        ring: false,
+        matrix: format!("[{}]", rows.join(", ")),
+        devices: (0..p).map(|i| format!("d{i}")).collect(),
+    };
+    let out = launch(
+        "a_process_needing_an_eleventh_queue_pair_on_a_device_is_told_which_and_why",
+        &fabric,
+        20,
+        &[],
+        &[],
+    );
+    assert!(out.iter().all(finished), "{}", show(&out));
+    for (rank, o) in out.iter().enumerate() {
+        let text = stdout(o);
+        assert!(text.contains("FORMED 3"), "rank {rank}: {}", show(&out));
+        let error = text
+            .lines()
+            .find_map(|l| l.find("GROUP 3 ERROR").map(|at| &l[at..]))
+            .unwrap_or_else(|| panic!("rank {rank}: {}", show(&out)));
+        for needle in [
+            format!("d{rank} refused a queue pair with EBUSY"),
+            "allow 10 per device".into(),
+            "mlx PR #4209".into(),
+            "held 10 queue pairs".into(),
+            "needs 3".into(),
+        ] {
+            assert!(
+                error.contains(&needle),
+                "rank {rank}: {needle:?} in {error}"
+            );
+        }
+    }
 }
 
 /// Without the variable the platform's library is loaded; a path that does not exist is an

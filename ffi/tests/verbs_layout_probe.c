@@ -30,6 +30,12 @@ int main(void) {
     OFF(ibv_mr, length);
     OFF(ibv_mr, lkey);
     OFF(ibv_mr, rkey);
+    SIZE(ibv_device_attr);
+    OFF(ibv_device_attr, max_qp);
+    OFF(ibv_device_attr, max_qp_wr);
+    OFF(ibv_device_attr, max_cqe);
+    OFF(ibv_device_attr, max_mr);
+    OFF(ibv_device_attr, phys_port_cnt);
     SIZE(ibv_port_attr);
     OFF(ibv_port_attr, state);
     OFF(ibv_port_attr, active_mtu);

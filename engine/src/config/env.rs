@@ -76,6 +76,10 @@ pub const JACCL_RING_VARS: [&str; 2] = ["JACCL_RING", JACCL_RING_VAR];
 
 /// The variable that overrides JACCL's size classes: `small` (macOS 26.2) or `large` (26.3+).
 pub const JACCL_BUFFERS_VAR: &str = "NUVEC_JACCL_BUFFERS";
+/// The variable that says which all_gather the MLX ranks of a jaccl-ring group run:
+/// `defective` (the default: MLX 0.32.1's, so nuvec ranks refuse all_gather there) or
+/// `fixed` (a release with MLX PR #4443, whose messages equal this crate's).
+pub const JACCL_MLX_ALL_GATHER_VAR: &str = "NUVEC_JACCL_MLX_ALL_GATHER";
 
 /// Where a reader finds a variable's value.
 pub(crate) type Lookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
@@ -346,6 +350,14 @@ pub(crate) fn jaccl_launch(vars: Lookup<'_>) -> Result<JacclLaunch> {
 /// # Errors
 ///
 /// A value other than `small` or `large` (after trimming).
+#[cfg(feature = "jaccl")]
+pub(crate) fn jaccl_mlx_all_gather(vars: Lookup<'_>) -> Result<Option<crate::jaccl::MlxAllGather>> {
+    value(vars, JACCL_MLX_ALL_GATHER_VAR)?
+        .map(|v| v.parse())
+        .transpose()
+}
+
+/// [`JACCL_BUFFERS_VAR`], or `None` when unset (the caller then detects the classes).
 #[cfg(feature = "jaccl")]
 pub(crate) fn jaccl_buffers(vars: Lookup<'_>) -> Result<Option<crate::jaccl::SizeClasses>> {
     value(vars, JACCL_BUFFERS_VAR)?

@@ -17,7 +17,19 @@
 //!   the packet sequence number (always 7), 4 bytes of padding, the 16-byte GID. A
 //!   connection that does not exist (a rank's entry for itself in a mesh) has LID -1. MLX
 //!   leaves the padding and the other fields of such entries uninitialised; this crate sends
-//!   zeros, and ignores what it receives there.
+//!   zeros in those fields, and [`NUVEC_MARK`] in the padding of every record.
+//!
+//! # Telling nuvec ranks from MLX ranks
+//!
+//! MLX never reads a record's padding (it reads the LID, queue-pair number, PSN and GID), and
+//! rank 0 relays every rank's records byte for byte, MLX's rank 0 included. So the padding
+//! carries, without changing a byte MLX reads, the one thing nuvec ranks need to know about
+//! each other: that the sender is a nuvec rank, whose jaccl-ring all_gather is the corrected
+//! one. A rank whose every record carries the mark is a nuvec rank; MLX's padding holds
+//! whatever its memory held (in practice zeros), which matches the mark by chance with
+//! probability 2^-32 per record. Nothing else MLX sends can serve: every other byte of the
+//! set-up is read, and the side channel carries nothing after the barrier that MLX would
+//! answer.
 //! - **Barrier**: two all-gathers of the `int` 0.
 //!
 //! The sequence at set-up is, for a mesh: counts, P records per rank (entry j is the rank's
@@ -52,6 +64,11 @@ pub(crate) const SETUP: Phase = Phase::JacclSetup;
 /// The size of a [`Destination`] record on the wire.
 pub(crate) const DESTINATION_BYTES: usize = 32;
 
+/// What a nuvec rank writes in the padding of every record it publishes (bytes 12 to 15),
+/// which MLX neither writes nor reads: "this rank is nuvec's, with the corrected ring
+/// all_gather" (see the module docs).
+pub(crate) const NUVEC_MARK: [u8; 4] = *b"nvc1";
+
 /// How to reach one queue pair: what each rank publishes for each of its connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Destination {
@@ -74,14 +91,27 @@ impl Destination {
         gid: [0; 16],
     };
 
-    /// The record's 32 bytes.
+    /// The record's 32 bytes, with [`NUVEC_MARK`] in the padding.
     pub(crate) fn encode(&self) -> [u8; DESTINATION_BYTES] {
+        let mut b = self.encode_as_mlx();
+        b[12..16].copy_from_slice(&NUVEC_MARK);
+        b
+    }
+
+    /// The record's 32 bytes as an MLX rank sends them, with zeros in the padding (what MLX
+    /// leaves there is undefined, and in practice zero): for tests that play an MLX rank.
+    pub(crate) fn encode_as_mlx(&self) -> [u8; DESTINATION_BYTES] {
         let mut b = [0u8; DESTINATION_BYTES];
         b[0..4].copy_from_slice(&self.lid.to_le_bytes());
         b[4..8].copy_from_slice(&self.qpn.to_le_bytes());
         b[8..12].copy_from_slice(&self.psn.to_le_bytes());
         b[16..32].copy_from_slice(&self.gid);
         b
+    }
+
+    /// Whether a record's 32 bytes carry [`NUVEC_MARK`].
+    pub(crate) fn is_marked(b: &[u8; DESTINATION_BYTES]) -> bool {
+        b[12..16] == NUVEC_MARK
     }
 
     /// A record from its 32 bytes (the padding is ignored).
@@ -103,9 +133,19 @@ impl Destination {
     }
 }
 
+/// How a rank encodes its records: nuvec's way, or (tests playing an MLX rank) MLX's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Records {
+    /// With [`NUVEC_MARK`] in the padding.
+    Nuvec,
+    /// With zeros in the padding, as an MLX rank's.
+    #[cfg_attr(not(test), allow(dead_code))] // only tests play MLX ranks
+    Mlx,
+}
+
 /// The bytes one rank sends in the second all-gather of a record list: its records, then
 /// zeros up to `max` records.
-pub(crate) fn pack_records(records: &[Destination], max: usize) -> Vec<u8> {
+pub(crate) fn pack_records(records: &[Destination], max: usize, how: Records) -> Vec<u8> {
     let mut bytes = vec![0u8; max * DESTINATION_BYTES];
     for (slot, record) in bytes
         .as_chunks_mut::<DESTINATION_BYTES>()
@@ -113,30 +153,43 @@ pub(crate) fn pack_records(records: &[Destination], max: usize) -> Vec<u8> {
         .iter_mut()
         .zip(records)
     {
-        slot.copy_from_slice(&record.encode());
+        slot.copy_from_slice(&match how {
+            Records::Nuvec => record.encode(),
+            Records::Mlx => record.encode_as_mlx(),
+        });
     }
     bytes
 }
 
+/// Every rank's records, and whether each rank marked all of them as a nuvec rank's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Gathered {
+    /// Rank `r`'s records, in its order.
+    pub(crate) records: Vec<Vec<Destination>>,
+    /// Whether rank `r` published at least one record and [`NUVEC_MARK`] in every one.
+    pub(crate) nuvec: Vec<bool>,
+}
+
 /// Every rank's records from the gathered bytes of [`pack_records`] and the gathered counts.
-pub(crate) fn unpack_records(
-    gathered: &[u8],
-    counts: &[usize],
-    max: usize,
-) -> Vec<Vec<Destination>> {
-    counts
+pub(crate) fn unpack_records(gathered: &[u8], counts: &[usize], max: usize) -> Gathered {
+    let blocks: Vec<&[[u8; DESTINATION_BYTES]]> = counts
         .iter()
         .enumerate()
         .map(|(rank, &count)| {
             let block = &gathered[rank * max * DESTINATION_BYTES..][..count * DESTINATION_BYTES];
-            block
-                .as_chunks::<DESTINATION_BYTES>()
-                .0
-                .iter()
-                .map(Destination::decode)
-                .collect()
+            block.as_chunks::<DESTINATION_BYTES>().0
         })
-        .collect()
+        .collect();
+    Gathered {
+        records: blocks
+            .iter()
+            .map(|b| b.iter().map(Destination::decode).collect())
+            .collect(),
+        nuvec: blocks
+            .iter()
+            .map(|b| !b.is_empty() && b.iter().all(Destination::is_marked))
+            .collect(),
+    }
 }
 
 /// A failure notice: the rank a failing rank lost, as 4 little-endian bytes.
@@ -249,7 +302,7 @@ impl SideChannel {
     }
 
     /// Every rank's records, as MLX's `SideChannel::all_gather` of a vector: counts first,
-    /// then the records padded to the longest list.
+    /// then the records padded to the longest list. This rank's are encoded `how`.
     ///
     /// # Errors
     ///
@@ -258,7 +311,8 @@ impl SideChannel {
     pub(crate) fn all_gather_records(
         &mut self,
         records: &[Destination],
-    ) -> Result<Vec<Vec<Destination>>> {
+        how: Records,
+    ) -> Result<Gathered> {
         let counts = self.all_gather_int(records.len() as i32)?;
         let counts: Vec<usize> = counts
             .iter()
@@ -273,7 +327,7 @@ impl SideChannel {
             })
             .collect::<Result<_>>()?;
         let max = counts.iter().copied().max().unwrap_or(0);
-        let gathered = self.all_gather(&pack_records(records, max))?;
+        let gathered = self.all_gather(&pack_records(records, max, how))?;
         Ok(unpack_records(&gathered, &counts, max))
     }
 
@@ -684,14 +738,21 @@ mod tests {
         assert_eq!(&b[0..4], &[4, 3, 2, 1]);
         assert_eq!(&b[4..8], &[0x44, 0x33, 0x22, 0x11]);
         assert_eq!(&b[8..12], &[7, 0, 0, 0]);
-        assert_eq!(&b[12..16], &[0; 4], "padding");
+        assert_eq!(&b[12..16], b"nvc1", "the padding carries the mark");
         assert_eq!(b[16], 0xA0);
         assert_eq!(b[31], 0xAF);
         assert_eq!(Destination::decode(&b), d);
-        // Padding is ignored on the way in, as MLX leaves it uninitialised.
+        assert!(Destination::is_marked(&b));
+        // MLX's bytes differ only in the padding, which decoding ignores.
+        let mlx = d.encode_as_mlx();
+        assert_eq!(&mlx[12..16], &[0; 4]);
+        assert_eq!((&mlx[..12], &mlx[16..]), (&b[..12], &b[16..]));
+        assert!(!Destination::is_marked(&mlx));
+        assert_eq!(Destination::decode(&mlx), d);
         let mut dirty = b;
         dirty[12..16].copy_from_slice(&[9, 9, 9, 9]);
         assert_eq!(Destination::decode(&dirty), d);
+        assert!(!Destination::is_marked(&dirty));
         let absent = Destination::ABSENT.encode();
         assert_eq!(&absent[0..4], &[0xff; 4]);
         assert!(!Destination::decode(&absent).is_present());
@@ -701,14 +762,20 @@ mod tests {
     fn record_lists_are_padded_to_the_longest() {
         let a = [record(0, 1)];
         let b = [record(1, 0), record(1, 2), record(1, 3)];
-        let packed_a = pack_records(&a, 3);
+        let packed_a = pack_records(&a, 3, Records::Nuvec);
         assert_eq!(packed_a.len(), 96);
         assert_eq!(&packed_a[..32], &a[0].encode());
         assert!(packed_a[32..].iter().all(|&x| x == 0));
         let mut gathered = packed_a;
-        gathered.extend(pack_records(&b, 3));
-        let lists = unpack_records(&gathered, &[1, 3], 3);
-        assert_eq!(lists, vec![a.to_vec(), b.to_vec()]);
+        gathered.extend(pack_records(&b, 3, Records::Mlx));
+        gathered.extend(pack_records(&[], 3, Records::Nuvec));
+        let lists = unpack_records(&gathered, &[1, 3, 0], 3);
+        assert_eq!(lists.records, vec![a.to_vec(), b.to_vec(), vec![]]);
+        // A rank is nuvec's only if it published records and marked every one.
+        assert_eq!(lists.nuvec, [true, false, false]);
+        let mut half = pack_records(&b, 3, Records::Nuvec);
+        half[32 + 12] = 0;
+        assert_eq!(unpack_records(&half, &[3], 3).nuvec, [false]);
         assert_eq!(encode_notice(5), [5, 0, 0, 0]);
         assert_eq!(decode_notice([5, 0, 0, 0]), 5);
     }
@@ -736,12 +803,14 @@ mod tests {
             assert_eq!(c, (size as i32).to_le_bytes());
         }
         // Records: P x 32 bytes per rank; rank 0 answers with every rank's, in rank order.
-        s.write_all(&pack_records(&mesh_records(rank, size), size))
+        s.write_all(&pack_records(&mesh_records(rank, size), size, Records::Mlx))
             .unwrap();
         let all = read_n(&mut s, size * size * 32);
         let mut expected = Vec::new();
         for r in 0..size {
-            expected.extend(pack_records(&mesh_records(r, size), size));
+            // Rank 0 (nuvec's) marks its records; every MLX rank's bytes are relayed as sent.
+            let how = if r == 0 { Records::Nuvec } else { Records::Mlx };
+            expected.extend(pack_records(&mesh_records(r, size), size, how));
         }
         assert_eq!(all, expected);
         // Barrier: two all-gathers of the int 0.
@@ -766,10 +835,13 @@ mod tests {
             })
             .collect();
         let mut sc = SideChannel::connect(0, size, addr, T).unwrap();
-        let infos = sc.all_gather_records(&mesh_records(0, size)).unwrap();
-        for (r, list) in infos.iter().enumerate() {
+        let infos = sc
+            .all_gather_records(&mesh_records(0, size), Records::Nuvec)
+            .unwrap();
+        for (r, list) in infos.records.iter().enumerate() {
             assert_eq!(list, &mesh_records(r, size));
         }
+        assert_eq!(infos.nuvec, [true, false, false, false]);
         sc.barrier().unwrap();
         for c in clients {
             c.join().unwrap();
@@ -795,7 +867,14 @@ mod tests {
                 counts.extend(count);
                 s.write_all(&counts).unwrap();
                 let theirs = read_n(&mut s, 32);
-                let mut all = mine[0].encode().to_vec();
+                // What MLX reads of the nuvec rank's record is MLX's own layout; only the
+                // padding, which MLX never reads, carries the mark.
+                let wire: [u8; 32] = theirs.clone().try_into().unwrap();
+                let mlx = Destination::decode(&wire).encode_as_mlx();
+                assert_eq!(wire[..12], mlx[..12]);
+                assert_eq!(wire[16..], mlx[16..]);
+                assert!(Destination::is_marked(&wire));
+                let mut all = mine[0].encode_as_mlx().to_vec();
                 all.extend(&theirs);
                 s.write_all(&all).unwrap();
             }
@@ -808,10 +887,18 @@ mod tests {
             let _ = s.read_to_end(&mut rest);
         });
         let mut sc = SideChannel::connect(1, size, addr, T).unwrap();
-        let left = sc.all_gather_records(&[record(1, 10)]).unwrap();
-        assert_eq!(left, vec![vec![record(0, 10)], vec![record(1, 10)]]);
-        let right = sc.all_gather_records(&[record(1, 11)]).unwrap();
-        assert_eq!(right, vec![vec![record(0, 11)], vec![record(1, 11)]]);
+        let left = sc
+            .all_gather_records(&[record(1, 10)], Records::Nuvec)
+            .unwrap();
+        assert_eq!(left.records, vec![vec![record(0, 10)], vec![record(1, 10)]]);
+        assert_eq!(left.nuvec, [false, true], "MLX's rank 0, this nuvec rank");
+        let right = sc
+            .all_gather_records(&[record(1, 11)], Records::Nuvec)
+            .unwrap();
+        assert_eq!(
+            right.records,
+            vec![vec![record(0, 11)], vec![record(1, 11)]]
+        );
         sc.barrier().unwrap();
         drop(sc);
         root.join().unwrap();
@@ -977,8 +1064,11 @@ mod tests {
         assert_eq!(config.prefer_ring, rank == 2);
         let addr = config.coordinator_addr().unwrap();
         let mut sc = SideChannel::connect(rank, size, addr, T).unwrap();
-        let all = sc.all_gather_records(&mesh_records(rank, size)).unwrap();
-        for (r, list) in all.iter().enumerate() {
+        let all = sc
+            .all_gather_records(&mesh_records(rank, size), Records::Nuvec)
+            .unwrap();
+        assert_eq!(all.nuvec, [true; 4]);
+        for (r, list) in all.records.iter().enumerate() {
             assert_eq!(list, &mesh_records(r, size));
         }
         sc.barrier().unwrap();

@@ -236,6 +236,61 @@ pub struct Config {
     pub prefer_ring: bool,
     /// The message sizes (a property of the macOS release; see [`SizeClasses`]).
     pub buffers: SizeClasses,
+    /// Which all_gather the MLX ranks of a jaccl-ring group run (see [`MlxAllGather`]).
+    pub mlx_all_gather: MlxAllGather,
+}
+
+/// Which ring all_gather the MLX ranks of a jaccl-ring group run, as the user declares it:
+/// nothing MLX sends tells its release.
+///
+/// Nuvec ranks recognise each other at set-up (a mark in the padding of the records they
+/// publish, which MLX never reads), so a ring of nuvec ranks alone knows its all_gather is
+/// right. A ring with MLX ranks cannot know which MLX: MLX 0.32.1's ring all_gather is
+/// defective (it sends the lower half of each block in both directions and leaves most of the
+/// output unfilled), and MLX PR #4443 fixes it, with the same messages as this crate's. So
+/// by default nuvec ranks in a mixed ring refuse all_gather (after exchanging its messages,
+/// so that the group stays in step and usable), and [`MlxAllGather::Fixed`] lets it run.
+/// Meshes are unaffected: MLX's mesh all_gather is right.
+///
+/// Read from [`MLX_ALL_GATHER_VAR`]: `defective` or `fixed`.
+///
+/// # Examples
+///
+/// ```
+/// use nuvec_distributed_engine::jaccl::MlxAllGather;
+///
+/// assert_eq!("fixed".parse::<MlxAllGather>().unwrap(), MlxAllGather::Fixed);
+/// assert_eq!(MlxAllGather::default(), MlxAllGather::Defective);
+/// assert!("0.32.1".parse::<MlxAllGather>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MlxAllGather {
+    /// MLX 0.32.1's, or any release before PR #4443: all_gather in a mixed ring is refused.
+    #[default]
+    Defective,
+    /// A release with PR #4443: all_gather in a mixed ring runs.
+    Fixed,
+}
+
+/// The variable [`MlxAllGather`] is read from.
+pub use crate::config::env::JACCL_MLX_ALL_GATHER_VAR as MLX_ALL_GATHER_VAR;
+
+impl std::str::FromStr for MlxAllGather {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "defective" => Ok(MlxAllGather::Defective),
+            "fixed" => Ok(MlxAllGather::Fixed),
+            other => Err(Error::Environment {
+                var: MLX_ALL_GATHER_VAR,
+                reason: format!(
+                    "{other:?} is neither \"defective\" (MLX 0.32.1's ring all_gather, the \
+                     default) nor \"fixed\" (a release with MLX PR #4443)"
+                ),
+            }),
+        }
+    }
 }
 
 impl Config {
@@ -247,7 +302,14 @@ impl Config {
             devices: Some(devices),
             prefer_ring: false,
             buffers: SizeClasses::Large,
+            mlx_all_gather: MlxAllGather::Defective,
         }
+    }
+
+    /// Sets which all_gather the MLX ranks of a ring run.
+    pub fn mlx_all_gather(mut self, mlx: MlxAllGather) -> Config {
+        self.mlx_all_gather = mlx;
+        self
     }
 
     /// Sets whether the ring is preferred.
@@ -266,12 +328,13 @@ impl Config {
     /// the rank ([`RANK_VARS`], 0 if unset), the device file ([`DEVICES_VARS`]), the
     /// coordinator ([`COORDINATOR_VARS`]) and the ring preference ([`RING_VARS`]), each
     /// `JACCL_*` name before its `MLX_*` one; plus the size classes
-    /// ([`SizeClasses::detect`]). Settings that are absent stay `None`.
+    /// ([`SizeClasses::detect`]) and which all_gather MLX ranks run ([`MLX_ALL_GATHER_VAR`]).
+    /// Settings that are absent stay `None`.
     ///
     /// # Errors
     ///
-    /// A rank that is not a whole number, an unreadable or malformed device file, or a bad
-    /// size-class override.
+    /// A rank that is not a whole number, an unreadable or malformed device file, a bad
+    /// size-class override, or an [`MLX_ALL_GATHER_VAR`] that is neither value.
     pub fn from_env() -> Result<Config> {
         let launch = env::jaccl_launch(&env::process)?;
         let devices = match &launch.devices {
@@ -284,6 +347,7 @@ impl Config {
             devices,
             prefer_ring: launch.prefer_ring,
             buffers: SizeClasses::detect()?,
+            mlx_all_gather: env::jaccl_mlx_all_gather(&env::process)?.unwrap_or_default(),
         })
     }
 
@@ -638,6 +702,7 @@ mod tests {
             devices: None,
             prefer_ring: false,
             buffers: SizeClasses::Large,
+            mlx_all_gather: MlxAllGather::Defective,
         };
         let m = c.missing().unwrap();
         assert!(

@@ -24,13 +24,13 @@ pub const CLASSES: usize = 8;
 /// How many messages per connection and direction may be in flight: MLX's double buffering.
 pub const PIPELINE: usize = 2;
 
-/// Send work requests a queue pair allows.
+/// The send queue depth MLX creates its queue pairs with (`rdma.h`), in work requests.
 pub const MAX_SEND_WR: u32 = 32;
 
-/// Receive work requests a queue pair allows.
+/// The receive queue depth MLX creates its queue pairs with.
 pub const MAX_RECV_WR: u32 = 32;
 
-/// Entries of each connection's completion queue (sends and receives share it).
+/// MLX's completion queue: both queues' worth (sends and receives share it).
 pub const CQ_ENTRIES: u32 = MAX_SEND_WR + MAX_RECV_WR;
 
 /// The packet sequence number every queue pair starts at, and advertises.
@@ -91,6 +91,33 @@ impl SizeClasses {
         Class(0)
     }
 
+    /// The depth this crate gives each queue of a queue pair, sends and receives alike: the
+    /// frames of two messages (the pipeline) of the largest class in use, and never less
+    /// than MLX's 32.
+    ///
+    /// Apple's transport counts queue depth in 4 KiB Thunderbolt frames, not work requests
+    /// (TN3205, as llama.cpp's Apple transport reports it). MLX asks for 32 per queue and
+    /// keeps 2 messages in flight on each; counted in frames, 32 holds two messages of 4 to
+    /// 64 KiB (2 x 1 to 2 x 16 frames) but only one of 128 KiB (32 frames) and none of 256 or
+    /// 512 KiB (64 and 128 frames), the classes messages of 128 KiB and more use from macOS
+    /// 26.3. So MLX's pipeline does not fit from the 128 KiB class, and this crate asks for
+    /// 2 x 128 = 256 with large classes (MLX's 32 with small ones, which need 2). Where the
+    /// depth counts work requests, 256 is only more room; llama.cpp's Apple transport asks
+    /// for 512 on the same hardware. Nothing of it reaches the wire.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::jaccl::SizeClasses;
+    ///
+    /// assert_eq!(SizeClasses::Large.queue_depth(), 256); // 2 x 512 KiB / 4 KiB
+    /// assert_eq!(SizeClasses::Small.queue_depth(), 32); // MLX's
+    /// ```
+    pub fn queue_depth(self) -> u32 {
+        let largest = self.used().last().map_or(1, Class::frames);
+        (PIPELINE * largest).max(MAX_SEND_WR as usize) as u32
+    }
+
     /// The classes that can occur: buffers are allocated for these only.
     pub fn used(self) -> impl Iterator<Item = Class> {
         let n = match self {
@@ -141,6 +168,11 @@ impl Class {
     /// The index `k`.
     pub fn index(self) -> usize {
         usize::from(self.0)
+    }
+
+    /// The 4 KiB frames a message of this class covers: `2^k`.
+    pub fn frames(self) -> usize {
+        self.bytes() / FRAME_SIZE
     }
 }
 
@@ -219,6 +251,27 @@ impl WorkTag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The depth arithmetic of `queue_depth`'s docs: MLX's 32 work requests, counted in
+    /// frames, hold two messages up to the 64 KiB class only; this crate's depth holds two of
+    /// the largest class in use.
+    #[test]
+    fn queues_hold_two_messages_of_the_largest_class_counted_in_frames() {
+        let fits_mlx = |k: u8| PIPELINE * Class(k).frames() <= MAX_SEND_WR as usize;
+        assert!(
+            (0..=4).all(fits_mlx),
+            "4 to 64 KiB: two messages fit in 32 frames"
+        );
+        assert!((5..8).all(|k| !fits_mlx(k)), "128 to 512 KiB: they do not");
+        assert_eq!(Class(5).frames(), 32);
+        assert_eq!(Class(7).frames(), 128);
+        assert_eq!(SizeClasses::Large.queue_depth(), 256);
+        assert_eq!(SizeClasses::Small.queue_depth(), MAX_SEND_WR);
+        for classes in [SizeClasses::Small, SizeClasses::Large] {
+            let depth = classes.queue_depth() as usize;
+            assert!(classes.used().all(|c| PIPELINE * c.frames() <= depth));
+        }
+    }
 
     #[test]
     fn large_classes_pick_the_largest_message_not_above_the_length() {

@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use memmap2::MmapMut;
 
-use super::bootstrap::{self, Destination, SideChannel};
+use super::bootstrap::{self, Destination, Records, SideChannel};
 use super::buffers::BufferPlan;
+use super::config::{MLX_ALL_GATHER_VAR, MlxAllGather};
 use super::driver::{self, Cx, Machine, Mem, Scratch};
 use super::fabric::Fabric;
 use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, SizeClasses};
@@ -105,6 +106,9 @@ pub(crate) struct Jaccl<F> {
     timeout: Duration,
     spin: Spin,
     peers: Vec<usize>,
+    /// The ranks whose set-up records carry no nuvec mark: MLX's (see `bootstrap`).
+    mlx_ranks: Vec<usize>,
+    mlx_all_gather: MlxAllGather,
     state: Guarded<State<F>>,
 }
 
@@ -139,6 +143,11 @@ pub(crate) struct Setup {
     pub(crate) classes: SizeClasses,
     pub(crate) timeout: Duration,
     pub(crate) spin: Spin,
+    /// Which all_gather the group's MLX ranks run, as the configuration declares.
+    pub(crate) mlx_all_gather: MlxAllGather,
+    /// How this rank encodes its set-up records: always nuvec's, except in tests that play
+    /// an MLX rank.
+    pub(crate) records: Records,
 }
 
 impl<F: Fabric> Jaccl<F> {
@@ -184,12 +193,14 @@ impl<F: Fabric> Jaccl<F> {
                 Ok(Destination::ABSENT)
             }
         };
-        match kind {
+        let how = setup.records;
+        let nuvec = match kind {
             Kind::Mesh => {
                 let mine = (0..size)
                     .map(|c| local(&mut fabric, c))
                     .collect::<Result<Vec<_>>>()?;
-                let all = side.all_gather_records(&mine)?;
+                let gathered = side.all_gather_records(&mine, how)?;
+                let all = &gathered.records;
                 for p in (0..size).filter(|&p| p != rank) {
                     let remote = all[p].get(rank).filter(|d| d.is_present()).ok_or_else(|| {
                         setup_error(
@@ -202,6 +213,7 @@ impl<F: Fabric> Jaccl<F> {
                     })?;
                     fabric.connect(p, remote).map_err(|r| setup_error(p, r))?;
                 }
+                gathered.nuvec
             }
             Kind::Ring { wires } => {
                 let left_info = (0..wires)
@@ -210,8 +222,9 @@ impl<F: Fabric> Jaccl<F> {
                 let right_info = (0..wires)
                     .map(|w| local(&mut fabric, wires + w))
                     .collect::<Result<Vec<_>>>()?;
-                let all_left = side.all_gather_records(&left_info)?;
-                let all_right = side.all_gather_records(&right_info)?;
+                let left_gathered = side.all_gather_records(&left_info, how)?;
+                let right_gathered = side.all_gather_records(&right_info, how)?;
+                let (all_left, all_right) = (&left_gathered.records, &right_gathered.records);
                 let n = Neighbours::new(rank, size);
                 let (left, right) = (n.left(), n.right());
                 let mismatch = |conn: usize, peer: usize, theirs: usize| {
@@ -238,7 +251,20 @@ impl<F: Fabric> Jaccl<F> {
                         .connect(wires + w, &all_left[right][w])
                         .map_err(|r| setup_error(wires + w, r))?;
                 }
+                (left_gathered.nuvec.iter())
+                    .zip(&right_gathered.nuvec)
+                    .map(|(l, r)| *l && *r)
+                    .collect()
             }
+        };
+        // This rank is nuvec's whatever its records say (tests make it publish MLX's).
+        let mlx_ranks: Vec<usize> = (0..size).filter(|&r| r != rank && !nuvec[r]).collect();
+        if !mlx_ranks.is_empty() {
+            verbose!(
+                info: rank,
+                "rank(s) {} published set-up records without the nuvec mark: MLX ranks",
+                list(&mlx_ranks)
+            );
         }
         side.barrier()?;
         side.start_watching()?;
@@ -256,6 +282,8 @@ impl<F: Fabric> Jaccl<F> {
             timeout: setup.timeout,
             spin: setup.spin,
             peers,
+            mlx_ranks,
+            mlx_all_gather: setup.mlx_all_gather,
             state: Guarded::new(State {
                 fabric: Some(fabric),
                 side,
@@ -349,6 +377,26 @@ impl<F: Fabric> Jaccl<F> {
 
     fn right(&self) -> usize {
         self.neighbours().right()
+    }
+
+    /// After a ring all_gather: an error if the ring has MLX ranks that, as configured, run
+    /// MLX 0.32.1's defective all_gather. The messages were exchanged in full (every rank
+    /// sent and received what the schedule has), so the group is still in step and usable;
+    /// only this result is refused.
+    fn check_mixed_ring_all_gather(&self) -> Result<()> {
+        if self.mlx_ranks.is_empty() || self.mlx_all_gather == MlxAllGather::Fixed {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "all_gather in a jaccl-ring group with MLX ranks (rank(s) {}): MLX 0.32.1's ring \
+             all_gather is defective (it sends the lower half of each rank's block in both \
+             directions and leaves most of the output unfilled), so their blocks in this \
+             output, and their own outputs, are wrong. The messages were exchanged, so the \
+             group stays usable. MLX PR #4443 fixes it, in releases after 0.32.2; if every MLX \
+             rank runs one, set {MLX_ALL_GATHER_VAR}=fixed. A mesh (MLX_JACCL_RING unset) \
+             has no such defect",
+            list(&self.mlx_ranks)
+        )))
     }
 
     /// `Ok` if `peer` is a neighbour in ring mode.
@@ -474,13 +522,16 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
                     self.run(&mut state, &mut m, &mut mem, CONTEXT)
                 }
-                Kind::Ring { wires } => self.run_kept(
-                    &mut state,
-                    |s| &mut s.wires,
-                    |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
-                    &mut mem,
-                    CONTEXT,
-                ),
+                Kind::Ring { wires } => {
+                    self.run_kept(
+                        &mut state,
+                        |s| &mut s.wires,
+                        |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
+                        &mut mem,
+                        CONTEXT,
+                    )?;
+                    self.check_mixed_ring_all_gather()
+                }
             }
         })
     }
@@ -644,6 +695,15 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             }
         }
     }
+}
+
+/// "1, 3": ranks for messages.
+fn list(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Tells the probes and the log that `error` fails rank `rank`'s group, as the ring does.

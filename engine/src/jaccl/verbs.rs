@@ -1,23 +1,40 @@
 //! The real fabric: queue pairs on RDMA devices through the verbs binding in `ffi`, set up as
-//! MLX 0.32.1 sets them up (`rdma.cpp`), and the device listing behind
-//! [`devices`](super::devices).
+//! MLX 0.32.1 sets them up (`rdma.cpp`) except where Apple's driver is reported to want
+//! otherwise, and the device listing behind [`devices`](super::devices).
 //!
 //! Per connection: the named device is opened (a context of its own, even when two
 //! connections name the same device, as the two sides of a two-rank ring do), then a
-//! protection domain, a completion queue of 64 entries shared by both directions, and an
-//! Unreliable Connected queue pair (32 sends, 32 receives, one scatter-gather entry, no
-//! inline data). Then every buffer of the plan is mapped and registered with the
-//! connections that use it, and every queue pair moves to INIT on port 1. The address a peer
-//! needs is the port's LID, the queue-pair number, the PSN 7 and the first IPv4-mapped GID of
-//! port 1 (`::ffff:a.b.c.d`, which Thunderbolt ports publish once the interface has an IPv4
-//! address). RTR uses a 1024-byte path MTU and, when the peer's GID has a non-zero interface
-//! half, a global route with hop limit 1; RTS starts at PSN 7.
+//! protection domain, a completion queue shared by both directions, and an Unreliable
+//! Connected queue pair (one scatter-gather entry, no inline data). Then every buffer of the
+//! plan is mapped and registered, with MLX's rights (local write, remote read, remote write),
+//! with the connections that use it, and every queue pair moves to INIT on the device's
+//! first active port. The address a peer needs is the port's LID, the queue-pair number, the
+//! PSN 7 and the port's first IPv4-mapped GID (`::ffff:a.b.c.d`, which Thunderbolt ports
+//! publish once the interface has an IPv4 address). RTR uses a 1024-byte path MTU and, when
+//! the peer's GID has a non-zero interface half, a global route with hop limit 1; RTS starts
+//! at PSN 7. Dropping the fabric destroys each queue pair from the state it is in, then
+//! deregisters the buffers (the binding keeps that order, see `ffi::verbs`).
 //!
-//! One deliberate difference: MLX programs the source GID index of the global route as 1,
-//! whatever index its scan found the IPv4-mapped GID at (a known source of `EINVAL` at RTR,
-//! MLX PRs #3389 and #3468). This fabric uses the index it found and advertised. On the
-//! Thunderbolt setups reported so far that index is 1, so the two agree there; where they
-//! differ, MLX's choice is the one that fails.
+//! Where the calls depart from MLX's (each is local: nothing on the wire changes; the
+//! module docs of `jaccl` list them all, with `ffi::verbs`'s):
+//!
+//! - **The port** is the device's first active one (`ibv_query_device`'s port count, then
+//!   `ibv_query_port` on each), not MLX's fixed 1: llama.cpp's Apple transport reports that
+//!   the active port is not always 1. Where it is 1, the two agree.
+//! - **The source GID index** of the global route is the one the GID scan found, not MLX's
+//!   fixed 1 (a known source of `EINVAL` at RTR, MLX PRs #3389 and #3468). On the Thunderbolt
+//!   setups reported so far that index is 1, so the two agree there; where they differ,
+//!   MLX's choice is the one that fails.
+//! - **The queue depth** is [`SizeClasses::queue_depth`](super::SizeClasses::queue_depth)
+//!   (256 with large messages) rather than MLX's 32, and the completion queue holds both
+//!   queues' worth: Apple's transport counts depth in 4 KiB frames, in which MLX's 32 cannot
+//!   hold its own pipeline of 512 KiB messages.
+//! - **A completion channel** per completion queue when the library has them (MLX polls
+//!   without one), and every completion's status is checked.
+//! - **Errors say which limit:** an `EBUSY` from `ibv_create_qp` is reported as the
+//!   device's queue-pair limit (ten on Apple's devices, mlx PR #4209), naming the device, how
+//!   many this group needs on it and how many this process already held; a device without
+//!   an active port is refused before any queue pair is created.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -29,11 +46,13 @@ use ffi::verbs::{
 use super::bootstrap::{Destination, SETUP};
 use super::buffers::{BufId, BufferPlan};
 use super::fabric::{Completion, Fabric, FabricResult, FrameMemory, Pool, pack_wr, unpack_wr};
-use super::frames::{CQ_ENTRIES, MAX_RECV_WR, MAX_SEND_WR, PSN};
+use super::frames::{CQ_ENTRIES, PSN, SizeClasses};
 use crate::error::{Error, PeerOp, Result};
 
-/// Verbs ports count from 1; Thunderbolt devices have one.
-const PORT: u8 = 1;
+/// The queue-pair limit of Apple's Thunderbolt RDMA devices: the 11th `ibv_create_qp` on a
+/// device fails with `EBUSY`, however the queue pairs are spread over contexts (mlx PR
+/// #4209, measured on an M5 Max and an M4 Pro, macOS 26.5.1).
+pub const APPLE_QUEUE_PAIRS_PER_DEVICE: usize = 10;
 
 impl FrameMemory for FrameBuffer {
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -57,26 +76,31 @@ pub enum PortState {
     Other,
 }
 
-/// An RDMA device on this machine, with the state of its port 1.
+/// An RDMA device on this machine, with the port JACCL would use.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RdmaDevice {
     /// The device's name, as the device file names it (`rdma_en5`).
     pub name: String,
-    /// Port 1's state.
+    /// How many ports the device has.
+    pub ports: u8,
+    /// The port JACCL uses and the fields below describe: the first active one, or port 1
+    /// when none is active (then `state` says why the device cannot be used).
+    pub port: u8,
+    /// That port's state.
     pub state: PortState,
-    /// Port 1's LID.
+    /// That port's LID.
     pub lid: u16,
-    /// The IPv4 address of port 1's first IPv4-mapped GID: JACCL needs one, and Thunderbolt
-    /// ports publish it only once the interface has an IPv4 address.
+    /// The IPv4 address of that port's first IPv4-mapped GID: JACCL needs one, and
+    /// Thunderbolt ports publish it only once the interface has an IPv4 address.
     pub ipv4: Option<Ipv4Addr>,
 }
 
-/// The first IPv4-mapped GID (`::ffff:a.b.c.d`) of port 1, with its index.
-fn ipv4_gid(ctx: &ffi::verbs::Context) -> io::Result<Option<(u8, [u8; 16])>> {
-    let port = ctx.query_port(PORT)?;
-    for index in 0..port.gid_table_len.max(0) {
-        let Ok(gid) = ctx.query_gid(PORT, index) else {
+/// The first IPv4-mapped GID (`::ffff:a.b.c.d`) of port `port`, with its index.
+fn ipv4_gid(ctx: &ffi::verbs::Context, port: u8) -> io::Result<Option<(u8, [u8; 16])>> {
+    let attr = ctx.query_port(port)?;
+    for index in 0..attr.gid_table_len.max(0) {
+        let Ok(gid) = ctx.query_gid(port, index) else {
             continue;
         };
         if gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff] {
@@ -86,7 +110,51 @@ fn ipv4_gid(ctx: &ffi::verbs::Context) -> io::Result<Option<(u8, [u8; 16])>> {
     Ok(None)
 }
 
-/// This machine's RDMA devices.
+fn port_state(state: ffi::verbs::PortState) -> PortState {
+    match state {
+        ffi::verbs::PortState::Down => PortState::Down,
+        ffi::verbs::PortState::Init => PortState::Init,
+        ffi::verbs::PortState::Armed => PortState::Armed,
+        ffi::verbs::PortState::Active | ffi::verbs::PortState::ActiveDefer => PortState::Active,
+        _ => PortState::Other,
+    }
+}
+
+/// The ports of an [`ffi::verbs::ActivePort`] search, for messages: "port 1 down, port 2
+/// down".
+fn describe_ports(found: &ffi::verbs::ActivePort) -> String {
+    if found.states.is_empty() {
+        return "it reports no ports".into();
+    }
+    found
+        .states
+        .iter()
+        .map(|(p, s)| format!("port {p} {:?}", port_state(*s)).to_lowercase())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// This machine's RDMA devices, each with the port JACCL would bind its queue pairs to (the
+/// first active one: on Thunderbolt devices it is not always 1) and that port's state, LID
+/// and IPv4 address.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "jaccl")] {
+/// use nuvec_distributed_engine::jaccl;
+///
+/// // Without a verbs library, or without RDMA in the kernel, there is nothing to list.
+/// match jaccl::devices() {
+///     Ok(devices) => {
+///         for d in devices {
+///             println!("{}: port {} of {}, {:?}, {:?}", d.name, d.port, d.ports, d.state, d.ipv4);
+///         }
+///     }
+///     Err(e) => println!("no RDMA here: {e}"),
+/// }
+/// # }
+/// ```
 ///
 /// # Errors
 ///
@@ -108,24 +176,31 @@ pub fn devices() -> Result<Vec<RdmaDevice>> {
         let ctx = verbs
             .open(&name)
             .map_err(|e| Error::local(format!("opening RDMA device {name}"), e))?;
-        let port = ctx
-            .query_port(PORT)
-            .map_err(|e| Error::local(format!("querying port 1 of {name}"), e))?;
-        let state = match port.state {
-            ffi::verbs::PortState::Down => PortState::Down,
-            ffi::verbs::PortState::Init => PortState::Init,
-            ffi::verbs::PortState::Armed => PortState::Armed,
-            ffi::verbs::PortState::Active | ffi::verbs::PortState::ActiveDefer => PortState::Active,
-            _ => PortState::Other,
+        let found = ctx
+            .active_port()
+            .map_err(|e| Error::local(format!("querying the ports of {name}"), e))?;
+        let ports = ctx
+            .query_device()
+            .map_err(|e| Error::local(format!("querying {name}"), e))?
+            .ports;
+        let (port, attr) = match found.port {
+            Some(active) => active,
+            None => (
+                1,
+                ctx.query_port(1)
+                    .map_err(|e| Error::local(format!("querying port 1 of {name}"), e))?,
+            ),
         };
-        let ipv4 = ipv4_gid(&ctx)
+        let ipv4 = ipv4_gid(&ctx, port)
             .ok()
             .flatten()
             .map(|(_, gid)| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]));
         devices.push(RdmaDevice {
             name,
-            state,
-            lid: port.lid,
+            ports,
+            port,
+            state: port_state(attr.state),
+            lid: attr.lid,
             ipv4,
         });
     }
@@ -176,6 +251,8 @@ fn reason() -> Option<String> {
 struct Conn {
     conn: Connection,
     local: Destination,
+    /// The device's first active port, which the queue pair is bound to.
+    port: u8,
     gid_index: u8,
 }
 
@@ -222,12 +299,13 @@ impl Waiter {
 
 impl VerbsFabric {
     /// Opens `devices[c]` for every connection `c` that has one, registers the buffers of
-    /// `plan`, moves the queue pairs to INIT and reads the addresses to publish. Errors
-    /// name the peer `peers[c]` the connection leads to.
+    /// `plan` (messages of `classes`), moves the queue pairs to INIT and reads the addresses
+    /// to publish. Errors name the peer `peers[c]` the connection leads to, and the device.
     pub(crate) fn open(
         verbs: &ffi::verbs::Verbs,
         devices: &[Option<String>],
         plan: &BufferPlan,
+        classes: SizeClasses,
         peers: &[usize],
     ) -> Result<VerbsFabric> {
         let fail = |c: usize, what: String, e: io::Error| Error::Rdma {
@@ -236,11 +314,20 @@ impl VerbsFabric {
             context: SETUP,
             reason: format!("{what}: {e}"),
         };
-        let sizes = QueueSizes {
-            cq_entries: CQ_ENTRIES,
-            max_send_wr: MAX_SEND_WR,
-            max_recv_wr: MAX_RECV_WR,
+        let refuse = |c: usize, reason: String| Error::Rdma {
+            peer: peers[c],
+            op: PeerOp::Connect,
+            context: SETUP,
+            reason,
         };
+        let depth = classes.queue_depth();
+        let sizes = QueueSizes {
+            cq_entries: 2 * depth,
+            max_send_wr: depth,
+            max_recv_wr: depth,
+        };
+        // How many of this group's queue pairs each device carries.
+        let needed = |name: &str| devices.iter().flatten().filter(|d| *d == name).count();
         let mut conns = Vec::with_capacity(devices.len());
         for (c, device) in devices.iter().enumerate() {
             let Some(name) = device else {
@@ -250,15 +337,46 @@ impl VerbsFabric {
             let ctx = verbs
                 .open(name)
                 .map_err(|e| fail(c, format!("opening device {name}"), e))?;
+            let found = ctx
+                .active_port()
+                .map_err(|e| fail(c, format!("querying the ports of {name}"), e))?;
+            let Some((port, _)) = found.port else {
+                return Err(refuse(
+                    c,
+                    format!(
+                        "{name} has no active port ({}): JACCL needs a cabled Thunderbolt 5 \
+                         port with RDMA enabled at both ends (`rdma_ctl enable` from \
+                         recoveryOS)",
+                        describe_ports(&found)
+                    ),
+                ));
+            };
+            let (need, held) = (needed(name), ctx.queue_pairs());
             let conn = ctx.connection(sizes).map_err(|e| {
-                let hint = if e.kind() == io::ErrorKind::ResourceBusy {
-                    " (EBUSY: the device's queue-pair limit is reached; Apple's is about 10)"
+                if e.kind() == io::ErrorKind::ResourceBusy {
+                    let reported = ctx
+                        .query_device()
+                        .map_or_else(|_| "unknown".into(), |d| d.max_qp.to_string());
+                    refuse(
+                        c,
+                        format!(
+                            "{name} refused a queue pair with EBUSY: its queue-pair limit is \
+                             reached (Apple's Thunderbolt RDMA devices allow \
+                             {APPLE_QUEUE_PAIRS_PER_DEVICE} per device, however they are \
+                             spread over contexts, mlx PR #4209; this one reports max_qp \
+                             {reported}): this process held {held} queue pairs on it, and \
+                             this group needs {need} there in all"
+                        ),
+                    )
                 } else {
-                    ""
-                };
-                fail(c, format!("creating a queue pair on {name}{hint}"), e)
+                    fail(
+                        c,
+                        format!("creating a queue pair on {name} ({depth} frames per queue)"),
+                        e,
+                    )
+                }
             })?;
-            conns.push(Some((name.clone(), conn)));
+            conns.push(Some((name.clone(), port, conn)));
         }
         // Buffers, registered with every connection that uses them.
         let mut buffers = Vec::with_capacity(plan.buffers.len());
@@ -270,7 +388,7 @@ impl VerbsFabric {
             let mut buf = FrameBuffer::new(spec.class.bytes())
                 .map_err(|e| Error::local("mapping JACCL's buffers", e))?;
             for &c in &spec.conns {
-                if let Some((name, conn)) = &conns[c] {
+                if let Some((name, _, conn)) = &conns[c] {
                     buf.register(conn).map_err(|e| {
                         fail(
                             c,
@@ -288,31 +406,36 @@ impl VerbsFabric {
         }
         let mut ready = Vec::with_capacity(conns.len());
         for (c, entry) in conns.into_iter().enumerate() {
-            let Some((name, mut conn)) = entry else {
+            let Some((name, port, mut conn)) = entry else {
                 ready.push(None);
                 continue;
             };
-            conn.to_init(PORT, ACCESS_JACCL)
-                .map_err(|e| fail(c, format!("moving the queue pair on {name} to INIT"), e))?;
-            let port = conn
+            conn.to_init(port, ACCESS_JACCL).map_err(|e| {
+                fail(
+                    c,
+                    format!("moving the queue pair on {name} to INIT on port {port}"),
+                    e,
+                )
+            })?;
+            let attr = conn
                 .context()
-                .query_port(PORT)
-                .map_err(|e| fail(c, format!("querying port 1 of {name}"), e))?;
-            let (gid_index, gid) = ipv4_gid(conn.context())
-                .map_err(|e| fail(c, format!("reading the GID table of {name}"), e))?
-                .ok_or_else(|| Error::Rdma {
-                    peer: peers[c],
-                    op: PeerOp::Connect,
-                    context: SETUP,
-                    reason: format!(
-                        "{name} has no IPv4-mapped GID: Thunderbolt RDMA ports publish one only \
-                         once the interface has an IPv4 address (for example a link-local \
-                         alias: ifconfig <interface> inet 169.254.0.1 netmask 255.255.0.0 \
-                         alias)"
-                    ),
+                .query_port(port)
+                .map_err(|e| fail(c, format!("querying port {port} of {name}"), e))?;
+            let (gid_index, gid) = ipv4_gid(conn.context(), port)
+                .map_err(|e| fail(c, format!("reading the GID table of {name} port {port}"), e))?
+                .ok_or_else(|| {
+                    refuse(
+                        c,
+                        format!(
+                            "{name} (port {port}) has no IPv4-mapped GID: Thunderbolt RDMA \
+                             ports publish one only once the interface has an IPv4 address \
+                             (for example a link-local alias: ifconfig <interface> inet \
+                             169.254.0.1 netmask 255.255.0.0 alias)"
+                        ),
+                    )
                 })?;
             let local = Destination {
-                lid: i32::from(port.lid),
+                lid: i32::from(attr.lid),
                 qpn: conn.qp_num(),
                 psn: PSN,
                 gid,
@@ -320,6 +443,7 @@ impl VerbsFabric {
             ready.push(Some(Conn {
                 conn,
                 local,
+                port,
                 gid_index,
             }));
         }
@@ -328,8 +452,8 @@ impl VerbsFabric {
             waiter,
             conns: ready,
             pool: Pool::new(buffers),
-            // A poll returns at most a completion queue's worth: reserved now, so that no
-            // burst of completions makes a collective allocate.
+            // Completions are polled in batches the binding bounds; reserved now, so that no
+            // burst of them makes a collective allocate.
             scratch: Vec::with_capacity(CQ_ENTRIES as usize),
         })
     }
@@ -392,7 +516,7 @@ impl Fabric for VerbsFabric {
             gid: remote.gid,
         };
         c.conn
-            .to_rtr(&endpoint, PORT, c.gid_index)
+            .to_rtr(&endpoint, c.port, c.gid_index)
             .map_err(|e| format!("RTR towards queue pair {:#x}: {e}", remote.qpn))?;
         c.conn.to_rts(PSN).map_err(|e| format!("RTS: {e}"))
     }

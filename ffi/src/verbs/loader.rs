@@ -113,6 +113,7 @@ pub(crate) struct Api {
     pub(crate) create_qp: sys::CreateQpFn,
     pub(crate) destroy_qp: sys::DestroyQpFn,
     pub(crate) modify_qp: sys::ModifyQpFn,
+    pub(crate) query_device: sys::QueryDeviceFn,
     pub(crate) query_port: sys::QueryPortFn,
     pub(crate) query_gid: sys::QueryGidFn,
     pub(crate) reg_mr: sys::RegMrFn,
@@ -133,7 +134,8 @@ impl fmt::Debug for Api {
 
 impl Api {
     /// Opens the verbs library ([`LIBRARY_VAR`]'s, else the platform's) and resolves the 16
-    /// functions MLX's JACCL uses.
+    /// functions MLX's JACCL uses, and `ibv_query_device` (for the number of ports, which
+    /// llama.cpp's Apple transport reads the same way).
     pub(crate) fn load() -> Result<Api, LoadError> {
         let library = chosen_library().ok_or(LoadError::Unsupported)?;
         // SAFETY: opening a shared library runs its initialisers. The verbs libraries
@@ -179,6 +181,9 @@ impl Api {
             // SAFETY: see above; `int ibv_modify_qp(struct ibv_qp *, struct ibv_qp_attr *,
             // int attr_mask)`.
             modify_qp: unsafe { symbol(l, b"ibv_modify_qp\0") }?,
+            // SAFETY: see above; `int ibv_query_device(struct ibv_context *, struct
+            // ibv_device_attr *)`.
+            query_device: unsafe { symbol(l, b"ibv_query_device\0") }?,
             // SAFETY: see above; `int ibv_query_port(struct ibv_context *, uint8_t port_num,
             // struct ibv_port_attr *)` (the exported, possibly shorter, form: see `sys`).
             query_port: unsafe { symbol(l, b"ibv_query_port\0") }?,

@@ -1,10 +1,11 @@
 //! A binding to the RDMA verbs API, loaded at run time, with safe wrappers that own their
 //! resources.
 //!
-//! It covers what MLX's JACCL uses and nothing more: list and open devices, query a port
-//! and its GID table, and build one *connection* per peer and wire: a protection domain, a
-//! completion queue and an Unreliable Connected queue pair, moved through INIT, RTR and RTS.
-//! Data moves as two-sided SENDs of whole registered buffers.
+//! It covers what MLX's JACCL uses, plus the device query that finds the active port: list
+//! and open devices, query a device, a port and its GID table, and build one *connection* per
+//! peer and wire: a protection domain, a completion queue and an Unreliable Connected queue
+//! pair, moved through INIT, RTR and RTS. Data moves as two-sided SENDs of whole registered
+//! buffers.
 //!
 //! # Ownership of registered memory
 //!
@@ -19,16 +20,24 @@
 //!   nobody can write to it while any send holds a reference, because the bytes are only
 //!   reachable through `&mut FrameBuffer`, which `Arc::get_mut` grants only to a sole owner.
 //!
-//! A connection dropped with work in flight moves its queue pair to the error state and
-//! destroys it before letting go of the buffers; if the library refuses to destroy it, the
-//! buffers are leaked rather than freed under the hardware.
+//! # Teardown order
 //!
-//! # Drop order
+//! Apple's driver wants a queue pair destroyed before the memory regions it may use are
+//! deregistered, and a queue pair never moved to the error state first (llama.cpp's Apple
+//! transport, `ggml/src/ggml-rpc/transport-apple.cpp`: after an ERR transition "Apple's
+//! provider then fails every region unmap"). So a dropped [`Connection`] destroys its queue
+//! pair straight from whatever state it is in, and a region is deregistered only once no
+//! queue pair of its protection domain is alive: a [`FrameBuffer`] dropped earlier (a send
+//! buffer in flight on one connection and registered with another, say) leaves its
+//! registration, and the memory under it, with the protection domain, which deregisters it
+//! when its last queue pair is destroyed. If the library refuses to destroy a queue pair, or
+//! to deregister a region, the memory involved is leaked rather than unmapped under the
+//! hardware.
 //!
 //! Memory regions keep their protection domain alive, protection domains and connections keep
 //! their device context alive, and everything keeps the library loaded, through reference
-//! counts: a buffer can outlive the connection it was used on, and is deregistered before its
-//! protection domain is deallocated, which happens before the device is closed.
+//! counts: regions are deregistered before their protection domain is deallocated, which
+//! happens before the device is closed.
 
 mod loader;
 pub(crate) mod sys;
@@ -42,18 +51,18 @@ use std::sync::Arc;
 use loader::Api;
 pub use loader::{LIBRARY_VAR, LoadError};
 
-/// The access rights MLX moves queue pairs to INIT with: local write, remote read and remote
-/// write. Two-sided SENDs use none of the remote rights; they are kept on the queue pair as
-/// MLX sets them, and are harmless there because RDMA READ and WRITE also need them on the
-/// memory region, which [`FrameBuffer::register`] never grants.
+/// The access rights MLX gives its queue pairs at INIT and its memory regions at
+/// registration (`rdma.cpp`): local write, remote read and remote write. Two-sided SENDs use
+/// none of the remote rights, but llama.cpp's Apple transport (PR #26421) reports that Apple's
+/// driver refuses regions registered for local write alone, even for SEND and RECV, so the
+/// regions carry them too. No peer can use them: RDMA READ and WRITE need the region's address
+/// and remote key, and neither ever leaves this process (the side channel carries only the
+/// LID, queue-pair number, PSN and GID).
 pub const ACCESS_JACCL: i32 =
     sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_READ | sys::IBV_ACCESS_REMOTE_WRITE;
 
-/// What a memory region allows: local write alone (a receive writes the buffer; a send only
-/// reads it, which every region allows). Without remote read or write no peer can touch the
-/// buffer with RDMA READ or WRITE, whatever it learns of its keys: the bytes change only
-/// through receives this process posted, which the ownership protocol accounts for.
-const ACCESS_REGION: c_int = sys::IBV_ACCESS_LOCAL_WRITE;
+/// What a memory region allows: [`ACCESS_JACCL`], as MLX registers its buffers.
+const ACCESS_REGION: c_int = ACCESS_JACCL;
 
 /// The verbs library, loaded. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -323,6 +332,108 @@ impl Context {
         Ok(gid.raw)
     }
 
+    /// What `ibv_query_device` says about the device (MLX never asks; the binding needs the
+    /// number of ports to find the active one).
+    ///
+    /// # Errors
+    ///
+    /// The library's error.
+    pub fn query_device(&self) -> io::Result<DeviceAttr> {
+        let mut attr = sys::ibv_device_attr::default();
+        let api = &self.inner.api;
+        // SAFETY: the context is open and `attr` is a zeroed, writable struct of the header's
+        // size (checked by the layout test), which the call fills.
+        let rc = unsafe { (api.query_device)(self.inner.ctx.as_ptr(), &mut attr) };
+        check(rc, "ibv_query_device")?;
+        Ok(DeviceAttr {
+            ports: attr.phys_port_cnt,
+            max_qp: attr.max_qp,
+            max_qp_wr: attr.max_qp_wr,
+            max_cqe: attr.max_cqe,
+            max_mr: attr.max_mr,
+        })
+    }
+
+    /// The device's first active port (`IBV_PORT_ACTIVE`, or its deferred form) with its
+    /// attributes, or `None` if no port is active, with every port's number and state for
+    /// messages. Thunderbolt devices do not always have their active port at 1 (llama.cpp's
+    /// Apple transport scans for it the same way), so the port is found, not assumed.
+    ///
+    /// # Errors
+    ///
+    /// The library's error for the device query or a port query.
+    pub fn active_port(&self) -> io::Result<ActivePort> {
+        let attr = self.query_device()?;
+        let mut states = Vec::with_capacity(usize::from(attr.ports));
+        for port in 1..=attr.ports {
+            let p = self.query_port(port)?;
+            states.push((port, p.state));
+            if matches!(p.state, PortState::Active | PortState::ActiveDefer) {
+                return Ok(ActivePort {
+                    port: Some((port, p)),
+                    states,
+                });
+            }
+        }
+        Ok(ActivePort { port: None, states })
+    }
+
+    /// Queue pairs this process holds on this device now, through any of its contexts: a
+    /// device's limit counts them all (Apple's refuses the 11th with `EBUSY` however they are
+    /// spread over contexts, mlx PR #4209).
+    pub fn queue_pairs(&self) -> usize {
+        queue_pairs(&self.inner.name)
+    }
+}
+
+/// What `ibv_query_device` reports, in part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// The number of ports (`phys_port_cnt`), numbered from 1.
+    pub ports: u8,
+    /// The most queue pairs the device claims to support.
+    pub max_qp: i32,
+    /// The most work requests per queue the device claims to support.
+    pub max_qp_wr: i32,
+    /// The most entries per completion queue.
+    pub max_cqe: i32,
+    /// The most memory regions.
+    pub max_mr: i32,
+}
+
+/// A device's first active port, as [`Context::active_port`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ActivePort {
+    /// The port's number and attributes; `None` if no port is active.
+    pub port: Option<(u8, PortAttr)>,
+    /// The ports queried, in order, with their states (up to the active one).
+    pub states: Vec<(u8, PortState)>,
+}
+
+/// Live queue pairs per device name, across every context of this process.
+static QUEUE_PAIRS: std::sync::Mutex<Vec<(String, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn queue_pairs(device: &str) -> usize {
+    let held = QUEUE_PAIRS.lock().unwrap_or_else(|e| e.into_inner());
+    held.iter()
+        .find(|(d, _)| d == device)
+        .map_or(0, |&(_, n)| n)
+}
+
+/// Counts a queue pair created (`+1`) or destroyed (`-1`) on `device`.
+fn count_queue_pair(device: &str, created: bool) {
+    let mut held = QUEUE_PAIRS.lock().unwrap_or_else(|e| e.into_inner());
+    match held.iter_mut().find(|(d, _)| d == device) {
+        Some((_, n)) if created => *n += 1,
+        Some((_, n)) => *n = n.saturating_sub(1),
+        None if created => held.push((device.to_string(), 1)),
+        None => {}
+    }
+}
+
+impl Context {
     /// Creates a connection on this device as MLX does: a protection domain of its own, a
     /// completion queue for both directions, and an Unreliable Connected queue pair with
     /// one scatter-gather entry per request, no inline data and no signalling by default.
@@ -340,6 +451,7 @@ impl Context {
         let pd = Arc::new(PdInner {
             ctx: self.inner.clone(),
             pd,
+            state: std::sync::Mutex::new(PdState::default()),
         });
         let entries = c_int::try_from(sizes.cq_entries)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many CQ entries"))?;
@@ -380,6 +492,8 @@ impl Context {
         // initialised attribute struct the call only reads (and may update `cap` in).
         let qp = unsafe { (api.create_qp)(pd.pd.as_ptr(), &mut init) };
         let qp = NonNull::new(qp).ok_or_else(|| last_error("ibv_create_qp"))?;
+        pd.lock().live_qps += 1;
+        count_queue_pair(&self.inner.name, true);
         // SAFETY: `qp` was just returned by `ibv_create_qp`, so it points to a live
         // `struct ibv_qp` whose prefix `sys::ibv_qp` mirrors; `qp_num` is read once.
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
@@ -445,22 +559,99 @@ impl Drop for Channel {
 }
 
 /// A protection domain, deallocated when the last connection or memory region using it is
-/// gone.
+/// gone. It also keeps the registrations that must outlive its queue pairs (see the module
+/// docs, "Teardown order").
 struct PdInner {
     ctx: Arc<ContextInner>,
     pd: NonNull<sys::ibv_pd>,
+    state: std::sync::Mutex<PdState>,
+}
+
+/// A protection domain's queue pairs and deferred deregistrations.
+#[derive(Default)]
+struct PdState {
+    /// Queue pairs of this PD not yet destroyed.
+    live_qps: usize,
+    /// A queue pair of this PD could not be destroyed: its regions stay registered, and
+    /// their memory mapped, for the life of the process.
+    stuck: bool,
+    /// Regions of buffers dropped while a queue pair was alive, each with the memory it
+    /// covers, deregistered when the last queue pair is destroyed.
+    deferred: Vec<(NonNull<sys::ibv_mr>, Arc<memmap2::MmapMut>)>,
 }
 
 // SAFETY: the handle is only passed to thread-safe verbs functions and deallocated once, in
-// `Drop`, after every user released it.
+// `Drop`, after every user released it; the deferred region handles are touched only under
+// the mutex.
 unsafe impl Send for PdInner {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for PdInner {}
 
+impl PdInner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PdState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Deregisters `mr`, a region of this PD covering `map`, now if no queue pair of the PD
+    /// is alive, else when the last one is destroyed.
+    fn retire(&self, mr: NonNull<sys::ibv_mr>, map: &Arc<memmap2::MmapMut>) {
+        let mut state = self.lock();
+        if state.live_qps > 0 || state.stuck {
+            state.deferred.push((mr, map.clone()));
+            return;
+        }
+        drop(state);
+        self.deregister(mr, map.clone());
+    }
+
+    /// Deregisters `mr` and lets go of the memory it covers; if the library refuses, the
+    /// memory stays mapped for the life of the process, since the device may still use it.
+    fn deregister(&self, mr: NonNull<sys::ibv_mr>, map: Arc<memmap2::MmapMut>) {
+        // SAFETY: `mr` is a live region of this PD (registered by `FrameBuffer::register`,
+        // retired once), and no queue pair of the PD is alive, so the hardware no longer uses
+        // it; the PD is alive (we are borrowed from it).
+        let rc = unsafe { (self.ctx.api.dereg_mr)(mr.as_ptr()) };
+        if rc != 0 {
+            std::mem::forget(map);
+        }
+    }
+
+    /// Records that a queue pair of this PD was destroyed (`destroyed`), or that the
+    /// library refused (then the PD's regions are never deregistered); when the last one
+    /// goes, deregisters the regions kept for it.
+    fn queue_pair_gone(&self, destroyed: bool) {
+        let mut state = self.lock();
+        if !destroyed {
+            state.stuck = true;
+            return;
+        }
+        state.live_qps = state.live_qps.saturating_sub(1);
+        if state.live_qps > 0 || state.stuck {
+            return;
+        }
+        let deferred = std::mem::take(&mut state.deferred);
+        drop(state);
+        for (mr, map) in deferred {
+            self.deregister(mr, map);
+        }
+    }
+}
+
 impl Drop for PdInner {
     fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.stuck {
+            // A queue pair of this PD may still use its regions: they, their memory and the
+            // PD itself stay for the life of the process.
+            std::mem::forget(std::mem::take(&mut state.deferred));
+            return;
+        }
+        for (mr, map) in std::mem::take(&mut state.deferred) {
+            self.deregister(mr, map);
+        }
         // SAFETY: every queue pair and memory region of this PD holds a reference to it, so
-        // none is left; the PD is deallocated exactly once.
+        // none is left (the deferred regions were just deregistered); the PD is deallocated
+        // exactly once.
         unsafe { (self.ctx.api.dealloc_pd)(self.pd.as_ptr()) };
     }
 }
@@ -961,22 +1152,22 @@ extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: c_int, _: *mut sys::ibv_wc
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // Stop the hardware before anything it may touch is freed: move the QP to the error
-        // state (flushing outstanding requests), then destroy it.
-        let mut attr = sys::ibv_qp_attr {
-            qp_state: sys::IBV_QPS_ERR,
-            ..Default::default()
-        };
-        let _ = self.modify(&mut attr, sys::IBV_QP_STATE, "ibv_modify_qp to ERR");
+        // Destroy the QP straight from its state, with no move to ERR first (Apple's driver
+        // then fails every later deregistration: see the module docs). Destroying it stops
+        // the hardware and discards outstanding requests, so their buffers can go after.
         // SAFETY: the QP is live and destroyed exactly once, here; nothing uses it after.
         let rc = unsafe { (self.api.destroy_qp)(self.qp.as_ptr()) };
-        if rc != 0 && self.in_flight() > 0 {
-            // The hardware may still own these buffers: leaking them is the safe choice.
+        if rc != 0 {
+            // The hardware may still own these buffers and the PD's regions: leaking them is
+            // the safe choice.
             for entry in self.slots.drain(..).flatten() {
                 std::mem::forget(entry.buffer);
             }
+        } else {
+            count_queue_pair(self.ctx.name(), false);
         }
-        // `cq`, `pd` and `ctx` drop after this, in that order of declaration.
+        self.pd.queue_pair_gone(rc == 0);
+        // `slots` (whose buffers may now deregister), `cq`, `pd` and `ctx` drop after this.
     }
 }
 
@@ -994,7 +1185,9 @@ struct Registration {
 /// shared with the hardware (inside an `Arc` a connection holds) cannot be read or written
 /// until it is handed back.
 pub struct FrameBuffer {
-    map: memmap2::MmapMut,
+    /// `None` only while the buffer is dropped (the mapping then moves to whoever
+    /// deregisters it: see [`PdInner::retire`]).
+    map: Option<memmap2::MmapMut>,
     /// The mapping's address and length, taken once, so posting needs no reference to the
     /// bytes.
     addr: usize,
@@ -1002,9 +1195,10 @@ pub struct FrameBuffer {
     regs: Vec<Registration>,
 }
 
-// SAFETY: the memory region handles are used only by `Drop` (deregistration, once) and their
-// keys are plain integers; the mapping is owned. Moving the buffer between threads moves
-// nothing the hardware holds (the mapping's address does not change).
+// SAFETY: the memory region handles are used only by `Drop` (handed to their PD, which
+// deregisters each once) and their keys are plain integers; the mapping is owned. Moving the
+// buffer between threads moves nothing the hardware holds (the mapping's address does not
+// change).
 unsafe impl Send for FrameBuffer {}
 // SAFETY: `&FrameBuffer` gives access to the keys and length only, never to the bytes.
 unsafe impl Sync for FrameBuffer {}
@@ -1029,7 +1223,7 @@ impl FrameBuffer {
         let mut map = memmap2::MmapOptions::new().len(len).map_anon()?;
         let addr = map.as_mut_ptr() as usize;
         Ok(FrameBuffer {
-            map,
+            map: Some(map),
             addr,
             len,
             regs: Vec::new(),
@@ -1048,7 +1242,7 @@ impl FrameBuffer {
 
     /// The bytes, to fill before a send or read after a receive.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.map
+        self.map.as_deref_mut().unwrap_or_default()
     }
 
     fn lkey(&self, pd: &Arc<PdInner>) -> Option<u32> {
@@ -1064,9 +1258,8 @@ impl FrameBuffer {
     }
 
     /// Registers the buffer with `conn`'s protection domain (once; registering again is a
-    /// no-op), for local write only: two-sided SENDs and receives are all JACCL does, and
-    /// a region without remote access cannot be read or written by a peer behind the
-    /// ownership protocol's back.
+    /// no-op), with MLX's rights, [`ACCESS_JACCL`] (see there why the remote rights are
+    /// asked for, and why no peer can use them).
     ///
     /// # Errors
     ///
@@ -1078,7 +1271,8 @@ impl FrameBuffer {
         }
         let pd = conn.pd.clone();
         // SAFETY: `pd` is live; the address range is our own mapping of `len` bytes, which
-        // stays mapped until after the registration is removed in `Drop`.
+        // stays mapped until the registration is removed (`Drop` hands the mapping to the PD
+        // with the region, and the PD drops it only after deregistering).
         let mr = unsafe {
             (pd.ctx.api.reg_mr)(
                 pd.pd.as_ptr(),
@@ -1098,12 +1292,14 @@ impl FrameBuffer {
 
 impl Drop for FrameBuffer {
     fn drop(&mut self) {
+        // A buffer is only dropped when no connection holds it (in-flight requests hold an
+        // `Arc`). Each region goes to its PD, which deregisters it at once, or, while a queue
+        // pair of the PD is alive, when the last one is destroyed; the mapping lives until
+        // every region over it is deregistered (each keeps a reference).
+        let Some(map) = self.map.take() else { return };
+        let map = Arc::new(map);
         for reg in self.regs.drain(..) {
-            // SAFETY: a buffer is only dropped when no connection holds it (in-flight requests
-            // hold an `Arc`), so the hardware no longer uses the region; each region is
-            // deregistered once, while its PD is alive (`reg.pd`). The mapping is unmapped
-            // after this loop.
-            unsafe { (reg.pd.ctx.api.dereg_mr)(reg.mr.as_ptr()) };
+            reg.pd.retire(reg.mr, &map);
         }
     }
 }

@@ -1,16 +1,16 @@
 //! The C declarations of the verbs API that the binding uses, mirrored by hand.
 //!
 //! Only what JACCL needs is here: the device list, a context, a protection domain, one
-//! completion queue and one UC queue pair per connection, memory regions, port and GID
-//! queries, and `modify_qp` to INIT, RTR and RTS. `post_send`, `post_recv` and `poll_cq` are
+//! completion queue and one UC queue pair per connection, memory regions, device, port and
+//! GID queries, and `modify_qp` to INIT, RTR and RTS. `post_send`, `post_recv` and `poll_cq` are
 //! `static inline` in the header: they call through the context's operations table, so the
 //! table's layout is mirrored up to the last entry used.
 //!
 //! Two kinds of struct are declared:
 //!
 //! - **Full** structs, which this side allocates and the library reads or fills
-//!   (`ibv_qp_attr`, `ibv_qp_init_attr`, `ibv_port_attr`, `ibv_send_wr`, `ibv_recv_wr`,
-//!   `ibv_sge`, `ibv_wc`, `ibv_gid`, `ibv_mr`): every field is declared, and the size must be at
+//!   (`ibv_qp_attr`, `ibv_qp_init_attr`, `ibv_device_attr`, `ibv_port_attr`, `ibv_send_wr`,
+//!   `ibv_recv_wr`, `ibv_sge`, `ibv_wc`, `ibv_gid`, `ibv_mr`): every field is declared, and the size must be at
 //!   least the header's (larger is harmless: the tail is zeroed and never read).
 //! - **Prefix** structs, which the library allocates and this side only reads through a
 //!   pointer (`ibv_context`, `ibv_qp`, `ibv_cq`): only the fields up to the last one used are
@@ -157,6 +157,99 @@ pub(crate) struct ibv_mr {
     pub(crate) handle: u32,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ibv_device_attr {
+    pub(crate) fw_ver: [c_char; 64],
+    pub(crate) node_guid: u64,
+    pub(crate) sys_image_guid: u64,
+    pub(crate) max_mr_size: u64,
+    pub(crate) page_size_cap: u64,
+    pub(crate) vendor_id: u32,
+    pub(crate) vendor_part_id: u32,
+    pub(crate) hw_ver: u32,
+    pub(crate) max_qp: c_int,
+    pub(crate) max_qp_wr: c_int,
+    pub(crate) device_cap_flags: c_uint,
+    pub(crate) max_sge: c_int,
+    pub(crate) max_sge_rd: c_int,
+    pub(crate) max_cq: c_int,
+    pub(crate) max_cqe: c_int,
+    pub(crate) max_mr: c_int,
+    pub(crate) max_pd: c_int,
+    pub(crate) max_qp_rd_atom: c_int,
+    pub(crate) max_ee_rd_atom: c_int,
+    pub(crate) max_res_rd_atom: c_int,
+    pub(crate) max_qp_init_rd_atom: c_int,
+    pub(crate) max_ee_init_rd_atom: c_int,
+    pub(crate) atomic_cap: u32,
+    pub(crate) max_ee: c_int,
+    pub(crate) max_rdd: c_int,
+    pub(crate) max_mw: c_int,
+    pub(crate) max_raw_ipv6_qp: c_int,
+    pub(crate) max_raw_ethy_qp: c_int,
+    pub(crate) max_mcast_grp: c_int,
+    pub(crate) max_mcast_qp_attach: c_int,
+    pub(crate) max_total_mcast_qp_attach: c_int,
+    pub(crate) max_ah: c_int,
+    pub(crate) max_fmr: c_int,
+    pub(crate) max_map_per_fmr: c_int,
+    pub(crate) max_srq: c_int,
+    pub(crate) max_srq_wr: c_int,
+    pub(crate) max_srq_sge: c_int,
+    pub(crate) max_pkeys: u16,
+    pub(crate) local_ca_ack_delay: u8,
+    pub(crate) phys_port_cnt: u8,
+}
+
+impl Default for ibv_device_attr {
+    fn default() -> Self {
+        ibv_device_attr {
+            fw_ver: [0; 64],
+            node_guid: 0,
+            sys_image_guid: 0,
+            max_mr_size: 0,
+            page_size_cap: 0,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: 0,
+            max_qp_wr: 0,
+            device_cap_flags: 0,
+            max_sge: 0,
+            max_sge_rd: 0,
+            max_cq: 0,
+            max_cqe: 0,
+            max_mr: 0,
+            max_pd: 0,
+            max_qp_rd_atom: 0,
+            max_ee_rd_atom: 0,
+            max_res_rd_atom: 0,
+            max_qp_init_rd_atom: 0,
+            max_ee_init_rd_atom: 0,
+            atomic_cap: 0,
+            max_ee: 0,
+            max_rdd: 0,
+            max_mw: 0,
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
+            max_mcast_grp: 0,
+            max_mcast_qp_attach: 0,
+            max_total_mcast_qp_attach: 0,
+            max_ah: 0,
+            max_fmr: 0,
+            max_map_per_fmr: 0,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_srq_sge: 0,
+            max_pkeys: 0,
+            local_ca_ack_delay: 0,
+            phys_port_cnt: 0,
+        }
+    }
 }
 
 /// `struct ibv_port_attr`.
@@ -357,6 +450,8 @@ pub(crate) type CreateQpFn =
     unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 pub(crate) type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
 pub(crate) type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+pub(crate) type QueryDeviceFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
 /// The exported `ibv_query_port`. In rdma-core the header wraps it in an inline function
 /// that zeroes the attributes first, because the exported symbol fills only the older,
 /// shorter form of the struct; the binding zeroes them too.
@@ -423,6 +518,12 @@ pub(crate) fn layout() -> Vec<(&'static str, usize)> {
         off!(ibv_mr, length),
         off!(ibv_mr, lkey),
         off!(ibv_mr, rkey),
+        size!(ibv_device_attr),
+        off!(ibv_device_attr, max_qp),
+        off!(ibv_device_attr, max_qp_wr),
+        off!(ibv_device_attr, max_cqe),
+        off!(ibv_device_attr, max_mr),
+        off!(ibv_device_attr, phys_port_cnt),
         size!(ibv_port_attr),
         off!(ibv_port_attr, state),
         off!(ibv_port_attr, active_mtu),

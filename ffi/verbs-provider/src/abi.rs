@@ -64,6 +64,7 @@ pub(crate) const IBV_WC_SUCCESS: u32 = 0;
 pub(crate) const IBV_WC_LOC_LEN_ERR: u32 = 1;
 pub(crate) const IBV_WC_LOC_PROT_ERR: u32 = 4;
 pub(crate) const IBV_WC_WR_FLUSH_ERR: u32 = 5;
+pub(crate) const IBV_WC_REM_INV_REQ_ERR: u32 = 9;
 pub(crate) const IBV_WC_RETRY_EXC_ERR: u32 = 12;
 pub(crate) const IBV_WC_GENERAL_ERR: u32 = 21;
 
@@ -159,6 +160,33 @@ pub(crate) struct ibv_gid {
     pub(crate) raw: [u8; 16],
 }
 
+/// `struct ibv_device_attr`, which the caller allocates and the provider fills in full:
+/// the firmware string, two GUIDs, the MR size and page-size caps, three IDs, then 29 `int`
+/// limits (the nine named here first, then `max_qp_rd_atom` .. `max_srq_sge`, the atomic
+/// capability among them), the P_Key count, the ACK delay and the port count.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct ibv_device_attr {
+    pub(crate) fw_ver: [c_char; 64],
+    pub(crate) guids: [u64; 2],
+    pub(crate) max_mr_size: u64,
+    pub(crate) page_size_cap: u64,
+    pub(crate) ids: [u32; 3],
+    pub(crate) max_qp: c_int,
+    pub(crate) max_qp_wr: c_int,
+    pub(crate) device_cap_flags: c_int,
+    pub(crate) max_sge: c_int,
+    pub(crate) max_sge_rd: c_int,
+    pub(crate) max_cq: c_int,
+    pub(crate) max_cqe: c_int,
+    pub(crate) max_mr: c_int,
+    pub(crate) max_pd: c_int,
+    pub(crate) other_limits: [c_int; 20],
+    pub(crate) max_pkeys: u16,
+    pub(crate) local_ca_ack_delay: u8,
+    pub(crate) phys_port_cnt: u8,
+}
+
 /// `struct ibv_port_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -240,7 +268,7 @@ pub(crate) struct ibv_wc {
 
 /// `struct ibv_qp_cap`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct ibv_qp_cap {
     pub(crate) max_send_wr: u32,
     pub(crate) max_recv_wr: u32,
@@ -264,7 +292,7 @@ pub(crate) struct ibv_qp_init_attr {
 
 /// `struct ibv_global_route`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct ibv_global_route {
     pub(crate) dgid: ibv_gid,
     pub(crate) flow_label: u32,
@@ -275,7 +303,7 @@ pub(crate) struct ibv_global_route {
 
 /// `struct ibv_ah_attr`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct ibv_ah_attr {
     pub(crate) grh: ibv_global_route,
     pub(crate) dlid: u16,
@@ -288,7 +316,7 @@ pub(crate) struct ibv_ah_attr {
 
 /// `struct ibv_qp_attr`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct ibv_qp_attr {
     pub(crate) qp_state: u32,
     pub(crate) cur_qp_state: u32,
@@ -358,6 +386,27 @@ pub(crate) fn layout() -> Vec<(&'static str, usize)> {
         ("ibv_qp.qp_num", offset_of!(ibv_qp, qp_num)),
         ("size:ibv_mr", size_of::<ibv_mr>()),
         ("ibv_mr.lkey", offset_of!(ibv_mr, lkey)),
+        ("size:ibv_device_attr", size_of::<ibv_device_attr>()),
+        (
+            "ibv_device_attr.max_qp",
+            offset_of!(ibv_device_attr, max_qp),
+        ),
+        (
+            "ibv_device_attr.max_qp_wr",
+            offset_of!(ibv_device_attr, max_qp_wr),
+        ),
+        (
+            "ibv_device_attr.max_cqe",
+            offset_of!(ibv_device_attr, max_cqe),
+        ),
+        (
+            "ibv_device_attr.max_mr",
+            offset_of!(ibv_device_attr, max_mr),
+        ),
+        (
+            "ibv_device_attr.phys_port_cnt",
+            offset_of!(ibv_device_attr, phys_port_cnt),
+        ),
         ("size:ibv_port_attr", size_of::<ibv_port_attr>()),
         ("ibv_port_attr.state", offset_of!(ibv_port_attr, state)),
         (

@@ -4,32 +4,25 @@
 //! binding drives it exactly as it drives rdma-core or Apple's `librdma`. Point
 //! `NUVEC_DISTRIBUTED_VERBS_LIBRARY` at the built `cdylib` to use it.
 //!
-//! It implements what JACCL needs between processes on one machine: devices with one port
-//! each (state, LID 0, Ethernet link layer, a GID table with a link-local entry and an
-//! IPv4-mapped one; see [`config`]), protection domains, memory registration, completion
-//! queues, and Unreliable Connected queue pairs with a 1024-byte MTU whose transitions are
-//! checked as the kernel checks them (RESET, INIT, RTR, RTS, ERR; a missing or extra
-//! attribute, a bad port, P_Key index, MTU or source GID index, or a route without a GRH on
-//! an Ethernet port is `EINVAL`).
+//! It implements what JACCL needs between processes on one machine: devices with one or more
+//! ports (state, LID 0, Ethernet link layer, a GID table with a link-local entry and, on the
+//! cabled port, an IPv4-mapped one; see [`config`]), device queries, protection domains,
+//! memory registration, completion queues, and Unreliable Connected queue pairs with a
+//! 1024-byte MTU whose transitions are checked as the kernel checks them (RESET, INIT, RTR,
+//! RTS, ERR; a missing or extra attribute, a bad port, P_Key index, MTU or source GID index,
+//! or a route without a GRH on an Ethernet port is `EINVAL`).
 //!
 //! Underneath, every queue pair binds a Unix datagram socket named after its number in the
 //! fabric directory; a SEND travels as fragments of at most [`FRAGMENT`] bytes, each with a
 //! header naming the sending queue pair and the destination GID. UC rules apply at the
 //! receiver: a message from a queue pair other than the connected one, to a GID the port
-//! does not have, or for a queue pair not in RTR or RTS is lost; a message that finds no
-//! receive posted is held until one is (Apple's transport, the default) or lost (the UC of
-//! the InfiniBand specification), as [`EARLY_VAR`] says; one longer than the posted buffer
-//! completes that receive with a length error. Sends complete once handed to the kernel (UC
-//! has no acknowledgement), so a send to a peer that is gone completes successfully and is
-//! lost, as on the wire. Faults ([`FAULT_VAR`]) drop a send, fail it, end the process or take
-//! the ports down; [`LOG_VAR`] logs every post and completion, [`TRACE_VAR`] records the
-//! set-up for tests to check.
+//! does not have, or for a queue pair not in RTR or RTS is lost. Faults ([`FAULT_VAR`]) drop a
+//! send, fail it, end the process or take the ports down; [`LOG_VAR`] logs every post and
+//! completion, [`TRACE_VAR`] records the set-up and teardown for tests to check.
 //!
 //! There is no thread: data moves when the process calls into the provider (any post or
 //! poll moves every queue pair's pending fragments both ways). So a message counts as
-//! arriving when the receiving process next polls, not when it was sent: in `drop` mode a
-//! receive posted after the send but before that poll still gets the message, where
-//! hardware would have dropped it. Tests of that rule make the receiver poll first.
+//! arriving when the receiving process next polls, not when it was sent.
 //!
 //! Completion channels are there too (`ibv_create_comp_channel`, `ibv_req_notify_cq`
 //! through the operations table, `ibv_get_cq_event`, `ibv_ack_cq_events`): a channel's
@@ -37,6 +30,67 @@
 //! a datagram waits for it, and `ibv_get_cq_event` never blocks (it moves data, then reports
 //! an armed CQ that has completions, or `EAGAIN`). [`CHANNELS_VAR`]` = off` refuses channels,
 //! as a library without them would.
+//!
+//! # Two profiles
+//!
+//! [`PROFILE_VAR`] chooses whose rules apply. **`rdma-core`** is the InfiniBand
+//! specification as rdma-core's providers implement it: a send completes once handed over
+//! (UC has no acknowledgement), a message that finds no receive posted is held or lost as
+//! [`EARLY_VAR`] says, one longer than the posted buffer completes that receive with a length
+//! error, queue depths count work requests, receives may be posted from INIT, and teardown
+//! may go in any order the reference counts allow.
+//!
+//! **`apple`** (the default, and the JACCL tests' fabric) adds every rule reported for
+//! Apple's `librdma` over Thunderbolt. Apple publishes its rules in TN3205 ("Low-latency
+//! communication with RDMA over Thunderbolt"); the copy this crate follows is what two
+//! programs that ran on the hardware report:
+//!
+//! - **Regions need the remote rights.** `ibv_reg_mr` without local write, remote read and
+//!   remote write is refused (`EINVAL`), even for SEND and RECV. Source: llama.cpp's Apple
+//!   transport (`ggml/src/ggml-rpc/transport-apple.cpp`, PR #26421): "Apple's provider rejects
+//!   LOCAL_WRITE-only MRs even for two-sided SEND/RECV"; MLX registers with all three.
+//! - **Receives only from RTS.** `ibv_post_recv` on a queue pair that has not reached RTS is
+//!   refused (`EINVAL`). Source: the same file ("Apple's provider rejects ibv_post_recv on a QP
+//!   that has not reached RTS").
+//! - **A SEND and its RECV cover the same number of 4 KiB Thunderbolt frames.** A message
+//!   whose frame count differs from the receive it lands in completes in error on both sides:
+//!   the receive with a length error, the send with a remote invalid-request error. Source:
+//!   the same file, citing TN3205 ("a SEND and its corresponding RECV must cover the same
+//!   number of 4 KiB Thunderbolt frames ... a short send would fail the peer's receive").
+//! - **Credit-based flow control.** A message waits at the receiver until a receive is posted
+//!   (never lost for want of one), and its SEND completes only once it has landed in one, with
+//!   the receiver's verdict. Source: the same PR's description ("relying on Apple's hardware
+//!   credit based flow control"; "in practice UC on Apple is still lossless").
+//! - **Queue depth counts frames, not work requests.** The `max_send_wr` and `max_recv_wr` a
+//!   queue pair is created with bound the 4 KiB frames of the requests outstanding on each
+//!   queue: a post that would exceed it is refused (`ENOMEM`). Source: the same file ("TN3205
+//!   counts queue depth in Thunderbolt frames, not work requests"; it sizes its queues as
+//!   ring depth x frames per message). For JACCL: MLX's 32 work requests then hold 32 frames,
+//!   128 KiB; its pipeline keeps two messages in flight per queue, which fits up to the
+//!   64 KiB class (2 x 16 frames) but not from 128 KiB (2 x 32 frames), and a single 256 or
+//!   512 KiB message (64, 128 frames) exceeds it alone. The binding asks for two of the
+//!   largest message's frames instead (see `src/jaccl/frames.rs`).
+//! - **The active port is not always 1.** Devices have several ports (2 by default) and the
+//!   cabled one is the last (configurable: `ports=`, `active=`); the others are down and
+//!   publish no IPv4-mapped GID. Source: the same file ("it is not always port 1, so the port
+//!   cannot be hardcoded"; it takes the first active port of `ibv_query_device`'s
+//!   `phys_port_cnt`).
+//! - **Ten queue pairs per device.** The 11th `ibv_create_qp` on a device fails with `EBUSY`,
+//!   however the queue pairs are spread over contexts (here: within one process, where the
+//!   limit was measured). Source: mlx PR #4209 and issue #3162 (M5 Max and M4 Pro, macOS
+//!   26.5.1: "ten succeed whether they are spread across ten ibv_contexts or all created on a
+//!   single one").
+//! - **A region outlives no queue pair of its domain.** `ibv_dereg_mr` while a queue pair of
+//!   the region's protection domain exists is refused (`EBUSY`). Source: llama.cpp's
+//!   transport ("destroy the QP first: it can still write to the rings until it is gone") and
+//!   PR #27908 (the errors Apple's driver logs when regions are unmapped first).
+//! - **Never ERR before destroying.** Once a queue pair has been moved to ERR, every later
+//!   `ibv_dereg_mr` of its protection domain's regions fails (`EIO`). Source: llama.cpp's
+//!   transport ("no IBV_QPS_ERR before it - Apple's provider then fails every region unmap").
+//!
+//! What the Apple profile cannot show is Apple's driver itself: the statuses and error codes
+//! it reports (the ones above are this provider's choice where the sources give none), its
+//! timing, and anything the sources do not report.
 
 mod abi;
 pub mod config;
@@ -49,7 +103,7 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use abi::*;
-pub use config::{CHANNELS_VAR, DEVICES_VAR, DIR_VAR, EARLY_VAR, FAULT_VAR};
+pub use config::{CHANNELS_VAR, DEVICES_VAR, DIR_VAR, EARLY_VAR, FAULT_VAR, PROFILE_VAR};
 
 /// The largest payload of one fragment: well under the default socket buffer limits of
 /// Linux and macOS, so one fragment always fits a datagram.
@@ -59,6 +113,18 @@ pub const FRAGMENT: usize = 32 * 1024;
 /// destination GID.
 const HEADER: usize = 4 * 5 + 16;
 const MAGIC: u32 = 0x4e56_5242;
+/// An acknowledgement (Apple profile): magic, the receiving queue pair, the sending queue
+/// pair, the status the send completes with.
+const ACK: usize = 4 * 4;
+const ACK_MAGIC: u32 = 0x4e56_4143;
+
+/// A Thunderbolt frame: the unit Apple's transport counts queue depth and messages in.
+const TB_FRAME: usize = 4096;
+
+/// The Thunderbolt frames a message of `len` bytes covers (a message is at least one).
+fn frames(len: usize) -> usize {
+    len.div_ceil(TB_FRAME).max(1)
+}
 
 /// The largest queue a queue pair may ask for, and the scatter-gather entries per request
 /// (JACCL uses one).
@@ -81,6 +147,9 @@ struct Ctx {
 
 struct Pd {
     ctx: usize,
+    /// Apple profile: a queue pair of this PD was moved to ERR, after which Apple's driver
+    /// fails every deregistration of the PD's regions.
+    poisoned: bool,
 }
 
 struct Mr {
@@ -145,6 +214,19 @@ struct Incoming {
     got: usize,
 }
 
+/// Apple profile: a send whose message is out, waiting for the receiver's verdict.
+struct Unacked {
+    wr_id: u64,
+    len: usize,
+    signaled: bool,
+}
+
+/// Apple profile: a message from queue pair `src`, whole, waiting for a receive.
+struct Held {
+    src: u32,
+    data: Vec<u8>,
+}
+
 struct Qp {
     ctx: usize,
     pd: usize,
@@ -155,6 +237,8 @@ struct Qp {
     sq_sig_all: bool,
     max_send_wr: usize,
     max_recv_wr: usize,
+    /// The port given at INIT (0 before).
+    port: u8,
     port_up: bool,
     local_gids: Vec<[u8; 16]>,
     dest_qpn: u32,
@@ -166,6 +250,35 @@ struct Qp {
     recvs: VecDeque<RecvWr>,
     incoming: Option<Incoming>,
     buf: Vec<u8>,
+    /// Apple profile: sends out and not yet acknowledged, in order.
+    unacked: VecDeque<Unacked>,
+    /// Apple profile: the message being reassembled, and whole ones waiting for a receive.
+    assembling: Option<Held>,
+    assembling_total: usize,
+    held: VecDeque<Held>,
+    /// Apple profile: acknowledgements the peer's socket had no room for yet.
+    pending_acks: VecDeque<(PathBuf, [u8; ACK])>,
+}
+
+impl Qp {
+    /// The frames outstanding on the send queue (Apple) or its work requests (rdma-core).
+    fn send_depth(&self, profile: config::Profile) -> usize {
+        match profile {
+            config::Profile::Apple => {
+                let queued: usize = self.sends.iter().map(|s| frames(s.len)).sum();
+                queued + self.unacked.iter().map(|u| frames(u.len)).sum::<usize>()
+            }
+            config::Profile::RdmaCore => self.sends.len(),
+        }
+    }
+
+    /// The frames outstanding on the receive queue (Apple) or its work requests (rdma-core).
+    fn recv_depth(&self, profile: config::Profile) -> usize {
+        match profile {
+            config::Profile::Apple => self.recvs.iter().map(|r| frames(r.len)).sum(),
+            config::Profile::RdmaCore => self.recvs.len(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -181,8 +294,26 @@ struct State {
     next_key: u32,
     sends_posted: u64,
     faults: Option<config::Faults>,
-    hold: Option<bool>,
+    settings: Option<Settings>,
     ports_down: bool,
+}
+
+/// The profile and the fate of early messages, read once.
+#[derive(Clone, Copy)]
+struct Settings {
+    profile: config::Profile,
+    hold: bool,
+}
+
+impl Settings {
+    /// The settings the environment gives, or why they are unusable.
+    fn read() -> Result<Settings, String> {
+        let profile = config::profile()?;
+        Ok(Settings {
+            profile,
+            hold: config::hold_early_sends(profile)?,
+        })
+    }
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
@@ -267,13 +398,41 @@ impl State {
         self.devices.get(c.device).map(|d| &d.spec)
     }
 
-    fn port_state(&self, ctx: usize) -> Option<u32> {
-        let spec = self.device_of(ctx)?;
+    /// The settings, read on first use; unusable ones (reported by `ibv_get_device_list`,
+    /// the first call of any program) fall back to the Apple profile, holding.
+    fn settings(&mut self) -> Settings {
+        *self.settings.get_or_insert_with(|| {
+            Settings::read().unwrap_or(Settings {
+                profile: config::Profile::Apple,
+                hold: true,
+            })
+        })
+    }
+
+    fn profile(&mut self) -> config::Profile {
+        self.settings().profile
+    }
+
+    /// Port `port`'s state on `ctx`'s device (every port is down after the `down` fault).
+    fn port_state(&self, ctx: usize, port: u8) -> Option<u32> {
+        let state = self.device_of(ctx)?.port_state(port)?;
         Some(if self.ports_down {
             IBV_PORT_DOWN
         } else {
-            spec.state
+            state
         })
+    }
+
+    /// Queue pairs alive on device `device` (an index into `devices`), through any context.
+    fn queue_pairs_on(&self, device: usize) -> usize {
+        self.qps
+            .values()
+            .filter(|q| {
+                self.contexts
+                    .get(&q.ctx)
+                    .is_some_and(|c| c.device == device)
+            })
+            .count()
     }
 
     fn push(&mut self, cq: usize, wc: ibv_wc) {
@@ -296,10 +455,18 @@ impl State {
     fn progress(&mut self) {
         let mut done: Vec<(usize, ibv_wc)> = Vec::new();
         let down = self.ports_down;
-        let hold = *self.hold.get_or_insert_with(config::hold_early_sends);
+        let Settings { profile, hold } = self.settings();
         for qp in self.qps.values_mut() {
-            qp.pump_sends(down, &mut done);
-            qp.pump_arrivals(down, hold, &mut done);
+            match profile {
+                config::Profile::Apple => {
+                    qp.pump_sends(down, true, &mut done);
+                    qp.pump_apple(down, &mut done);
+                }
+                config::Profile::RdmaCore => {
+                    qp.pump_sends(down, false, &mut done);
+                    qp.pump_arrivals(down, hold, &mut done);
+                }
+            }
         }
         for (cq, wc) in done {
             self.push(cq, wc);
@@ -319,8 +486,13 @@ fn wc(wr_id: u64, status: u32, opcode: u32, byte_len: usize, qpn: u32) -> ibv_wc
 }
 
 impl Qp {
-    fn pump_sends(&mut self, down: bool, done: &mut Vec<(usize, ibv_wc)>) {
+    /// Sends the fragments of the queued SENDs. A send completes once its message is out,
+    /// lost (the peer's queue pair is gone) or failed; with `acked` (the Apple profile) a
+    /// message that went out completes only when the receiver's acknowledgement comes.
+    fn pump_sends(&mut self, down: bool, acked: bool, done: &mut Vec<(usize, ibv_wc)>) {
+        self.flush_acks();
         while let Some(s) = self.sends.front_mut() {
+            let mut lost = false;
             let status = match s.fate {
                 _ if down || !self.port_up => Some(IBV_WC_RETRY_EXC_ERR),
                 Fate::Fail(status) => Some(status),
@@ -367,7 +539,8 @@ impl Qp {
                         if log_enabled() {
                             eprintln!("verbs provider: qp {:#x} loses a send: {e}", self.qpn);
                         }
-                        s.offset = s.len
+                        s.offset = s.len;
+                        lost = true;
                     }
                 }
                 if s.offset < s.len {
@@ -377,8 +550,15 @@ impl Qp {
             let status = status.unwrap_or(IBV_WC_SUCCESS);
             let signaled = s.signaled || status != IBV_WC_SUCCESS;
             let (wr_id, len) = (s.wr_id, s.len);
+            let out = s.fate == Fate::Deliver && !lost && status == IBV_WC_SUCCESS;
             self.sends.pop_front();
-            if signaled {
+            if acked && out {
+                self.unacked.push_back(Unacked {
+                    wr_id,
+                    len,
+                    signaled,
+                });
+            } else if signaled {
                 done.push((self.send_cq, wc(wr_id, status, IBV_WC_SEND, len, self.qpn)));
             }
         }
@@ -493,6 +673,157 @@ impl Qp {
         }
     }
 
+    /// Apple profile: takes every datagram waiting in the socket. Acknowledgements complete
+    /// this queue pair's sends in order; fragments are reassembled into whole messages, which
+    /// wait (credit-based flow control: never lost for want of a receive) until a receive is
+    /// posted and then land in it, or fail it and their send if the two cover different
+    /// numbers of frames; each message's sender is acknowledged with the verdict. A message
+    /// UC would drop (wrong queue pair, GID or state, a port down) is acknowledged as
+    /// delivered and discarded, since UC tells its sender nothing.
+    fn pump_apple(&mut self, down: bool, done: &mut Vec<(usize, ibv_wc)>) {
+        self.buf.resize(HEADER + FRAGMENT, 0);
+        while let Ok(n) = self.sock.recv(&mut self.buf) {
+            let word = |b: &[u8], i: usize| {
+                let w = &b[4 * i..4 * i + 4];
+                u32::from_le_bytes([w[0], w[1], w[2], w[3]])
+            };
+            if n == ACK && word(&self.buf, 0) == ACK_MAGIC {
+                let (dst, status) = (word(&self.buf, 2), word(&self.buf, 3));
+                if dst != self.qpn {
+                    continue;
+                }
+                if let Some(u) = self.unacked.pop_front()
+                    && (u.signaled || status != IBV_WC_SUCCESS)
+                {
+                    done.push((
+                        self.send_cq,
+                        wc(u.wr_id, status, IBV_WC_SEND, u.len, self.qpn),
+                    ));
+                }
+                continue;
+            }
+            if n < HEADER || word(&self.buf, 0) != MAGIC {
+                continue;
+            }
+            let (src, dst) = (word(&self.buf, 1), word(&self.buf, 2));
+            let (total, offset) = (word(&self.buf, 3) as usize, word(&self.buf, 4) as usize);
+            let mut dgid = [0u8; 16];
+            dgid.copy_from_slice(&self.buf[20..36]);
+            let len = n - HEADER;
+            let accepted = dst == self.qpn
+                && src == self.dest_qpn
+                && matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS)
+                && self.port_up
+                && !down
+                && dgid != [0; 16]
+                && self.local_gids.contains(&dgid)
+                && offset + len <= total;
+            if !accepted {
+                if log_enabled() {
+                    eprintln!(
+                        "verbs provider: qp {:#x} drops a fragment from {src:#x}",
+                        self.qpn
+                    );
+                }
+                if offset == 0 {
+                    self.ack(src, IBV_WC_SUCCESS);
+                }
+                continue;
+            }
+            if offset == 0 {
+                // A message cut short before (its sender went away) is abandoned.
+                self.assembling = Some(Held {
+                    src,
+                    data: Vec::with_capacity(total),
+                });
+                self.assembling_total = total;
+            }
+            let Some(msg) = self.assembling.as_mut() else {
+                continue;
+            };
+            if offset != msg.data.len() || total != self.assembling_total || src != msg.src {
+                // Out of sequence: the message is lost, and its sender told so.
+                self.assembling = None;
+                self.ack(src, IBV_WC_SUCCESS);
+                continue;
+            }
+            msg.data.extend_from_slice(&self.buf[HEADER..n]);
+            if msg.data.len() == total
+                && let Some(whole) = self.assembling.take()
+            {
+                self.held.push_back(whole);
+            }
+        }
+        self.deliver(done);
+        self.flush_acks();
+    }
+
+    /// Apple profile: lands held messages in posted receives, in order.
+    fn deliver(&mut self, done: &mut Vec<(usize, ibv_wc)>) {
+        while !self.held.is_empty() && !self.recvs.is_empty() {
+            let (Some(msg), Some(r)) = (self.held.pop_front(), self.recvs.pop_front()) else {
+                break;
+            };
+            let len = msg.data.len();
+            let (recv_status, send_status) = if frames(len) != frames(r.len) || len > r.len {
+                (IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR)
+            } else {
+                if len > 0 {
+                    let dst = std::ptr::with_exposed_provenance_mut::<u8>(r.addr);
+                    // SAFETY: `post_recv` checked that [addr, addr + r.len) lies inside a region
+                    // registered with this QP's PD for local write, and `len <= r.len`; until the
+                    // receive completes the caller does not touch the buffer (verbs' rule, which
+                    // the binding enforces by holding the only reference), so this is the only
+                    // access.
+                    let target = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+                    target.copy_from_slice(&msg.data);
+                }
+                (IBV_WC_SUCCESS, IBV_WC_SUCCESS)
+            };
+            if log_enabled() {
+                eprintln!(
+                    "verbs provider: qp {:#x} lands {len} bytes from qp {:#x} in a {} byte \
+                     receive: status {recv_status}",
+                    self.qpn, msg.src, r.len
+                );
+            }
+            let byte_len = if recv_status == IBV_WC_SUCCESS {
+                len
+            } else {
+                0
+            };
+            done.push((
+                self.recv_cq,
+                wc(r.wr_id, recv_status, IBV_WC_RECV, byte_len, self.qpn),
+            ));
+            self.ack(msg.src, send_status);
+        }
+    }
+
+    /// Apple profile: queues the verdict on queue pair `to`'s message.
+    fn ack(&mut self, to: u32, status: u32) {
+        let mut ack = [0u8; ACK];
+        for (i, word) in [ACK_MAGIC, self.qpn, to, status].into_iter().enumerate() {
+            ack[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        let path = config::fabric_dir().join(format!("qp-{to}"));
+        self.pending_acks.push_back((path, ack));
+        self.flush_acks();
+    }
+
+    /// Sends the queued acknowledgements the peers' sockets have room for; one whose
+    /// queue pair is gone is dropped (nobody waits for it).
+    fn flush_acks(&mut self) {
+        while let Some((path, ack)) = self.pending_acks.front() {
+            match self.sock.send_to(ack, path) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                _ => {
+                    self.pending_acks.pop_front();
+                }
+            }
+        }
+    }
+
     /// Completes every outstanding request with a flush error (the QP entered ERR).
     fn flush(&mut self, done: &mut Vec<(usize, ibv_wc)>) {
         for s in self.sends.drain(..) {
@@ -510,11 +841,42 @@ impl Qp {
                 wc(r.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, self.qpn),
             ));
         }
+        for u in self.unacked.drain(..) {
+            done.push((
+                self.send_cq,
+                wc(u.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND, 0, self.qpn),
+            ));
+        }
+        self.discard_held();
+    }
+
+    /// Apple profile: drops the messages waiting for a receive, telling their senders they
+    /// were delivered (UC reports no loss).
+    fn discard_held(&mut self) {
+        self.assembling = None;
+        let senders: Vec<u32> = self.held.drain(..).map(|h| h.src).collect();
+        for src in senders {
+            self.ack(src, IBV_WC_SUCCESS);
+        }
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        // Apple profile: senders still waiting on this queue pair learn that their messages
+        // went nowhere; the socket gets a moment to pass the last acknowledgements on.
+        self.discard_held();
+        if !self.pending_acks.is_empty()
+            && self.sock.set_nonblocking(false).is_ok()
+            && self
+                .sock
+                .set_write_timeout(Some(std::time::Duration::from_millis(100)))
+                .is_ok()
+        {
+            while let Some((path, ack)) = self.pending_acks.pop_front() {
+                let _ = self.sock.send_to(&ack, &path);
+            }
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -529,7 +891,7 @@ impl Drop for Qp {
 /// `num` is NULL or points to a writable `int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut c_void {
-    let specs = match config::devices() {
+    let specs = match Settings::read().and_then(|s| config::devices(s.profile)) {
         Ok(specs) => specs,
         Err(e) => {
             eprintln!("nuvec verbs provider: {e}");
@@ -654,7 +1016,54 @@ fn close_device(ctx: *mut c_void) -> c_int {
     0
 }
 
-/// `int ibv_query_port(struct ibv_context *, uint8_t port_num, struct ibv_port_attr *)`.
+/// `int ibv_query_device(struct ibv_context *, struct ibv_device_attr *)`: the port count
+/// and the queue-pair limit the device was given; the other limits are this provider's.
+///
+/// # Safety
+///
+/// `attr` points to a writable `struct ibv_device_attr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_device(ctx: *mut c_void, attr: *mut c_void) -> c_int {
+    let attr = attr.cast::<ibv_device_attr>();
+    let st = state();
+    let Some(spec) = st.device_of(ctx.addr()) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    let mut fw_ver = [0 as c_char; 64];
+    for (to, &from) in fw_ver.iter_mut().zip(b"nuvec-verbs-provider") {
+        *to = from as c_char;
+    }
+    let out = ibv_device_attr {
+        fw_ver,
+        guids: [0; 2],
+        max_mr_size: 1 << 40,
+        page_size_cap: 0x1000,
+        ids: [0; 3],
+        max_qp: c_int::try_from(spec.max_qp).unwrap_or(c_int::MAX),
+        max_qp_wr: MAX_WR as c_int,
+        device_cap_flags: 0,
+        max_sge: MAX_SGE as c_int,
+        max_sge_rd: 0,
+        max_cq: 1 << 16,
+        max_cqe: 1 << 16,
+        max_mr: 1 << 16,
+        max_pd: 1 << 16,
+        other_limits: [0; 20],
+        max_pkeys: 1,
+        local_ca_ack_delay: 0,
+        phys_port_cnt: spec.ports,
+    };
+    // SAFETY: `attr` is non-null and, by the caller's contract, a writable device_attr.
+    unsafe { attr.write(out) };
+    0
+}
+
+/// `int ibv_query_port(struct ibv_context *, uint8_t port_num, struct ibv_port_attr *)`:
+/// any port of the device; the cabled one has its state and GID table, the others are down
+/// with a link-local GID only.
 ///
 /// # Safety
 ///
@@ -663,17 +1072,20 @@ fn close_device(ctx: *mut c_void) -> c_int {
 pub unsafe extern "C" fn ibv_query_port(ctx: *mut c_void, port: u8, attr: *mut c_void) -> c_int {
     let attr = attr.cast::<ibv_port_attr>();
     let st = state();
-    let (Some(spec), Some(state)) = (st.device_of(ctx.addr()), st.port_state(ctx.addr())) else {
+    let (Some(gids), Some(state)) = (
+        st.device_of(ctx.addr()).and_then(|d| d.port_gids(port)),
+        st.port_state(ctx.addr(), port),
+    ) else {
         return libc::EINVAL;
     };
-    if port != 1 || attr.is_null() {
+    if attr.is_null() {
         return libc::EINVAL;
     }
     let out = ibv_port_attr {
         state,
         max_mtu: IBV_MTU_1024,
         active_mtu: IBV_MTU_1024,
-        gid_tbl_len: spec.gids.len() as c_int,
+        gid_tbl_len: gids.len() as c_int,
         max_msg_sz: 1 << 30,
         pkey_tbl_len: 1,
         link_layer: IBV_LINK_LAYER_ETHERNET,
@@ -702,8 +1114,8 @@ pub unsafe extern "C" fn ibv_query_gid(
     let st = state();
     let entry = st
         .device_of(ctx.addr())
-        .filter(|_| port == 1 && !gid.is_null())
-        .and_then(|spec| spec.gids.get(usize::try_from(index).ok()?));
+        .filter(|_| !gid.is_null())
+        .and_then(|spec| spec.port_gids(port)?.get(usize::try_from(index).ok()?));
     let Some(&raw) = entry else {
         set_errno(libc::EINVAL);
         return -1;
@@ -729,7 +1141,13 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut c_void) -> *mut c_void {
         context: ctx.cast(),
         handle: st.next_key,
     });
-    st.pds.insert(addr, Pd { ctx: ctx.addr() });
+    st.pds.insert(
+        addr,
+        Pd {
+            ctx: ctx.addr(),
+            poisoned: false,
+        },
+    );
     std::ptr::with_exposed_provenance_mut(addr)
 }
 
@@ -757,7 +1175,9 @@ fn dealloc_pd(pd: *mut c_void) -> c_int {
 }
 
 /// `struct ibv_mr *ibv_reg_mr(struct ibv_pd *, void *addr, size_t length, int access)`.
-/// Remote write or atomic access without local write is `EINVAL`, as the verbs spec says.
+/// Remote write or atomic access without local write is `EINVAL`, as the verbs spec says;
+/// with the Apple profile, so is anything short of local write, remote read and remote
+/// write.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_reg_mr(
     pd: *mut c_void,
@@ -771,7 +1191,11 @@ pub extern "C" fn ibv_reg_mr(
         | IBV_ACCESS_REMOTE_READ
         | IBV_ACCESS_REMOTE_ATOMIC;
     let remote_writes = access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0;
+    let apple_rights = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    let apple_refuses =
+        st.profile() == config::Profile::Apple && access & apple_rights != apple_rights;
     let bad = !st.pds.contains_key(&pd.addr())
+        || apple_refuses
         || access & !known != 0
         || (remote_writes && access & IBV_ACCESS_LOCAL_WRITE == 0)
         || (addr.is_null() && len > 0)
@@ -813,11 +1237,22 @@ pub extern "C" fn ibv_dereg_mr(mr: *mut c_void) -> c_int {
     rc
 }
 
+/// `EINVAL` for an unknown region; with the Apple profile, `EBUSY` while a queue pair of the
+/// region's PD exists and `EIO` once one of them was moved to ERR (the region then stays).
 fn dereg_mr(mr: *mut c_void) -> c_int {
     let mut st = state();
-    if st.mrs.remove(&mr.addr()).is_none() {
+    let Some(pd) = st.mrs.get(&mr.addr()).map(|m| m.pd) else {
         return libc::EINVAL;
+    };
+    if st.profile() == config::Profile::Apple {
+        if st.pds.get(&pd).is_some_and(|p| p.poisoned) {
+            return libc::EIO;
+        }
+        if st.qps.values().any(|q| q.pd == pd) {
+            return libc::EBUSY;
+        }
     }
+    st.mrs.remove(&mr.addr());
     // SAFETY: a live region from `give::<ibv_mr>`, removed from the table: freed once.
     unsafe { reclaim::<ibv_mr>(mr.addr()) };
     0
@@ -1075,7 +1510,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 // Queue pairs
 
 /// `struct ibv_qp *ibv_create_qp(struct ibv_pd *, struct ibv_qp_init_attr *)`: UC only,
-/// one scatter-gather entry, no inline data, no shared receive queue.
+/// one scatter-gather entry, no inline data, no shared receive queue; `EBUSY` once the
+/// device has as many queue pairs as it allows (ten with the Apple profile), counted over
+/// all its contexts.
 ///
 /// # Safety
 ///
@@ -1113,6 +1550,17 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
         });
         return std::ptr::null_mut();
     }
+    let device = st.contexts.get(&ctx).map_or(usize::MAX, |c| c.device);
+    let limit = st.device_of(ctx).map_or(usize::MAX, |d| d.max_qp);
+    let held = st.queue_pairs_on(device);
+    if held >= limit {
+        let name = st.device_of(ctx).map_or("?", |d| d.name.as_str());
+        trace(format_args!(
+            "create_qp device={name} refused: {held} queue pairs of {limit} (EBUSY)"
+        ));
+        set_errno(libc::EBUSY);
+        return std::ptr::null_mut();
+    }
     let dir = config::fabric_dir();
     if let Err(e) = std::fs::create_dir_all(&dir) {
         set_errno(e.raw_os_error().unwrap_or(libc::EIO));
@@ -1136,7 +1584,6 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
         set_errno(e.raw_os_error().unwrap_or(libc::EIO));
         return std::ptr::null_mut();
     }
-    let port_up = st.port_state(ctx) == Some(IBV_PORT_ACTIVE);
     st.next_key += 1;
     let addr = give(ibv_qp {
         context: std::ptr::with_exposed_provenance_mut(ctx),
@@ -1189,7 +1636,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
             sq_sig_all: attr.sq_sig_all != 0,
             max_send_wr: cap.max_send_wr as usize,
             max_recv_wr: cap.max_recv_wr as usize,
-            port_up,
+            port: 0,
+            port_up: false,
             local_gids: Vec::new(),
             dest_qpn: 0,
             dgid: [0; 16],
@@ -1200,6 +1648,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
             recvs: VecDeque::new(),
             incoming: None,
             buf: Vec::with_capacity(HEADER + FRAGMENT),
+            unacked: VecDeque::new(),
+            assembling: None,
+            assembling_total: 0,
+            held: VecDeque::new(),
+            pending_acks: VecDeque::new(),
         },
     );
     std::ptr::with_exposed_provenance_mut(addr)
@@ -1267,10 +1720,14 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
     let Some(q) = st.qps.get(&qp.addr()) else {
         return libc::EINVAL;
     };
-    let ctx = q.ctx;
-    let Some(gids) = st.device_of(ctx).map(|d| d.gids.clone()) else {
+    let (ctx, pd) = (q.ctx, q.pd);
+    let Some(spec) = st.device_of(ctx).cloned() else {
         return libc::EINVAL;
     };
+    let port_state = (mask & IBV_QP_PORT != 0)
+        .then(|| st.port_state(ctx, a.port_num))
+        .flatten();
+    let apple = st.profile() == config::Profile::Apple;
     let Some(q) = st.qps.get_mut(&qp.addr()) else {
         return libc::EINVAL;
     };
@@ -1286,7 +1743,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
     if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != q.state {
         return libc::EINVAL;
     }
-    if mask & IBV_QP_PORT != 0 && a.port_num != 1 {
+    if mask & IBV_QP_PORT != 0 && port_state.is_none() {
         return libc::EINVAL;
     }
     if mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index != 0 {
@@ -1314,17 +1771,23 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
     if mask & IBV_QP_AV != 0 {
         let ah = a.ah_attr;
         // An Ethernet port routes by GID: an address without a GRH is refused (as for RoCE),
-        // and the source GID index must name a GID the port has.
-        let sgid_ok = gids
+        // the source GID index must name a GID the port has, and the port must be the one
+        // the queue pair was bound to at INIT.
+        let sgid_ok = q
+            .local_gids
             .get(usize::from(ah.grh.sgid_index))
             .is_some_and(|g| *g != [0; 16]);
-        if ah.port_num != 1 || ah.is_global == 0 || !sgid_ok || ah.grh.dgid.raw == [0; 16] {
+        if ah.port_num != q.port || ah.is_global == 0 || !sgid_ok || ah.grh.dgid.raw == [0; 16] {
             return libc::EINVAL;
         }
     }
     let mut done = Vec::new();
     match a.qp_state {
-        IBV_QPS_INIT => q.local_gids = gids,
+        IBV_QPS_INIT if mask & IBV_QP_PORT != 0 => {
+            q.port = a.port_num;
+            q.port_up = port_state == Some(IBV_PORT_ACTIVE);
+            q.local_gids = spec.port_gids(a.port_num).unwrap_or_default().to_vec();
+        }
         IBV_QPS_RTR => {
             q.dest_qpn = a.dest_qp_num;
             q.dgid = a.ah_attr.grh.dgid.raw;
@@ -1367,6 +1830,12 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
         other => trace(format_args!("modify qpn={} state={other}", q.qpn)),
     }
     q.state = a.qp_state;
+    if apple
+        && a.qp_state == IBV_QPS_ERR
+        && let Some(p) = st.pds.get_mut(&pd)
+    {
+        p.poisoned = true;
+    }
     for (cq, wc) in done {
         st.push(cq, wc);
     }
@@ -1374,9 +1843,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut c_void, attr: *mut c_void, mask:
 }
 
 /// `ibv_post_send`, through the operations table: SENDs of one registered buffer each, on a
-/// QP in RTS (else `EINVAL`), at most `max_send_wr` outstanding (else `ENOMEM`). A scatter
-/// entry outside a region of the QP's PD completes with a protection error, as hardware
-/// reports it.
+/// QP in RTS (else `EINVAL`), at most `max_send_wr` outstanding (else `ENOMEM`): work
+/// requests with the rdma-core profile, 4 KiB frames with the Apple one. A scatter entry
+/// outside a region of the QP's PD completes with a protection error, as hardware reports
+/// it.
 ///
 /// # Safety
 ///
@@ -1390,6 +1860,7 @@ unsafe extern "C" fn post_send(
     let mut st = state();
     st.progress();
     let faults = st.faults();
+    let profile = st.profile();
     let mut rc = 0;
     while !wr.is_null() {
         // SAFETY: non-null and, by the caller's contract, a readable work request.
@@ -1406,16 +1877,26 @@ unsafe extern "C" fn post_send(
             rc = libc::EINVAL;
             break;
         }
-        if q.sends.len() >= q.max_send_wr {
-            rc = libc::ENOMEM;
-            break;
-        }
         let sge = if w.num_sge == 1 {
             // SAFETY: `num_sge` is 1 and `sg_list` non-null: one readable entry.
             Some(unsafe { w.sg_list.read() })
         } else {
             None
         };
+        let asked = match profile {
+            config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
+            config::Profile::RdmaCore => 1,
+        };
+        if q.send_depth(profile) + asked > q.max_send_wr {
+            trace(format_args!(
+                "post_send qpn={} refused: {} + {asked} over a depth of {} (ENOMEM)",
+                q.qpn,
+                q.send_depth(profile),
+                q.max_send_wr
+            ));
+            rc = libc::ENOMEM;
+            break;
+        }
         let pd = q.pd;
         let (addr, len, mut fate) = match sge {
             Some(s) if !region_holds(&st, pd, s.lkey, s.addr, s.length) => {
@@ -1471,8 +1952,9 @@ unsafe extern "C" fn post_send(
     rc
 }
 
-/// `ibv_post_recv`, through the operations table: on a QP in INIT, RTR or RTS (a QP in ERR
-/// flushes the request), at most `max_recv_wr` outstanding, into a region of the QP's PD
+/// `ibv_post_recv`, through the operations table: on a QP in INIT, RTR or RTS (RTS only with
+/// the Apple profile; a QP in ERR flushes the request), at most `max_recv_wr` outstanding
+/// (work requests, or 4 KiB frames with the Apple profile), into a region of the QP's PD
 /// registered for local write.
 ///
 /// # Safety
@@ -1484,6 +1966,7 @@ unsafe extern "C" fn post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let mut st = state();
+    let profile = st.profile();
     let mut rc = 0;
     let mut done = Vec::new();
     while !wr.is_null() {
@@ -1493,17 +1976,24 @@ unsafe extern "C" fn post_recv(
             rc = libc::EINVAL;
             break;
         };
-        let valid = matches!(
-            q.state,
-            IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_ERR
-        ) && (0..=MAX_SGE as c_int).contains(&w.num_sge)
+        let state_ok = match profile {
+            config::Profile::Apple => matches!(q.state, IBV_QPS_RTS | IBV_QPS_ERR),
+            config::Profile::RdmaCore => matches!(
+                q.state,
+                IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_ERR
+            ),
+        };
+        if !state_ok {
+            trace(format_args!(
+                "post_recv qpn={} refused: state {} is not RTS (EINVAL)",
+                q.qpn, q.state
+            ));
+        }
+        let valid = state_ok
+            && (0..=MAX_SGE as c_int).contains(&w.num_sge)
             && (w.num_sge == 0 || !w.sg_list.is_null());
         if !valid {
             rc = libc::EINVAL;
-            break;
-        }
-        if q.recvs.len() >= q.max_recv_wr {
-            rc = libc::ENOMEM;
             break;
         }
         let sge = if w.num_sge == 1 {
@@ -1512,6 +2002,20 @@ unsafe extern "C" fn post_recv(
         } else {
             None
         };
+        let asked = match profile {
+            config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
+            config::Profile::RdmaCore => 1,
+        };
+        if q.recv_depth(profile) + asked > q.max_recv_wr {
+            trace(format_args!(
+                "post_recv qpn={} refused: {} + {asked} over a depth of {} (ENOMEM)",
+                q.qpn,
+                q.recv_depth(profile),
+                q.max_recv_wr
+            ));
+            rc = libc::ENOMEM;
+            break;
+        }
         let (pd, state, recv_cq, qpn) = (q.pd, q.state, q.recv_cq, q.qpn);
         let writable = |s: &ibv_sge| region_holds(&st, pd, s.lkey, s.addr, s.length);
         let (addr, len) = match sge {
@@ -1563,6 +2067,92 @@ mod tests {
         for (name, value) in abi::layout() {
             assert_eq!(binding.get(name), Some(&value), "{name}");
         }
+    }
+
+    /// The Apple rules no binding call of `ffi::verbs` can break (it registers with all three
+    /// rights, destroys queue pairs before regions, never moves one to ERR), checked on the
+    /// provider's entry points directly: a region for local write only is refused; a region
+    /// whose protection domain has a queue pair is not deregistered (EBUSY) until the queue
+    /// pair is destroyed; after an ERR transition it is never deregistered (EIO).
+    #[test]
+    fn apple_refuses_local_write_regions_early_deregistration_and_err_first() {
+        let spec = config::parse_devices("provider-unit-apple", config::Profile::Apple)
+            .unwrap()
+            .remove(0);
+        let mut name = [0 as c_char; 64];
+        for (to, &from) in name.iter_mut().zip(spec.name.as_bytes()) {
+            *to = from as c_char;
+        }
+        let device: &'static mut ibv_device = Box::leak(Box::new(ibv_device { name }));
+        let c = (device as *mut ibv_device).expose_provenance();
+        state().devices.push(Device { spec, c });
+        let ctx = ibv_open_device(std::ptr::with_exposed_provenance_mut(c));
+        assert!(!ctx.is_null());
+        let mut memory = vec![0u8; 2 * 4096];
+        let cq = ibv_create_cq(ctx, 8, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        assert!(!cq.is_null());
+        let all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+        // `err_first`: whether the queue pair goes to ERR before it is destroyed.
+        for (half, err_first) in [(0, false), (1, true)] {
+            let pd = ibv_alloc_pd(ctx);
+            let addr = memory[half * 4096..].as_mut_ptr().cast::<c_void>();
+            let local_only = ibv_reg_mr(pd, addr, 4096, IBV_ACCESS_LOCAL_WRITE);
+            assert!(
+                local_only.is_null(),
+                "Apple refuses local-write-only regions"
+            );
+            assert_eq!(
+                io::Error::last_os_error().raw_os_error(),
+                Some(libc::EINVAL)
+            );
+            let mr = ibv_reg_mr(pd, addr, 4096, all);
+            assert!(!mr.is_null());
+            let mut init = ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: cq.cast(),
+                recv_cq: cq.cast(),
+                srq: std::ptr::null_mut(),
+                cap: ibv_qp_cap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: IBV_QPT_UC,
+                sq_sig_all: 0,
+            };
+            // SAFETY: `init` is a live, fully initialised init_attr, which the call only reads.
+            let qp = unsafe { ibv_create_qp(pd, (&raw mut init).cast()) };
+            assert!(!qp.is_null());
+            assert_eq!(
+                ibv_dereg_mr(mr),
+                libc::EBUSY,
+                "a queue pair of the PD is alive"
+            );
+            if err_first {
+                let mut attr = ibv_qp_attr {
+                    qp_state: IBV_QPS_ERR,
+                    ..Default::default()
+                };
+                // SAFETY: `attr` is a live, fully initialised qp_attr, which the call reads.
+                let rc = unsafe { ibv_modify_qp(qp, (&raw mut attr).cast(), IBV_QP_STATE) };
+                assert_eq!(rc, 0);
+            }
+            assert_eq!(ibv_destroy_qp(qp), 0);
+            if err_first {
+                assert_eq!(ibv_dereg_mr(mr), libc::EIO, "ERR before destroying poisons");
+                // The region stays registered, and so the PD stays too.
+                assert_eq!(ibv_dealloc_pd(pd), libc::EBUSY);
+            } else {
+                assert_eq!(ibv_dereg_mr(mr), 0);
+                assert_eq!(ibv_dealloc_pd(pd), 0);
+            }
+        }
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        // The poisoned region keeps the memory it covers registered: it is leaked, as a
+        // caller would have to.
+        std::mem::forget(memory);
     }
 
     #[test]

@@ -92,7 +92,8 @@ pub enum Over {
     each listed address is on one of its interfaces, with the interface's MTU; that the \
     ring's port is free (a short-lived `nuvec doctor --serve` binds it); on macOS the \
     Thunderbolt ports, their addresses and link speed (TB4/TB5) and whether they sit in \
-    bridge0; the RDMA devices and port states (ibv_devinfo). Per ring link (each host to \
+    bridge0; the RDMA devices, their port states and the port JACCL uses, the first \
+    active one (ibv_devinfo). Per ring link (each host to \
     the next): a TCP connection and a few ping-pongs (round trip), and matching MTUs. \
     Remote hosts need nuvec in their PATH (or --remote-nuvec). Exits non-zero when a \
     check failed."
@@ -1346,11 +1347,16 @@ fn rdma_check(f: &mut Findings, who: &str, host: &Host, facts: &HostFacts, jaccl
         }
         return;
     };
+    // Each device with its ports, and the one JACCL uses: the first active port, which on a
+    // Thunderbolt device is not always 1.
     let states: Vec<String> = devices
         .iter()
         .map(|d| {
             let ports: Vec<String> = d.ports.iter().map(|(n, s)| format!("{n} {s}")).collect();
-            format!("{} (port {})", d.name, ports.join(", port "))
+            let uses = d
+                .jaccl_port()
+                .map_or(String::new(), |p| format!("; JACCL uses port {p}"));
+            format!("{} (port {}{uses})", d.name, ports.join(", port "))
         })
         .collect();
     let detail = if states.is_empty() {
@@ -1839,7 +1845,7 @@ mod tests {
         assert_eq!(ok.verdict, Verdict::Ok, "{ok:?}");
         assert_eq!(
             ok.detail,
-            "rdma_en2 (port 1 PORT_ACTIVE); rdma_en3 (port 1 PORT_DOWN)"
+            "rdma_en2 (port 1 PORT_ACTIVE; JACCL uses port 1); rdma_en3 (port 1 PORT_DOWN)"
         );
         let down = check(vec![
             None,

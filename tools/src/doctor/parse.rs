@@ -266,7 +266,16 @@ pub struct RdmaDevice {
 impl RdmaDevice {
     /// Whether any of its ports is `PORT_ACTIVE`.
     pub fn active(&self) -> bool {
-        self.ports.iter().any(|(_, s)| s == "PORT_ACTIVE")
+        self.jaccl_port().is_some()
+    }
+
+    /// The port JACCL binds its queue pairs to: the first `PORT_ACTIVE` one (the active
+    /// port of a Thunderbolt device is not always 1; MLX assumes 1).
+    pub fn jaccl_port(&self) -> Option<u32> {
+        self.ports
+            .iter()
+            .find(|(_, s)| s == "PORT_ACTIVE")
+            .map(|&(n, _)| n)
     }
 }
 
@@ -468,6 +477,15 @@ mod tests {
         assert!(devices[0].active());
         assert_eq!(devices[1].ports, [(1, "PORT_DOWN".to_string())]);
         assert!(!devices[1].active());
+        assert_eq!(devices[0].jaccl_port(), Some(1));
+        assert_eq!(devices[1].jaccl_port(), None);
+        // A device whose active port is the second.
+        let two = ibv_devinfo(
+            "hca_id:\trdma_en5\n\tport:\t1\n\t\tstate:\t\tPORT_DOWN (1)\n\
+             \tport:\t2\n\t\tstate:\t\tPORT_ACTIVE (4)\n",
+        );
+        assert_eq!(two[0].ports.len(), 2);
+        assert_eq!(two[0].jaccl_port(), Some(2));
         assert_eq!(ibv_devinfo("No IB devices found\n"), []);
         assert_eq!(ibv_devinfo("\t\tport:\t1\nstate: X\n"), []);
     }

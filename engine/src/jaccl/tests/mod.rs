@@ -6,12 +6,15 @@
 //! - `frames`: the messages each algorithm posts, against MLX 0.32.1's schedule derived
 //!   independently from the reference;
 //! - `faults`: failed and lost messages, lost ranks and timeouts end in errors naming the peer;
+//! - `mixed`: groups with ranks that publish MLX's set-up records: what nuvec ranks do with
+//!   the knowledge (a mixed ring refuses all_gather);
 //! - `probes` (feature `probes`, Linux, as root): the tracing probes, under bpftrace.
 
 mod abort;
 mod collectives;
 mod faults;
 mod frames;
+mod mixed;
 #[cfg(all(feature = "probes", target_os = "linux"))]
 mod probes;
 
@@ -19,7 +22,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bootstrap::SideChannel;
+use super::bootstrap::{Records, SideChannel};
+use super::config::MlxAllGather;
 use super::driver;
 use super::emulated::{EmulatedFabric, Network};
 use super::frames::SizeClasses;
@@ -34,6 +38,9 @@ pub(super) struct Layout {
     pub(super) kind: Kind,
     pub(super) classes: SizeClasses,
     pub(super) timeout: Duration,
+    /// Bit `r` set: rank `r` publishes its set-up records as an MLX rank does (no mark).
+    pub(super) mlx: u32,
+    pub(super) mlx_all_gather: MlxAllGather,
 }
 
 impl Layout {
@@ -43,6 +50,8 @@ impl Layout {
             kind: Kind::Mesh,
             classes: SizeClasses::Large,
             timeout: Duration::from_secs(20),
+            mlx: 0,
+            mlx_all_gather: MlxAllGather::Defective,
         }
     }
 
@@ -52,7 +61,20 @@ impl Layout {
             kind: Kind::Ring { wires },
             classes: SizeClasses::Large,
             timeout: Duration::from_secs(20),
+            mlx: 0,
+            mlx_all_gather: MlxAllGather::Defective,
         }
+    }
+
+    /// Rank `rank` publishes MLX's set-up records (it still runs this crate's algorithms).
+    pub(super) fn mlx_rank(mut self, rank: usize) -> Self {
+        self.mlx |= 1 << rank;
+        self
+    }
+
+    pub(super) fn mlx_all_gather(mut self, mlx: MlxAllGather) -> Self {
+        self.mlx_all_gather = mlx;
+        self
     }
 
     pub(super) fn classes(mut self, classes: SizeClasses) -> Self {
@@ -90,6 +112,12 @@ pub(super) fn form(
         classes: layout.classes,
         timeout: layout.timeout,
         spin: driver::SHARED,
+        mlx_all_gather: layout.mlx_all_gather,
+        records: if layout.mlx & (1 << rank) != 0 {
+            Records::Mlx
+        } else {
+            Records::Nuvec
+        },
     };
     let jaccl = Arc::new(Jaccl::form(setup, side, fabric, plan)?);
     Ok((Group::new(jaccl.clone()), jaccl))
