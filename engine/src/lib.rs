@@ -219,7 +219,7 @@ pub use group::{
     set_default_group, sum_scatter,
 };
 // Issue 13: which transport each link uses.
-pub use group::Transport;
+pub use comm::Transport;
 // Issue 16: broadcast, all_to_all and the allocating conveniences.
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};

@@ -3,9 +3,13 @@
 //! and the loop that drives a collective until it finishes or a peer falls silent
 //! ([`progress`]), with its one rule for whom to blame and how to read a failure notice.
 
+mod link;
 pub(crate) mod neighbours;
 pub(crate) mod progress;
 pub(crate) mod state;
+pub(crate) mod trace;
+
+pub use link::Transport;
 
 use std::fmt;
 
@@ -81,10 +85,10 @@ pub trait Communicator: Send + Sync + fmt::Debug {
 
     /// What carries this rank's messages to and from `peer` (in range, not this rank), as
     /// the group negotiated it when it formed. The default, for a backend that does not
-    /// say, is [`Transport::Unknown`](crate::Transport::Unknown).
-    fn transport(&self, peer: usize) -> crate::group::Transport {
+    /// say, is [`Transport::Unknown`].
+    fn transport(&self, peer: usize) -> Transport {
         let _ = peer;
-        crate::group::Transport::Unknown
+        Transport::Unknown
     }
 
     /// Copies rank `root`'s `data` into every other rank's `data` (same length on every

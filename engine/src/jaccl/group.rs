@@ -31,10 +31,10 @@ use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
 use crate::comm::progress::{Activity, Spin};
 use crate::comm::state::Guarded;
+use crate::comm::trace::Traced;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::ReduceOp;
-use crate::ring::Traced;
 use crate::verbose::verbose;
 
 /// How a group's connections are laid out.
@@ -493,8 +493,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     }
 
     /// Every peer's data moves over RDMA (TCP only sets the group up).
-    fn transport(&self, _peer: usize) -> crate::group::Transport {
-        crate::group::Transport::Rdma
+    fn transport(&self, _peer: usize) -> crate::comm::Transport {
+        crate::comm::Transport::Rdma
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
@@ -711,6 +711,6 @@ fn failed(rank: usize, error: &Error) {
     verbose!(warn: rank, "the group is failed: {error}");
     ffi::probes::error(
         error.peer().map_or(u64::MAX, |p| p as u64),
-        crate::ring::error_kind(error),
+        crate::comm::trace::error_kind(error),
     );
 }

@@ -704,11 +704,11 @@ impl Communicator for Native {
 
     /// Shared memory for the ranks whose collectives go through a segment (every rank
     /// when the group formed on one, this host's in a hierarchical group), TCP otherwise.
-    fn transport(&self, peer: usize) -> crate::group::Transport {
+    fn transport(&self, peer: usize) -> crate::comm::Transport {
         if self.shared.get(peer).copied().unwrap_or(false) {
-            crate::group::Transport::SharedMemory
+            crate::comm::Transport::SharedMemory
         } else {
-            crate::group::Transport::Tcp
+            crate::comm::Transport::Tcp
         }
     }
 

@@ -35,6 +35,7 @@ use transport::{Transfer, Transport};
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
 use crate::comm::state::Guarded;
+use crate::comm::trace::{Traced, error_kind};
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
@@ -158,58 +159,6 @@ impl Ring {
     }
 }
 
-/// What the tracing probes are told about a collective (codes in `ffi::probes`). JACCL
-/// uses it too.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Traced {
-    pub(crate) op: u8,
-    pub(crate) dtype: u8,
-    pub(crate) bytes: u64,
-    pub(crate) context: Phase,
-}
-
-impl Traced {
-    pub(crate) const ALL_GATHER: u8 = 3;
-    pub(crate) const SUM_SCATTER: u8 = 4;
-    pub(crate) const SEND: u8 = 5;
-    pub(crate) const RECV: u8 = 6;
-    pub(crate) const BARRIER: u8 = 7;
-    pub(crate) const BROADCAST: u8 = 8;
-    pub(crate) const ALL_TO_ALL: u8 = 9;
-    /// The dtype code of byte-level collectives.
-    const BYTES: u8 = 255;
-
-    pub(crate) fn dtype(dtype: DType) -> u8 {
-        DType::ALL
-            .iter()
-            .position(|&d| d == dtype)
-            .map_or(Self::BYTES, |i| i as u8)
-    }
-
-    pub(crate) fn reduce(op: ReduceOp, dtype: DType, bytes: usize) -> Traced {
-        let code = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Max => 1,
-            ReduceOp::Min => 2,
-        };
-        Traced {
-            op: code,
-            dtype: Self::dtype(dtype),
-            bytes: bytes as u64,
-            context: op.phase(),
-        }
-    }
-
-    pub(crate) fn bytes(op: u8, context: Phase, bytes: usize) -> Traced {
-        Traced {
-            op,
-            dtype: Self::BYTES,
-            bytes: bytes as u64,
-            context,
-        }
-    }
-}
-
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records
 /// it for later calls, and tells the neighbours, which also learn that this rank is gone.
 pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Error) -> Error {
@@ -232,25 +181,6 @@ pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Erro
     group.fail(error)
 }
 
-/// The `error` probe's kind code: 1 I/O, 2 closed, 3 lost (by notice), 4 timeout,
-/// 5 authentication, 6 protocol violation, 7 incompatible peer, 8 local or a bug, 9 RDMA
-/// (JACCL), 10 mismatched calls (the native wire), 0 anything else.
-pub(crate) fn error_kind(error: &Error) -> u8 {
-    match error {
-        Error::Io { .. } => 1,
-        Error::Closed { .. } => 2,
-        Error::Lost { .. } => 3,
-        Error::Timeout { .. } => 4,
-        Error::Auth { .. } => 5,
-        Error::PeerMisbehaved { .. } => 6,
-        Error::PeerIncompatible { .. } => 7,
-        Error::Local { .. } | Error::Bug { .. } => 8,
-        Error::Rdma { .. } => 9,
-        Error::Mismatch { .. } => 10,
-        _ => 0,
-    }
-}
-
 impl Communicator for Ring {
     fn rank(&self) -> usize {
         self.rank
@@ -265,8 +195,8 @@ impl Communicator for Ring {
     }
 
     /// MLX's wire runs over TCP only.
-    fn transport(&self, _peer: usize) -> crate::group::Transport {
-        crate::group::Transport::Tcp
+    fn transport(&self, _peer: usize) -> crate::comm::Transport {
+        crate::comm::Transport::Tcp
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {

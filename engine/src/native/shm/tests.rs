@@ -479,7 +479,7 @@ fn pieces_sent(c: &Native, dst: usize) -> u32 {
 /// through the segment in `max(1, ceil(n / SLOT))` pieces.
 #[test]
 fn the_transport_is_what_the_group_negotiated() {
-    use crate::group::Transport;
+    use crate::comm::Transport;
     for c in &group(3) {
         for peer in (0..3).filter(|&p| p != c.rank()) {
             assert_eq!(c.transport(peer), Transport::SharedMemory);
