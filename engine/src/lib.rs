@@ -204,7 +204,7 @@ mod options;
 mod reduce;
 mod ring;
 mod split;
-mod tcp;
+mod transport;
 mod verbose;
 
 pub use auth::KEY_VAR;

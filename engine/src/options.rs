@@ -452,7 +452,7 @@ mod tests {
     use super::*;
     use crate::comm::progress::Spin;
     use crate::config::env::{self, KEY_VAR};
-    use crate::tcp::{self, SocketTuning};
+    use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 
     /// Durations from zero to [`Duration::MAX`], with the edges often.
     fn any_duration() -> impl Strategy<Value = Duration> {

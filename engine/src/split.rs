@@ -20,7 +20,7 @@ use crate::error::{Error, Phase, Result};
 use crate::group::Group;
 use crate::hostfile::{self, RingAddresses};
 use crate::options::Options;
-use crate::tcp::{self, SocketTuning};
+use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
 /// How a group was formed, kept with it so that it can be split.

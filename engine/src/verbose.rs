@@ -38,15 +38,20 @@ pub(crate) fn enabled() -> bool {
 
 /// The target for a call site in `module_path`: the crate and its first module
 /// (`nuvec_distributed_engine::ring::bootstrap` gives `nuvec_distributed_engine::ring`), so that a
-/// filter names a backend rather than a file.
+/// filter names a backend rather than a file; under `transport`, the transport too
+/// (`nuvec_distributed_engine::transport::tcp`).
 pub(crate) const fn target(module_path: &'static str) -> &'static str {
     let bytes = module_path.as_bytes();
     let mut seps = 0;
+    let mut keep = 2;
     let mut i = 0;
     while i + 1 < bytes.len() {
         if bytes[i] == b':' && bytes[i + 1] == b':' {
             seps += 1;
-            if seps == 2 {
+            if seps == 1 && starts_with(bytes, i + 2, b"transport::") {
+                keep = 3;
+            }
+            if seps == keep {
                 return module_path.split_at(i).0;
             }
             i += 2;
@@ -55,6 +60,21 @@ pub(crate) const fn target(module_path: &'static str) -> &'static str {
         }
     }
     module_path
+}
+
+/// Whether `bytes` holds `prefix` at `at`.
+const fn starts_with(bytes: &[u8], at: usize, prefix: &[u8]) -> bool {
+    if bytes.len() < at + prefix.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < prefix.len() {
+        if bytes[at + i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The stderr prefix for `target`: its last part (`ring`, `jaccl`, `native`).
@@ -175,6 +195,18 @@ mod tests {
             "nuvec_distributed_engine"
         );
         assert_eq!(target(""), "");
+        assert_eq!(
+            target("nuvec_distributed_engine::transport::tcp::conn"),
+            "nuvec_distributed_engine::transport::tcp"
+        );
+        assert_eq!(
+            target("nuvec_distributed_engine::transport"),
+            "nuvec_distributed_engine::transport"
+        );
+        assert_eq!(
+            target("nuvec_distributed_engine::transports::x"),
+            "nuvec_distributed_engine::transports"
+        );
         // Expanded here, the macro's own constant names this module.
         const HERE: &str = target(module_path!());
         assert_eq!(HERE, "nuvec_distributed_engine::verbose");

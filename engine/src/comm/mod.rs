@@ -1,23 +1,35 @@
-//! The core both backends are built on: the [`Communicator`] trait they implement, the
-//! group state that a transport error fails ([`state`]), ring neighbours ([`neighbours`]),
-//! and the loop that drives a collective until it finishes or a peer falls silent
-//! ([`progress`]), with its one rule for whom to blame and how to read a failure notice.
+//! What every transport and backend shares, knowing none of them: the [`Communicator`]
+//! trait the backends implement, the group state that a transport error fails
+//! ([`state`]), ring neighbours ([`neighbours`]), the protocol vocabulary every collective's
+//! state machine speaks ([`machine`]), and the loop that drives a collective until it
+//! finishes or a peer falls silent ([`progress`]), with its one rule for whom to blame.
 
 mod link;
+pub(crate) mod machine;
 pub(crate) mod neighbours;
 pub(crate) mod progress;
+pub(crate) mod ring;
 pub(crate) mod state;
 pub(crate) mod trace;
 
 pub use link::Transport;
 
 use std::fmt;
+use std::ops::Range;
 
 use crate::element::DType;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
 use crate::reduce::ReduceOp;
+
+/// Element range `[start, end)` of part `i` when `n` elements are cut into `parts` parts of
+/// `ceil(n / parts)` elements (MLX's cut of a ring collective, which the native and
+/// shared-memory schedules share). Parts past the end are empty.
+pub(crate) fn part(n: usize, parts: usize, i: usize) -> Range<usize> {
+    let step = n.div_ceil(parts);
+    (i * step).min(n)..((i + 1) * step).min(n)
+}
 
 /// What a backend implements: collectives on raw element bytes.
 ///

@@ -7,8 +7,9 @@
 //! of ranks `a < b` that are not neighbours (only from 4 ranks on), one that `a` dials to
 //! `b`'s first address. So a rank's first address receives ring and mesh connections alike:
 //! the acceptor tells them apart by the connector's hello, never by arrival order. As the
-//! ring's setup does ([`crate::ring::bootstrap`]), a rank listens on all its addresses at
-//! once, dials concurrently and retries refused connections quickly until the deadline.
+//! ring's setup does (both run the skeleton of [`crate::transport::tcp::bootstrap`]), a rank
+//! listens on all its addresses at once, dials concurrently and retries refused
+//! connections quickly until the deadline.
 //!
 //! Every rank speaks first on every connection, so a peer that is not native is named as
 //! soon as its first bytes arrive (see [`super::hello`]) and setup fails at once; a peer
@@ -26,20 +27,16 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::hello::{self, Expect, Identity, Kind};
 use super::{Formed, Peer};
-use crate::auth::{self, Fault, Handshake, Key, Outcome};
+use crate::auth::{Fault, Handshake, Key, Outcome};
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
-use crate::ring::bootstrap::{FIRST_RETRY, Reports, next_backoff, pump};
-use crate::tcp::{self, SocketTuning};
+use crate::transport::tcp::Connections;
+use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
+use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
 const CONTEXT: Phase = Phase::RingSetup;
-
-/// Tokens: listeners from 0, outgoing connections from `DIAL_BASE`, accepted candidates
-/// from `CANDIDATE_BASE`.
-const DIAL_BASE: usize = 1 << 16;
-const CANDIDATE_BASE: usize = 1 << 24;
 
 /// What a peer that sends nothing is most likely, for the timeout's error.
 fn silent_peer(timeout: Duration) -> String {
@@ -51,17 +48,8 @@ fn silent_peer(timeout: Duration) -> String {
 }
 
 /// Forms this rank's part of the native mesh within `options.timeout`.
-#[allow(dead_code, reason = "wired into init with the native data path")]
 pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed> {
-    let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
-    if let Some(algorithm) = &options.tcp_congestion {
-        tcp::check_congestion(algorithm).map_err(|e| {
-            Error::invalid(format!(
-                "Options::tcp_congestion ({} for init): {e}",
-                crate::config::env::TCP_CONGESTION_VAR
-            ))
-        })?;
-    }
+    let key = bootstrap::prepare(options)?;
     let rank = addrs.rank;
     verbose!(
         rank,
@@ -71,21 +59,11 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         if key.is_some() { ", authenticated" } else { "" },
         addrs.listen,
     );
-    ffi::probes::register();
     let started = Instant::now();
-    let tuning = SocketTuning::from_options(options);
-    let result = form(
-        addrs,
-        tuning,
-        key,
-        options.shared_memory,
-        started,
-        options.timeout,
-    )
-    .and_then(|mut formed| formed.transport.select_io(options.io).map(|()| formed));
-    let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
-    let elapsed = started.elapsed().as_nanos() as u64;
-    ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
+    let shape = (rank, addrs.size, addrs.listen.len());
+    let result = bootstrap::finish(options, shape, started, |tuning| {
+        Setup::new(addrs, tuning, key, options.shared_memory)
+    });
     match &result {
         Ok(_) => verbose!(info: rank, "native mesh formed in {:?}", started.elapsed()),
         Err(e) => verbose!(
@@ -95,67 +73,6 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         ),
     }
     result
-}
-
-/// The setup loop: dials, accepts and runs hellos until the mesh is formed, a peer failed
-/// it, or `timeout` has passed since `started`, reporting at `info` what it still waits
-/// for while it waits ([`Reports`]).
-fn form(
-    addrs: &RingAddresses,
-    tuning: SocketTuning,
-    key: Option<Key>,
-    shared_memory: bool,
-    started: Instant,
-    timeout: Duration,
-) -> Result<Formed> {
-    let deadline = crate::options::deadline(started, timeout);
-    let mut reports = Reports::new(started);
-    let mut setup = Setup::new(addrs, tuning, key, shared_memory)?;
-    loop {
-        setup.start_due_dials()?;
-        if let Some(error) = setup.failure.take() {
-            return Err(error);
-        }
-        if setup.formed() {
-            return setup.finish();
-        }
-        let now = Instant::now();
-        // Before the deadline's check, so a rank that gives up has said what it waited
-        // for (every timeout of at least FIRST_REPORT sees one report).
-        if let Some(elapsed) = reports.take(now) {
-            verbose!(
-                info: addrs.rank,
-                "still forming the native mesh after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
-                setup.waiting_for()
-            );
-        }
-        if now >= deadline {
-            return Err(setup.give_up(timeout));
-        }
-        let wake = setup
-            .next_retry()
-            .unwrap_or(deadline)
-            .min(deadline)
-            .min(reports.due());
-        match setup
-            .poll
-            .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
-        {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::local("waiting to form the native mesh", e)),
-        }
-        let tokens: Vec<usize> = setup.events.iter().map(|e| e.token().0).collect();
-        for token in tokens {
-            if token < DIAL_BASE {
-                setup.accept(token)?;
-            } else if token < CANDIDATE_BASE {
-                setup.progress_dial(token - DIAL_BASE);
-            } else {
-                setup.progress_candidate(token - CANDIDATE_BASE);
-            }
-        }
-    }
 }
 
 /// The error for a handshake with `peer` that failed with `fault`.
@@ -414,7 +331,7 @@ impl<'a> Setup<'a> {
                         .registry()
                         .register(
                             &mut stream,
-                            Token(DIAL_BASE + i),
+                            bootstrap::dial_token(i),
                             Interest::READABLE | Interest::WRITABLE,
                         )
                         .map_err(|e| Error::local("registering a connection", e))?;
@@ -541,7 +458,7 @@ impl<'a> Setup<'a> {
                 .registry()
                 .register(
                     &mut stream,
-                    Token(CANDIDATE_BASE + id),
+                    bootstrap::candidate_token(id),
                     Interest::READABLE | Interest::WRITABLE,
                 )
                 .map_err(|e| Error::local("registering an accepted connection", e))?;
@@ -645,7 +562,7 @@ impl<'a> Setup<'a> {
     }
 
     /// Hands the formed connections to a transport.
-    fn finish(mut self) -> Result<Formed> {
+    fn hand_over(mut self) -> Result<Formed> {
         let (me, size) = (self.addrs.rank, self.addrs.size);
         let (left, right) = (self.addrs.left_rank(), self.addrs.right_rank());
         let mut peers: Vec<Option<Peer>> = vec![None; size];
@@ -694,7 +611,7 @@ impl<'a> Setup<'a> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let transport = crate::ring::transport::Transport::mesh(
+        let transport = Connections::mesh(
             self.poll,
             me,
             size,
@@ -716,7 +633,7 @@ impl<'a> Setup<'a> {
 
     /// The error for a mesh that did not form by the deadline: the first connection this
     /// rank could not open or finish, else the first that never arrived.
-    fn give_up(mut self, timeout: Duration) -> Error {
+    fn timed_out(mut self, timeout: Duration) -> Error {
         for (i, dial) in self.dials.iter().enumerate() {
             let target = self.targets[i];
             let (peer, addr) = (target.peer, Some(target.addr));
@@ -807,6 +724,65 @@ impl<'a> Setup<'a> {
     }
 }
 
+impl Formation for Setup<'_> {
+    type Formed = Formed;
+
+    const WAITING: &'static str = "waiting to form the native mesh";
+
+    fn poller(&mut self) -> (&mut Poll, &mut Events) {
+        (&mut self.poll, &mut self.events)
+    }
+
+    fn start_due_dials(&mut self) -> Result<()> {
+        Setup::start_due_dials(self)
+    }
+
+    fn settled(&mut self) -> Option<Result<()>> {
+        if let Some(error) = self.failure.take() {
+            return Some(Err(error));
+        }
+        self.formed().then_some(Ok(()))
+    }
+
+    fn finish(self) -> Result<Formed> {
+        self.hand_over()
+    }
+
+    fn report(&self, elapsed: Duration, timeout: Duration) {
+        verbose!(
+            info: self.addrs.rank,
+            "still forming the native mesh after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
+            self.waiting_for()
+        );
+    }
+
+    fn give_up(self, timeout: Duration) -> Error {
+        self.timed_out(timeout)
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        Setup::next_retry(self)
+    }
+
+    fn accept(&mut self, i: usize) -> Result<()> {
+        Setup::accept(self, i)
+    }
+
+    fn progress_dial(&mut self, i: usize) -> Result<()> {
+        Setup::progress_dial(self, i);
+        Ok(())
+    }
+
+    fn progress_candidate(&mut self, id: usize) -> Result<()> {
+        Setup::progress_candidate(self, id);
+        Ok(())
+    }
+
+    fn connections(formed: &mut Formed) -> &mut Connections {
+        &mut formed.transport
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -814,7 +790,8 @@ mod tests {
     use std::thread;
 
     use super::*;
-    use crate::ring::transport::Transfer;
+    use crate::auth;
+    use crate::transport::tcp::Transfer;
 
     /// `n` loopback addresses nobody listens on (bound by the kernel, then released).
     fn free_ports(n: usize) -> Vec<SocketAddr> {
@@ -1214,7 +1191,7 @@ mod tests {
     }
 
     /// Reads from an MLX-wire ring's connection until it fails; the error it reports.
-    fn first_failure(mut t: crate::ring::transport::Transport) -> Error {
+    fn first_failure(mut t: Connections) -> Error {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut buf = [0u8; 64];
         loop {

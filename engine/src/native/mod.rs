@@ -43,7 +43,7 @@
 pub(crate) mod bootstrap;
 mod hello;
 
-use crate::ring::transport::Transport;
+use crate::transport::tcp::{self, Connections as Transport};
 
 /// A formed native mesh, handed from the bootstrap to the data path.
 ///
@@ -76,7 +76,6 @@ pub(crate) struct Peer {
     pub(crate) capabilities: u64,
 }
 
-mod engine;
 mod header;
 mod protocol;
 mod shm;
@@ -90,18 +89,19 @@ use std::fmt;
 use std::time::Duration;
 
 use header::{Call, Header, Kind};
-use protocol::{Exchange, Memory, Routes};
+use protocol::{Exchange, Exchanging, Memory, Routes};
 
 use crate::comm::Communicator;
 use crate::comm::progress::Spin;
+use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
+use crate::comm::ring::staging::Staging;
 use crate::comm::state::Guarded;
+use crate::comm::trace;
 use crate::element::DType;
-use crate::error::{Error, PeerOp, Phase, Result};
+use crate::error::{Error, Phase, Result};
 use crate::options::Options;
 use crate::reduce::ReduceOp;
-use crate::ring::protocol::{Buffers, Lane, Topology};
-use crate::ring::staging::Staging;
-use crate::ring::transport::Transfer;
+use crate::transport::tcp::Transfer;
 
 // The thresholds come from `tests::measure_the_algorithms` (median of each rank's
 // all_sum f32 times, P threads on loopback in one process, on a 2-core VM whose load
@@ -178,8 +178,6 @@ struct State {
     /// The length of the last send to each rank, to name it if the receiver refuses it.
     sent_len: Vec<u64>,
     received: Vec<u32>,
-    /// Scratch for the connections a stalled collective waits on.
-    waits: Vec<(usize, PeerOp)>,
     /// The group's shared memory, when every rank is on this host: group collectives and
     /// send/recv go through it, liveness stays on the connections.
     shm: Option<shm::Link>,
@@ -198,43 +196,32 @@ impl fmt::Debug for Native {
     }
 }
 
-/// What the tracing probes are told about a collective (codes as the ring's).
-#[derive(Clone, Copy, Debug)]
-struct Traced {
-    op: u8,
-    dtype: u8,
-    bytes: u64,
-}
-
-impl Traced {
-    fn of(call: &Call) -> Traced {
-        let code = |d: DType| {
-            DType::ALL
-                .iter()
-                .position(|&x| x == d)
-                .map_or(255, |i| i as u8)
-        };
-        let count = call.header.count;
-        let (op, dtype, bytes) = match call.header.kind {
-            Kind::AllReduce(op, dtype) => {
-                let op = match op {
-                    ReduceOp::Sum => 0,
-                    ReduceOp::Max => 1,
-                    ReduceOp::Min => 2,
-                };
-                (op, code(dtype), count * dtype.size() as u64)
-            }
-            // Op 7, as the MLX wire's barrier (see `ffi::probes`).
-            Kind::Barrier => (7, 255, 0),
-            Kind::AllGather => (3, 255, count),
-            Kind::SumScatter(dtype) => (4, code(dtype), count * dtype.size() as u64),
-            Kind::Send if call.recv_from.is_some() => (6, 255, count),
-            Kind::Send | Kind::Rejected => (5, 255, count),
-            // Op codes 8 and 9 (see `ffi::probes`).
-            Kind::Broadcast(_) => (8, 255, count),
-            Kind::AllToAll => (9, 255, count),
-        };
-        Traced { op, dtype, bytes }
+/// What the tracing probes are told about `call` (the codes of [`trace::Traced`]).
+fn traced(call: &Call) -> trace::Traced {
+    let count = call.header.count;
+    let phase = call.phase();
+    match call.header.kind {
+        Kind::AllReduce(op, dtype) => {
+            trace::Traced::reduce(op, dtype, count as usize * dtype.size())
+        }
+        Kind::Barrier => trace::Traced::bytes(trace::Traced::BARRIER, phase, 0),
+        Kind::AllGather => trace::Traced::bytes(trace::Traced::ALL_GATHER, phase, count as usize),
+        Kind::SumScatter(dtype) => trace::Traced {
+            dtype: trace::Traced::dtype(dtype),
+            ..trace::Traced::bytes(
+                trace::Traced::SUM_SCATTER,
+                phase,
+                count as usize * dtype.size(),
+            )
+        },
+        Kind::Send if call.recv_from.is_some() => {
+            trace::Traced::bytes(trace::Traced::RECV, phase, count as usize)
+        }
+        Kind::Send | Kind::Rejected => {
+            trace::Traced::bytes(trace::Traced::SEND, phase, count as usize)
+        }
+        Kind::Broadcast(_) => trace::Traced::bytes(trace::Traced::BROADCAST, phase, count as usize),
+        Kind::AllToAll => trace::Traced::bytes(trace::Traced::ALL_TO_ALL, phase, count as usize),
     }
 }
 
@@ -343,7 +330,6 @@ impl Native {
                 sent: vec![0; size],
                 sent_len: vec![0; size],
                 received: vec![0; size],
-                waits: Vec::new(),
                 shm,
                 hier,
             })
@@ -366,7 +352,6 @@ impl Native {
             transport,
             exchange,
             stage,
-            waits,
             sent,
             sent_len,
             ..
@@ -377,13 +362,11 @@ impl Native {
         }
         self.traced(call, || {
             let mut mem = Memory { data, input, stage };
-            let result = engine::run(
+            let result = run_exchange(
                 transport,
                 exchange,
                 &mut mem,
-                waits,
-                self.timeout,
-                self.spin,
+                (self.timeout, self.spin),
                 call.phase(),
                 self.state.close_flag(),
             );
@@ -493,7 +476,7 @@ impl Native {
 
     /// Runs `collective` between the tracing probes of `call`.
     fn traced(&self, call: &Call, collective: impl FnOnce() -> Result<()>) -> Result<()> {
-        let traced = Traced::of(call);
+        let traced = traced(call);
         let ranks = self.size as u64;
         ffi::probes::collective(traced.op, traced.dtype, traced.bytes, ranks, collective)
     }
@@ -501,7 +484,7 @@ impl Native {
     /// Fails the group on a fatal error (telling the peers, as the ring does).
     fn settle(&self, transport: &mut Transport, result: Result<()>) -> Result<()> {
         match result {
-            Err(error) if error.is_fatal() => Err(crate::ring::fail(transport, &self.state, error)),
+            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
             result => result,
         }
     }
@@ -622,7 +605,7 @@ impl Native {
             connections: state.transport.connections(),
         };
         let elems = data.len() / dtype.size();
-        crate::ring::protocol::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
+        lanes::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
         let State {
             transport,
             lanes,
@@ -635,13 +618,14 @@ impl Native {
                 what: "the ring's staging vanished".into(),
             });
         };
-        let result = crate::ring::engine::run(
+        let result = tcp::engine::run(
             transport,
-            lanes,
-            &mut Buffers { data, input: &[] },
-            &mut ring_stage.lanes,
-            self.timeout,
-            self.spin,
+            &mut Lanes {
+                lanes,
+                bufs: &mut Buffers { data, input: &[] },
+                stages: &mut ring_stage.lanes,
+            },
+            (self.timeout, self.spin),
             call.phase(),
             self.state.close_flag(),
         );
@@ -895,21 +879,79 @@ impl Communicator for Native {
     /// As the ring's: probes every connection when no collective runs, and otherwise
     /// reports only what the group already knows.
     fn health(&self) -> Result<()> {
-        let Some(mut state) = self.state.try_lock()? else {
-            return Ok(());
-        };
-        let mut found = None;
-        for conn in state.transport.conns() {
-            found = match conn.probe() {
-                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, Phase::HealthCheck)),
-                Err(e) => Some(conn.failed(PeerOp::Receive, Phase::HealthCheck, e)),
-                Ok(_) => continue,
-            };
-            break;
+        tcp::health(&self.state, |state| &mut state.transport)
+    }
+}
+
+/// Drives `exchange` over `transport` until it is finished (see [`tcp::engine::run`]).
+///
+/// A header that differs from this rank's call ends it with [`Error::Mismatch`], also when
+/// the connection failed first but the peer's header is still there to read: a peer that
+/// found a mismatch closes at once, and the header it sent before explains the failure
+/// better than the close does.
+pub(crate) fn run_exchange(
+    transport: &mut Transport,
+    exchange: &mut Exchange,
+    mem: &mut Memory<'_>,
+    (timeout, spin): (std::time::Duration, Spin),
+    context: Phase,
+    closed: &crate::comm::state::CloseFlag,
+) -> Result<()> {
+    let result = tcp::engine::run(
+        transport,
+        &mut Exchanging {
+            exchange: &mut *exchange,
+            mem: &mut *mem,
+        },
+        (timeout, spin),
+        context,
+        closed,
+    );
+    match result {
+        Err(error @ (Error::Closed { .. } | Error::Io { .. } | Error::Lost { .. })) => {
+            Err(last_look(transport, exchange, mem).unwrap_or(error))
         }
-        match found {
-            Some(error) => Err(crate::ring::fail(&mut state.transport, &self.state, error)),
-            None => Ok(()),
+        result => result,
+    }
+}
+
+/// How long a collective that failed on a closed or broken connection still looks for
+/// headers it has not read: a peer that found a mismatch closes at once, and the header
+/// it sent before explains the failure better than the close does.
+const LAST_LOOK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Reads, for a short while, the headers of this round that have not arrived, and returns
+/// the first one that does not match this rank's call (see [`LAST_LOOK`]).
+fn last_look(
+    transport: &mut Transport,
+    exchange: &mut Exchange,
+    mem: &mut Memory<'_>,
+) -> Option<Error> {
+    let until = std::time::Instant::now() + LAST_LOOK;
+    loop {
+        let mut waiting = false;
+        transport.assume_ready();
+        for i in 0..exchange.ins() {
+            while exchange.header_pending(i) {
+                let Some((index, target)) = exchange.poll_receive(i, mem) else {
+                    break;
+                };
+                match transport.conn(index).read(target) {
+                    Ok(Transfer::Moved(n)) => {
+                        if let Err(error) = exchange.handle_received(i, n, mem) {
+                            return Some(error);
+                        }
+                    }
+                    Ok(Transfer::Blocked) => {
+                        waiting = true;
+                        break;
+                    }
+                    Ok(Transfer::Closed) | Err(_) => break,
+                }
+            }
+        }
+        if !waiting || std::time::Instant::now() >= until || transport.wait(until).is_err() {
+            return None;
         }
     }
 }

@@ -43,10 +43,11 @@
 use std::ops::Range;
 
 use super::header::{Call, HEADER_BYTES, Header, Kind};
+use crate::comm::machine::{Machine, Receive, Transmit};
+use crate::comm::part;
 use crate::element::DType;
 use crate::error::{PeerOp, Result};
 use crate::reduce::{ReduceOp, reduce_into};
-use crate::ring::schedule::part;
 
 /// Where a message's data comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -524,13 +525,13 @@ impl Exchange {
     }
 
     /// Whether every round is complete.
-    pub(crate) fn finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.current == self.count
     }
 
     /// Messages out in the current round.
     pub(crate) fn outs(&self) -> usize {
-        if self.finished() {
+        if self.is_finished() {
             0
         } else {
             self.rounds[self.current].outs.len()
@@ -539,7 +540,7 @@ impl Exchange {
 
     /// Messages in in the current round.
     pub(crate) fn ins(&self) -> usize {
-        if self.finished() {
+        if self.is_finished() {
             0
         } else {
             self.rounds[self.current].ins.len()
@@ -549,7 +550,7 @@ impl Exchange {
     /// For message `i` out: its connection, and the bytes to write next (what is left of
     /// the header, then of the data; best written with one vectored write), or `None` if
     /// it is all gone.
-    pub(crate) fn transmit<'s>(
+    pub(crate) fn poll_transmit<'s>(
         &'s self,
         i: usize,
         mem: &'s Memory<'_>,
@@ -570,9 +571,9 @@ impl Exchange {
         Some((out.conn, head, &body[out.off..]))
     }
 
-    /// Records that `n` bytes of what [`Exchange::transmit`] gave for message `i` were
+    /// Records that `n` bytes of what [`Exchange::poll_transmit`] gave for message `i` were
     /// written.
-    pub(crate) fn sent(&mut self, i: usize, n: usize) {
+    pub(crate) fn handle_sent(&mut self, i: usize, n: usize) {
         let out = &mut self.rounds[self.current].outs[i];
         let head = n.min(out.head_left());
         out.head_off += head;
@@ -583,7 +584,7 @@ impl Exchange {
     /// For message `i` in: its connection, and where the next bytes read from it must land
     /// (the rest of the header, and once that is checked, the rest of the data), or
     /// `None` when it is complete. Never empty.
-    pub(crate) fn receive<'s>(
+    pub(crate) fn poll_receive<'s>(
         &'s mut self,
         i: usize,
         mem: &'s mut Memory<'_>,
@@ -609,14 +610,14 @@ impl Exchange {
         Some((inc.conn, &mut target[inc.off..]))
     }
 
-    /// Records that `n` bytes were read into what [`Exchange::receive`] gave for message
+    /// Records that `n` bytes were read into what [`Exchange::poll_receive`] gave for message
     /// `i`. A header that became complete is checked against this rank's call.
     ///
     /// # Errors
     ///
     /// [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, or [`Error::PeerMisbehaved`](crate::Error::PeerMisbehaved) for a header
     /// that does not decode.
-    pub(crate) fn received(&mut self, i: usize, n: usize, mem: &Memory<'_>) -> Result<()> {
+    pub(crate) fn handle_received(&mut self, i: usize, n: usize, mem: &Memory<'_>) -> Result<()> {
         let me = self.me;
         let inc = &mut self.rounds[self.current].ins[i];
         self.progress = true;
@@ -645,7 +646,7 @@ impl Exchange {
     /// Completes the current round if all its messages moved: runs its fold and moves on.
     /// Returns whether it did.
     pub(crate) fn complete(&mut self, mem: &mut Memory<'_>) -> bool {
-        if self.finished() {
+        if self.is_finished() {
             return false;
         }
         let round = &self.rounds[self.current];
@@ -695,10 +696,9 @@ impl Exchange {
         std::mem::take(&mut self.progress)
     }
 
-    /// The connections still waited on, and for what (receives first), for blame.
-    pub(crate) fn waits(&self, into: &mut Vec<(usize, PeerOp)>) {
-        into.clear();
-        if self.finished() {
+    /// Appends the connections still waited on, and for what (receives first), for blame.
+    pub(crate) fn poll_wait(&self, into: &mut Vec<(usize, PeerOp)>) {
+        if self.is_finished() {
             return;
         }
         let round = &self.rounds[self.current];
@@ -720,7 +720,7 @@ impl Exchange {
 
     /// Whether message `i` in still waits for (part of) its header.
     pub(crate) fn header_pending(&self, i: usize) -> bool {
-        !self.finished() && self.rounds[self.current].ins[i].head_left() > 0
+        !self.is_finished() && self.rounds[self.current].ins[i].head_left() > 0
     }
 
     /// The peer of message `i` in.
@@ -733,5 +733,54 @@ impl Exchange {
     #[cfg(test)]
     pub(crate) fn out_peer(&self, i: usize) -> usize {
         self.rounds[self.current].outs[i].peer
+    }
+}
+
+/// An [`Exchange`] with the memory it works on: the [`Machine`] an engine drives. Each
+/// message of the current round is a queue (message `i` out is send queue `i`); a round's
+/// fold runs, and the next round starts, in [`Machine::take_progress`].
+pub(crate) struct Exchanging<'a, 'm> {
+    pub(crate) exchange: &'a mut Exchange,
+    pub(crate) mem: &'a mut Memory<'m>,
+}
+
+impl Machine for Exchanging<'_, '_> {
+    fn transmits(&self) -> usize {
+        self.exchange.outs()
+    }
+
+    fn receives(&self) -> usize {
+        self.exchange.ins()
+    }
+
+    fn poll_transmit(&mut self, i: usize) -> Option<Transmit<'_>> {
+        let (link, head, body) = self.exchange.poll_transmit(i, self.mem)?;
+        Some(Transmit { link, head, body })
+    }
+
+    fn handle_sent(&mut self, i: usize, n: usize) {
+        self.exchange.handle_sent(i, n);
+    }
+
+    fn poll_receive(&mut self, i: usize) -> Option<Receive<'_>> {
+        let (link, buf) = self.exchange.poll_receive(i, self.mem)?;
+        Some(Receive { link, buf })
+    }
+
+    fn handle_received(&mut self, i: usize, n: usize) -> Result<()> {
+        self.exchange.handle_received(i, n, self.mem)
+    }
+
+    fn poll_wait(&self, into: &mut Vec<(usize, PeerOp)>) {
+        self.exchange.poll_wait(into);
+    }
+
+    fn is_finished(&self) -> bool {
+        self.exchange.is_finished()
+    }
+
+    fn take_progress(&mut self) -> bool {
+        self.exchange.complete(self.mem);
+        self.exchange.take_progress()
     }
 }

@@ -21,7 +21,7 @@ use crate::element::DType;
 use crate::error::Error;
 use crate::options::Options;
 use crate::reduce::{ReduceOp, reduce_scalar};
-use crate::ring::transport::Transport;
+use crate::transport::tcp::Connections as Transport;
 
 type Conn = (TcpStream, usize, SocketAddr);
 
@@ -70,7 +70,7 @@ pub(crate) fn loopback_mesh(size: usize, connections: usize, timeout: Duration) 
             others[b].push((s, a, saddr));
         }
     }
-    let liveness = crate::tcp::Liveness::for_timeout(timeout);
+    let liveness = crate::transport::tcp::socket::Liveness::for_timeout(timeout);
     let mut formed = Vec::new();
     for (rank, ((l, r), o)) in left.into_iter().zip(right).zip(others).enumerate() {
         let poll = Poll::new().expect("a poller");
@@ -816,7 +816,7 @@ fn simulate(
         };
         for i in 0..x.outs() {
             let peer = x.out_peer(i);
-            if let Some((_, head, body)) = x.transmit(i, &mem) {
+            if let Some((_, head, body)) = x.poll_transmit(i, &mem) {
                 // A header goes out whole with the first write, as the engine's vectored
                 // write into an idle socket does; the data is cut anywhere.
                 let n = (1 + (rng.next_u64() as usize) % max)
@@ -826,13 +826,13 @@ fn simulate(
                 let h = n.min(head.len());
                 q.extend(&head[..h]);
                 q.extend(&body[..n - h]);
-                x.sent(i, n);
+                x.handle_sent(i, n);
             }
         }
         let mut failed = None;
         for i in 0..x.ins() {
             let peer = x.in_peer(i);
-            if let Some((_, target)) = x.receive(i, &mut mem) {
+            if let Some((_, target)) = x.poll_receive(i, &mut mem) {
                 let q = &mut queues[peer][r];
                 let n = (1 + (rng.next_u64() as usize) % max)
                     .min(target.len())
@@ -841,7 +841,7 @@ fn simulate(
                     *t = b;
                 }
                 if n > 0
-                    && let Err(e) = x.received(i, n, &mem)
+                    && let Err(e) = x.handle_received(i, n, &mem)
                 {
                     failed = Some(e);
                     break;
@@ -851,7 +851,7 @@ fn simulate(
         x.complete(&mut mem);
         if let Some(e) = failed {
             outcome[r] = Some(Err(e));
-        } else if x.finished() {
+        } else if x.is_finished() {
             outcome[r] = Some(Ok(()));
         }
     }
@@ -992,6 +992,6 @@ fn a_header_is_a_fixed_sixteen_bytes_and_the_sequence_is_in_it() {
         input: &[],
         stage: &mut stage,
     };
-    let (conn, head, body) = x.transmit(0, &mem).expect("a header to send");
+    let (conn, head, body) = x.poll_transmit(0, &mem).expect("a header to send");
     assert_eq!((conn, head, body), (1, &h.encode()[..], &[][..]));
 }

@@ -27,7 +27,7 @@
 //!
 //! This module decides only when to dial, accept, retry, choose and give up. The
 //! handshake's bytes and checks are [`crate::auth`]'s machines, which [`pump`] feeds from
-//! the sockets; the sockets and their options are [`crate::tcp`]'s.
+//! the sockets; the sockets and their options are [`crate::transport::tcp::socket`]'s.
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,87 +36,23 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::transport::Transport;
 use crate::auth::{self, Handshake, Key, Link, Outcome};
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
-use crate::tcp::{self, SocketTuning};
+use crate::transport::tcp::Connections;
+use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
+use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
 const CONTEXT: Phase = Phase::RingSetup;
 
-/// The first retry of a refused connection; doubled after each refusal up to the cap.
-pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(10);
-const MAX_RETRY: Duration = Duration::from_millis(250);
-
 /// How long an accepted connection must have been up before it may be taken, without a key.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// When a forming rank first says what it still waits for, and then how often: a launch
-/// that forms normally is done well within the first (tens of milliseconds on one host), and
-/// a missing peer is named within seconds instead of only at the timeout (30 s by default).
-const FIRST_REPORT: Duration = Duration::from_secs(2);
-const REPORT_EVERY: Duration = Duration::from_secs(5);
-
-/// The reports of a forming group: at [`FIRST_REPORT`], then at every multiple of
-/// [`REPORT_EVERY`] (2 s, 5 s, 10 s, 15 s, ...), each naming the peers still missing.
-pub(crate) struct Reports {
-    started: Instant,
-    next: Duration,
-}
-
-impl Reports {
-    pub(crate) fn new(started: Instant) -> Self {
-        Reports {
-            started,
-            next: FIRST_REPORT,
-        }
-    }
-
-    /// When the next report is due (the setup loop wakes for it).
-    pub(crate) fn due(&self) -> Instant {
-        crate::options::deadline(self.started, self.next)
-    }
-
-    /// How long setup has run, if a report is due at `now`; schedules the next one.
-    pub(crate) fn take(&mut self, now: Instant) -> Option<Duration> {
-        let elapsed = now.saturating_duration_since(self.started);
-        if elapsed < self.next {
-            return None;
-        }
-        while self.next <= elapsed {
-            self.next = next_report(self.next);
-        }
-        Some(elapsed)
-    }
-}
-
-/// The report after one at `at`: the next multiple of [`REPORT_EVERY`].
-fn next_report(at: Duration) -> Duration {
-    let every = REPORT_EVERY.as_millis();
-    Duration::from_millis(((at.as_millis() / every + 1) * every) as u64)
-}
-
-/// Tokens: listeners from 0, outgoing connections from `DIAL_BASE`, accepted candidates
-/// from `CANDIDATE_BASE`.
-const DIAL_BASE: usize = 1 << 16;
-const CANDIDATE_BASE: usize = 1 << 24;
-
-/// The most a handshake reads at once: its longest message.
-const HANDSHAKE_READ: usize = auth::Challenge::LEN;
-
 /// Forms this rank's part of the ring within `options.timeout`.
-pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transport> {
-    let key = options.key.as_ref().map(auth::Secret::key).transpose()?;
-    if let Some(algorithm) = &options.tcp_congestion {
-        tcp::check_congestion(algorithm).map_err(|e| {
-            Error::invalid(format!(
-                "Options::tcp_congestion ({} for init): {e}",
-                crate::config::env::TCP_CONGESTION_VAR
-            ))
-        })?;
-    }
+pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Connections> {
+    let key = bootstrap::prepare(options)?;
     let rank = addrs.rank;
     verbose!(
         rank,
@@ -128,14 +64,11 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         addrs.right_rank(),
         addrs.right
     );
-    ffi::probes::register();
     let started = Instant::now();
-    let tuning = SocketTuning::from_options(options);
-    let result = form(addrs, tuning, key, started, options.timeout)
-        .and_then(|mut transport| transport.select_io(options.io).map(|()| transport));
-    let (ranks, connections) = (addrs.size as u64, addrs.listen.len() as u64);
-    let elapsed = started.elapsed().as_nanos() as u64;
-    ffi::probes::connect_done(rank as u64, ranks, connections, elapsed, result.is_ok());
+    let shape = (rank, addrs.size, addrs.listen.len());
+    let result = bootstrap::finish(options, shape, started, |tuning| {
+        Setup::new(addrs, tuning, key)
+    });
     match &result {
         Ok(_) => verbose!(info: rank, "ring formed in {:?}", started.elapsed()),
         Err(e) => verbose!(
@@ -145,110 +78,6 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Transp
         ),
     }
     result
-}
-
-/// The setup loop: retries, accepts and handshakes until the ring is formed, a neighbour
-/// refused us, or `timeout` has passed since `started`. While it waits it reports, at
-/// `info`, what it still waits for ([`Reports`]).
-fn form(
-    addrs: &RingAddresses,
-    tuning: SocketTuning,
-    key: Option<Key>,
-    started: Instant,
-    timeout: Duration,
-) -> Result<Transport> {
-    let deadline = crate::options::deadline(started, timeout);
-    let mut reports = Reports::new(started);
-    let mut setup = Setup::new(addrs, tuning, key)?;
-    loop {
-        setup.start_due_dials()?;
-        if setup.formed() {
-            return setup.finish();
-        }
-        if let Some(error) = setup.refused() {
-            return Err(error);
-        }
-        let now = Instant::now();
-        // Before the deadline's check, so a rank that gives up has said what it waited
-        // for (every timeout of at least FIRST_REPORT sees one report).
-        if let Some(elapsed) = reports.take(now) {
-            verbose!(
-                info: addrs.rank,
-                "still forming the ring after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
-                setup.waiting_for()
-            );
-        }
-        if now >= deadline {
-            return Err(setup.give_up(timeout));
-        }
-        let wake = setup
-            .next_retry()
-            .unwrap_or(deadline)
-            .min(deadline)
-            .min(reports.due());
-        match setup
-            .poll
-            .poll(&mut setup.events, Some(wake.saturating_duration_since(now)))
-        {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::local("waiting to form the ring", e)),
-        }
-        let tokens: Vec<usize> = setup.events.iter().map(|e| e.token().0).collect();
-        for token in tokens {
-            if token < DIAL_BASE {
-                setup.accept(token)?;
-            } else if token < CANDIDATE_BASE {
-                setup.progress_dial(token - DIAL_BASE)?;
-            } else {
-                setup.progress_candidate(token - CANDIDATE_BASE)?;
-            }
-        }
-    }
-}
-
-/// Moves a handshake on as far as the socket allows now, reading no more than it wants.
-/// `Err` for an I/O error other than the peer closing (which the handshake is told of).
-pub(crate) fn pump(stream: &mut TcpStream, hs: &mut impl Handshake) -> io::Result<()> {
-    let mut buf = [0u8; HANDSHAKE_READ];
-    loop {
-        match hs.outcome() {
-            Outcome::Pending => {}
-            Outcome::Established => return Ok(()),
-            Outcome::Rejected(_) => {
-                // Parting bytes let the peer learn why too; one try, since we are leaving.
-                if !hs.transmit().is_empty() {
-                    let _ = tcp::write_some(stream, hs.transmit());
-                }
-                return Ok(());
-            }
-        }
-        if !hs.transmit().is_empty() {
-            match tcp::write_some(stream, hs.transmit())? {
-                0 => return Ok(()),
-                n => {
-                    hs.handle_sent(n);
-                    continue;
-                }
-            }
-        }
-        let want = hs.wants().min(buf.len());
-        if want == 0 {
-            return Ok(());
-        }
-        match tcp::read_some(stream, &mut buf[..want])? {
-            None => return Ok(()),
-            Some(0) => hs.handle_closed(),
-            Some(n) => {
-                hs.handle_recv(&buf[..n]);
-            }
-        }
-    }
-}
-
-/// The wait before the next try of a connection that just failed after waiting `current`.
-pub(crate) fn next_backoff(current: Duration) -> Duration {
-    (current * 2).min(MAX_RETRY)
 }
 
 /// One outgoing connection to the right neighbour.
@@ -646,7 +475,7 @@ impl<'a> Setup<'a> {
                         .registry()
                         .register(
                             &mut stream,
-                            Token(DIAL_BASE + i),
+                            bootstrap::dial_token(i),
                             Interest::READABLE | Interest::WRITABLE,
                         )
                         .map_err(|e| Error::local("registering a connection", e))?;
@@ -765,7 +594,7 @@ impl<'a> Setup<'a> {
                 .registry()
                 .register(
                     &mut stream,
-                    Token(CANDIDATE_BASE + id),
+                    bootstrap::candidate_token(id),
                     Interest::READABLE | Interest::WRITABLE,
                 )
                 .map_err(|e| Error::local("registering an accepted connection", e))?;
@@ -849,7 +678,7 @@ impl<'a> Setup<'a> {
     }
 
     /// Hands the formed connections to a transport.
-    fn finish(mut self) -> Result<Transport> {
+    fn hand_over(mut self) -> Result<Connections> {
         let (left, right) = (self.addrs.left_rank(), self.addrs.right_rank());
         for mut c in self.candidates.drain(..).flatten() {
             let _ = self.poll.registry().deregister(&mut c.stream);
@@ -872,7 +701,7 @@ impl<'a> Setup<'a> {
                 right_conns.push((stream, right, addr));
             }
         }
-        let mut transport = Transport::new(
+        let mut transport = Connections::new(
             self.poll,
             self.addrs.rank,
             self.addrs.size,
@@ -890,7 +719,7 @@ impl<'a> Setup<'a> {
     }
 
     /// The error for a ring that did not form by the deadline (see [`timed_out`]).
-    fn give_up(mut self, timeout: Duration) -> Error {
+    fn timed_out(mut self, timeout: Duration) -> Error {
         let dials = self
             .dials
             .iter()
@@ -907,40 +736,68 @@ impl<'a> Setup<'a> {
     }
 }
 
+impl Formation for Setup<'_> {
+    type Formed = Connections;
+
+    const WAITING: &'static str = "waiting to form the ring";
+
+    fn poller(&mut self) -> (&mut Poll, &mut Events) {
+        (&mut self.poll, &mut self.events)
+    }
+
+    fn start_due_dials(&mut self) -> Result<()> {
+        Setup::start_due_dials(self)
+    }
+
+    fn settled(&mut self) -> Option<Result<()>> {
+        if self.formed() {
+            return Some(Ok(()));
+        }
+        self.refused().map(Err)
+    }
+
+    fn finish(self) -> Result<Connections> {
+        self.hand_over()
+    }
+
+    fn report(&self, elapsed: Duration, timeout: Duration) {
+        verbose!(
+            info: self.addrs.rank,
+            "still forming the ring after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
+            self.waiting_for()
+        );
+    }
+
+    fn give_up(self, timeout: Duration) -> Error {
+        self.timed_out(timeout)
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        Setup::next_retry(self)
+    }
+
+    fn accept(&mut self, i: usize) -> Result<()> {
+        Setup::accept(self, i)
+    }
+
+    fn progress_dial(&mut self, i: usize) -> Result<()> {
+        Setup::progress_dial(self, i)
+    }
+
+    fn progress_candidate(&mut self, id: usize) -> Result<()> {
+        Setup::progress_candidate(self, id)
+    }
+
+    fn connections(formed: &mut Connections) -> &mut Connections {
+        formed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn a_forming_rank_reports_at_2_s_then_at_every_5_s() {
-        let s = Duration::from_secs(1);
-        let t0 = Instant::now();
-        let mut reports = Reports::new(t0);
-        assert_eq!(reports.due(), t0 + 2 * s);
-        assert_eq!(reports.take(t0 + 1999 * MS), None);
-        assert_eq!(reports.take(t0 + 2 * s), Some(2 * s));
-        assert_eq!(reports.due(), t0 + 5 * s);
-        assert_eq!(reports.take(t0 + 4 * s), None);
-        assert_eq!(reports.take(t0 + 5 * s), Some(5 * s));
-        // A late wake makes one report, not one per missed slot.
-        assert_eq!(reports.take(t0 + 17 * s), Some(17 * s));
-        assert_eq!(reports.due(), t0 + 20 * s);
-        assert_eq!(reports.take(t0 + 18 * s), None);
-    }
-
-    #[test]
-    fn refused_connections_back_off_from_10_ms_to_a_250_ms_cap() {
-        let mut wait = FIRST_RETRY;
-        let mut schedule = vec![wait];
-        for _ in 0..6 {
-            wait = next_backoff(wait);
-            schedule.push(wait);
-        }
-        let ms: Vec<u128> = schedule.iter().map(Duration::as_millis).collect();
-        assert_eq!(ms, [10, 20, 40, 80, 160, 250, 250]);
-    }
 
     /// `choose_unkeyed` over candidates given as (address, age, closed).
     fn choose(candidates: &[Option<(usize, Duration, bool)>], taken: &mut [bool]) -> Vec<Choice> {

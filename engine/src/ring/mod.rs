@@ -1,47 +1,37 @@
 //! MLX's TCP ring backend, byte-compatible with `mx.distributed`'s ring.
 //!
-//! - [`schedule`]: which bytes go where, step by step (the wire contract with MLX);
-//! - [`bootstrap`]: forming the ring's connections;
-//! - [`transport`]: the sockets and the event loop that owns them;
-//! - [`protocol`]: the lanes of each collective as a state machine without I/O: which bytes
-//!   go out next, where arriving bytes land, how they are folded in;
-//! - [`engine`]: drives those lanes over the sockets, waiting on the event loop;
-//! - [`staging`]: the page-aligned buffers reductions land in.
+//! - [`bootstrap`]: forming the ring's connections (the TCP bootstrap skeleton with MLX's
+//!   handshake: none, or the keyed one of [`crate::auth`]);
+//! - MLX's schedule and the lanes that walk it are [`crate::comm::ring`]'s (the native
+//!   wire runs them too); the connections, their driver and the engine that moves the
+//!   lanes' bytes are TCP's ([`crate::transport::tcp`]).
 //!
 //! [`Ring`] ties them together behind [`Communicator`]. A group's state sits behind one
-//! mutex: collectives are serialised (every rank must issue them in the same order anyway),
-//! and the thread holding the lock drives the event loop for the duration of its
+//! mutex: collectives are serialised (every rank must issue them in the same order
+//! anyway), and the thread holding the lock drives the event loop for the duration of its
 //! collective.
 
 pub(crate) mod bootstrap;
-pub(crate) mod engine;
-pub(crate) mod protocol;
-pub(crate) mod schedule;
-#[cfg(test)]
-mod sim;
-pub(crate) mod staging;
-pub(crate) mod transport;
-pub(crate) mod uring;
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::comm::progress::Spin;
-use protocol::{Buffers, Lane, Topology, Work};
+use crate::comm::ring::{protocol, schedule, staging};
+use protocol::{Buffers, Lane, Lanes, Topology, Work};
 use schedule::SMALL_PAD_BYTES;
 use staging::Staging;
-use transport::{Transfer, Transport};
 
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
 use crate::comm::state::Guarded;
-use crate::comm::trace::{Traced, error_kind};
+use crate::comm::trace::Traced;
 use crate::element::DType;
-use crate::error::{Error, PeerOp, Phase, Result};
+use crate::error::{Error, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::reduce::ReduceOp;
-use crate::verbose::verbose;
+use crate::transport::tcp::{self, Connections};
 use zerocopy::IntoBytes;
 
 /// Bytes per step of the ring's broadcast (a schedule of this crate): small enough that
@@ -59,7 +49,7 @@ pub(crate) struct Ring {
 }
 
 struct State {
-    transport: Transport,
+    transport: Connections,
     staging: Staging,
     /// The lanes of the collective in flight; kept so their storage is reused.
     lanes: Vec<Lane>,
@@ -133,17 +123,19 @@ impl Ring {
             lanes,
         } = state;
         self.traced(traced, || {
-            match engine::run(
-                transport,
+            let mut machine = Lanes {
                 lanes,
                 bufs,
-                &mut staging.lanes,
-                self.timeout,
-                self.spin,
+                stages: &mut staging.lanes,
+            };
+            match tcp::engine::run(
+                transport,
+                &mut machine,
+                (self.timeout, self.spin),
                 traced.context,
                 self.state.close_flag(),
             ) {
-                Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
+                Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
                 result => result,
             }
         })
@@ -157,28 +149,6 @@ impl Ring {
             connections: state.transport.connections(),
         }
     }
-}
-
-/// Fails the group with `error` (or the lost rank a neighbour's notice names): records
-/// it for later calls, and tells the neighbours, which also learn that this rank is gone.
-pub(crate) fn fail<S>(transport: &mut Transport, group: &Guarded<S>, error: Error) -> Error {
-    let rank = transport.rank();
-    verbose!(warn: rank, "collective failed: {error}");
-    ffi::probes::error(
-        error.peer().map_or(u64::MAX, |p| p as u64),
-        error_kind(&error),
-    );
-    let error = transport.diagnose(error);
-    transport.abandon(error.lost_peer());
-    // A stall is judged on timing; a notice that arrived while this rank was closing
-    // still names the rank better than the suspicion did (the notices this rank sent
-    // cannot be taken back, but its own report can be right).
-    let error = match error {
-        Error::Timeout { context, .. } => transport.notice(context).unwrap_or(error),
-        error => error,
-    };
-    verbose!(warn: rank, "the group is failed: {error}");
-    group.fail(error)
 }
 
 impl Communicator for Ring {
@@ -322,26 +292,9 @@ impl Communicator for Ring {
         self.state.is_closed()
     }
 
-    /// Probes the connections when no collective runs. While one runs on another thread it
-    /// does not wait for it: it reports what the group already knows (closed, failed) and
-    /// otherwise `Ok`, since the collective itself is watching the connections.
+    /// Probes the connections when no collective runs (see [`tcp::health`]).
     fn health(&self) -> Result<()> {
-        let Some(mut state) = self.state.try_lock()? else {
-            return Ok(());
-        };
-        let mut found = None;
-        for conn in state.transport.conns() {
-            found = match conn.probe() {
-                Ok(Transfer::Closed) => Some(conn.closed(PeerOp::Receive, Phase::HealthCheck)),
-                Err(e) => Some(conn.failed(PeerOp::Receive, Phase::HealthCheck, e)),
-                Ok(_) => continue,
-            };
-            break;
-        }
-        match found {
-            Some(error) => Err(fail(&mut state.transport, &self.state, error)),
-            None => Ok(()),
-        }
+        tcp::health(&self.state, |state| &mut state.transport)
     }
 }
 
@@ -449,20 +402,22 @@ impl Ring {
             staging,
             lanes,
         } = state;
-        match engine::run(
-            transport,
+        let mut machine = Lanes {
             lanes,
-            &mut Buffers {
+            bufs: &mut Buffers {
                 data: output,
                 input,
             },
-            &mut staging.lanes,
-            self.timeout,
-            self.spin,
+            stages: &mut staging.lanes,
+        };
+        match tcp::engine::run(
+            transport,
+            &mut machine,
+            (self.timeout, self.spin),
             context,
             self.state.close_flag(),
         ) {
-            Err(error) if error.is_fatal() => Err(fail(transport, &self.state, error)),
+            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
             result => result,
         }
     }

@@ -66,12 +66,12 @@ use std::time::{Duration, Instant};
 use super::{Link, Watch, read_exact, write_all};
 use crate::comm::progress::Spin;
 use crate::element::DType;
-use crate::error::{Error, PeerOp, Result};
-use crate::native::engine;
+use crate::error::{Error, Result};
 use crate::native::header::{Call, HEADER_BYTES, Header};
 use crate::native::protocol::{Exchange, Memory, Routes};
+use crate::native::run_exchange;
 use crate::reduce::ReduceOp;
-use crate::ring::transport::Transport;
+use crate::transport::tcp::Connections as Transport;
 
 /// Largest all-reduce (bytes) that the leaders run one-shot; larger ones go by direct
 /// reduce-scatter + all-gather (the native wire's measured crossing for P >= 3).
@@ -278,7 +278,7 @@ pub(crate) struct Hier {
     /// of its input; grow and stay.
     pack: Vec<u8>,
     packed: Vec<u8>,
-    waits: Vec<(usize, PeerOp)>,
+
     timeout: Duration,
     spin: Spin,
 }
@@ -302,7 +302,6 @@ impl Hier {
             stage: Vec::new(),
             pack: Vec::new(),
             packed: Vec::new(),
-            waits: Vec::new(),
             timeout,
             spin,
         }
@@ -395,13 +394,11 @@ impl Hier {
             input,
             stage: &mut self.stage,
         };
-        let result = engine::run(
+        let result = run_exchange(
             watch.transport,
             &mut self.exchange,
             &mut mem,
-            &mut self.waits,
-            self.timeout,
-            self.spin,
+            (self.timeout, self.spin),
             watch.context,
             watch.closed,
         );

@@ -83,7 +83,7 @@ use crate::comm::state::CloseFlag;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::{ReduceOp, reduce_into};
-use crate::ring::transport::{Conn, Transfer, Transport};
+use crate::transport::tcp::{Conn, Connections as Transport, Transfer};
 
 /// How long a sleeping wait lasts before the rank looks at its connections, the close flag
 /// and the clock again.

@@ -66,7 +66,7 @@
 
 use std::ops::Range;
 
-use crate::ring::schedule::part;
+use crate::comm::part;
 
 /// A cache line and its neighbour (adjacent-line prefetch pairs them).
 pub(crate) const LINE: usize = 128;

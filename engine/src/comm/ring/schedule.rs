@@ -64,12 +64,7 @@ pub(crate) fn gather_splits(nbytes: usize, connections: usize) -> usize {
     (nbytes / MIN_SEND_SIZE).clamp(1, 2 * connections)
 }
 
-/// Element range `[start, end)` of part `i` when `n` elements are cut into `parts` parts of
-/// `ceil(n / parts)` elements. Parts past the end are empty.
-pub(crate) fn part(n: usize, parts: usize, i: usize) -> Range<usize> {
-    let step = n.div_ceil(parts);
-    (i * step).min(n)..((i + 1) * step).min(n)
-}
+pub(crate) use crate::comm::part;
 
 /// The byte range of `len` bytes starting at stripe `i` of `send`/`recv`: MLX stripes a
 /// message over the C connections in pieces of `max(1024, ceil(len / C))` bytes and skips

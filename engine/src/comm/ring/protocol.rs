@@ -30,6 +30,7 @@
 
 use super::schedule::{self, Direction, Layout, Pass};
 use super::staging::LaneStage;
+use crate::comm::machine::{Machine, Receive, Transmit};
 use crate::element::DType;
 use crate::error::PeerOp;
 use crate::reduce::{ReduceOp, reduce_into};
@@ -506,6 +507,67 @@ impl Lane {
     }
 }
 
+/// The lanes of one collective with the memory they work on: the
+/// [`Machine`](crate::comm::machine::Machine) an engine drives. Lane `i` is send queue `i`
+/// and receive queue `i`; `stages[i]` is its staging.
+pub(crate) struct Lanes<'a, 'b> {
+    pub(crate) lanes: &'a mut [Lane],
+    pub(crate) bufs: &'a mut Buffers<'b>,
+    pub(crate) stages: &'a mut [LaneStage],
+}
+
+impl Machine for Lanes<'_, '_> {
+    fn transmits(&self) -> usize {
+        self.lanes.len()
+    }
+
+    fn receives(&self) -> usize {
+        self.lanes.len()
+    }
+
+    fn poll_transmit(&mut self, i: usize) -> Option<Transmit<'_>> {
+        let lane = &mut self.lanes[i];
+        let link = lane.tx();
+        let body = lane.poll_transmit(self.bufs, &self.stages[i])?;
+        Some(Transmit {
+            link,
+            head: &[],
+            body,
+        })
+    }
+
+    fn handle_sent(&mut self, i: usize, n: usize) {
+        self.lanes[i].handle_sent(n);
+    }
+
+    fn poll_receive(&mut self, i: usize) -> Option<Receive<'_>> {
+        let lane = &mut self.lanes[i];
+        let link = lane.rx();
+        let buf = lane.poll_receive(self.bufs, &mut self.stages[i])?;
+        Some(Receive { link, buf })
+    }
+
+    fn handle_received(&mut self, i: usize, n: usize) -> crate::error::Result<()> {
+        self.lanes[i].handle_received(self.bufs, &mut self.stages[i], n);
+        Ok(())
+    }
+
+    fn poll_wait(&self, into: &mut Vec<(usize, PeerOp)>) {
+        into.extend(self.lanes.iter().filter_map(Lane::waiting_on));
+    }
+
+    fn is_finished(&self) -> bool {
+        self.lanes.iter().all(Lane::finished)
+    }
+
+    fn take_progress(&mut self) -> bool {
+        // Every lane's flag is taken, not only the first one set.
+        self.lanes
+            .iter_mut()
+            .fold(false, |any, lane| lane.take_progress() | any)
+    }
+}
+
 /// The staging receive buffer and the partial sum step `t` of a sum_scatter folds into:
 /// the caller's output for the last step, else the even or odd partial buffer.
 fn scatter_target<'b>(
@@ -528,8 +590,8 @@ fn scatter_target<'b>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::staging::Staging;
     use super::*;
-    use crate::ring::staging::Staging;
 
     fn topo(rank: usize, size: usize) -> Topology {
         Topology {

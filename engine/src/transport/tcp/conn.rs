@@ -1,0 +1,472 @@
+//! One TCP connection of a group: non-blocking reads and writes (vectored for a header
+//! and its data), the urgent bytes beside the stream ([`super::notice`]), and the check
+//! of a peer's first bytes for a handshake this rank does not run.
+//!
+//! Readiness is edge-triggered, so each connection remembers whether its last read or
+//! write hit `WouldBlock` and is only retried after the driver says it changed.
+//!
+//! A read that stops short may have stopped at an urgent byte's position, and the next
+//! read would skip the byte (the kernel then drops it). Rather than asking for the byte
+//! after every short read (a system call each), the connection asks the driver, which
+//! reports urgent data itself ([`Urgency`]): when the driver cannot say without a wait
+//! (epoll), the connection is not read again until it has been asked; when it already
+//! knows (io_uring's standing `POLLPRI` poll), the report is looked at without a system
+//! call.
+
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mio::net::TcpStream;
+use socket2::SockRef;
+
+use super::notice::{Notices, Sent, Urgent};
+use super::sys::{Event, Source, Urgency};
+use crate::auth;
+use crate::error::{Error, PeerOp, Phase};
+
+/// At most this many bytes per `read`/`write` call: macOS rejects lengths above `INT_MAX`.
+pub(super) const MAX_IO_BYTES: usize = 1 << 30;
+
+/// One TCP connection to a neighbour.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(super) stream: TcpStream,
+    /// The neighbour's rank.
+    pub(crate) peer: usize,
+    /// The neighbour's address, for errors.
+    pub(crate) addr: SocketAddr,
+    pub(super) readable: bool,
+    pub(super) writable: bool,
+    /// What the neighbour said beside the stream, and what this side owes it.
+    pub(super) notices: Notices,
+    /// Whether the neighbour closed its side (seen while diagnosing).
+    pub(super) eof: bool,
+    /// When bytes last arrived on this connection (or when it was set up).
+    pub(super) last_rx: Instant,
+    /// Whether the peer reset the connection: a process that dies with unread data does
+    /// that, while a rank that gives up closes cleanly (see [`Connections::abandon`](super::Connections::abandon)).
+    pub(super) reset: bool,
+    /// Whether the first bytes received still need a look (see [`FirstBytes`]).
+    pub(super) first: FirstBytes,
+    /// Whether a short read may have stopped at an urgent byte that the poller has not yet
+    /// been asked about: the connection is not read until it has.
+    pub(super) unpolled: bool,
+    /// This connection's end of the driver.
+    pub(super) source: Source,
+}
+
+/// The check a rank without a key makes of the first bytes each connection delivers, once
+/// per connection: a keyed peer greets first (see [`crate::auth`]), so [`auth::MAGIC`]
+/// there means the peer has a key and this rank has none, or, followed by
+/// [`auth::NATIVE_VERSION`], that the peer runs the native wire; those bytes must never be
+/// taken for data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FirstBytes {
+    /// Nothing to check: the handshake ran, or the check passed.
+    Checked,
+    /// Not looked at yet.
+    Unchecked,
+    /// They were a keyed peer's greeting: every read fails.
+    KeyedPeer,
+    /// They were a native-wire rank's hello (the magic, then [`auth::NATIVE_VERSION`]):
+    /// every read fails.
+    NativePeer,
+}
+
+/// The result of one non-blocking transfer attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    /// This many bytes moved (never zero).
+    Moved(usize),
+    /// The socket has nothing to give or no room; wait for readiness.
+    Blocked,
+    /// The peer closed the connection.
+    Closed,
+}
+
+impl Conn {
+    /// The error for this peer closing the connection: the rank its failure notice names,
+    /// if it left one, else the peer itself.
+    pub(crate) fn closed(&mut self, op: PeerOp, context: Phase) -> Error {
+        self.take_notice();
+        match self.notices.notice() {
+            Some(lost) => Error::Lost {
+                peer: lost,
+                via: self.peer,
+                context,
+            },
+            None => Error::Closed {
+                peer: self.peer,
+                op,
+                context,
+            },
+        }
+    }
+
+    /// What a transfer `op` on this connection did, as a collective takes it: the bytes
+    /// it moved, `None` if it would block, or the error naming the peer (a close, see
+    /// [`Conn::closed`]; a failure, see [`Conn::failed`]).
+    pub(crate) fn moved(
+        &mut self,
+        transfer: io::Result<Transfer>,
+        op: PeerOp,
+        context: Phase,
+    ) -> crate::error::Result<Option<usize>> {
+        match transfer {
+            Ok(Transfer::Moved(n)) => Ok(Some(n)),
+            Ok(Transfer::Blocked) => Ok(None),
+            Ok(Transfer::Closed) => Err(self.closed(op, context)),
+            Err(e) => Err(self.failed(op, context, e)),
+        }
+    }
+
+    /// The error for a failed system call on this connection.
+    pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
+        if self.first == FirstBytes::NativePeer {
+            return Error::PeerIncompatible {
+                peer: self.peer,
+                addr: Some(self.addr),
+                context,
+                reason: format!(
+                    "rank {} runs the native wire and this rank the MLX wire: the peer's first \
+                     bytes on this connection are its native hello; set the same {} (or \
+                     Options::wire) on every rank",
+                    self.peer,
+                    crate::config::env::WIRE_VAR
+                ),
+            };
+        }
+        if self.first == FirstBytes::KeyedPeer {
+            return Error::PeerIncompatible {
+                peer: self.peer,
+                addr: Some(self.addr),
+                context,
+                reason: format!(
+                    "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
+                     this connection are its handshake; set the same key on every rank, or none",
+                    self.peer,
+                    auth::KEY_VAR
+                ),
+            };
+        }
+        Error::Io {
+            peer: self.peer,
+            addr: Some(self.addr),
+            op,
+            context,
+            source: Arc::new(e),
+        }
+    }
+
+    /// When bytes last arrived on this connection.
+    pub(crate) fn last_receive(&self) -> Instant {
+        self.last_rx
+    }
+
+    /// Reads a pending urgent byte (a notice, a query or an answer; see [`Urgent`]) and
+    /// answers a query. Urgent data never enters the byte stream, so MLX peers, which never
+    /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
+    /// position, so it is read as soon as the poller reports it.
+    pub(super) fn take_notice(&mut self) {
+        // Asking is what a short read left owed (see `unpolled`).
+        self.unpolled = false;
+        if !self.notices.listening() {
+            // The neighbour gave up; nothing it sends after that matters.
+            return;
+        }
+        if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
+            self.took_urgent(byte);
+        }
+    }
+
+    /// Acts on the urgent byte `byte` read from this connection: keeps a notice, answers a
+    /// query.
+    pub(super) fn took_urgent(&mut self, byte: u8) {
+        self.notices.received(byte);
+        self.answer();
+    }
+
+    /// Sends the answer a query is owed, if any is and there is room for it (else it is
+    /// tried again when the socket becomes writable). Queries and notices go out only from
+    /// the loops that decide them ([`super::Connections::inquire`],
+    /// [`super::Connections::abandon`]).
+    pub(super) fn answer(&mut self) {
+        if self.notices.poll_transmit() == Some(Urgent::Alive) {
+            self.flush_urgent();
+        }
+    }
+
+    /// Sends the urgent byte this side owes the neighbour (an answer, its query, its
+    /// notice), if there is room for it (else it is tried again at the next chance: when
+    /// the socket becomes writable, or the next round of the loop that sends it).
+    pub(super) fn flush_urgent(&mut self) {
+        let Some(what) = self.notices.poll_transmit() else {
+            return;
+        };
+        let sent = match what
+            .encode()
+            .map(|byte| SockRef::from(&self.stream).send_out_of_band(&[byte]))
+        {
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Sent::NoRoom,
+            _ => Sent::Done,
+        };
+        self.notices.handle_sent(what, sent);
+    }
+
+    /// Takes in what the driver reported for this connection.
+    pub(super) fn ready(&mut self, event: Event) {
+        self.source.note(&event);
+        if event.readable {
+            self.readable = true;
+        }
+        if event.writable {
+            self.writable = true;
+        }
+        if event.urgent {
+            self.take_notice();
+        }
+    }
+
+    /// Reads what is available into `buf`, which is not empty.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
+        if !self.readable || self.unpolled {
+            return Ok(Transfer::Blocked);
+        }
+        if self.first != FirstBytes::Checked
+            && let Some(early) = self.check_first_bytes(buf.len())?
+        {
+            return Ok(early);
+        }
+        let len = buf.len().min(MAX_IO_BYTES);
+        if self.source.urgent() == Urgency::Reported {
+            // Reported before this read: take it before the read can pass its position.
+            self.take_notice();
+        }
+        loop {
+            let read = self
+                .source
+                .recv(&mut self.stream, &mut buf[..len])
+                .map(|r| {
+                    // The socket is known empty and its next arrival will be reported:
+                    // wait for that rather than spend a system call on a read that would
+                    // find nothing.
+                    if r.drained {
+                        self.readable = false;
+                    }
+                    r.n
+                });
+            if matches!(read, Ok(n) if n > 0) {
+                self.last_rx = Instant::now();
+            }
+            return match read {
+                Ok(0) => Ok(Transfer::Closed),
+                Ok(n) if n < len => {
+                    // A read stops short at a pending urgent byte; the next one would skip
+                    // it and the kernel would drop it. The poller reports the byte (see the
+                    // module's documentation): io_uring's report is already in, epoll's is
+                    // fetched before this connection is read again.
+                    match self.source.urgent() {
+                        Urgency::Reported => self.take_notice(),
+                        Urgency::None => {}
+                        Urgency::Unknown => self.unpolled = true,
+                    }
+                    Ok(Transfer::Moved(n))
+                }
+                Ok(n) => Ok(Transfer::Moved(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    Ok(Transfer::Blocked)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A peer that dies with unread data in its buffers resets the connection.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                Err(e) => Err(e),
+            };
+        }
+    }
+
+    /// Looks at the first bytes the peer sent, without taking them (see [`FirstBytes`]).
+    /// `Some` is what the read returns instead of reading; `Err` a keyed peer, which
+    /// [`Conn::failed`] names. `wanted` is how many bytes the read asks for: while fewer than
+    /// 8 bytes have arrived and they match the magic so far, the check waits for more only if
+    /// the read needs more anyway, so it never holds back data the caller could finish with.
+    #[cold]
+    fn check_first_bytes(&mut self, wanted: usize) -> io::Result<Option<Transfer>> {
+        if matches!(self.first, FirstBytes::KeyedPeer | FirstBytes::NativePeer) {
+            return Err(io::Error::other(
+                "the peer's first bytes are a handshake this rank does not run",
+            ));
+        }
+        // The magic and the version byte after it, which tells a native hello from a keyed
+        // greeting.
+        let mut first = [0u8; auth::MAGIC.len() + 1];
+        let n = loop {
+            match self.stream.peek(&mut first) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return Ok(Some(Transfer::Blocked));
+                }
+                // The read that follows reports the failure or the close.
+                Err(_) => return Ok(None),
+            }
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        let greeting = auth::greeting(&first[..n]);
+        if greeting == auth::Greeting::Keyed && n == auth::MAGIC.len() && wanted > n {
+            // The version byte is still to come; a native hello and a keyed greeting are each
+            // sent in one write, so it follows at once.
+            self.readable = false;
+            return Ok(Some(Transfer::Blocked));
+        }
+        match greeting {
+            auth::Greeting::Keyed => {
+                self.first = if first[..n].get(auth::MAGIC.len()) == Some(&auth::NATIVE_VERSION) {
+                    FirstBytes::NativePeer
+                } else {
+                    FirstBytes::KeyedPeer
+                };
+                // Tells the peer, still in its handshake, why this rank leaves, so it fails at
+                // once naming this rank rather than at its timeout (a native rank reads it as
+                // a rank on the MLX wire without a key). Best effort.
+                let _ = self.stream.write(&auth::NO_KEY);
+                Err(io::Error::other(
+                    "the peer's first bytes are a handshake this rank does not run",
+                ))
+            }
+            auth::Greeting::Undecided if wanted > n => {
+                self.readable = false;
+                Ok(Some(Transfer::Blocked))
+            }
+            auth::Greeting::Data | auth::Greeting::Undecided => {
+                self.first = FirstBytes::Checked;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes what fits from `buf`, which is not empty.
+    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<Transfer> {
+        if !self.writable {
+            return Ok(Transfer::Blocked);
+        }
+        let len = buf.len().min(MAX_IO_BYTES);
+        loop {
+            let written = self.source.send(&mut self.stream, &buf[..len]);
+            return match written {
+                Ok(0) => Ok(Transfer::Closed),
+                Ok(n) => Ok(Transfer::Moved(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.writable = false;
+                    Ok(Transfer::Blocked)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                Err(e) => Err(e),
+            };
+        }
+    }
+
+    /// Writes what it can of `head` then `body` with one system call (the native wire's
+    /// header and the data behind it), as [`Conn::write`] does for one buffer.
+    pub(crate) fn write_pair(&mut self, head: &[u8], body: &[u8]) -> io::Result<Transfer> {
+        if head.is_empty() {
+            return self.write(body);
+        }
+        if !self.writable {
+            return Ok(Transfer::Blocked);
+        }
+        let body = &body[..body.len().min(MAX_IO_BYTES)];
+        loop {
+            let written = self.source.send_pair(&mut self.stream, head, body);
+            return match written {
+                Ok(0) => Ok(Transfer::Closed),
+                Ok(n) => Ok(Transfer::Moved(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.writable = false;
+                    Ok(Transfer::Blocked)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                Err(e) => Err(e),
+            };
+        }
+    }
+
+    /// Copies what the peer sent into `buf` without consuming it (non-blocking): the
+    /// shared-memory path looks at a header that arrives while it waits elsewhere.
+    pub(crate) fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.peek(buf)
+    }
+
+    /// Whether the peer is still there: a non-blocking peek that does not consume data.
+    pub(crate) fn probe(&mut self) -> io::Result<Transfer> {
+        let mut byte = [0u8; 1];
+        match self.stream.peek(&mut byte) {
+            Ok(0) => Ok(Transfer::Closed),
+            Ok(n) => Ok(Transfer::Moved(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Transfer::Blocked),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(Transfer::Closed),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What a [`Connections::step`](super::Connections::step)'s receive did, as [`Conn::read`] reports it (`None`:
+    /// it was not made, or was cancelled before it moved a byte).
+    pub(super) fn settle_receive(
+        &mut self,
+        done: Option<io::Result<(usize, bool)>>,
+    ) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok((0, _))) => Ok(Transfer::Closed),
+            Some(Ok((n, _))) => {
+                self.last_rx = Instant::now();
+                Ok(Transfer::Moved(n))
+            }
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// What a [`Connections::step`](super::Connections::step)'s send did, as [`Conn::write`] reports it.
+    pub(super) fn settle_send(&mut self, done: Option<io::Result<usize>>) -> io::Result<Transfer> {
+        match done {
+            None => Ok(Transfer::Blocked),
+            Some(Ok(0)) => Ok(Transfer::Closed),
+            Some(Ok(n)) => Ok(Transfer::Moved(n)),
+            Some(Err(e)) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Transfer::Blocked),
+                io::ErrorKind::ConnectionReset => {
+                    self.reset = true;
+                    Ok(Transfer::Closed)
+                }
+                io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+                _ => Err(e),
+            },
+        }
+    }
+}
