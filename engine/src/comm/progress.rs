@@ -267,6 +267,14 @@ impl Activity {
     }
 }
 
+/// The rank a failure notice from `sender` may name: `lost`, if it is a rank of the group
+/// of `size` other than the sender and `me`. A notice naming anything else is ignored (the
+/// sender itself is then the better suspect). The rule of every transport's notices: TCP's
+/// urgent bytes (`transport::tcp::notice`) and JACCL's side channel.
+pub(crate) fn notice_names(lost: usize, sender: usize, me: usize, size: usize) -> Option<usize> {
+    (lost < size && lost != sender && lost != me).then_some(lost)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,5 +608,16 @@ mod tests {
         assert_eq!(a.blame(), None);
         a.start(1);
         assert!(!a.busy(1), "a new collective starts clean");
+    }
+
+    #[test]
+    fn a_notice_names_a_third_rank_only() {
+        // Rank 1 hears from rank 2 in a group of 4.
+        assert_eq!(notice_names(3, 2, 1, 4), Some(3));
+        assert_eq!(notice_names(0, 2, 1, 4), Some(0));
+        assert_eq!(notice_names(2, 2, 1, 4), None, "the sender itself");
+        assert_eq!(notice_names(1, 2, 1, 4), None, "this rank");
+        assert_eq!(notice_names(4, 2, 1, 4), None, "out of range");
+        assert_eq!(notice_names(usize::MAX, 2, 1, 4), None);
     }
 }

@@ -55,7 +55,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::comm::progress::notice_names;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::ring::bootstrap::Reports;
+use crate::transport::tcp::bootstrap::Reports;
 use crate::verbose::verbose;
 
 /// The context errors during set-up name.

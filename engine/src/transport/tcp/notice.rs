@@ -28,12 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-/// The rank a failure notice from `sender` may name: `lost`, if it is a rank of the group
-/// of `size` other than the sender and `me`. A notice naming anything else is ignored (the
-/// sender itself is then the better suspect).
-pub(crate) fn notice_names(lost: usize, sender: usize, me: usize, size: usize) -> Option<usize> {
-    (lost < size && lost != sender && lost != me).then_some(lost)
-}
+use crate::comm::progress::notice_names;
 
 /// What one urgent byte on a connection says (see the module docs for how they travel).
 ///

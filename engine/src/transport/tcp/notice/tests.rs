@@ -7,17 +7,6 @@
 use super::*;
 
 #[test]
-fn a_notice_names_a_third_rank_only() {
-    // Rank 1 hears from rank 2 in a group of 4.
-    assert_eq!(notice_names(3, 2, 1, 4), Some(3));
-    assert_eq!(notice_names(0, 2, 1, 4), Some(0));
-    assert_eq!(notice_names(2, 2, 1, 4), None, "the sender itself");
-    assert_eq!(notice_names(1, 2, 1, 4), None, "this rank");
-    assert_eq!(notice_names(4, 2, 1, 4), None, "out of range");
-    assert_eq!(notice_names(usize::MAX, 2, 1, 4), None);
-}
-
-#[test]
 fn urgent_bytes_round_trip_and_stay_distinct() {
     for what in [
         Urgent::Query,
