@@ -8,7 +8,7 @@
 //! (`handle_*`); whatever the machine learns from that (a fold, the next step, the next
 //! round) happens inside `handle_*` or [`Machine::take_progress`], never in the engine.
 //! So one engine per transport drives every algorithm, and every algorithm can run under a
-//! simulator (`ring::sim`) as well as over a transport.
+//! simulator (`comm::ring::sim`) as well as over a transport.
 //!
 //! # The words
 //!
@@ -33,7 +33,7 @@
 //! Queue indices are the machine's own (a ring lane is one send queue and one receive
 //! queue; a native round has one per message); links are the transport's (a connection's
 //! index, a queue pair, a peer's slot). Constructors live with each algorithm
-//! (`ring::protocol::plan_*`, `native::protocol::Exchange::one_shot`...).
+//! (`comm::ring::protocol::plan_*`, `native::protocol::Exchange::one_shot`...).
 
 use crate::error::{PeerOp, Result};
 

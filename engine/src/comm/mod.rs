@@ -92,7 +92,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         false
     }
 
-    // Issue 16, broadcast and all_to_all. Defaults refuse, so that a backend without them
+    // broadcast and all_to_all. Defaults refuse, so that a backend without them
     // (JACCL today, a user's own) says so by name instead of failing to build.
 
     /// What carries this rank's messages to and from `peer` (in range, not this rank), as

@@ -7,11 +7,12 @@
 //! - `bootstrap`: forming the mesh: the ring's neighbour connections plus one to every
 //!   other rank, each through the hello (and, with a key, the authentication of
 //!   [`crate::auth`]), into a [`Formed`];
-//! - the data path: the collective header, the algorithms as state machines without I/O,
-//!   and the engine that drives them over the [`Formed`] transport: `header` (the
-//!   header every message starts with, and the mismatch it can reveal), `protocol` (the
-//!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
-//!   (their I/O), and [`Native`] (the [`Communicator`]);
+//! - the data path: the collective header and the algorithms as state machines without
+//!   I/O, driven over the [`Formed`] connections by TCP's engine
+//!   ([`crate::transport::tcp::engine`]): `header` (the header every message starts with,
+//!   and the mismatch it can reveal), `protocol` (the algorithms, sans-IO, with the order
+//!   in which they combine contributions, as a [`Machine`](crate::comm::machine::Machine)),
+//!   and [`Native`] (the [`Communicator`]);
 //! - `shm`: shared memory for groups whose ranks all run on one host (every group
 //!   collective and every send/recv goes through one segment; liveness and failure notices
 //!   stay on the connections). A group spread over several hosts runs hierarchically:
@@ -43,18 +44,18 @@
 pub(crate) mod bootstrap;
 mod hello;
 
-use crate::transport::tcp::{self, Connections as Transport};
+use crate::transport::tcp::{self, Connections};
 
 /// A formed native mesh, handed from the bootstrap to the data path.
 ///
 /// `transport` holds the neighbours' connections as the MLX wire's ring does (connection
 /// `i` to the left neighbour at index `i`, to the right one at `C + i`) and then one
 /// connection to each rank that is not a neighbour, in increasing rank order (see
-/// [`Transport::mesh`], [`Transport::send_conn`], [`Transport::recv_conn`]).
+/// [`Connections::mesh`], [`Connections::send_conn`], [`Connections::recv_conn`]).
 #[derive(Debug)]
 pub(crate) struct Formed {
     /// Every connection, each of which completed the hello.
-    pub(crate) transport: Transport,
+    pub(crate) transport: Connections,
     /// This rank.
     pub(crate) rank: usize,
     /// Ranks in the group.
@@ -81,7 +82,7 @@ mod protocol;
 mod shm;
 #[cfg(test)]
 mod tests;
-// Issue 16: broadcast and all_to_all.
+// The tests of broadcast and all_to_all.
 #[cfg(test)]
 mod bcast_tests;
 
@@ -134,13 +135,13 @@ const ONE_SHOT_MAX: usize = 16 << 10;
 /// (measured: the ring ahead from 1 MiB at every P).
 const RING_MIN: usize = 1 << 20;
 
-impl Routes for Transport {
+impl Routes for Connections {
     fn send_conn(&self, peer: usize) -> usize {
-        Transport::send_conn(self, peer)
+        Connections::send_conn(self, peer)
     }
 
     fn recv_conn(&self, peer: usize) -> usize {
-        Transport::recv_conn(self, peer)
+        Connections::recv_conn(self, peer)
     }
 }
 
@@ -164,7 +165,7 @@ pub(crate) struct Native {
 }
 
 struct State {
-    transport: Transport,
+    transport: Connections,
     exchange: Exchange,
     /// Staging for the direct algorithms; grows to the largest collective and stays.
     stage: Vec<u8>,
@@ -482,7 +483,7 @@ impl Native {
     }
 
     /// Fails the group on a fatal error (telling the peers, as the ring does).
-    fn settle(&self, transport: &mut Transport, result: Result<()>) -> Result<()> {
+    fn settle(&self, transport: &mut Connections, result: Result<()>) -> Result<()> {
         match result {
             Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
             result => result,
@@ -827,7 +828,7 @@ impl Communicator for Native {
         self.run(state, &call, &mut [], &[])
     }
 
-    // Issue 16: broadcast and all_to_all.
+    // broadcast and all_to_all.
 
     fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
         let direct = data.len() <= BROADCAST_DIRECT_MAX || self.size <= 2;
@@ -890,7 +891,7 @@ impl Communicator for Native {
 /// found a mismatch closes at once, and the header it sent before explains the failure
 /// better than the close does.
 pub(crate) fn run_exchange(
-    transport: &mut Transport,
+    transport: &mut Connections,
     exchange: &mut Exchange,
     mem: &mut Memory<'_>,
     (timeout, spin): (std::time::Duration, Spin),
@@ -923,7 +924,7 @@ const LAST_LOOK: std::time::Duration = std::time::Duration::from_millis(50);
 /// Reads, for a short while, the headers of this round that have not arrived, and returns
 /// the first one that does not match this rank's call (see [`LAST_LOOK`]).
 fn last_look(
-    transport: &mut Transport,
+    transport: &mut Connections,
     exchange: &mut Exchange,
     mem: &mut Memory<'_>,
 ) -> Option<Error> {

@@ -1,12 +1,12 @@
 //! The native wire's algorithms as a state machine with no sockets, no poller and no clock,
-//! in the manner of `ring::protocol` (and of quinn-proto): the engine asks what to write and
-//! where reads land, reports what moved, and the [`Exchange`] decides the rest.
+//! in the vocabulary of [`crate::comm::machine`] (quinn-proto's): the engine asks what to
+//! write and where reads land, reports what moved, and the [`Exchange`] decides the rest.
 //!
 //! # Algorithms and their combination order
 //!
 //! Every collective is one or two *rounds* of direct messages between pairs of ranks
-//! (each on the peer's [`send_conn`](crate::ring::transport::Transport::send_conn) /
-//! [`recv_conn`](crate::ring::transport::Transport::recv_conn)), with a fold between
+//! (each on the peer's [`send_conn`](crate::transport::tcp::Connections::send_conn) /
+//! [`recv_conn`](crate::transport::tcp::Connections::recv_conn)), with a fold between
 //! rounds or at the end. The first message a rank sends to each peer in a collective
 //! starts with the [`header`](super::header); the receiver checks it before it uses a
 //! byte of the data behind it. Into the caller's memory (all_gather, recv) it reads the

@@ -21,7 +21,7 @@ use crate::element::DType;
 use crate::error::Error;
 use crate::options::Options;
 use crate::reduce::{ReduceOp, reduce_scalar};
-use crate::transport::tcp::Connections as Transport;
+use crate::transport::tcp::Connections;
 
 type Conn = (TcpStream, usize, SocketAddr);
 
@@ -75,7 +75,7 @@ pub(crate) fn loopback_mesh(size: usize, connections: usize, timeout: Duration) 
     for (rank, ((l, r), o)) in left.into_iter().zip(right).zip(others).enumerate() {
         let poll = Poll::new().expect("a poller");
         let transport =
-            Transport::mesh(poll, rank, size, l, r, o, &liveness).expect("a mesh transport");
+            Connections::mesh(poll, rank, size, l, r, o, &liveness).expect("a mesh transport");
         formed.push(Formed {
             transport,
             rank,

@@ -264,7 +264,7 @@ impl Communicator for Ring {
         self.reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4], Traced::BARRIER)
     }
 
-    // Issue 16: broadcast and all_to_all, this crate's schedules over the ring (see
+    // broadcast and all_to_all, this crate's schedules over the ring (see
     // `Ring::shift`); MLX ranks cannot take part.
 
     fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {

@@ -384,6 +384,15 @@ impl Connections {
             sent: Ok(Transfer::Blocked),
             received: Ok(Transfer::Blocked),
         };
+        // What was reported before the step (urgent bytes to take, queries to answer)
+        // goes in before it can wait.
+        let mut reports = std::mem::take(&mut self.reports);
+        let woke = self.driver.before_step(|i, event| reports.push((i, event)));
+        self.apply(&mut reports);
+        if woke? {
+            self.reports = reports;
+            return Ok(stepped);
+        }
         let tx = send.and_then(|(conn, n)| {
             let c = self.conns.get(conn)?;
             Some((c.stream.as_fd(), self.step_send.get(..n)?))
@@ -396,29 +405,29 @@ impl Connections {
         // With two ranks an urgent byte can only be about the peer, whom the receive's
         // failure names anyway: the plain receive is cheaper (see `guard_urgent`).
         let guard = self.ranks > 2;
-        let mut reports = std::mem::take(&mut self.reports);
         let done = self
             .driver
             .step(tx, rx, (deadline, spin, guard), |i, event| {
-                reports.push((i, event))
+                reports.push((i, event));
             });
+        let result = done.map(|done| {
+            if let Some((conn, _)) = send {
+                stepped.sent = self.conns[conn].settle_send(done.sent);
+            }
+            if let Some(conn) = rx_conn {
+                if let Some(byte) = done.urgent {
+                    // Before the receive's outcome: a close that follows a notice is
+                    // blamed on the rank the notice names.
+                    self.conns[conn].took_urgent(byte);
+                }
+                stepped.received = self.conns[conn].settle_receive(done.received);
+            }
+            stepped
+        });
+        // Then what was reported during the wait (after the receive's own urgent byte).
         self.apply(&mut reports);
         self.reports = reports;
-        let Some(done) = done? else {
-            return Ok(stepped);
-        };
-        if let Some((conn, _)) = send {
-            stepped.sent = self.conns[conn].settle_send(done.sent);
-        }
-        if let Some(conn) = rx_conn {
-            if let Some(byte) = done.urgent {
-                // Before the receive's outcome: a close that follows a notice is
-                // blamed on the rank the notice names.
-                self.conns[conn].took_urgent(byte);
-            }
-            stepped.received = self.conns[conn].settle_receive(done.received);
-        }
-        Ok(stepped)
+        result
     }
 
     /// Applies (and empties) the driver's `reports`, and sends the answers owed (a query

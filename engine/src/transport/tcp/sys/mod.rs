@@ -73,6 +73,14 @@ pub(crate) struct Exchanged {
     pub(crate) urgent: Option<u8>,
 }
 
+/// The error of a step asked of a driver that does not step.
+fn unsteppable() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "a step's transfers need io_uring",
+    )
+}
+
 /// One connection's end of the driver.
 #[derive(Debug)]
 pub(crate) struct Source(Kind);
@@ -226,12 +234,27 @@ impl Driver {
         }
     }
 
+    /// Before a [`Driver::step`]: hands what was reported so far to `each` (io_uring's
+    /// completions, without a system call), so that urgent bytes are taken and queries
+    /// answered before the step waits, and arms the wait for the close waker. Returns
+    /// whether the waker fired: then no step may wait (the close is to be seen first).
+    ///
+    /// # Errors
+    ///
+    /// The driver's own; a driver that does not [`Driver::steps`] refuses.
+    pub(crate) fn before_step(&mut self, each: impl FnMut(usize, Event)) -> io::Result<bool> {
+        match &mut self.uring {
+            Some(ring) => ring.before_step(&mut self.poller, each),
+            None => Err(unsteppable()),
+        }
+    }
+
     /// One step's transfers in one submission (see `ffi::uring::Ring::exchange`): sends
     /// `send` and receives into `recv`, waiting in the kernel until both moved bytes,
     /// `deadline` passes, urgent data arrives on any connection, or a close from another
     /// thread fires the waker; neither is in flight when this returns. The receive takes
-    /// an urgent byte first if `guard_urgent`. What was reported before and during the
-    /// wait goes to `each`. `None`: the waker fired first, nothing was submitted.
+    /// an urgent byte first if `guard_urgent`. What was reported during the wait goes to
+    /// `each`. Call [`Driver::before_step`] first.
     ///
     /// # Errors
     ///
@@ -243,7 +266,7 @@ impl Driver {
         recv: Option<(BorrowedFd<'_>, &mut [u8])>,
         (deadline, spin, guard_urgent): (Instant, Spin, bool),
         each: impl FnMut(usize, Event),
-    ) -> io::Result<Option<Exchanged>> {
+    ) -> io::Result<Exchanged> {
         match &mut self.uring {
             Some(ring) => ring.step(
                 &mut self.poller,
@@ -252,10 +275,7 @@ impl Driver {
                 (deadline, spin, guard_urgent),
                 each,
             ),
-            None => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "a step's transfers need io_uring",
-            )),
+            None => Err(unsteppable()),
         }
     }
 

@@ -450,6 +450,20 @@ impl Driver {
         woke
     }
 
+    /// See [`super::Driver::before_step`].
+    pub(super) fn before_step(
+        &mut self,
+        poller: &mut Poller,
+        mut each: impl FnMut(usize, Event),
+    ) -> io::Result<bool> {
+        let woke = self.take(&mut each);
+        self.arm_waker(poller)?;
+        if woke {
+            self.woke(poller);
+        }
+        Ok(woke)
+    }
+
     /// See [`super::Driver::step`].
     pub(super) fn step(
         &mut self,
@@ -458,25 +472,18 @@ impl Driver {
         recv: Option<(BorrowedFd<'_>, &mut [u8])>,
         (deadline, spin, guard_urgent): (Instant, Spin, bool),
         mut each: impl FnMut(usize, Event),
-    ) -> io::Result<Option<Exchanged>> {
-        let mut woke = self.take(&mut each);
-        self.arm_waker(poller)?;
-        let mut done = None;
-        if !woke {
-            let exchanged =
-                self.ring
-                    .exchange(send, recv, deadline, (WAKE_TOKEN, spin, guard_urgent))?;
-            done = Some(Exchanged {
-                sent: exchanged.sent,
-                received: exchanged.received,
-                urgent: exchanged.urgent,
-            });
-            woke = self.take(&mut each);
-        }
-        if woke {
+    ) -> io::Result<Exchanged> {
+        let exchanged =
+            self.ring
+                .exchange(send, recv, deadline, (WAKE_TOKEN, spin, guard_urgent))?;
+        if self.take(&mut each) {
             self.woke(poller);
         }
-        Ok(done)
+        Ok(Exchanged {
+            sent: exchanged.sent,
+            received: exchanged.received,
+            urgent: exchanged.urgent,
+        })
     }
 }
 
