@@ -132,7 +132,8 @@ impl Connections {
         let connections = left.len();
         debug_assert!(others.windows(2).all(|w| w[0].1 < w[1].1));
         let driver = Driver::new(poll)?;
-        let mut conns = Vec::with_capacity(2 * connections + others.len());
+        let n = 2 * connections + others.len();
+        let mut conns = Vec::with_capacity(n);
         let all = left.into_iter().chain(right).chain(others);
         for (i, (mut stream, peer, addr)) in all.enumerate() {
             socket::tune_established(&stream, liveness)?;
@@ -160,7 +161,9 @@ impl Connections {
             ranks,
             guessed: false,
             step_send: Vec::new(),
-            reports: Vec::new(),
+            // Room for every report one wait can bring (three waits per connection and
+            // the waker's, or a poller's 64 events), so collectives never allocate.
+            reports: Vec::with_capacity(64.max(3 * n + 1)),
         })
     }
 
