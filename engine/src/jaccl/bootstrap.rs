@@ -54,8 +54,9 @@ use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::comm::progress::notice_names;
+use crate::comm::reports::Reports;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::ring::bootstrap::Reports;
+use crate::transport::rdma::fabric::Destination;
 use crate::verbose::verbose;
 
 /// The context errors during set-up name.
@@ -69,19 +70,7 @@ pub(crate) const DESTINATION_BYTES: usize = 32;
 /// all_gather" (see the module docs).
 pub(crate) const NUVEC_MARK: [u8; 4] = *b"nvc1";
 
-/// How to reach one queue pair: what each rank publishes for each of its connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Destination {
-    /// The port's LID; -1 for a connection that does not exist.
-    pub(crate) lid: i32,
-    /// The queue-pair number.
-    pub(crate) qpn: u32,
-    /// The starting packet sequence number.
-    pub(crate) psn: u32,
-    /// The GID (an IPv4-mapped address on Thunderbolt).
-    pub(crate) gid: [u8; 16],
-}
-
+/// A [`Destination`] as the side channel carries it: MLX's 32-byte record.
 impl Destination {
     /// The entry of a connection that does not exist.
     pub(crate) const ABSENT: Destination = Destination {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Layout, run_ok};
 use crate::error::{Error, Fault, Phase};
-use crate::jaccl::emulated::Network;
+use crate::transport::rdma::emulated::Network;
 
 /// What rank 0 measured: the collective's error, how long after `close()` it returned, and
 /// how long `health()` from the other thread took while the collective ran.

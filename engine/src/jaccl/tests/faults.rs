@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{Layout, run};
 use crate::error::{Error, PeerOp};
-use crate::jaccl::emulated::{Fault, Network};
+use crate::transport::rdma::emulated::{Fault, Network};
 
 const SHORT: Duration = Duration::from_millis(1500);
 
