@@ -64,8 +64,9 @@ impl SizeClasses {
     ///
     /// [`BUFFERS_VAR`] holds something other than `small` or `large`.
     pub fn detect() -> crate::Result<SizeClasses> {
-        if let Some(classes) = crate::config::env::jaccl_buffers(&crate::config::env::process)? {
-            return Ok(classes);
+        use crate::config::env;
+        if let Some(classes) = env::value(&env::process, BUFFERS_VAR)? {
+            return classes.parse();
         }
         Ok(Self::for_os_release(macos_release()))
     }
