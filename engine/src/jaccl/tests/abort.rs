@@ -1,6 +1,6 @@
-//! `close()` from another thread aborts a collective in flight (issue 10 item 6): the call
-//! returns [`Error::Aborted`] promptly, later calls get [`Error::GroupClosed`], and the
-//! peers, which join late, name the rank that closed.
+//! `close()` from another thread aborts a collective in flight: the call returns
+//! [`Error::Aborted`] promptly, later calls get [`Error::GroupClosed`], and the peers, which
+//! join late, name the rank that closed.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
