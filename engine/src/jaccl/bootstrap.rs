@@ -146,12 +146,12 @@ pub(crate) fn joining_rank(hello: [u8; 4], size: usize, from: SocketAddr) -> Res
         .ok()
         .filter(|&r| (1..size).contains(&r))
         .ok_or_else(|| Error::Environment {
-            var: crate::RANK_VAR,
+            var: crate::config::env::RANK_VAR,
             reason: format!(
                 "a client at {from} joined the JACCL side channel as rank {rank}, but the group \
                  has ranks 1 to {} besides rank 0: check {} on every host",
                 size.saturating_sub(1),
-                crate::RANK_VAR
+                crate::config::env::RANK_VAR
             ),
         })
 }
@@ -645,11 +645,11 @@ fn accept_all(size: usize, addr: SocketAddr, timeout: Duration) -> Result<Vec<Pe
         let slot = joining_rank(rank, size, from)?;
         if slots[slot - 1].is_some() {
             return Err(Error::Environment {
-                var: crate::RANK_VAR,
+                var: crate::config::env::RANK_VAR,
                 reason: format!(
                     "two clients joined the JACCL side channel as rank {slot} (the second from \
                      {from}): check {} on every host",
-                    crate::RANK_VAR
+                    crate::config::env::RANK_VAR
                 ),
             });
         }

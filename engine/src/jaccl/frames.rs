@@ -63,7 +63,7 @@ impl SizeClasses {
     /// # Errors
     ///
     /// [`BUFFERS_VAR`] holds something other than `small` or `large`.
-    pub fn detect() -> crate::Result<SizeClasses> {
+    pub fn detect() -> crate::error::Result<SizeClasses> {
         use crate::config::env;
         if let Some(classes) = env::value(&env::process, BUFFERS_VAR)? {
             return classes.parse();

@@ -12,7 +12,7 @@ use crate::transport::rdma::emulated::Network;
 /// What rank 0 measured: the collective's error, how long after `close()` it returned, and
 /// how long `health()` from the other thread took while the collective ran.
 struct Aborted {
-    result: crate::Result<()>,
+    result: crate::error::Result<()>,
     /// When the all_sum returned, relative to `close()`: negative if before.
     after_close: Option<Duration>,
     health: Duration,

@@ -13,7 +13,7 @@ const SHORT: Duration = Duration::from_millis(1500);
 /// What a rank reports: its error (if any) and how long the collective took.
 type Outcome = (Option<Error>, Duration);
 
-fn all_sum_once(g: &crate::Group) -> Outcome {
+fn all_sum_once(g: &crate::group::Group) -> Outcome {
     let start = Instant::now();
     let mut v = vec![1.0f32; 3000];
     (g.all_sum(&mut v).err(), start.elapsed())
@@ -22,7 +22,7 @@ fn all_sum_once(g: &crate::Group) -> Outcome {
 fn outcomes(
     layout: Layout,
     net: &Network,
-    body: impl Fn(usize, crate::Group) -> Outcome + Sync,
+    body: impl Fn(usize, crate::group::Group) -> Outcome + Sync,
 ) -> Vec<Outcome> {
     run(layout, net, body)
         .into_iter()
