@@ -416,8 +416,8 @@ step "unit tests with debug assertions and overflow checks (dev profile at opt-l
 CARGO_PROFILE_DEV_OPT_LEVEL=1 cargo test -p nuvec-distributed -p nuvec-distributed-engine \
   -p nuvec-distributed-ffi --lib --all-features
 
-# JACCL's real verbs path (the binding in ffi/src/verbs, src/jaccl/verbs.rs) has no RDMA
-# device here; the project's test provider stands in for libibverbs, loaded through
+# JACCL's real verbs path (the binding in ffi/src/verbs, src/transport/rdma/verbs.rs) has no
+# RDMA device here; the project's test provider stands in for libibverbs, loaded through
 # NUVEC_DISTRIBUTED_VERBS_LIBRARY. Every collective across processes, meshes of 2 to 8 and
 # rings of 1 to 4 cables, faults included (tests/jaccl_provider.rs, about half a minute,
 # run by the whole suite below, which needs the library built first).

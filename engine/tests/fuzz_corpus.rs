@@ -36,6 +36,15 @@ fn handshake_inputs_never_panic() {
     replay("handshake", nuvec_distributed_engine::fuzzing::handshake);
 }
 
+#[cfg(feature = "jaccl")]
+#[test]
+fn jaccl_side_channel_inputs_never_panic() {
+    replay(
+        "jaccl_side_channel",
+        nuvec_distributed_engine::fuzzing::jaccl_side_channel,
+    );
+}
+
 /// A few thousand random conversations on every `cargo test`, beyond the stored inputs:
 /// cheap, and the same every run (a fixed seed), so a failure can be replayed.
 #[test]
@@ -48,4 +57,58 @@ fn random_handshake_conversations_never_panic() {
         let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         nuvec_distributed_engine::fuzzing::handshake(&data);
     }
+}
+
+/// The stored side-channel inputs reach every stage of the play: a refused hello or count
+/// is among them, and so is a whole set-up followed by a failure notice.
+#[cfg(feature = "jaccl")]
+#[test]
+fn side_channel_seeds_reach_every_stage() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/jaccl_side_channel");
+    let mut reached = [0usize; 5];
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let data = std::fs::read(entry.unwrap().path()).unwrap();
+        reached[nuvec_distributed_engine::fuzzing::jaccl_side_channel_reach(&data)] += 1;
+    }
+    // Stage 2 stops at a refused count; 4 has read both record lists and a notice.
+    assert!(reached[2] > 0 && reached[4] >= 3, "{reached:?}");
+}
+
+/// Random set-ups on every `cargo test`, beyond the stored inputs: counts mostly in range
+/// and records of the length they announce (now and then cut short), then a notice; a
+/// fixed seed, as above.
+#[cfg(feature = "jaccl")]
+#[test]
+fn random_side_channel_set_ups_never_panic() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(0x6a61_6363_6c53_4348);
+    let mut whole = 0;
+    for _ in 0..3000 {
+        let group: u8 = rng.random();
+        let ranks = 2 + usize::from(group % 7);
+        let mut data = vec![group];
+        data.extend(rng.random_range(-1i32..9).to_le_bytes());
+        for _ in 0..2 {
+            let counts: Vec<i32> = (0..ranks).map(|_| rng.random_range(-1..10)).collect();
+            data.extend(counts.iter().flat_map(|c| c.to_le_bytes()));
+            let max = counts.iter().copied().max().unwrap_or(0).max(0) as usize;
+            let mut len = ranks * max * 32;
+            if rng.random_ratio(1, 10) {
+                len = rng.random_range(0..=len);
+            }
+            // Records that mostly look like the real thing: marked, zero or random padding.
+            data.extend((0..len).map(|i| match (i % 32, rng.random_range(0..3)) {
+                (12..16, 0) => b"nvc1"[i % 4],
+                (12..16, 1) => 0,
+                _ => rng.random(),
+            }));
+        }
+        let notice = rng.random_range(0..6);
+        data.extend((0..notice).map(|_| rng.random_range(0..10u8)));
+        if nuvec_distributed_engine::fuzzing::jaccl_side_channel_reach(&data) == 4 {
+            whole += 1;
+        }
+    }
+    assert!(whole > 100, "only {whole} random set-ups got through");
 }
