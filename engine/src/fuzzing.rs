@@ -1,12 +1,17 @@
 //! Entry points for the fuzz targets in `fuzz/` and for replaying their corpus in
-//! `cargo test`: every parser of bytes that come from outside the process. Not part of the
-//! API; hidden from the docs.
+//! `cargo test`: every parser of bytes that come from outside the process (the hostfile,
+//! the MLX wire's keyed handshake, and the native wire's hello and collective header, in
+//! `native`). Not part of the API; hidden from the docs.
 
 use crate::auth::{
     Acceptor, Challenge, Connector, Greeting, Handshake, Hello, Key, Link, MAGIC, Outcome, Secret,
     greeting,
 };
 use crate::hostfile;
+
+mod native;
+
+pub use native::{Ended, native_header, native_hello, seeds};
 
 /// Parses `data` as a hostfile and checks it for every rank it could describe. Must never
 /// panic, whatever the bytes.
