@@ -143,6 +143,9 @@ struct Ref {
     /// The file, relative to the crate's directory, and the line.
     file: String,
     line: usize,
+    /// Whether it is a `pub use` (of any visibility): re-exporting a module's own
+    /// descendant is not an import of it.
+    reexport: bool,
 }
 
 /// The whole tree: modules and every path that may cross between them.
@@ -268,6 +271,7 @@ impl Collector<'_> {
             path,
             file: self.file.clone(),
             line,
+            reexport: false,
         });
     }
 
@@ -341,16 +345,11 @@ impl<'ast> Visit<'ast> for Collector<'_> {
         }
     }
 
-    fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
-        let attrs: &[syn::Attribute] = match item {
-            syn::ImplItem::Const(i) => &i.attrs,
-            syn::ImplItem::Fn(i) => &i.attrs,
-            syn::ImplItem::Type(i) => &i.attrs,
-            syn::ImplItem::Macro(i) => &i.attrs,
-            _ => &[],
-        };
-        if !is_test_only(attrs) {
-            syn::visit::visit_impl_item(self, item);
+    // Test-only methods (`#[cfg(test)] fn ...` in an impl block); other impl items under
+    // `cfg(test)` do not occur.
+    fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
+        if !is_test_only(&item.attrs) {
+            syn::visit::visit_impl_item_fn(self, item);
         }
     }
 
@@ -415,6 +414,9 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                     .insert(name.clone(), leaf.path.clone());
             }
             self.record(leaf.path, leaf.line);
+            if let Some(r) = self.tree.refs.last_mut() {
+                r.reexport = !matches!(u.vis, syn::Visibility::Inherited);
+            }
         }
     }
 
@@ -622,6 +624,9 @@ fn find(tree: &Tree, layers: &[(&str, u8)], backends: &[&str]) -> Findings {
         let Some(target) = tree.resolve(&r.module, &r.path, 0) else {
             continue;
         };
+        if r.reexport && target.starts_with(&r.module) {
+            continue;
+        }
         let (from, to) = (unit(&r.module), unit(&target));
         // One site per line: `use a::{B, C}` is one import of `a`.
         if from != to && seen.insert((r.file.clone(), r.line, from.clone(), to.clone())) {
@@ -878,7 +883,7 @@ fn the_check_finds_each_violation_and_nothing_else() {
     write(
         "src/lib.rs",
         "//! [`crate::top::Api`] is a doc link, not an import.\n\
-         mod low;\nmod native;\nmod ring;\nmod top;\npub use top::Api;\n",
+         mod low;\nmod native;\nmod ring;\nmod top;\npub use top::Api;\npub fn root() {}\n",
     );
     write(
         "src/low.rs",
@@ -891,7 +896,8 @@ fn the_check_finds_each_violation_and_nothing_else() {
     );
     write(
         "src/top.rs",
-        "use crate::low::f;\npub struct Api;\npub const NAME: &str = \"top\";\n",
+        "use crate::low::f;\npub struct Api;\npub const NAME: &str = \"top\";\n\
+         pub fn g() { crate::root() }\n",
     );
     write("src/ring/mod.rs", "pub(crate) mod inner;\n");
     write(

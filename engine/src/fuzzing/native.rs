@@ -1,7 +1,9 @@
 //! The native wire's hello and collective header, as the fuzz targets `native_hello` and
 //! `native_header` drive them, and their seeds.
 
-use super::step;
+use super::converse;
+use std::sync::OnceLock;
+
 use crate::auth::{self, Fault, Handshake, Key, MAGIC, Outcome, Secret};
 use crate::element::DType;
 use crate::error::Error;
@@ -13,25 +15,36 @@ use crate::reduce::ReduceOp;
 /// The group every fuzzed hello is about: 4 ranks on loopback.
 const HELLO_SIZE: u32 = 4;
 
-/// The fixed key of the keyed hello machines (the same as the handshake target's).
+/// The fixed key of the keyed hello machines (the same as the handshake target's), and the
+/// group identity without and with it: derived once, since every input needs them.
+fn fixtures() -> &'static (Option<Key>, [u8; 32], [u8; 32]) {
+    static FIXTURES: OnceLock<(Option<Key>, [u8; 32], [u8; 32])> = OnceLock::new();
+    FIXTURES.get_or_init(|| {
+        let key = Secret::new(b"a fixed fuzzing key of 32 bytes!").key().ok();
+        let all: Vec<Vec<String>> = (0..HELLO_SIZE)
+            .map(|r| vec![format!("127.0.0.1:{}", 5000 + r)])
+            .collect();
+        let unkeyed = hello::group_identity(&all, None);
+        (key, unkeyed, hello::group_identity(&all, key.as_ref()))
+    })
+}
+
 fn hello_key() -> Option<Key> {
-    Secret::new(b"a fixed fuzzing key of 32 bytes!").key().ok()
+    fixtures().0
 }
 
 /// What rank `me` of the fuzzed group expects of a peer, with or without the key.
-fn hello_expect(me: u32, key: Option<&Key>) -> Expect {
-    let all: Vec<Vec<String>> = (0..HELLO_SIZE)
-        .map(|r| vec![format!("127.0.0.1:{}", 5000 + r)])
-        .collect();
+fn hello_expect(me: u32, keyed: bool) -> Expect {
+    let (_, unkeyed, with_key) = fixtures();
     Expect {
         me,
         identity: Identity {
             capabilities: CAP_SHARED_MEMORY,
             size: HELLO_SIZE,
-            group: hello::group_identity(&all, key),
+            group: if keyed { *with_key } else { *unkeyed },
             host: [7; 16],
         },
-        keyed: key.is_some(),
+        keyed,
     }
 }
 
@@ -61,23 +74,23 @@ impl HelloSide {
     fn machine(self, key: Option<Key>) -> Box<dyn Handshake> {
         match self {
             HelloSide::RingConnector => Box::new(hello::Connector::new(
-                hello_expect(3, key.as_ref()),
+                hello_expect(3, key.is_some()),
                 key,
                 0,
                 HelloKind::Ring(1),
             )),
             HelloSide::RingAcceptor => {
-                Box::new(hello::Acceptor::new(hello_expect(0, key.as_ref()), key, 1))
+                Box::new(hello::Acceptor::new(hello_expect(0, key.is_some()), key, 1))
             }
             HelloSide::MeshAcceptor => {
-                Box::new(hello::Acceptor::new(hello_expect(2, key.as_ref()), key, 0))
+                Box::new(hello::Acceptor::new(hello_expect(2, key.is_some()), key, 0))
             }
         }
     }
 
     /// Whether this side, unkeyed, takes `h` from its peer.
     fn accepts(self, h: &hello::Hello) -> bool {
-        let ours = hello_expect(0, None).identity;
+        let ours = hello_expect(0, false).identity;
         let group = h.identity.size == ours.size && h.identity.group == ours.group;
         group
             && match self {
@@ -215,22 +228,7 @@ fn well_formed_round_trips(data: &[u8]) {
 fn honest_hellos(key: Option<Key>, sizes: &[u8]) {
     let mut c = HelloSide::RingConnector.machine(key);
     let mut a = HelloSide::RingAcceptor.machine(key);
-    let mut next = 0;
-    let mut size = || {
-        let s = sizes.get(next % sizes.len().max(1)).copied().unwrap_or(1);
-        next += 1;
-        usize::from(s.max(1))
-    };
-    let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
-    // Each round moves at least one byte until both are done: 88 bytes each way, and
-    // with the key 60 + 32 and 76 + 1 more.
-    for _ in 0..1000 {
-        let moved = step(c.as_mut(), &mut to_a, &mut to_c, &mut size)
-            | step(a.as_mut(), &mut to_c, &mut to_a, &mut size);
-        if !moved {
-            break;
-        }
-    }
+    converse(c.as_mut(), a.as_mut(), sizes);
     assert_eq!(
         c.outcome(),
         &Outcome::Established,
@@ -570,7 +568,7 @@ pub fn seeds(target: &str) -> Vec<(&'static str, Vec<u8>)> {
 fn hello_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let key = hello_key();
     let hello = |me: u32, to: u32, kind: HelloKind, key: Option<&Key>| hello::Hello {
-        identity: hello_expect(me, key).identity,
+        identity: hello_expect(me, key.is_some()).identity,
         from: me,
         to,
         kind,
