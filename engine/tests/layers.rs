@@ -790,15 +790,15 @@ fn verdict(f: &Findings, known: &[Known]) -> (String, bool) {
     };
     let known: BTreeSet<_> = known.iter().map(key).collect();
     let mut found = BTreeSet::new();
-    for ((rule, from, to), sites) in &f.edges {
-        let k = (rule.clone(), from.clone(), to.clone());
-        let status = if known.contains(&k) {
-            "known"
-        } else {
-            ok = false;
-            "NEW"
-        };
+    // Whether a violation is listed; an unlisted one fails the test.
+    let mut status = |k: (String, String, String)| {
+        let listed = known.contains(&k);
         found.insert(k);
+        ok &= listed;
+        if listed { "known" } else { "NEW" }
+    };
+    for ((rule, from, to), sites) in &f.edges {
+        let status = status((rule.clone(), from.clone(), to.clone()));
         let why = if rule == "backend" {
             "a backend imports another backend's insides".to_string()
         } else {
@@ -814,14 +814,7 @@ fn verdict(f: &Findings, known: &[Known]) -> (String, bool) {
         }
     }
     for (units, lines) in &f.circles {
-        let k = ("circle".to_string(), units.join(" "), String::new());
-        let status = if known.contains(&k) {
-            "known"
-        } else {
-            ok = false;
-            "NEW"
-        };
-        found.insert(k);
+        let status = status(("circle".to_string(), units.join(" "), String::new()));
         let _ = writeln!(report, "{status} circle: {}", units.join(", "));
         for line in lines {
             let _ = writeln!(report, "    {line}");
