@@ -1,12 +1,17 @@
 //! Entry points for the fuzz targets in `fuzz/` and for replaying their corpus in
-//! `cargo test`: every parser of bytes that come from outside the process. Not part of the
-//! API; hidden from the docs.
+//! `cargo test`: every parser of bytes that come from outside the process (the hostfile,
+//! the MLX wire's keyed handshake, and the native wire's hello and collective header, in
+//! `native`). Not part of the API; hidden from the docs.
 
 use crate::auth::{
     Acceptor, Challenge, Connector, Greeting, Handshake, Hello, Key, Link, MAGIC, Outcome, Secret,
     greeting,
 };
 use crate::hostfile;
+
+mod native;
+
+pub use native::{Ended, native_header, native_hello, seeds};
 
 /// Parses `data` as a hostfile and checks it for every rank it could describe. Must never
 /// panic, whatever the bytes.
@@ -133,6 +138,14 @@ fn honest(key: Key, sizes: &[u8]) {
     ) else {
         return;
     };
+    converse(&mut c, &mut a, sizes);
+    assert_eq!(c.outcome(), &Outcome::Established);
+    assert_eq!(a.outcome(), &Outcome::Established);
+}
+
+/// Runs `c` against `a` until neither moves, each delivery cut to the next size `sizes`
+/// gives (in turn, and 1 when it is empty or the size 0).
+fn converse(c: &mut dyn Handshake, a: &mut dyn Handshake, sizes: &[u8]) {
     let mut next = 0;
     let mut size = || {
         let s = sizes.get(next % sizes.len().max(1)).copied().unwrap_or(1);
@@ -140,16 +153,15 @@ fn honest(key: Key, sizes: &[u8]) {
         usize::from(s.max(1))
     };
     let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
-    // Each round moves at least one byte until both are done; 2 × 169 bytes in all.
+    // Each round moves at least one byte until both are done; the longest conversation
+    // (the keyed MLX handshake, 2 × 169 bytes) ends well within the bound.
     for _ in 0..1000 {
-        let moved = step(&mut c, &mut to_a, &mut to_c, &mut size)
-            | step(&mut a, &mut to_c, &mut to_a, &mut size);
+        let moved =
+            step(c, &mut to_a, &mut to_c, &mut size) | step(a, &mut to_c, &mut to_a, &mut size);
         if !moved {
             break;
         }
     }
-    assert_eq!(c.outcome(), &Outcome::Established);
-    assert_eq!(a.outcome(), &Outcome::Established);
 }
 
 /// Moves one delivery each way for `hs`; whether anything moved.

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-fn replay(target: &str, run: fn(&[u8])) {
+fn replay(target: &str, run: impl Fn(&[u8])) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut count = 0;
     for dir in [
@@ -43,6 +43,87 @@ fn jaccl_side_channel_inputs_never_panic() {
         "jaccl_side_channel",
         nuvec_distributed_engine::fuzzing::jaccl_side_channel,
     );
+}
+
+#[test]
+fn native_hello_inputs_never_panic() {
+    replay("native_hello", |d| {
+        nuvec_distributed_engine::fuzzing::native_hello(d);
+    });
+}
+
+#[test]
+fn native_header_inputs_never_panic() {
+    replay("native_header", |d| {
+        nuvec_distributed_engine::fuzzing::native_header(d);
+    });
+}
+
+/// Each native seed reaches what it is for: the valid hellos are taken by the one side
+/// they are for, every other hello by none; the matching headers complete their
+/// collective, the others are refused or wait for more.
+#[test]
+fn the_native_seeds_reach_what_they_are_for() {
+    use nuvec_distributed_engine::fuzzing::{self, Ended};
+    for (name, bytes) in fuzzing::seeds("native_hello") {
+        let valid = [
+            "accepted-on-address-1",
+            "ring-1-from-rank-3",
+            "ring-0-from-rank-1",
+        ];
+        let expected = usize::from(
+            valid.contains(&name) || name == "mesh-from-rank-0" || name == "ring-then-data",
+        );
+        assert_eq!(fuzzing::native_hello(&bytes), expected, "{name}");
+    }
+    for (name, bytes) in fuzzing::seeds("native_header") {
+        let expected = match name {
+            "short-header" | "empty" => Ended::Waiting,
+            n if n.contains("against")
+                || n.starts_with("bad-")
+                || n.contains("longer")
+                || n == "broadcast-from-rank-0"
+                || n == "next-sequence-number" =>
+            {
+                Ended::Refused
+            }
+            _ => Ended::Finished,
+        };
+        assert_eq!(fuzzing::native_header(&bytes), expected, "{name}");
+    }
+}
+
+/// The native targets' seeds are this build's encodings (every hello and header kind, and
+/// the edge cases around them): a change to the wire's bytes shows here. With
+/// `NUVEC_WRITE_SEEDS=1` the test writes them instead, for a change that means to.
+#[test]
+fn the_native_seeds_are_what_this_build_encodes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+    let write = std::env::var_os("NUVEC_WRITE_SEEDS").is_some();
+    for target in ["native_hello", "native_header"] {
+        let seeds = nuvec_distributed_engine::fuzzing::seeds(target);
+        assert!(seeds.len() > 10, "{target}: {} seeds", seeds.len());
+        for (name, bytes) in seeds {
+            let path = root.join(target).join(name);
+            if write {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, &bytes).unwrap();
+                continue;
+            }
+            let stored = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (NUVEC_WRITE_SEEDS=1 writes the seeds)",
+                    path.display()
+                )
+            });
+            assert!(
+                stored == bytes,
+                "{} holds {stored:02x?}, and this build encodes {bytes:02x?}: the wire changed \
+                 (NUVEC_WRITE_SEEDS=1 rewrites the seeds if it means to)",
+                path.display()
+            );
+        }
+    }
 }
 
 /// A few thousand random conversations on every `cargo test`, beyond the stored inputs:
@@ -111,4 +192,37 @@ fn random_side_channel_set_ups_never_panic() {
         }
     }
     assert!(whole > 100, "only {whole} random set-ups got through");
+}
+
+/// The same for the native hello and header: random bytes, and random edits of each seed
+/// (a byte changed, the input cut short), from a fixed seed.
+#[test]
+fn random_native_inputs_never_panic() {
+    use nuvec_distributed_engine::fuzzing;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(0x6e61_7469_7665_2121);
+    for (target, run) in [
+        (
+            "native_hello",
+            (|d| _ = fuzzing::native_hello(d)) as fn(&[u8]),
+        ),
+        ("native_header", |d| _ = fuzzing::native_header(d)),
+    ] {
+        let seeds = fuzzing::seeds(target);
+        for _ in 0..1000 {
+            let len = rng.random_range(0..200);
+            let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            run(&data);
+            let (_, seed) = &seeds[rng.random_range(0..seeds.len())];
+            let mut edited = seed.clone();
+            if !edited.is_empty() {
+                let at = rng.random_range(0..edited.len());
+                edited[at] = rng.random();
+                run(&edited);
+                edited.truncate(rng.random_range(0..edited.len()));
+            }
+            run(&edited);
+        }
+    }
 }

@@ -41,7 +41,7 @@
 //! with the same mismatch (see `header`).
 
 pub(crate) mod bootstrap;
-mod hello;
+pub(crate) mod hello;
 
 use crate::ring::transport::Transport;
 
@@ -77,8 +77,8 @@ pub(crate) struct Peer {
 }
 
 mod engine;
-mod header;
-mod protocol;
+pub(crate) mod header;
+pub(crate) mod protocol;
 mod shm;
 #[cfg(test)]
 mod tests;
