@@ -8,6 +8,7 @@ mod link;
 pub(crate) mod machine;
 pub(crate) mod neighbours;
 pub(crate) mod progress;
+pub(crate) mod reports;
 pub(crate) mod ring;
 pub(crate) mod state;
 pub(crate) mod trace;

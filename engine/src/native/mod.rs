@@ -42,7 +42,7 @@
 //! with the same mismatch (see `header`).
 
 pub(crate) mod bootstrap;
-mod hello;
+pub(crate) mod hello;
 
 use crate::transport::tcp::{self, Connections};
 
@@ -77,8 +77,8 @@ pub(crate) struct Peer {
     pub(crate) capabilities: u64,
 }
 
-mod header;
-mod protocol;
+pub(crate) mod header;
+pub(crate) mod protocol;
 mod shm;
 #[cfg(test)]
 mod tests;

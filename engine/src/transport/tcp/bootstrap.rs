@@ -19,6 +19,7 @@ use mio::{Events, Poll, Token};
 use super::Connections;
 use super::socket::{self, SocketTuning};
 use crate::auth::{self, Handshake, Key, Outcome};
+use crate::comm::reports::Reports;
 use crate::error::{Error, Result};
 use crate::options::Options;
 
@@ -29,51 +30,6 @@ const MAX_RETRY: Duration = Duration::from_millis(250);
 /// The wait before the next try of a connection that just failed after waiting `current`.
 pub(crate) fn next_backoff(current: Duration) -> Duration {
     (current * 2).min(MAX_RETRY)
-}
-
-/// When a forming rank first says what it still waits for, and then how often: a launch
-/// that forms normally is done well within the first (tens of milliseconds on one host), and
-/// a missing peer is named within seconds instead of only at the timeout (30 s by default).
-const FIRST_REPORT: Duration = Duration::from_secs(2);
-const REPORT_EVERY: Duration = Duration::from_secs(5);
-
-/// The reports of a forming group: at [`FIRST_REPORT`], then at every multiple of
-/// [`REPORT_EVERY`] (2 s, 5 s, 10 s, 15 s, ...), each naming the peers still missing.
-pub(crate) struct Reports {
-    started: Instant,
-    next: Duration,
-}
-
-impl Reports {
-    pub(crate) fn new(started: Instant) -> Self {
-        Reports {
-            started,
-            next: FIRST_REPORT,
-        }
-    }
-
-    /// When the next report is due (the setup loop wakes for it).
-    pub(crate) fn due(&self) -> Instant {
-        crate::options::deadline(self.started, self.next)
-    }
-
-    /// How long setup has run, if a report is due at `now`; schedules the next one.
-    pub(crate) fn take(&mut self, now: Instant) -> Option<Duration> {
-        let elapsed = now.saturating_duration_since(self.started);
-        if elapsed < self.next {
-            return None;
-        }
-        while self.next <= elapsed {
-            self.next = next_report(self.next);
-        }
-        Some(elapsed)
-    }
-}
-
-/// The report after one at `at`: the next multiple of [`REPORT_EVERY`].
-fn next_report(at: Duration) -> Duration {
-    let every = REPORT_EVERY.as_millis();
-    Duration::from_millis(((at.as_millis() / every + 1) * every) as u64)
 }
 
 /// The poller tokens of a formation: listeners from 0, outgoing connections from
@@ -275,7 +231,7 @@ pub(crate) fn form<F: Formation>(
         }
         let now = Instant::now();
         // Before the deadline's check, so a rank that gives up has said what it waited
-        // for (every timeout of at least FIRST_REPORT sees one report).
+        // for (every timeout of at least the first report's time sees one report).
         if let Some(elapsed) = reports.take(now) {
             setup.report(elapsed, timeout);
         }
@@ -310,25 +266,6 @@ pub(crate) fn form<F: Formation>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn a_forming_rank_reports_at_2_s_then_at_every_5_s() {
-        let s = Duration::from_secs(1);
-        let t0 = Instant::now();
-        let mut reports = Reports::new(t0);
-        assert_eq!(reports.due(), t0 + 2 * s);
-        assert_eq!(reports.take(t0 + 1999 * MS), None);
-        assert_eq!(reports.take(t0 + 2 * s), Some(2 * s));
-        assert_eq!(reports.due(), t0 + 5 * s);
-        assert_eq!(reports.take(t0 + 4 * s), None);
-        assert_eq!(reports.take(t0 + 5 * s), Some(5 * s));
-        // A late wake makes one report, not one per missed slot.
-        assert_eq!(reports.take(t0 + 17 * s), Some(17 * s));
-        assert_eq!(reports.due(), t0 + 20 * s);
-        assert_eq!(reports.take(t0 + 18 * s), None);
-    }
 
     #[test]
     fn refused_connections_back_off_from_10_ms_to_a_250_ms_cap() {
