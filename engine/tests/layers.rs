@@ -45,10 +45,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("auth", 0),
     // L1: what every transport and backend shares, knowing none of them.
     ("comm", 1),
-    // L2 transports: tcp/, shm/, rdma/. `tcp` is the socket options, listening and
-    // dialling of today's `tcp.rs`, whose place is `transport/tcp/socket.rs`.
+    // L2 transports: tcp/, shm/, rdma/.
     ("transport", 2),
-    ("tcp", 2),
     // L3 backends.
     ("ring", 3),
     ("native", 3),
@@ -80,41 +78,20 @@ enum Known {
 /// Today's violations, each with the move that ends it: remove an entry when its move
 /// lands; never add one.
 const KNOWN: &[Known] = &[
-    // `jaccl::bootstrap` (the side channel) dials and accepts with the ring bootstrap's
-    // helpers: ends when the bootstrap skeleton is `transport/tcp/bootstrap.rs`.
-    Known::Backend("jaccl", "ring"),
-    // The native wire runs on `ring::transport` (connections, notices, the pump), the
-    // ring's lanes, staging and engine for its large all-reduce, `ring::schedule::part`
-    // and the ring bootstrap's backoff: ends when `ring/transport.rs` is `transport/tcp/`,
-    // the block split is in `comm`, and native reaches MLX's ring through the algorithm
-    // table rather than the ring's insides.
-    Known::Backend("native", "ring"),
     // `init_with` and `split` build a `Group`, and `jaccl::init` returns one: formation
     // sits below the API it returns. Ends when formation hands up a communicator that
     // `group` wraps (or `Group` itself moves below formation).
     Known::Layer("backend", "group"),
     Known::Layer("jaccl", "group"),
     Known::Layer("split", "group"),
-    // `config::env` parses JACCL's `MlxAllGather` and `SizeClasses`: ends when those
-    // types (or their parsing) live with the configuration.
-    Known::Layer("config", "jaccl"),
-    // The circle the violations above close, with three of its own within one layer:
-    // `config::env` ↔ `options` (the variables' names against `Options`), `group` ↔
-    // `nonblocking` (`Group::scope` against the scope's `&Group`), `backend` ↔ `split`
-    // (forming a ring against re-forming one).
-    Known::Circle(&[
-        "backend",
-        "comm",
-        "config",
-        "group",
-        "jaccl",
-        "native",
-        "nonblocking",
-        "options",
-        "ring",
-        "split",
-        "tcp",
-    ]),
+    // The circle the violations above close, with two of its own within one layer:
+    // `group` ↔ `nonblocking` (`Group::scope` against the scope's `&Group`), `backend` ↔
+    // `split` (forming a ring against re-forming one).
+    Known::Circle(&["backend", "group", "jaccl", "nonblocking", "split"]),
+    // `config::env` parses the environment into `Options`, and `options` re-exports the
+    // variables' names from `config::env` (for `Options`' docs): ends when the names are
+    // reached in one place only.
+    Known::Circle(&["config", "options"]),
 ];
 
 // ---------------------------------------------------------------------------------------
