@@ -1,5 +1,5 @@
-//! Measures the io_uring features the driver (`src/ring/uring.rs`) does not use, on this
-//! kernel and over loopback TCP, so that the choice rests on figures:
+//! Measures the io_uring features the driver (`engine/src/transport/tcp/sys/uring.rs`)
+//! does not use, on this kernel and over loopback TCP, so that the choice rests on figures:
 //!
 //! - `send`: a 64 MiB transfer by `IORING_OP_SEND` against `IORING_OP_SEND_ZC` (zero-copy
 //!   send, which pins the pages and waits for the kernel's notification before the buffer may
