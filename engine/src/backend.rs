@@ -7,10 +7,10 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use crate::config::env;
+use crate::config::hostfile;
+use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, Result};
 use crate::group::{Group, set_default_group};
-use crate::hostfile;
-use crate::hostfile::RingAddresses;
 use crate::native::Native;
 use crate::options::{Options, Wire};
 use crate::ring::Ring;

@@ -7,7 +7,7 @@ use crate::auth::{
     Acceptor, Challenge, Connector, Greeting, Handshake, Hello, Key, Link, MAGIC, Outcome, Secret,
     greeting,
 };
-use crate::hostfile;
+use crate::config::hostfile;
 
 mod native;
 

@@ -552,7 +552,7 @@ impl Group {
         self.comm.close()
     }
 
-    // ---- Nonblocking collectives (issue 16): see `crate::nonblocking` ----
+    // ---- Nonblocking collectives: see `crate::nonblocking` ----
 
     /// Runs `f` with a [`Scope`] that starts nonblocking collectives on buffers borrowed for
     /// the whole scope, and returns once every operation started in it has finished (also
@@ -616,7 +616,7 @@ impl Group {
     }
 }
 
-// ---- Split (issue 16): sub-groups with connections of their own ------------------------
+// ---- Split: sub-groups with connections of their own -----------------------------------
 
 impl Group {
     /// The color of a rank that takes part in no sub-group of [`Group::split`] (any
@@ -684,7 +684,7 @@ impl Group {
     }
 }
 
-// Issue 16: broadcast, all_to_all and the allocating conveniences.
+// Broadcast, all_to_all and the allocating conveniences.
 impl Group {
     /// Copies rank `root`'s `data` into `data` on every other rank; every rank passes the
     /// same length and the same `root`.
@@ -1050,7 +1050,7 @@ impl Group {
     }
 }
 
-// Issue 16: broadcast, all_to_all and the conveniences across ranks, on both wires.
+// Broadcast, all_to_all and the conveniences across ranks, on both wires.
 #[cfg(test)]
 #[path = "group_collectives_tests.rs"]
 mod collectives_tests;

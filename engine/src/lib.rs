@@ -194,8 +194,6 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod group;
-// The ring reaches the hostfile's reader by its old path.
-use config::hostfile;
 #[cfg(feature = "jaccl")]
 pub mod jaccl;
 mod native;
@@ -218,9 +216,9 @@ pub use group::{
     Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
     set_default_group, sum_scatter,
 };
-// Issue 13: which transport each link uses.
+// Which transport each link uses.
 pub use comm::Transport;
-// Issue 16: broadcast, all_to_all and the allocating conveniences.
+// Broadcast, all_to_all and the allocating conveniences.
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};

@@ -16,9 +16,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::backend::form_ring;
+use crate::config::hostfile::{self, RingAddresses};
 use crate::error::{Error, Phase, Result};
 use crate::group::Group;
-use crate::hostfile::{self, RingAddresses};
 use crate::options::Options;
 use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;

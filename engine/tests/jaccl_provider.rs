@@ -1410,8 +1410,8 @@ fn wall_ns() -> i64 {
 /// percentile) and fails if the median exceeds 5 ms, far above any nap the wait takes. It
 /// runs with completion channels (the provider's default) and without them (the
 /// provider refusing them, as a library without channels would), so the two waits are
-/// compared on one build. The printed figures are the measurement for issue 15
-/// (`--nocapture` shows them).
+/// compared on one build. The printed figures (`--nocapture`) are the
+/// measurement of the two waits.
 #[test]
 fn a_late_peer_is_noticed_promptly() {
     late_peer("a_late_peer_is_noticed_promptly", "on");

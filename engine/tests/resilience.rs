@@ -663,7 +663,7 @@ fn a_chosen_congestion_control_forms_a_ring() {
     });
 }
 
-// Abort from another thread (issue 10 item 6) ------------------------------------------
+// Abort from another thread ---------------------------------------------------------
 
 /// Rank 0 runs an all_sum of `elems` f32 that its peers join only after it gave up. About
 /// 200 ms in, another thread of rank 0 checks `health` (which must not wait for the
@@ -804,7 +804,7 @@ fn close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2() {
     }
 }
 
-// Keys and environments (issue 10 items 4, 8, 10)
+// Keys and environments
 
 /// A rank with a key next to one without, in both orientations at P = 2: both fail at
 /// once (well under the timeout), each naming the other and saying which side has no key;
@@ -978,7 +978,7 @@ fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
     }
 }
 
-// Late peers and timeouts (issue 10 items 1, 3, 5)
+// Late peers and timeouts
 
 /// This rank, from the environment the harness gives it.
 fn my_rank() -> usize {
@@ -1128,7 +1128,7 @@ fn an_absurd_timeout_from_the_environment_forms_a_ring() {
     });
 }
 
-// Blame (issue 10 item 2) ------------------------------------------------------------
+// Blame ----------------------------------------------------------------------------
 //
 // One rank is stopped (SIGSTOP) or killed (SIGKILL) while every rank loops on a collective;
 // every survivor must name it, and none may name a healthy rank. With a stall, only the
@@ -1273,7 +1273,7 @@ fn blame_a_killed_rank_large_p4() {
 #[test]
 #[ignore = "known race, fails about 1 run in 3 under the full suite's load: the notice of the \
             rank that saw the kill can stay behind a full send buffer, and its other \
-            neighbour then names it (issue 10 note); run it alone with --ignored"]
+            neighbour then names it; run it alone with --ignored"]
 fn blame_a_killed_rank_large_p5() {
     blame("blame_a_killed_rank_large_p5", 5, 2, "KILL", blame_large);
 }

@@ -257,7 +257,7 @@ fn shm_stop_during_a_64_mib_all_sum_p3() {
     fault("shm_stop_during_a_64_mib_all_sum_p3", "STOP", large_sum);
 }
 
-// Issue 13: send/recv through the segment's per-pair slots.
+// Send/recv through the segment's per-pair slots.
 
 /// The slots' size in the library (`native::shm::p2p::SLOT`): the sizes below straddle it.
 const SLOT: usize = 64 << 10;

@@ -28,8 +28,8 @@ use mio::{Events, Interest, Poll, Token};
 use super::hello::{self, Expect, Identity, Kind};
 use super::{Formed, Peer};
 use crate::auth::{Fault, Handshake, Key, Outcome};
+use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::transport::tcp::Connections;
 use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
@@ -810,7 +810,7 @@ mod tests {
     }
 
     fn addrs(nodes: &[Vec<String>], rank: usize) -> RingAddresses {
-        crate::hostfile::resolve(nodes, rank, Path::new("hosts.json")).unwrap()
+        crate::config::hostfile::resolve(nodes, rank, Path::new("hosts.json")).unwrap()
     }
 
     const SECRET: &str = "a shared secret of enough length";

@@ -37,8 +37,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::auth::{self, Handshake, Key, Link, Outcome};
+use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::hostfile::RingAddresses;
 use crate::options::Options;
 use crate::transport::tcp::Connections;
 use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};

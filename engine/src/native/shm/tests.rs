@@ -453,7 +453,7 @@ fn measure_large_all_sum() {
     }
 }
 
-// Issue 13: send/recv through the segment's per-pair slots (`p2p`).
+// Send/recv through the segment's per-pair slots (`p2p`).
 
 use super::p2p::{SLOT, SLOTS};
 
