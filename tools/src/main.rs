@@ -195,8 +195,10 @@ struct BenchArgs {
     /// Timed milliseconds to aim for per size.
     #[arg(long, default_value_t = 1000)]
     target_ms: u64,
-    /// Run exactly this many timed iterations per size (instead of aiming at --target-ms).
-    #[arg(long)]
+    /// Run exactly this many timed iterations per size (instead of aiming at --target-ms),
+    /// at least 1: with none, the report would show zeros and no wrong elements having
+    /// measured nothing.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iters: Option<usize>,
     /// Write everything measured (nuvec, the anchors, the comparison) as JSON to this file.
     #[arg(long, value_name = "FILE")]

@@ -184,3 +184,13 @@ fn charts_must_be_svg() {
     assert!(!out.status.success());
     assert!(out.stderr.contains("SVG"), "{}", out.stderr);
 }
+
+#[test]
+fn zero_iterations_are_refused_before_any_rank_starts() {
+    // No timed collective would run, so the report would show zeros and claim no wrong
+    // elements having checked nothing.
+    let out = bench(&["--iters", "0", "--sizes", "4", "-q"]);
+    assert!(!out.status.success(), "{}", out.stdout);
+    assert!(out.stderr.contains("--iters"), "{}", out.stderr);
+    assert!(!out.stdout.contains("(OK)"), "{}", out.stdout);
+}
