@@ -8,7 +8,7 @@ use crate::auth::Secret;
 use crate::error::{Error, Result};
 // The environment's names for these options; `config::env` reads them.
 pub use crate::config::env::{
-    SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    IO_VAR, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// The instant `wait` after `start`, for every deadline in the crate.
@@ -147,11 +147,6 @@ impl std::str::FromStr for Wire {
         }
     }
 }
-
-/// The variable that chooses the event loop (see [`Io`]) when [`Options::io`] is
-/// [`Io::Auto`]: `auto`, `epoll` or `uring`. It is read when a group forms, by
-/// [`init`](crate::init) and [`init_with`](crate::init_with) alike.
-pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 
 /// The event loop that drives a ring's sockets.
 ///

@@ -4,7 +4,7 @@
 //! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
 //! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
-use nuvec_distributed_engine::{Io, Options, Wire, init_with};
+use nuvec_distributed_engine::{Error, IO_VAR, Io, Options, Wire, init_with};
 use nuvec_tools::testing;
 
 /// Two ranks (threads) with `options`: a small and a 16 MiB all_sum, an all_gather and a
@@ -406,4 +406,39 @@ fn io_uring_native_ranks_whose_calls_differ_fail_with_a_mismatch() {
             });
         }
     }
+}
+
+/// An event loop variable that names none fails `init_with` (whose [`Io::Auto`] reads it) and
+/// `init`, on both wires, naming the variable and its values, before any connection: the
+/// peer never starts, so a check made only once the group had formed would instead wait out
+/// the timeout and name the peer.
+#[test]
+fn an_event_loop_variable_naming_none_fails_before_any_connection() {
+    let name = "an_event_loop_variable_naming_none_fails_before_any_connection";
+    let Some(outputs) = testing::Launch::new(2, 1)
+        .env(IO_VAR, "bogus")
+        .skip(1)
+        .timeout(5.0)
+        .run_raw(name, || {
+            let nodes = testing::hostfile_nodes();
+            let check = |e: Error, what: &str| {
+                let text = e.to_string();
+                assert!(
+                    matches!(e, Error::Environment { var, .. } if var == IO_VAR),
+                    "{what}: {text}"
+                );
+                for value in ["bogus", "auto", "epoll", "uring"] {
+                    assert!(text.contains(value), "{what}: {text}");
+                }
+            };
+            for wire in [Wire::Mlx, Wire::Native] {
+                let options = Options::default().wire(wire);
+                check(init_with(&nodes, 0, &options).unwrap_err(), wire.name());
+            }
+            check(nuvec_distributed_engine::init(true).unwrap_err(), "init");
+        })
+    else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
-use crate::options::Options;
+use crate::options::{Io, Options};
 
 /// The variable naming the ring's hostfile, as `mlx.launch` sets it.
 pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
@@ -37,6 +37,12 @@ pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 /// The variable [`init`](crate::init) reads [`Options::wire`] from: `mlx` (the default) or
 /// `native`.
 pub const WIRE_VAR: &str = "NUVEC_DISTRIBUTED_WIRE";
+
+/// The variable that chooses the event loop (see [`Io`]) when [`Options::io`] is
+/// [`Io::Auto`]: `auto`, `epoll` or `uring`. [`init`](crate::init) reads it with the other
+/// variables; [`init_with`](crate::init_with) when a group starts forming, before any
+/// socket is opened. Either way a value that names no loop fails before any connection.
+pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 
 /// The variable [`init`](crate::init) reads [`Options::shared_memory`] from: `1` (the
 /// default) or `0`.
@@ -169,8 +175,8 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 }
 
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
-/// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`] and [`KEY_VAR`]; unset variables keep the
-/// defaults.
+/// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`], [`IO_VAR`] and [`KEY_VAR`]; unset variables keep
+/// the defaults.
 ///
 /// An empty value of any of them is an error naming it (see [`value`]); an empty key in
 /// particular never means "no authentication": unset the variable for that.
@@ -219,6 +225,7 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
             reason,
         })?;
     }
+    options.io = io(vars, options.io)?;
     if let Some(text) = value(vars, SHM_VAR)? {
         options.shared_memory = match text.trim() {
             "1" => true,
@@ -244,6 +251,25 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
         options.socket_buffer = Some(bytes);
     }
     Ok(options)
+}
+
+/// The event loop `asked` comes to: [`IO_VAR`]'s when [`Io::Auto`] is asked and the
+/// variable is set, else `asked`.
+///
+/// # Errors
+///
+/// An [`IO_VAR`] that is empty or names no event loop, naming the variable and its values.
+pub(crate) fn io(vars: Lookup<'_>, asked: Io) -> Result<Io> {
+    if asked != Io::Auto {
+        return Ok(asked);
+    }
+    match value(vars, IO_VAR)? {
+        None => Ok(Io::Auto),
+        Some(text) => text.parse().map_err(|reason| Error::Environment {
+            var: IO_VAR,
+            reason,
+        }),
+    }
 }
 
 /// A value of [`TIMEOUT_VAR`]: seconds, fractional allowed, at least a nanosecond and at

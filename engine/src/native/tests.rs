@@ -17,6 +17,7 @@ use super::header::{Call, Header, Kind};
 use super::protocol::{Exchange, Memory, Routes};
 use super::{Algorithm, Formed, Native, ONE_SHOT_MAX, ONE_SHOT_MAX_P2, Peer, RING_MIN};
 use crate::comm::Communicator;
+use crate::config::env;
 use crate::element::DType;
 use crate::error::Error;
 use crate::options::Options;
@@ -103,7 +104,7 @@ pub(super) fn group(size: usize, connections: usize, timeout: Duration) -> Vec<N
         .into_iter()
         .map(|mut f| {
             f.transport
-                .select_io(options.io)
+                .select_io(env::io(&env::process, options.io).expect("a valid event loop"))
                 .expect("the driver the environment names");
             Native::new(f, &options).expect("a native communicator")
         })

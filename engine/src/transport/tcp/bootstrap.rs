@@ -20,6 +20,7 @@ use super::Connections;
 use super::socket::{self, SocketTuning};
 use crate::auth::{self, Handshake, Key, Outcome};
 use crate::comm::reports::Reports;
+use crate::config::env;
 use crate::error::{Error, Result};
 use crate::options::Options;
 
@@ -173,29 +174,28 @@ pub(crate) fn prepare(options: &Options) -> Result<Option<Key>> {
     Ok(key)
 }
 
-/// Forms a group: makes the setup (`make`, given the socket options), runs [`form`] until
-/// `options.timeout` after `started`, then picks the connections' driver
+/// Forms a group: resolves the event loop `options` ask for against the environment
+/// ([`IO_VAR`](crate::config::env::IO_VAR), before any socket exists, so that a value
+/// naming no loop fails at once), makes the setup (`make`, given the socket options), runs
+/// [`form`] until `options.timeout` after `started`, then picks the connections' driver
 /// ([`Connections::select_io`]). The probes see the outcome (`rank` of `ranks`, with
 /// `connections` per neighbour).
 ///
 /// # Errors
 ///
-/// What the setup or the driver's choice fails with.
+/// An event loop variable naming no loop; what the setup or the driver's choice fails with.
 pub(crate) fn finish<F: Formation>(
     options: &Options,
     (rank, ranks, connections): (usize, usize, usize),
     started: Instant,
     make: impl FnOnce(SocketTuning) -> Result<F>,
 ) -> Result<F::Formed> {
+    let io = env::io(&env::process, options.io)?;
     ffi::probes::register();
     let tuning = SocketTuning::from_options(options);
     let result = make(tuning)
         .and_then(|setup| form(setup, started, options.timeout))
-        .and_then(|mut formed| {
-            F::connections(&mut formed)
-                .select_io(options.io)
-                .map(|()| formed)
-        });
+        .and_then(|mut formed| F::connections(&mut formed).select_io(io).map(|()| formed));
     let elapsed = started.elapsed().as_nanos() as u64;
     ffi::probes::connect_done(
         rank as u64,

@@ -168,9 +168,9 @@ impl Connections {
     }
 
     /// Picks the driver `io` asks for (see [`Io`]) for this rank's connections, before any
-    /// collective runs. [`Io::Auto`] takes [`IO_VAR`] if set, else epoll: io_uring was not
-    /// measured faster (see [`Io::Auto`]). An explicit [`Io::Uring`] (or
-    /// `NUVEC_DISTRIBUTED_IO=uring`) where the kernel refuses io_uring (`ENOSYS`, `EPERM`
+    /// collective runs. `io` has been resolved against [`IO_VAR`] before forming began
+    /// (`config::env::io`), so [`Io::Auto`] here is epoll: io_uring was not measured faster
+    /// (see [`Io::Auto`]). An explicit [`Io::Uring`] (or `NUVEC_DISTRIBUTED_IO=uring`) where the kernel refuses io_uring (`ENOSYS`, `EPERM`
     /// from a sandbox's seccomp filter or `kernel.io_uring_disabled`, a kernel without timed
     /// waits) is an error saying why: no silent fallback from a driver asked for by name.
     #[cfg_attr(
@@ -182,22 +182,6 @@ impl Connections {
     )]
     pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
         let rank = self.rank();
-        let io = match io {
-            Io::Auto => match std::env::var(IO_VAR) {
-                Ok(text) => text.parse().map_err(|reason| Error::Environment {
-                    var: IO_VAR,
-                    reason,
-                })?,
-                Err(std::env::VarError::NotPresent) => Io::Auto,
-                Err(std::env::VarError::NotUnicode(text)) => {
-                    return Err(Error::Environment {
-                        var: IO_VAR,
-                        reason: format!("{text:?} is not text"),
-                    });
-                }
-            },
-            io => io,
-        };
         match io {
             Io::Uring => {}
             Io::Auto => {
