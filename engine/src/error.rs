@@ -165,7 +165,11 @@ pub enum Error {
     },
 
     /// A system call failed while talking to a peer.
-    #[error("rank {peer}{}: {op} failed during {context}: {source}", fmt_addr(*addr))]
+    #[error(
+        "rank {peer}{}: {op} failed during {context}: {source}{}",
+        fmt_addr(*addr),
+        fd_limit_hint(source)
+    )]
     Io {
         /// The peer's rank.
         peer: usize,
@@ -315,7 +319,7 @@ pub enum Error {
 
     /// A local system resource failed: binding a listening address, creating the poller,
     /// mapping staging memory.
-    #[error("{what}: {source}")]
+    #[error("{what}: {source}{}", fd_limit_hint(source))]
     Local {
         /// What was being done, with the address or size involved.
         what: String,
@@ -716,6 +720,47 @@ impl Error {
     }
 }
 
+/// What to do about a system error that says "too many open files" (empty for any other):
+/// EMFILE is this process's own limit, which the shell that starts it raises; ENFILE is the
+/// whole system's. The limit is named where it can be read without unsafe code.
+fn fd_limit_hint(source: &io::Error) -> String {
+    match source.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let limit = open_files_soft_limit()
+                .map(|soft| format!(" of {soft} "))
+                .unwrap_or_else(|| " on ".into());
+            format!(
+                " (this process reached its limit{limit}open files: raise it with `ulimit -n` \
+                 in the shell that starts the ranks, e.g. `ulimit -n 65536`, up to the hard \
+                 limit `ulimit -Hn`)"
+            )
+        }
+        Some(libc::ENFILE) => " (the system's table of open files is full: close files \
+                                elsewhere or raise the system's limit, sysctl fs.file-max on \
+                                Linux, kern.maxfiles on macOS)"
+            .into(),
+        _ => String::new(),
+    }
+}
+
+/// A system error as text, with [`fd_limit_hint`]'s advice: for errors kept as text (a
+/// dial's last failure) rather than as the error's source.
+pub(crate) fn describe_io(e: &io::Error) -> String {
+    format!("{e}{}", fd_limit_hint(e))
+}
+
+/// This process's soft limit on open files as `/proc/self/limits` shows it (a number or
+/// `unlimited`), where there is such a file (Linux).
+fn open_files_soft_limit() -> Option<String> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()
+        .map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -861,5 +906,43 @@ mod tests {
             "collective #17: rank 0 called all_sum float32 x 10, rank 1 called all_sum float32 \
              x 20"
         );
+    }
+
+    #[test]
+    fn too_many_open_files_says_how_to_raise_the_limit() {
+        // EMFILE and ENFILE, on Linux and macOS alike.
+        let (emfile, enfile) = (24, 23);
+        let accept = Error::local(
+            "accepting on 127.0.0.1:5000",
+            io::Error::from_raw_os_error(emfile),
+        );
+        let dial = Error::Io {
+            peer: 1,
+            addr: None,
+            op: PeerOp::Connect,
+            context: Phase::RingSetup,
+            source: Arc::new(io::Error::from_raw_os_error(emfile)),
+        };
+        for e in [&accept, &dial] {
+            let text = e.to_string();
+            assert!(text.contains("ulimit -n"), "{text}");
+            // Where the soft limit can be read, the message names it.
+            if let Ok(limits) = std::fs::read_to_string("/proc/self/limits") {
+                let soft = limits
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Max open files"))
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .expect("an open files line");
+                assert!(text.contains(&format!("limit of {soft} ")), "{text}");
+            }
+        }
+        // A dial's failure kept as text until the timeout reports it.
+        let kept = describe_io(&io::Error::from_raw_os_error(emfile));
+        assert!(kept.contains("ulimit -n"), "{kept}");
+        let table = Error::local("mapping 4096 bytes", io::Error::from_raw_os_error(enfile));
+        assert!(table.to_string().contains("fs.file-max"), "{table}");
+        // Other errors carry no such advice.
+        let refused = Error::local("binding", io::Error::from(io::ErrorKind::AddrInUse));
+        assert!(!refused.to_string().contains("ulimit"), "{refused}");
     }
 }

@@ -29,7 +29,7 @@ use super::hello::{self, Expect, Identity, Kind};
 use super::{Formed, Peer};
 use crate::auth::{Fault, Handshake, Key, Outcome};
 use crate::config::hostfile::RingAddresses;
-use crate::error::{Error, PeerOp, Phase, Result};
+use crate::error::{Error, PeerOp, Phase, Result, describe_io};
 use crate::options::Options;
 use crate::transport::tcp::Connections;
 use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
@@ -337,7 +337,7 @@ impl<'a> Setup<'a> {
                         .map_err(|e| Error::local("registering a connection", e))?;
                     self.dials[i] = Dial::Connecting(stream);
                 }
-                Err(e) => self.retry(i, e.to_string()),
+                Err(e) => self.retry(i, describe_io(&e)),
             }
         }
         Ok(())
@@ -384,14 +384,14 @@ impl<'a> Setup<'a> {
                         self.dials[i] = Dial::Handshake(s, Box::new(hs));
                     }
                 }
-                Err(e) => return self.retry(i, e.to_string()),
+                Err(e) => return self.retry(i, describe_io(&e)),
             }
         }
         let Dial::Handshake(stream, hs) = &mut self.dials[i] else {
             return;
         };
         if let Err(e) = pump(stream, &mut **hs) {
-            return self.retry(i, e.to_string());
+            return self.retry(i, describe_io(&e));
         }
         let peer = hs.peer_hello().map(|h| Peer {
             host: h.identity.host,
