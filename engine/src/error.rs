@@ -42,8 +42,11 @@ impl fmt::Display for PeerOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Phase {
-    /// Forming a ring: listening, dialling, the handshake.
+    /// Forming a group on MLX's wire: listening, dialling, the handshake.
     RingSetup,
+    /// Forming a group on the native wire: listening, dialling, the hello, and the
+    /// shared-memory segment where the ranks map one.
+    NativeSetup,
     /// Forming a JACCL group: the side channel and the queue pairs.
     JacclSetup,
     /// An `all_sum` (and `barrier`, which is one).
@@ -73,6 +76,7 @@ impl Phase {
     pub const fn name(self) -> &'static str {
         match self {
             Phase::RingSetup => "ring setup",
+            Phase::NativeSetup => "native setup",
             Phase::JacclSetup => "jaccl setup",
             Phase::AllSum => "all_sum",
             Phase::AllMax => "all_max",

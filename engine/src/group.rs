@@ -169,7 +169,9 @@ impl Group {
         self.size
     }
 
-    /// The backend's name: `"ring"`, `"jaccl"`, or `"single"` for the group of one.
+    /// The backend's name: `"ring"` (MLX's wire over TCP), `"native"` (the native wire, over
+    /// TCP, shared memory or both: [`Group::transport`] says which per peer), `"jaccl"`, or
+    /// `"single"` for the group of one.
     ///
     /// # Examples
     ///

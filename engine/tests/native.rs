@@ -65,6 +65,7 @@ impl Call {
 fn mismatch(name: &str, size: usize, good: usize, usual: Call, odd: Call) {
     let launch = Launch::new(size, 1).timeout(10.0).env(WIRE, "native");
     let Some(outputs) = launch.run(name, move |g| {
+        assert_eq!(g.backend(), "native", "the backend a native group reports");
         for _ in 0..good {
             g.all_sum(&mut [1.0f32]).expect("a matching all_sum");
         }
@@ -346,6 +347,10 @@ fn native_against_an_mlx_rank_fails_init() {
     assert!(
         message.to_lowercase().contains("native"),
         "the error must say the peer does not speak the native wire: {message}"
+    );
+    assert!(
+        message.contains("native setup"),
+        "the error must name the phase, the native wire's setup: {message}"
     );
     // MLX's rank starts its ring only after importing MLX (about a second); its first
     // bytes then give it away, long before the timeout.

@@ -55,7 +55,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// The number of ranks.
     fn size(&self) -> usize;
 
-    /// The backend's name, for messages (`"ring"`, `"jaccl"`).
+    /// The backend's name, for messages (`"ring"`, `"native"`, `"jaccl"`).
     fn backend(&self) -> &'static str;
 
     /// Reduces `data` in place across every rank.

@@ -36,7 +36,7 @@ use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backof
 use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
-const CONTEXT: Phase = Phase::RingSetup;
+const CONTEXT: Phase = Phase::NativeSetup;
 
 /// What a peer that sends nothing is most likely, for the timeout's error.
 fn silent_peer(timeout: Duration) -> String {

@@ -684,7 +684,7 @@ impl Communicator for Native {
     }
 
     fn backend(&self) -> &'static str {
-        "ring"
+        "native"
     }
 
     /// Shared memory for the ranks whose collectives go through a segment (every rank

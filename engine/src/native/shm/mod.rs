@@ -102,7 +102,7 @@ const OFFER_BYTES: usize = 17;
 const NAME_CONTEXT: &str = "nuvec-distributed 2026-12-03 shared-memory segment name v1";
 
 /// The setup's phase, in errors.
-const SETUP: Phase = Phase::RingSetup;
+const SETUP: Phase = Phase::NativeSetup;
 
 /// The segment's file name for a group identity and rank 0's random bytes: unguessable
 /// without both, and new for every group formed.
