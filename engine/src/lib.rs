@@ -222,13 +222,13 @@ pub use comm::Transport;
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
-pub use options::{
-    IO_VAR, Io, Options, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
-    WIRE_VAR, Wire,
-};
+pub use options::{Io, Options, Wire};
 pub use reduce::{ReduceOp, simd_level};
 
-pub use config::env::SIMD_VAR;
+pub use config::env::{
+    IO_VAR, SHM_VAR, SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
+    WIRE_VAR,
+};
 
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the
 /// API.

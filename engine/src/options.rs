@@ -6,10 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::auth::Secret;
 use crate::error::{Error, Result};
-// The environment's names for these options; `config::env` reads them.
-pub use crate::config::env::{
-    IO_VAR, SHM_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
-};
 
 /// The instant `wait` after `start`, for every deadline in the crate.
 ///
@@ -53,7 +49,7 @@ pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
 #[non_exhaustive]
 pub struct Options {
     /// How long connecting, and every transfer, may wait for a peer that makes no progress
-    /// before failing with an error naming it. Default 30 s ([`TIMEOUT_VAR`], in seconds, for
+    /// before failing with an error naming it. Default 30 s ([`TIMEOUT_VAR`](crate::TIMEOUT_VAR), in seconds, for
     /// [`init`](crate::init)). The kernel's own timeouts on each connection (keepalive, and
     /// `TCP_USER_TIMEOUT` on Linux) are derived from it, so a peer that is late by less than
     /// this never fails a collective, whatever its size. Any value above zero is accepted;
@@ -82,10 +78,10 @@ pub struct Options {
     /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
     pub spin: Duration,
     /// Which wire the ring speaks: [`Wire::Mlx`] (the default), byte for byte MLX's, or
-    /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`] for [`init`](crate::init)).
+    /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`](crate::WIRE_VAR) for [`init`](crate::init)).
     pub wire: Wire,
     /// Whether native-wire ranks on one host move data through shared memory (default
-    /// `true`; [`SHM_VAR`] for [`init`](crate::init)). A group uses it when every rank is on
+    /// `true`; [`SHM_VAR`](crate::SHM_VAR) for [`init`](crate::init)). A group uses it when every rank is on
     /// the same host and offers it; otherwise every link stays TCP. The MLX wire never uses
     /// it.
     pub shared_memory: bool,
@@ -120,7 +116,7 @@ pub enum Wire {
 }
 
 impl Wire {
-    /// The name [`WIRE_VAR`] takes: `"mlx"` or `"native"`.
+    /// The name [`WIRE_VAR`](crate::WIRE_VAR) takes: `"mlx"` or `"native"`.
     pub fn name(self) -> &'static str {
         match self {
             Wire::Mlx => "mlx",
@@ -160,7 +156,7 @@ impl std::str::FromStr for Wire {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Io {
-    /// [`IO_VAR`] if it is set, else the loop measured faster: epoll (kqueue off Linux),
+    /// [`IO_VAR`](crate::IO_VAR) if it is set, else the loop measured faster: epoll (kqueue off Linux),
     /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
     /// on the MLX wire against 5.7, 1.1 on the native wire against 2.3) but was not faster
     /// on this project's benchmark machine (medians of five interleaved rounds, P = 2):
@@ -185,7 +181,7 @@ pub enum Io {
 }
 
 impl Io {
-    /// The name [`IO_VAR`] takes: `"auto"`, `"epoll"` or `"uring"`.
+    /// The name [`IO_VAR`](crate::IO_VAR) takes: `"auto"`, `"epoll"` or `"uring"`.
     pub fn name(self) -> &'static str {
         match self {
             Io::Auto => "auto",
@@ -390,7 +386,7 @@ impl Options {
     }
 
     /// Turns shared memory between co-located native-wire ranks on (the default) or off
-    /// (every link TCP), as [`SHM_VAR`] does for [`init`](crate::init).
+    /// (every link TCP), as [`SHM_VAR`](crate::SHM_VAR) does for [`init`](crate::init).
     ///
     /// ```
     /// use nuvec_distributed_engine::Options;

@@ -88,10 +88,6 @@ const KNOWN: &[Known] = &[
     // `group` ↔ `nonblocking` (`Group::scope` against the scope's `&Group`), `backend` ↔
     // `split` (forming a ring against re-forming one).
     Known::Circle(&["backend", "group", "jaccl", "nonblocking", "split"]),
-    // `config::env` parses the environment into `Options`, and `options` re-exports the
-    // variables' names from `config::env` (for `Options`' docs): ends when the names are
-    // reached in one place only.
-    Known::Circle(&["config", "options"]),
 ];
 
 // ---------------------------------------------------------------------------------------

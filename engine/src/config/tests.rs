@@ -504,9 +504,9 @@ fn an_event_loop_naming_none_is_refused_with_the_other_variables() {
     // Read with the other options, before any hostfile or socket: a typo fails at once,
     // not after the group formed.
     for bad in ["bogus", "kqueue", "", " "] {
-        let vars = from_pairs(&[(crate::options::IO_VAR, bad)]);
+        let vars = from_pairs(&[(env::IO_VAR, bad)]);
         let (var, text) = env_error(env::options(&lookup(&vars)).unwrap_err());
-        assert_eq!(var, crate::options::IO_VAR, "{bad:?}");
+        assert_eq!(var, env::IO_VAR, "{bad:?}");
         if !bad.trim().is_empty() {
             for name in ["auto", "epoll", "uring"] {
                 assert!(text.contains(name), "{bad:?}: {text}");
@@ -518,7 +518,7 @@ fn an_event_loop_naming_none_is_refused_with_the_other_variables() {
         ("epoll", crate::Io::Epoll),
         (" URING ", crate::Io::Uring),
     ] {
-        let vars = from_pairs(&[(crate::options::IO_VAR, text)]);
+        let vars = from_pairs(&[(env::IO_VAR, text)]);
         assert_eq!(env::options(&lookup(&vars)).unwrap().io, io, "{text:?}");
     }
     assert_eq!(

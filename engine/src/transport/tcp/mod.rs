@@ -48,8 +48,9 @@ use sys::{Driver, Event, Source};
 use crate::comm::progress::Spin;
 use crate::comm::state::Guarded;
 use crate::comm::trace::error_kind;
+use crate::config::env::IO_VAR;
 use crate::error::{Error, PeerOp, Phase};
-use crate::options::{IO_VAR, Io};
+use crate::options::Io;
 use crate::verbose::verbose;
 
 /// How long a failing rank looks for evidence of which rank was lost (see
