@@ -1,9 +1,11 @@
 //! What every transport and backend shares, knowing none of them: the [`Communicator`]
 //! trait the backends implement, the group state that a transport error fails
 //! ([`state`]), ring neighbours ([`neighbours`]), the protocol vocabulary every collective's
-//! state machine speaks ([`machine`]), and the loop that drives a collective until it
+//! state machine speaks ([`machine`]), which algorithm the native wire's collectives take
+//! ([`algorithm`]), and the loop that drives a collective until it
 //! finishes or a peer falls silent ([`progress`]), with its one rule for whom to blame.
 
+pub(crate) mod algorithm;
 mod link;
 pub(crate) mod machine;
 pub(crate) mod neighbours;

@@ -5,9 +5,10 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use super::Native;
 use super::tests::{self, on_ranks};
-use super::{BROADCAST_DIRECT_MAX, Native};
 use crate::comm::Communicator;
+use crate::comm::algorithm::BROADCAST_DIRECT_MAX;
 use crate::error::{Error, Phase};
 
 fn group(size: usize, connections: usize) -> Vec<Native> {

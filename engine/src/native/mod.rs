@@ -20,14 +20,13 @@
 //!
 //! # Which algorithm
 //!
-//! An all-reduce of `n` bytes over P ranks goes one-shot up to [`ONE_SHOT_MAX_P2`]
-//! (P = 2) or [`ONE_SHOT_MAX`] (P >= 3), by direct reduce-scatter + all-gather below
-//! [`RING_MIN`], and over MLX's pipelined ring from there on (after a round of headers,
-//! so that a mismatch is found before data moves). all_gather and sum_scatter send every
-//! block straight to its rank; barrier is a round of headers; send/recv go on the mesh
-//! connection to any peer. A broadcast goes straight from the root up to
-//! [`BROADCAST_DIRECT_MAX`], by scatter + all-gather above it; all_to_all sends every
-//! block straight to its rank. See `protocol` for the order of combination, which makes every
+//! `comm::algorithm` is the table. An all-reduce goes one-shot for small vectors, by
+//! direct reduce-scatter + all-gather for middling ones, and over MLX's pipelined ring for
+//! large ones (after a round of headers, so that a mismatch is found before data moves).
+//! all_gather and sum_scatter send every block straight to its rank; barrier is a round of
+//! headers; send/recv go on the mesh connection to any peer. A broadcast goes straight from
+//! the root when small, by scatter + all-gather when large; all_to_all sends every block
+//! straight to its rank. See `protocol` for the order of combination, which makes every
 //! result identical on every rank and from run to run.
 //!
 //! # A mismatch
@@ -93,6 +92,8 @@ use header::{Call, Header, Kind};
 use protocol::{Exchange, Exchanging, Memory, Routes};
 
 use crate::comm::Communicator;
+use crate::comm::Transport;
+use crate::comm::algorithm::{self, AllReduce, Broadcast};
 use crate::comm::progress::Spin;
 use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
 use crate::comm::ring::staging::Staging;
@@ -104,37 +105,6 @@ use crate::options::Options;
 use crate::reduce::ReduceOp;
 use crate::transport::tcp::Transfer;
 
-// The thresholds come from `tests::measure_the_algorithms` (median of each rank's
-// all_sum f32 times, P threads on loopback in one process, on a 2-core VM whose load
-// average was 8.5, so only the crossings are worth anything, not the times):
-//
-// | bytes | P = 2: one-shot / direct / ring | P = 3 | P = 4 |
-// |---|---|---|---|
-// | 8 KiB | 52 / 62 / 95 µs | 88 / 90 / 160 µs | 152 / 205 / 289 µs |
-// | 64 KiB | 96 / 72 / 103 µs | 193 / 139 / 193 µs | 375 / 305 / 397 µs |
-// | 256 KiB | 201 / 152 / 247 µs | 531 / 329 / 351 µs | 3250 / 545 / 733 µs |
-// | 1 MiB | 3.3 / 4.1 / 0.6 ms | 4.6 / 1.5 / 1.1 ms | 12.5 / 2.7 / 1.5 ms |
-// | 16 MiB | 45 / 41 / 36 ms | 171 / 55 / 49 ms | 323 / 116 / 136 ms |
-//
-// Re-measure on an idle machine (and across hosts) before trusting them further.
-
-/// Largest all-reduce (bytes) that goes one-shot at P = 2: one hop, each rank folds the
-/// whole vector. Both ways of reducing send the same bytes per rank at P = 2; the
-/// one-shot wins while the second hop costs more than folding the whole vector instead
-/// of half of it (measured: ahead at 8 KiB, behind at 64 KiB).
-const ONE_SHOT_MAX_P2: usize = 32 << 10;
-
-/// Largest all-reduce (bytes) that goes one-shot at P >= 3, where each rank sends its
-/// vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost
-/// (measured: ahead or even at 8 KiB, behind at 64 KiB).
-const ONE_SHOT_MAX: usize = 16 << 10;
-
-/// Smallest all-reduce (bytes) that takes MLX's pipelined ring: the direct
-/// reduce-scatter/all-gather finishes each round before the next starts and stages a
-/// copy of every peer's block, while the ring overlaps its steps in bounded staging
-/// (measured: the ring ahead from 1 MiB at every P).
-const RING_MIN: usize = 1 << 20;
-
 impl Routes for Connections {
     fn send_conn(&self, peer: usize) -> usize {
         Connections::send_conn(self, peer)
@@ -144,12 +114,6 @@ impl Routes for Connections {
         Connections::recv_conn(self, peer)
     }
 }
-
-/// Largest broadcast (bytes) that goes from the root straight to every rank; larger ones
-/// scatter from the root and all-gather among the others. An estimate, not a measurement:
-/// the crossing of the all-reduce's one-shot and direct algorithms (between 8 and 64 KiB,
-/// above), which weigh one hop against the root's P - 1 copies the same way.
-const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 
 /// One rank's end of a formed native mesh (see the module docs).
 pub(crate) struct Native {
@@ -223,31 +187,6 @@ fn traced(call: &Call) -> trace::Traced {
         }
         Kind::Broadcast(_) => trace::Traced::bytes(trace::Traced::BROADCAST, phase, count as usize),
         Kind::AllToAll => trace::Traced::bytes(trace::Traced::ALL_TO_ALL, phase, count as usize),
-    }
-}
-
-/// How an all-reduce of `bytes` goes over `size` ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Algorithm {
-    OneShot,
-    ScatterGather,
-    Ring,
-}
-
-impl Algorithm {
-    fn choose(size: usize, bytes: usize, elems: usize) -> Algorithm {
-        let one_shot = if size == 2 {
-            ONE_SHOT_MAX_P2
-        } else {
-            ONE_SHOT_MAX
-        };
-        if bytes <= one_shot || elems < size {
-            Algorithm::OneShot
-        } else if bytes < RING_MIN {
-            Algorithm::ScatterGather
-        } else {
-            Algorithm::Ring
-        }
     }
 }
 
@@ -493,7 +432,7 @@ impl Native {
     /// An all-reduce by `algorithm` (tests and measurements force one).
     fn all_reduce_by(
         &self,
-        algorithm: Algorithm,
+        algorithm: AllReduce,
         op: ReduceOp,
         dtype: DType,
         data: &mut [u8],
@@ -503,10 +442,10 @@ impl Native {
         let elems = data.len() / dtype.size();
         // The ring needs an element per rank (MLX pads fewer; the direct ones need not).
         let algorithm = match algorithm {
-            Algorithm::Ring if elems < self.size => Algorithm::OneShot,
+            AllReduce::Ring if elems < self.size => AllReduce::OneShot,
             algorithm => algorithm,
         };
-        if algorithm == Algorithm::Ring
+        if algorithm == AllReduce::Ring
             && state.ring_stage.is_none()
             && state.shm.is_none()
             && state.hier.is_none()
@@ -532,18 +471,18 @@ impl Native {
         }
         let (me, p) = (self.rank, self.size);
         match algorithm {
-            Algorithm::OneShot => {
+            AllReduce::OneShot => {
                 let len = data.len();
                 state
                     .exchange
                     .one_shot(&state.transport, me, p, &call, (op, dtype), len);
             }
-            Algorithm::ScatterGather => {
+            AllReduce::ScatterGather => {
                 state
                     .exchange
                     .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
             }
-            Algorithm::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
+            AllReduce::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
         }
         self.run(state, &call, data, &[])
     }
@@ -689,16 +628,21 @@ impl Communicator for Native {
 
     /// Shared memory for the ranks whose collectives go through a segment (every rank
     /// when the group formed on one, this host's in a hierarchical group), TCP otherwise.
-    fn transport(&self, peer: usize) -> crate::comm::Transport {
+    fn transport(&self, peer: usize) -> Transport {
         if self.shared.get(peer).copied().unwrap_or(false) {
-            crate::comm::Transport::SharedMemory
+            Transport::SharedMemory
         } else {
-            crate::comm::Transport::Tcp
+            Transport::Tcp
         }
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let algorithm = Algorithm::choose(self.size, data.len(), data.len() / dtype.size());
+        let algorithm = algorithm::all_reduce(
+            Transport::Tcp,
+            self.size,
+            data.len(),
+            data.len() / dtype.size(),
+        );
         self.all_reduce_by(algorithm, op, dtype, data)
     }
 
@@ -831,7 +775,7 @@ impl Communicator for Native {
     // broadcast and all_to_all.
 
     fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
-        let direct = data.len() <= BROADCAST_DIRECT_MAX || self.size <= 2;
+        let direct = algorithm::broadcast(self.size, data.len()) == Broadcast::Direct;
         self.broadcast_by(direct, data, root)
     }
 

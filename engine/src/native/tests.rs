@@ -15,8 +15,9 @@ use rand::{RngCore, SeedableRng};
 
 use super::header::{Call, Header, Kind};
 use super::protocol::{Exchange, Memory, Routes};
-use super::{Algorithm, Formed, Native, ONE_SHOT_MAX, ONE_SHOT_MAX_P2, Peer, RING_MIN};
+use super::{Formed, Native, Peer};
 use crate::comm::Communicator;
+use crate::comm::algorithm::{AllReduce, TCP_ONE_SHOT_MAX, TCP_ONE_SHOT_MAX_P2, TCP_RING_MIN};
 use crate::config::env;
 use crate::element::DType;
 use crate::error::Error;
@@ -149,9 +150,9 @@ fn reference(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
 fn counts(size: usize, dtype: DType) -> Vec<usize> {
     let e = dtype.size();
     let one_shot = if size == 2 {
-        ONE_SHOT_MAX_P2
+        TCP_ONE_SHOT_MAX_P2
     } else {
-        ONE_SHOT_MAX
+        TCP_ONE_SHOT_MAX
     };
     let mut counts = vec![1, size.saturating_sub(1).max(1), size + 1, 33];
     counts.extend([one_shot / e, one_shot / e + 1]);
@@ -261,10 +262,10 @@ fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
             let mut out = Vec::new();
             // Either side of the switch to the ring, and well past it.
             for (case, dtype, elems) in [
-                (1, DType::I32, RING_MIN / 4 - 1),
-                (2, DType::I32, RING_MIN / 4),
-                (3, DType::I32, 3 * RING_MIN / 4 + 5),
-                (4, DType::F32, 3 * RING_MIN / 4 + 5),
+                (1, DType::I32, TCP_RING_MIN / 4 - 1),
+                (2, DType::I32, TCP_RING_MIN / 4),
+                (3, DType::I32, 3 * TCP_RING_MIN / 4 + 5),
+                (4, DType::F32, 3 * TCP_RING_MIN / 4 + 5),
             ] {
                 let inputs: Vec<_> = (0..size)
                     .map(|r| input(case, r, dtype, elems * 4))
@@ -353,9 +354,9 @@ fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
 #[test]
 fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
     let algorithms = [
-        Algorithm::OneShot,
-        Algorithm::ScatterGather,
-        Algorithm::Ring,
+        AllReduce::OneShot,
+        AllReduce::ScatterGather,
+        AllReduce::Ring,
     ];
     for size in [2, 3, 4] {
         let ranks = group(size, 2, Duration::from_secs(20));
@@ -384,7 +385,7 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
                     .unwrap_or_else(|e| panic!("rank {}: {algorithm:?}: {e}", comm.rank()));
                 // The ring folds in its own (fixed) order: only the direct ones must equal
                 // the rank-order fold bit for bit, and every one must equal it for integers.
-                if algorithm != Algorithm::Ring || dtype == DType::I64 {
+                if algorithm != AllReduce::Ring || dtype == DType::I64 {
                     let at = first_difference(op, dtype, &data, &reference(op, dtype, &inputs));
                     assert!(
                         at.is_none(),
@@ -425,9 +426,9 @@ fn measure_the_algorithms() {
         tcp_round_trip(4, 2000)
     );
     let algorithms = [
-        Algorithm::OneShot,
-        Algorithm::ScatterGather,
-        Algorithm::Ring,
+        AllReduce::OneShot,
+        AllReduce::ScatterGather,
+        AllReduce::Ring,
     ];
     for size in [2, 3, 4] {
         let ranks = group(size, 1, Duration::from_secs(20));
@@ -593,13 +594,13 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
         // One side takes the ring, which starts with a round of headers.
         (
             f32s(4),
-            f32s(RING_MIN / 4 + 1),
+            f32s(TCP_RING_MIN / 4 + 1),
             ("x 4", "all_sum float32 x 262145"),
         ),
         // Both take the ring: its round of headers finds the difference before data moves.
         (
-            f32s(RING_MIN / 4 + 1),
-            Op::Reduce(Sum, DType::I32, RING_MIN / 4 + 1),
+            f32s(TCP_RING_MIN / 4 + 1),
+            Op::Reduce(Sum, DType::I32, TCP_RING_MIN / 4 + 1),
             ("all_sum float32 x 262145", "all_sum int32 x 262145"),
         ),
     ];

@@ -64,6 +64,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Link, Watch, read_exact, write_all};
+use crate::comm::algorithm::{self, AllReduce};
 use crate::comm::progress::Spin;
 use crate::element::DType;
 use crate::error::{Error, Result};
@@ -72,10 +73,6 @@ use crate::native::protocol::{Exchange, Memory, Routes};
 use crate::native::run_exchange;
 use crate::reduce::ReduceOp;
 use crate::transport::tcp::Connections as Transport;
-
-/// Largest all-reduce (bytes) that the leaders run one-shot; larger ones go by direct
-/// reduce-scatter + all-gather (the native wire's measured crossing for P >= 3).
-const LEADERS_ONE_SHOT_MAX: usize = 16 << 10;
 
 /// How long a leader that found a mismatch among its members tries to hand the differing
 /// header to the other leaders: best effort, the group fails either way.
@@ -477,10 +474,13 @@ impl Hier {
         let len = data.len();
         let elems = len / dtype.size();
         self.across(call, watch, (data, &[]), |ex, routes, me, count| {
-            if len <= LEADERS_ONE_SHOT_MAX || elems < count {
-                ex.one_shot(routes, me, count, call, (op, dtype), len);
-            } else {
-                ex.scatter_gather(routes, me, count, call, (op, dtype), elems);
+            // The TCP rows of the table among the leaders; their exchange has no
+            // pipelined ring, so the ring's sizes go by reduce-scatter + all-gather.
+            match algorithm::all_reduce(crate::comm::Transport::Tcp, count, len, elems) {
+                AllReduce::OneShot => ex.one_shot(routes, me, count, call, (op, dtype), len),
+                AllReduce::ScatterGather | AllReduce::Ring => {
+                    ex.scatter_gather(routes, me, count, call, (op, dtype), elems);
+                }
             }
         })?;
         self.spread(call, data, watch)

@@ -31,8 +31,8 @@
 //! acknowledgement.
 //!
 //! - **barrier**: one step with no data (the header only).
-//! - **all-reduce, one-shot** (up to [`ONE_SHOT_MAX`], and every size at P = 2: see
-//!   [`ONE_SHOT_P2`]): per chunk of [`CHUNK`] bytes, one step; every rank copies its chunk
+//! - **all-reduce, one-shot** (small vectors, and every size at P = 2: see
+//!   `comm::algorithm`): per chunk of [`CHUNK`] bytes, one step; every rank copies its chunk
 //!   in and folds all P buffers into its own output (rank 0 straight onto its own data,
 //!   the others onto a copy of rank 0's chunk).
 //! - **all-reduce by shares** (larger, P >= 3): per chunk of [`CHUNK`] bytes, two steps. In the first, every rank
@@ -66,6 +66,8 @@
 
 use std::ops::Range;
 
+use crate::comm::Transport;
+use crate::comm::algorithm::{self, AllReduce};
 use crate::comm::part;
 
 /// A cache line and its neighbour (adjacent-line prefetch pairs them).
@@ -78,26 +80,14 @@ const CTRL: usize = 2 * LINE;
 /// are small against its copies, small enough that P of them stay in the caches.
 pub(crate) const CHUNK: usize = 1 << 20;
 
-/// Largest all-reduce (bytes) that every rank folds whole in one step; larger ones take
-/// two steps per chunk, each rank folding a share.
-pub(crate) const ONE_SHOT_MAX: usize = 32 << 10;
-
 /// Whether an all-reduce of `bytes` over `size` ranks goes one-shot (every rank folds
-/// every chunk whole) rather than by shares (see the module docs).
+/// every chunk whole) rather than by shares (see the module docs): the choice of
+/// `comm::algorithm`'s table for shared memory.
 pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
-    bytes <= ONE_SHOT_MAX || (size == 2 && ONE_SHOT_P2)
+    // An element count of `bytes` keeps the table's rule for fewer elements than ranks
+    // out of play: shared memory's schedules take any count.
+    algorithm::all_reduce(Transport::SharedMemory, size, bytes, bytes) == AllReduce::OneShot
 }
-
-/// Whether every all-reduce at P = 2 goes one-shot (see [`one_shot`]). At P = 2 both
-/// schedules move the same bytes between ranks, and the one-shot saves the copy of the
-/// folded share back into shared memory and the second step of every chunk. At P >= 3 the
-/// one-shot folds P - 1 whole chunks per rank instead of P - 1 shares, and loses. Measured
-/// by `tests::measure_large_all_sum` (64 MiB f32, in-process threads, both schedules
-/// alternating in one run, on a 2-core VM at load average 7 to 10, so only the order is
-/// worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms (2.81 / 2.43 /
-/// 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47 GB/s); P = 3:
-/// one-shot 66.6 ms (1.34 GB/s), by shares 52.0 ms (1.72 GB/s).
-pub(crate) const ONE_SHOT_P2: bool = true;
 
 /// Where everything of a group of `size` ranks sits (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,9 +11,9 @@ use rand::{RngCore, SeedableRng};
 use super::super::hello::CAP_SHARED_MEMORY;
 use super::super::tests::{loopback_mesh, on_ranks};
 use super::super::{Formed, Native};
-use super::protocol::ONE_SHOT_MAX;
 use super::*;
 use crate::comm::Communicator;
+use crate::comm::algorithm::SHM_ONE_SHOT_MAX;
 use crate::options::Options;
 use crate::reduce::ReduceOp;
 
@@ -85,7 +85,7 @@ fn every_collective_on_shared_memory_folds_in_rank_order() {
                 1,
                 size - 1,
                 4099,
-                ONE_SHOT_MAX / ds + 1,
+                SHM_ONE_SHOT_MAX / ds + 1,
                 CHUNK / ds + CHUNK / (2 * ds) + 7,
             ];
             for (i, &n) in counts.iter().enumerate() {
@@ -418,7 +418,8 @@ fn both_large_all_reduce_schedules_fold_in_rank_order() {
 }
 
 /// Times 64 MiB f32 all_sums at P = 2 and 3 by both schedules, alternating in one run
-/// (the median of rank 0's times): what `protocol::ONE_SHOT_P2` and the shares schedule at P >= 3 rest on.
+/// (the median of rank 0's times): what the shared-memory rows of `comm::algorithm` rest
+/// on.
 #[test]
 #[ignore = "a measurement: cargo test --release --lib measure_large_all_sum -- --ignored --nocapture"]
 fn measure_large_all_sum() {

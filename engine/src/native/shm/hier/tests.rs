@@ -132,13 +132,14 @@ fn every_collective_of_a_hierarchical_group_folds_inside_hosts_then_across() {
         assert_eq!(domains, want, "hosts {hosts:?}");
         for dtype in [DType::F32, DType::BF16] {
             let ds = dtype.size();
-            // Around P, the leaders' one-shot limit, and past a chunk with a ragged end.
+            // Around P, the leaders' one-shot limit (the table's over TCP among the
+            // hosts), and past a chunk with a ragged end.
             let counts = [
                 0,
                 1,
                 size - 1,
                 4099,
-                LEADERS_ONE_SHOT_MAX / ds + 1,
+                algorithm::one_shot_max(crate::comm::Transport::Tcp, domains.len()) / ds + 1,
                 CHUNK / ds + 7,
             ];
             for (i, &n) in counts.iter().enumerate() {

@@ -1,0 +1,205 @@
+//! The one algorithm table of the native wire: which algorithm a collective takes, by
+//! collective, bytes, ranks and link kind, with the measurements each crossing rests on.
+//!
+//! MLX's wire and JACCL take MLX's own choices (`comm::ring::schedule`, `jaccl`): those are
+//! part of their wire, which a rank of MLX must be able to follow, so they are not chosen
+//! here.
+//!
+//! | collective | link | ranks | bytes | algorithm |
+//! |---|---|---|---|---|
+//! | all-reduce | TCP | any | fewer elements than ranks | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | 2 | up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | 3 or more | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | any | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | any | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
+//! | all-reduce | shared memory | 2 | any | [`AllReduce::OneShot`] |
+//! | all-reduce | shared memory | 3 or more | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
+//! | all-reduce | shared memory | 3 or more | larger | [`AllReduce::ScatterGather`] |
+//! | broadcast | TCP | 2 | any | [`Broadcast::Direct`] |
+//! | broadcast | TCP | 3 or more | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
+//! | broadcast | TCP | 3 or more | larger | [`Broadcast::ScatterGather`] |
+//!
+//! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
+//! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
+//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`]. all_gather, sum_scatter
+//! and all_to_all have one algorithm each (every block straight to its rank over TCP, one
+//! step per chunk in shared memory), and so do barrier and send/recv.
+//!
+//! # Where the TCP crossings come from
+//!
+//! `native::tests::measure_the_algorithms`: the median of each rank's all_sum f32 times,
+//! P threads on loopback in one process, on a 2-core VM whose load average was 8.5, so only
+//! the crossings are worth anything, not the times:
+//!
+//! | bytes | P = 2: one-shot / direct / ring | P = 3 | P = 4 |
+//! |---|---|---|---|
+//! | 8 KiB | 52 / 62 / 95 µs | 88 / 90 / 160 µs | 152 / 205 / 289 µs |
+//! | 64 KiB | 96 / 72 / 103 µs | 193 / 139 / 193 µs | 375 / 305 / 397 µs |
+//! | 256 KiB | 201 / 152 / 247 µs | 531 / 329 / 351 µs | 3250 / 545 / 733 µs |
+//! | 1 MiB | 3.3 / 4.1 / 0.6 ms | 4.6 / 1.5 / 1.1 ms | 12.5 / 2.7 / 1.5 ms |
+//! | 16 MiB | 45 / 41 / 36 ms | 171 / 55 / 49 ms | 323 / 116 / 136 ms |
+//!
+//! Re-measure on an idle machine (and across hosts) before trusting them further.
+//!
+//! The link is a [`Transport`]: the native wire's are [`Transport::Tcp`] and
+//! [`Transport::SharedMemory`]; any other takes the TCP rows, message passing being what
+//! they measure.
+//!
+//! # Where the shared-memory crossings come from
+//!
+//! At P = 2 both schedules move the same bytes between ranks, and the one-shot saves the
+//! copy of the folded share back into shared memory and the second step of every chunk. At
+//! P >= 3 the one-shot folds P - 1 whole chunks per rank instead of P - 1 shares, and
+//! loses. Measured by `native::shm::tests::measure_large_all_sum` (64 MiB f32, in-process
+//! threads, both schedules alternating in one run, on a 2-core VM at load average 7 to 10,
+//! so only the order is worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms
+//! (2.81 / 2.43 / 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47
+//! GB/s); P = 3: one-shot 66.6 ms (1.34 GB/s), by shares 52.0 ms (1.72 GB/s).
+
+use super::Transport;
+
+/// How an all-reduce goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllReduce {
+    /// One hop: every rank hands its whole vector to every other and folds all of them.
+    OneShot,
+    /// Reduce-scatter, then all-gather: rank `j` folds share `j` from every rank, then
+    /// every rank collects the folded shares (direct messages over TCP; two steps per chunk
+    /// in shared memory).
+    ScatterGather,
+    /// MLX's pipelined ring, after a round of headers (TCP only).
+    Ring,
+}
+
+/// How a broadcast goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Broadcast {
+    /// The root sends the whole vector to every rank.
+    Direct,
+    /// The root scatters the vector's blocks, then the other ranks all-gather them.
+    ScatterGather,
+}
+
+/// Largest all-reduce (bytes) that goes one-shot over TCP at P = 2. Both ways of reducing
+/// send the same bytes per rank at P = 2; the one-shot wins while the second hop costs more
+/// than folding the whole vector instead of half of it (ahead at 8 KiB, behind at 64 KiB).
+pub(crate) const TCP_ONE_SHOT_MAX_P2: usize = 32 << 10;
+
+/// Largest all-reduce (bytes) that goes one-shot over TCP at P >= 3, where each rank sends
+/// its vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost
+/// (ahead or even at 8 KiB, behind at 64 KiB).
+pub(crate) const TCP_ONE_SHOT_MAX: usize = 16 << 10;
+
+/// Smallest all-reduce (bytes) that takes MLX's pipelined ring over TCP: the direct
+/// reduce-scatter/all-gather finishes each round before the next starts and stages a copy
+/// of every peer's block, while the ring overlaps its steps in bounded staging (the ring
+/// ahead from 1 MiB at every P).
+pub(crate) const TCP_RING_MIN: usize = 1 << 20;
+
+/// Largest all-reduce (bytes) that every rank folds whole in one step in shared memory at
+/// P >= 3 (at P = 2 every size does); larger ones take two steps per chunk.
+pub(crate) const SHM_ONE_SHOT_MAX: usize = 32 << 10;
+
+/// Largest broadcast (bytes) that goes from the root straight to every rank at P >= 3. An
+/// estimate, not a measurement: the crossing of the all-reduce's one-shot and direct
+/// algorithms (between 8 and 64 KiB, above), which weigh one hop against the root's P - 1
+/// copies the same way.
+pub(crate) const BROADCAST_DIRECT_MAX: usize = 32 << 10;
+
+/// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks.
+pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
+    match (link, ranks) {
+        (Transport::SharedMemory, 2) => usize::MAX,
+        (Transport::SharedMemory, _) => SHM_ONE_SHOT_MAX,
+        (_, 2) => TCP_ONE_SHOT_MAX_P2,
+        (_, _) => TCP_ONE_SHOT_MAX,
+    }
+}
+
+/// How an all-reduce of `bytes` (`elems` elements) goes over `link` among `ranks` ranks.
+pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usize) -> AllReduce {
+    if bytes <= one_shot_max(link, ranks) || elems < ranks {
+        AllReduce::OneShot
+    } else if link == Transport::SharedMemory || bytes < TCP_RING_MIN {
+        AllReduce::ScatterGather
+    } else {
+        AllReduce::Ring
+    }
+}
+
+/// How a broadcast of `bytes` goes among `ranks` ranks over TCP.
+pub(crate) fn broadcast(ranks: usize, bytes: usize) -> Broadcast {
+    if ranks <= 2 || bytes <= BROADCAST_DIRECT_MAX {
+        Broadcast::Direct
+    } else {
+        Broadcast::ScatterGather
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_s_rows() {
+        use AllReduce::{OneShot, Ring, ScatterGather};
+        let rows = [
+            // (link, ranks, bytes, elements, algorithm)
+            (Transport::Tcp, 2, 4, 1, OneShot),
+            (Transport::Tcp, 2, 32 << 10, 8 << 10, OneShot),
+            (
+                Transport::Tcp,
+                2,
+                (32 << 10) + 4,
+                (8 << 10) + 1,
+                ScatterGather,
+            ),
+            (Transport::Tcp, 3, 16 << 10, 4 << 10, OneShot),
+            (
+                Transport::Tcp,
+                3,
+                (16 << 10) + 4,
+                (4 << 10) + 1,
+                ScatterGather,
+            ),
+            (
+                Transport::Tcp,
+                4,
+                (1 << 20) - 4,
+                (1 << 18) - 1,
+                ScatterGather,
+            ),
+            (Transport::Tcp, 4, 1 << 20, 1 << 18, Ring),
+            (Transport::Tcp, 2, 64 << 20, 16 << 20, Ring),
+            // Fewer elements than ranks: one-shot whatever the bytes (a ring needs an
+            // element per rank).
+            (Transport::Tcp, 16, 8 << 20, 15, OneShot),
+            (Transport::SharedMemory, 2, 64 << 20, 16 << 20, OneShot),
+            (Transport::SharedMemory, 3, 32 << 10, 8 << 10, OneShot),
+            (
+                Transport::SharedMemory,
+                3,
+                (32 << 10) + 4,
+                (8 << 10) + 1,
+                ScatterGather,
+            ),
+            (
+                Transport::SharedMemory,
+                8,
+                64 << 20,
+                16 << 20,
+                ScatterGather,
+            ),
+        ];
+        for (link, ranks, bytes, elems, want) in rows {
+            assert_eq!(
+                all_reduce(link, ranks, bytes, elems),
+                want,
+                "{link:?}, P = {ranks}, {bytes} bytes"
+            );
+        }
+        assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
+        assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
+        assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);
+    }
+}
