@@ -387,7 +387,10 @@ fn several_groups_in_one_process() {
                     a.close().unwrap();
                     check_sub(&a_sub, rank, Some(&a_members), "after closing a");
                     check_sub(&b, rank, Some(&[0, 1, 2, 3]), "after closing a");
-                    assert_eq!((a_sub.backend(), b.backend()), ("ring", "ring"));
+                    assert_eq!(
+                        (a_sub.backend(), b.backend(), b_sub.backend()),
+                        ("ring", "native", "native")
+                    );
                 })
             })
             .collect();
