@@ -2,31 +2,10 @@
 //! example as it is, the example sums nuvec arrays across two ranks, and an error returned
 //! from its `main` prints the message.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use nuvec_tools::testing::Launch;
-
-/// The example's binary, which `cargo test` builds next to the test binaries' directory
-/// (with no target selected; `cargo test --test quickstart` alone neither builds nor
-/// rebuilds it, so build the examples first, as tools/test.sh's whole suite does).
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let path = deps
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} was not built (cargo test builds the examples; or cargo build --example {name})",
-        path.display()
-    );
-    path
-}
+use nuvec_tools::testing::{Launch, example_binary};
 
 /// The example's code after its header comment: what the README must show.
 fn body(source: &str) -> String {
@@ -53,7 +32,7 @@ fn the_readme_shows_the_example_as_it_is() {
 
 #[test]
 fn the_example_sums_nuvec_arrays_across_two_ranks() {
-    let program = example("quickstart");
+    let program = example_binary("nuvec-distributed", "quickstart");
     let outputs = Launch::new(2, 1)
         .deadline(Duration::from_secs(120))
         .command(move |_| Command::new(&program))
@@ -74,7 +53,7 @@ fn an_error_from_main_prints_the_message() {
     let dir = tempfile::tempdir().unwrap();
     let hostfile = dir.path().join("ring.json");
     std::fs::write(&hostfile, r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"]]"#).unwrap();
-    let out = Command::new(example("quickstart"))
+    let out = Command::new(example_binary("nuvec-distributed", "quickstart"))
         .env("MLX_HOSTFILE", &hostfile)
         .env("MLX_RANK", "two")
         .output()

@@ -1,11 +1,11 @@
 //! The crate's first example, the one its documentation opens with: examples/seed.rs is
 //! that code, line for line, and it runs as written on every rank of `nuvec launch`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use nuvec_tools::testing::{finish, free_port_block, nuvec_binary};
+use nuvec_tools::testing::{example_binary, finish, free_port_block, nuvec_binary};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -103,38 +103,12 @@ fn the_extraction_shows_hidden_lines_and_stops_at_the_fence() {
     );
 }
 
-/// The example binary of the profile the tests run in; built if this run did not build it
-/// (a run filtered to this test builds no examples).
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    let path = profile
-        .join("examples")
-        .join(format!("seed{}", std::env::consts::EXE_SUFFIX));
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build
-            .current_dir(ROOT)
-            .args(["build", "-p", "nuvec-distributed", "--example", "seed"]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().unwrap().success(),
-            "building examples/seed.rs"
-        );
-    }
-    assert!(path.exists(), "{} was not built", path.display());
-    path
-}
-
 /// Under `nuvec launch -n 2` and `-n 4`, on MLX's wire (the default) and the native wire,
 /// every rank prints `rank r of n: [n, 2n]` (the sum of `[1.0, 2.0]` over n ranks, as
 /// `{:?}` prints a `Vec<f32>`), and nothing else.
 #[test]
 fn the_example_runs_as_written_on_every_rank_of_a_launch() {
-    let example = example_binary();
+    let example = example_binary("nuvec-distributed", "seed");
     for n in [2usize, 4] {
         for wire in [None, Some("native")] {
             let port = free_port_block(n).unwrap().to_string();

@@ -3,22 +3,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use nuvec_tools::testing::Launch;
+use nuvec_tools::testing::{Launch, example_binary};
 
 #[test]
 fn the_tensor_parallel_example_matches_the_unsharded_stack() {
-    // Cargo builds the examples next to the test binaries' directory before running tests.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let example = deps
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("tensor_parallel");
-    assert!(example.exists(), "{} was not built", example.display());
+    let example = example_binary("nuvec-distributed-engine", "tensor_parallel");
     for dtype in ["f16", "bf16"] {
         let program = example.clone();
         let outputs = Launch::new(2, 1)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ffi::alloc::CountingAllocator;
 use nuvec_distributed_engine::{Error, Group, Pending, Result, f16};
-use nuvec_tools::testing::{Launch, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, mark, report_failure};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -550,13 +550,7 @@ fn a_group_of_one_finishes_at_once() {
 /// `cargo test`.)
 #[test]
 fn the_overlap_example_runs_and_checks_its_results() {
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let example = deps.parent().unwrap().join("examples").join("overlap");
-    assert!(example.exists(), "{} was not built", example.display());
+    let example = testing::example_binary("nuvec-distributed-engine", "overlap");
     let outputs = Launch::new(2, 1)
         .deadline(Duration::from_secs(120))
         .command(move |_| {

@@ -461,15 +461,7 @@ fn groups_not_formed_here_refuse_to_split_naming_the_call() {
 /// formed with two splits, checked against the unsharded model.
 #[test]
 fn the_tp_pp_example_matches_the_unsharded_model() {
-    // Cargo builds the examples next to the test binaries' directory before running tests.
-    let deps = std::env::current_exe().unwrap();
-    let example = deps
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples")
-        .join("tp_pp");
-    assert!(example.exists(), "{} was not built", example.display());
+    let example = testing::example_binary("nuvec-distributed-engine", "tp_pp");
     let outputs = Launch::new(4, 1)
         .deadline(Duration::from_secs(120))
         .command(move |_| std::process::Command::new(&example))

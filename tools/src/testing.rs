@@ -297,6 +297,21 @@ pub fn verbs_provider() -> &'static Path {
     })
 }
 
+/// The binary of example `name` of `package`, in the profile the tests run in. A `cargo
+/// test` of the package builds its examples before any test starts; a run filtered to one
+/// test target does not, and then this builds the one example (`cargo build -p package
+/// --example name`).
+pub fn example_binary(package: &str, name: &str) -> PathBuf {
+    let path = profile_dir()
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.exists() {
+        cargo_build(&["-p", package, "--example", name], name);
+    }
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
 /// The `nuvec` binary (`nuvec launch`) of the profile the tests run in, for tests that run
 /// a program under it. A `cargo test` of the workspace or of its default members builds
 /// it, with the features of that run, before any test starts; a test run of one other
