@@ -90,6 +90,7 @@ use std::time::Duration;
 
 use header::{Call, Header, Kind};
 use protocol::{Exchange, Exchanging, Memory, Routes};
+use shm::Path;
 
 use crate::comm::Communicator;
 use crate::comm::Transport;
@@ -143,12 +144,12 @@ struct State {
     /// The length of the last send to each rank, to name it if the receiver refuses it.
     sent_len: Vec<u64>,
     received: Vec<u32>,
-    /// The group's shared memory, when every rank is on this host: group collectives and
-    /// send/recv go through it, liveness stays on the connections.
-    shm: Option<shm::Link>,
-    /// The group's shared memory when its ranks sit on several hosts, some with two ranks
-    /// or more (see `shm::hier`); broadcast, all_to_all, send/recv stay on TCP.
-    hier: Option<Box<shm::Hier>>,
+    /// Which way the group collectives go, fixed when the group forms: one shared-memory
+    /// segment when every rank is on this host (send/recv too; liveness stays on the
+    /// connections), shared memory inside each host and TCP between them when the ranks
+    /// sit on several hosts, some with two ranks or more (broadcast, all_to_all and
+    /// send/recv stay on TCP there), or TCP alone.
+    path: Path,
 }
 
 impl fmt::Debug for Native {
@@ -218,7 +219,7 @@ impl Native {
         let spin = Spin::for_local_ranks(options.spin, local_ranks);
         // Every rank sees every hello, so all decide alike (see `shm::hier`).
         let hosts: Vec<[u8; 16]> = peers.iter().map(|p| p.host).collect();
-        let setup = shm::setup(
+        let path = shm::setup(
             &mut transport,
             (rank, &hosts),
             offered,
@@ -226,19 +227,14 @@ impl Native {
             options.timeout,
             spin,
         )?;
-        let (shm, hier) = match setup {
-            shm::Setup::Flat(link) => (Some(link), None),
-            shm::Setup::Hier(hier) => (None, Some(hier)),
-            shm::Setup::Tcp => (None, None),
-        };
-        let links = match (&shm, &hier) {
-            (Some(link), _) if link.locked() => "shared memory (locked)",
-            (Some(_), _) => "shared memory",
-            (None, Some(h)) if h.locked() => {
+        let links = match &path {
+            Path::Flat(link) if link.locked() => "shared memory (locked)",
+            Path::Flat(_) => "shared memory",
+            Path::Hier(h) if h.locked() => {
                 "shared memory (locked) inside this host, tcp between hosts"
             }
-            (None, Some(_)) => "shared memory inside this host, tcp between hosts",
-            (None, None) => "tcp",
+            Path::Hier(_) => "shared memory inside this host, tcp between hosts",
+            Path::Tcp => "tcp",
         };
         crate::verbose::verbose!(
             rank,
@@ -249,10 +245,10 @@ impl Native {
         // A close from another thread wakes a collective blocked on the poller; should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
         let waker = transport.waker();
-        let shared = match (&shm, &hier) {
-            (Some(_), _) => vec![true; size],
-            (None, Some(h)) => (0..size).map(|r| h.sharing().contains(&r)).collect(),
-            (None, None) => vec![false; size],
+        let shared = match &path {
+            Path::Flat(_) => vec![true; size],
+            Path::Hier(h) => (0..size).map(|r| h.sharing().contains(&r)).collect(),
+            Path::Tcp => vec![false; size],
         };
         Ok(Native {
             rank,
@@ -270,8 +266,7 @@ impl Native {
                 sent: vec![0; size],
                 sent_len: vec![0; size],
                 received: vec![0; size],
-                shm,
-                hier,
+                path,
             })
             .on_close(move || {
                 let _ = waker.wake();
@@ -360,15 +355,15 @@ impl Native {
     ) -> Result<()> {
         let State {
             transport,
-            shm,
+            path,
             sent,
             sent_len,
             ..
         } = state;
-        let Some(link) = shm.as_mut() else {
+        let Path::Flat(link) = path else {
             return Err(Error::Bug {
                 context: call.phase(),
-                what: "shared memory vanished".into(),
+                what: "a shared-memory run on a group whose path is not one segment".into(),
             });
         };
         self.traced(call, || {
@@ -392,12 +387,12 @@ impl Native {
         f: impl FnOnce(&mut shm::Hier, &mut shm::Watch<'_>) -> Result<()>,
     ) -> Result<()> {
         let State {
-            transport, hier, ..
+            transport, path, ..
         } = state;
-        let Some(hier) = hier.as_mut() else {
+        let Path::Hier(hier) = path else {
             return Err(Error::Bug {
                 context: call.phase(),
-                what: "the hierarchical group vanished".into(),
+                what: "a hierarchical run on a group whose path is not hierarchical".into(),
             });
         };
         self.traced(call, || {
@@ -447,8 +442,7 @@ impl Native {
         };
         if algorithm == AllReduce::Ring
             && state.ring_stage.is_none()
-            && state.shm.is_none()
-            && state.hier.is_none()
+            && matches!(state.path, Path::Tcp)
             && self.size > 1
         {
             // Before the call is numbered: a mapping failure is local, leaves the group
@@ -459,15 +453,18 @@ impl Native {
         if self.size == 1 {
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.all_reduce(&call, (op, dtype), data, watch)
-            });
-        }
-        if state.hier.is_some() {
-            return self.run_hier(state, &call, |hier, watch| {
-                hier.all_reduce(&call, (op, dtype), data, watch)
-            });
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.all_reduce(&call, (op, dtype), data, watch)
+                });
+            }
+            Path::Hier(_) => {
+                return self.run_hier(state, &call, |hier, watch| {
+                    hier.all_reduce(&call, (op, dtype), data, watch)
+                });
+            }
+            Path::Tcp => {}
         }
         let (me, p) = (self.rank, self.size);
         match algorithm {
@@ -503,15 +500,18 @@ impl Native {
         if self.size == 1 {
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.broadcast(&call, data, root, watch)
-            });
-        }
-        if state.hier.is_some() {
-            // A hierarchical group compares calls through the hierarchy first, so that a
-            // mismatch with a collective that runs through it fails every rank as one.
-            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.broadcast(&call, data, root, watch)
+                });
+            }
+            Path::Hier(_) => {
+                // A hierarchical group compares calls through the hierarchy first, so that a
+                // mismatch with a collective that runs through it fails every rank as one.
+                self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+            }
+            Path::Tcp => {}
         }
         let (me, p, len) = (self.rank, self.size, data.len());
         if direct {
@@ -655,15 +655,18 @@ impl Communicator for Native {
         if self.size == 1 {
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.all_gather(&call, input, output, watch)
-            });
-        }
-        if state.hier.is_some() {
-            return self.run_hier(state, &call, |hier, watch| {
-                hier.all_gather(&call, input, output, watch)
-            });
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.all_gather(&call, input, output, watch)
+                });
+            }
+            Path::Hier(_) => {
+                return self.run_hier(state, &call, |hier, watch| {
+                    hier.all_gather(&call, input, output, watch)
+                });
+            }
+            Path::Tcp => {}
         }
         state
             .exchange
@@ -680,15 +683,18 @@ impl Communicator for Native {
             output.copy_from_slice(input);
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.sum_scatter(&call, dtype, input, output, watch)
-            });
-        }
-        if state.hier.is_some() {
-            return self.run_hier(state, &call, |hier, watch| {
-                hier.sum_scatter(&call, dtype, input, output, watch)
-            });
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.sum_scatter(&call, dtype, input, output, watch)
+                });
+            }
+            Path::Hier(_) => {
+                return self.run_hier(state, &call, |hier, watch| {
+                    hier.sum_scatter(&call, dtype, input, output, watch)
+                });
+            }
+            Path::Tcp => {}
         }
         state
             .exchange
@@ -711,10 +717,14 @@ impl Communicator for Native {
             recv_from: None,
             send_to: Some(dst),
         };
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.send(&call, data, dst, watch)
-            });
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.send(&call, data, dst, watch)
+                });
+            }
+            // send/recv stay on TCP in a hierarchical group.
+            Path::Hier(_) | Path::Tcp => {}
         }
         state.exchange.send(
             &state.transport,
@@ -741,10 +751,14 @@ impl Communicator for Native {
             recv_from: Some(src),
             send_to: None,
         };
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.recv(&call, data, src, watch)
-            });
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.recv(&call, data, src, watch)
+                });
+            }
+            // send/recv stay on TCP in a hierarchical group.
+            Path::Hier(_) | Path::Tcp => {}
         }
         let len = data.len();
         state
@@ -760,11 +774,14 @@ impl Communicator for Native {
         if self.size == 1 {
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| link.barrier(&call, watch));
-        }
-        if state.hier.is_some() {
-            return self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch));
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| link.barrier(&call, watch));
+            }
+            Path::Hier(_) => {
+                return self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch));
+            }
+            Path::Tcp => {}
         }
         state
             .exchange
@@ -790,14 +807,17 @@ impl Communicator for Native {
         if self.size == 1 {
             return Ok(());
         }
-        if state.shm.is_some() {
-            return self.run_shm(state, &call, |link, watch| {
-                link.all_to_all(&call, input, output, watch)
-            });
-        }
-        if state.hier.is_some() {
-            // As broadcast's: calls compared through the hierarchy first.
-            self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+        match state.path {
+            Path::Flat(_) => {
+                return self.run_shm(state, &call, |link, watch| {
+                    link.all_to_all(&call, input, output, watch)
+                });
+            }
+            Path::Hier(_) => {
+                // As broadcast's: calls compared through the hierarchy first.
+                self.run_hier(state, &call, |hier, watch| hier.barrier(&call, watch))?;
+            }
+            Path::Tcp => {}
         }
         state
             .exchange
@@ -811,8 +831,7 @@ impl Communicator for Native {
             state.stage = Vec::new();
             state.lanes = Vec::new();
             state.ring_stage = None;
-            state.shm = None;
-            state.hier = None;
+            state.path = Path::Tcp;
         });
         Ok(())
     }

@@ -111,15 +111,27 @@ pub(crate) fn settle(candidates: &[Vec<usize>], shared: &[bool]) -> Vec<Vec<usiz
     out
 }
 
-/// How a group moves its collectives, as setup found (see the module docs).
+/// Which way a group's collectives go, as setup found (see the module docs); fixed for the
+/// group's life.
 #[derive(Debug)]
-pub(crate) enum Setup {
+pub(crate) enum Path {
     /// Every rank on one segment.
     Flat(Link),
     /// Several domains, at least one of them of two ranks or more.
     Hier(Box<Hier>),
     /// TCP for every link.
     Tcp,
+}
+
+#[cfg(test)]
+impl Path {
+    /// The segment of a group on one.
+    pub(crate) fn flat(&self) -> Option<&Link> {
+        match self {
+            Path::Flat(link) => Some(link),
+            Path::Hier(_) | Path::Tcp => None,
+        }
+    }
 }
 
 /// Sets up the group's shared memory (see the module docs): `hosts` is every rank's host
@@ -135,10 +147,10 @@ pub(crate) fn setup(
     group: &[u8; 32],
     timeout: Duration,
     spin: Spin,
-) -> Result<Setup> {
+) -> Result<Path> {
     let size = hosts.len();
     if size < 2 || !offered {
-        return Ok(Setup::Tcp);
+        return Ok(Path::Tcp);
     }
     let cands = candidates(hosts);
     let Some(d) = cands.iter().position(|c| c.contains(&rank)) else {
@@ -155,10 +167,10 @@ pub(crate) fn setup(
         None
     };
     if cands.len() == 1 {
-        return Ok(link.map_or(Setup::Tcp, Setup::Flat));
+        return Ok(link.map_or(Path::Tcp, Path::Flat));
     }
     if cands.iter().all(|c| c.len() < 2) {
-        return Ok(Setup::Tcp);
+        return Ok(Path::Tcp);
     }
     let deadline = crate::options::deadline(Instant::now(), timeout);
     let mut shared: Vec<bool> = cands.iter().map(|c| c.len() >= 2).collect();
@@ -196,7 +208,7 @@ pub(crate) fn setup(
             rank,
             "shared memory: no host holds two ranks that share a segment; every link stays TCP"
         );
-        return Ok(Setup::Tcp);
+        return Ok(Path::Tcp);
     }
     let leaders: Vec<usize> = domains.iter().filter_map(|c| c.first().copied()).collect();
     crate::verbose::verbose!(
@@ -204,7 +216,7 @@ pub(crate) fn setup(
         "shared memory: host domains {domains:?}, shared memory inside each, TCP between \
          their leaders {leaders:?}"
     );
-    Ok(Setup::Hier(Box::new(Hier::new(
+    Ok(Path::Hier(Box::new(Hier::new(
         rank,
         domains,
         link,

@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 
 use ffi::shm::Segment;
 
-pub(crate) use hier::{Hier, Setup, setup};
+pub(crate) use hier::{Hier, Path, setup};
 pub(crate) use protocol::Layout;
 use protocol::{CHUNK, pieces, reached, share};
 

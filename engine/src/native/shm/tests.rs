@@ -73,7 +73,7 @@ fn every_collective_on_shared_memory_folds_in_rank_order() {
         assert!(
             ranks
                 .iter()
-                .all(|r| r.state.lock().expect("open").shm.is_some()),
+                .all(|r| matches!(r.state.lock().expect("open").path, Path::Flat(_))),
             "P = {size}: not on shared memory"
         );
         for dtype in [DType::F32, DType::BF16, DType::Bool] {
@@ -227,8 +227,8 @@ fn steps(c: &Native) -> u32 {
     c.state
         .lock()
         .expect("open")
-        .shm
-        .as_ref()
+        .path
+        .flat()
         .expect("on shared memory")
         .step
 }
@@ -468,8 +468,8 @@ fn pieces_sent(c: &Native, dst: usize) -> u32 {
     c.state
         .lock()
         .expect("open")
-        .shm
-        .as_ref()
+        .path
+        .flat()
         .expect("on shared memory")
         .pieces_sent(dst)
 }

@@ -103,13 +103,10 @@ fn domains_of(ranks: &[Native]) -> Vec<Vec<usize>> {
         .iter()
         .map(|r| {
             let state = r.state.lock().expect("open");
-            assert!(state.shm.is_none(), "rank {}: a flat segment", r.rank());
-            state
-                .hier
-                .as_ref()
-                .expect("hierarchical")
-                .domains()
-                .to_vec()
+            let Path::Hier(hier) = &state.path else {
+                panic!("rank {}: not hierarchical: {:?}", r.rank(), state.path);
+            };
+            hier.domains().to_vec()
         })
         .collect();
     assert!(all.windows(2).all(|w| w[0] == w[1]), "{all:?}");
@@ -218,7 +215,7 @@ fn a_group_of_single_rank_hosts_stays_on_tcp() {
     let ranks = group(&[1, 2, 3]);
     for r in &ranks {
         let state = r.state.lock().expect("open");
-        assert!(state.shm.is_none() && state.hier.is_none());
+        assert!(matches!(state.path, Path::Tcp), "{:?}", state.path);
     }
     let got = on_ranks(&ranks, |c| {
         let mut x = f32s(&[c.rank() as f32 + 1.0; 5]);
