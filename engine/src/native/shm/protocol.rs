@@ -67,7 +67,7 @@
 use std::ops::Range;
 
 use crate::comm::Transport;
-use crate::comm::algorithm::{self, AllReduce};
+use crate::comm::algorithm;
 use crate::comm::part;
 
 /// A cache line and its neighbour (adjacent-line prefetch pairs them).
@@ -84,9 +84,7 @@ pub(crate) const CHUNK: usize = 1 << 20;
 /// every chunk whole) rather than by shares (see the module docs): the choice of
 /// `comm::algorithm`'s table for shared memory.
 pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
-    // An element count of `bytes` keeps the table's rule for fewer elements than ranks
-    // out of play: shared memory's schedules take any count.
-    algorithm::all_reduce(Transport::SharedMemory, size, bytes, bytes) == AllReduce::OneShot
+    bytes <= algorithm::one_shot_max(Transport::SharedMemory, size)
 }
 
 /// Where everything of a group of `size` ranks sits (see the module docs).
