@@ -10,7 +10,7 @@ use crate::config::env;
 use crate::config::hostfile;
 use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, Result};
-use crate::group::{Group, set_default_group};
+use crate::group::{Group, Origin, set_default_group};
 use crate::native::Native;
 use crate::options::{Options, Wire};
 use crate::ring::Ring;
@@ -270,5 +270,5 @@ pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Grou
         }
     };
     // Kept so that the group can be split on the same links with the same options.
-    Ok(group.with_origin(crate::split::Origin::new(addrs, options)))
+    Ok(group.with_origin(Origin::new(addrs, options)))
 }

@@ -13,7 +13,6 @@ use zerocopy::IntoBytes;
 use crate::comm::Communicator;
 use crate::element::{Complex64, DType, Element};
 use crate::error::{Error, Phase, Result};
-use crate::group::Group;
 use crate::reduce::ReduceOp;
 
 /// Operations queued at once before the queue first grows (and allocates).
@@ -347,9 +346,8 @@ impl Drop for Nonblocking {
     }
 }
 
-/// Runs `f` with a [`Scope`] of `group`, then waits for every operation started in it.
+/// Runs `f` with a [`Scope`] over `comm` and its loop `nb`, then waits for every operation started in it.
 pub(crate) fn scope<'env, R>(
-    group: &'env Group,
     comm: &'env Arc<dyn Communicator>,
     nb: &'env Nonblocking,
     f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R,
@@ -365,7 +363,6 @@ pub(crate) fn scope<'env, R>(
     ffi::lend::lend(&nb.ledger, |lender| {
         let _settle = Settle(nb);
         f(&Scope {
-            group,
             comm,
             nb,
             lender,
@@ -447,7 +444,6 @@ pub(crate) fn scope<'env, R>(
 /// - **Cost.** Once warm (the queue has grown to the most operations outstanding at once),
 ///   starting and waiting for an operation allocates nothing.
 pub struct Scope<'scope, 'env: 'scope> {
-    group: &'env Group,
     comm: &'env Arc<dyn Communicator>,
     nb: &'env Nonblocking,
     lender: &'scope Lender<'scope, 'env>,
@@ -456,7 +452,11 @@ pub struct Scope<'scope, 'env: 'scope> {
 
 impl fmt::Debug for Scope<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scope").field("group", self.group).finish()
+        f.debug_struct("Scope")
+            .field("backend", &self.comm.backend())
+            .field("rank", &self.comm.rank())
+            .field("size", &self.comm.size())
+            .finish()
     }
 }
 
@@ -499,7 +499,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         op: ReduceOp,
         data: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        if self.group.size() == 1 {
+        if self.comm.size() == 1 {
             return Ok(Pending::ready(Ok(())));
         }
         let data = self.lender.lend_mut(T::wire_mut(data));
@@ -521,7 +521,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if output.len() != input.len() * size {
             return Err(Error::invalid(format!(
                 "start_all_gather: the output holds {} elements but {size} ranks x {} input \
@@ -551,7 +551,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if input.len() != output.len() * size {
             return Err(Error::invalid(format!(
                 "start_sum_scatter: the input holds {} elements but {size} ranks x {} output \
@@ -582,7 +582,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// started); the ring's refusal of a rank that is not a neighbour comes from
     /// [`Pending::wait`]. Otherwise as [`Scope::start_all_sum`].
     pub fn start_send<T: Plain>(&self, data: &'scope [T], dst: usize) -> Result<Pending<'scope>> {
-        self.group.check_peer("send to", dst)?;
+        crate::comm::check_peer(&**self.comm, "send to", dst)?;
         let data = self.lender.lend(T::as_wire(data));
         self.submit(Op::Send { data, peer: dst })
     }
@@ -597,7 +597,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         data: &'scope mut [T],
         src: usize,
     ) -> Result<Pending<'scope>> {
-        self.group.check_peer("receive from", src)?;
+        crate::comm::check_peer(&**self.comm, "receive from", src)?;
         let data = self.lender.lend_mut(T::wire_mut(data));
         self.submit(Op::Recv { data, peer: src })
     }
@@ -608,7 +608,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     ///
     /// As [`Scope::start_all_sum`].
     pub fn start_barrier(&self) -> Result<Pending<'scope>> {
-        if self.group.size() == 1 {
+        if self.comm.size() == 1 {
             return Ok(Pending::ready(Ok(())));
         }
         self.submit(Op::Barrier)
@@ -625,7 +625,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         data: &'scope mut [T],
         root: usize,
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if root >= size {
             return Err(Error::invalid(format!(
                 "start_broadcast: root {root} is not a rank of this group, which has ranks 0 \
@@ -651,7 +651,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if input.len() != output.len() || !input.len().is_multiple_of(size) {
             return Err(Error::invalid(format!(
                 "start_all_to_all: input {} and output {} elements must be equal and split \
