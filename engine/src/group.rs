@@ -22,7 +22,7 @@ use crate::reduce::ReduceOp;
 /// Collectives on one group must be issued in the same order on every rank, with the same
 /// lengths, dtypes and ops: the k-th call on one rank pairs with the k-th call on every
 /// other. What a mismatch (another collective, length, dtype or op) does depends on the
-/// wire ([`Options::wire`](crate::Options::wire)):
+/// backend ([`Backend`](crate::Backend)):
 ///
 /// - On **MLX's wire** (the default) and on **JACCL**, messages carry element bytes only,
 ///   so a mismatch is not detected: it returns `Ok` with wrong data, and every later call on
