@@ -1,4 +1,4 @@
-//! Nonblocking collectives on a group's own loop thread: [`Group::scope`], [`Scope`],
+//! Nonblocking collectives on a group's own loop thread: [`Group::scope`](crate::Group::scope), [`Scope`],
 //! [`Pending`]. The rules are in [`Scope`]'s documentation.
 
 use std::collections::VecDeque;
@@ -372,7 +372,7 @@ pub(crate) fn scope<'env, R>(
 }
 
 /// Starts nonblocking collectives on a group, on buffers borrowed until the scope ends
-/// ([`Group::scope`]).
+/// ([`Group::scope`](crate::Group::scope)).
 ///
 /// ```
 /// # use nuvec_distributed_engine::Group;
@@ -401,7 +401,7 @@ pub(crate) fn scope<'env, R>(
 /// still writes it (the reason `std::thread::scoped` was withdrawn before Rust 1.0). So it is
 /// not offered.
 ///
-/// [`Group::scope`] is built like [`std::thread::scope`]: the buffers are borrowed for the
+/// [`Group::scope`](crate::Group::scope) is built like [`std::thread::scope`]: the buffers are borrowed for the
 /// whole scope, and the scope does not return (nor unwind from a panic) before every
 /// operation started in it has finished, whatever happened to the handles: waited, dropped
 /// or forgotten. The buffers are read back after the scope. Nothing is copied: the loop
@@ -424,7 +424,7 @@ pub(crate) fn scope<'env, R>(
 ///
 /// - **Order.** Operations of one group, blocking or not, go on the wire in the order they
 ///   were issued on this rank, and every rank must issue the same sequence, as for blocking
-///   calls (see [`Group`]). Issue them from one thread.
+///   calls (see [`Group`](crate::Group)). Issue them from one thread.
 /// - **Mixing.** A blocking collective (or `send`, `recv`, `barrier`) first waits until every
 ///   outstanding nonblocking operation of the group has finished, then runs on the calling
 ///   thread with the latency it has without nonblocking operations. It does not report
@@ -435,7 +435,7 @@ pub(crate) fn scope<'env, R>(
 ///   [`Pending::wait`]: the operation that met the failure names the peer, and every later
 ///   one fails with [`Error::Failed`](crate::Error::Failed) around that error. An error of a
 ///   handle that was dropped unwaited is not reported anywhere else.
-/// - **Close.** [`Group::close`] with operations outstanding aborts the one in flight
+/// - **Close.** [`Group::close`](crate::Group::close) with operations outstanding aborts the one in flight
 ///   ([`Error::Aborted`](crate::Error::Aborted)) and fails each queued one with
 ///   [`Error::GroupClosed`](crate::Error::GroupClosed).
 /// - **Element types.** Every [`Element`] but `bool` ([`Plain`]): a `bool` buffer may not
@@ -461,7 +461,7 @@ impl fmt::Debug for Scope<'_, '_> {
 }
 
 impl<'scope, 'env> Scope<'scope, 'env> {
-    /// Starts [`Group::all_sum`] on `data`.
+    /// Starts [`Group::all_sum`](crate::Group::all_sum) on `data`.
     ///
     /// # Errors
     ///
@@ -471,7 +471,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Sum, data)
     }
 
-    /// Starts [`Group::all_max`] on `data`.
+    /// Starts [`Group::all_max`](crate::Group::all_max) on `data`.
     ///
     /// # Errors
     ///
@@ -480,7 +480,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Max, data)
     }
 
-    /// Starts [`Group::all_min`] on `data`.
+    /// Starts [`Group::all_min`](crate::Group::all_min) on `data`.
     ///
     /// # Errors
     ///
@@ -489,7 +489,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Min, data)
     }
 
-    /// Starts [`Group::all_reduce`] with `op` on `data`.
+    /// Starts [`Group::all_reduce`](crate::Group::all_reduce) with `op` on `data`.
     ///
     /// # Errors
     ///
@@ -510,7 +510,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         })
     }
 
-    /// Starts [`Group::all_gather`] of `input` into `output`.
+    /// Starts [`Group::all_gather`](crate::Group::all_gather) of `input` into `output`.
     ///
     /// # Errors
     ///
@@ -540,7 +540,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Gather { input, output })
     }
 
-    /// Starts [`Group::sum_scatter`] of `input` into `output`.
+    /// Starts [`Group::sum_scatter`](crate::Group::sum_scatter) of `input` into `output`.
     ///
     /// # Errors
     ///
@@ -574,7 +574,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         })
     }
 
-    /// Starts [`Group::send`] of `data` to rank `dst`.
+    /// Starts [`Group::send`](crate::Group::send) of `data` to rank `dst`.
     ///
     /// # Errors
     ///
@@ -587,7 +587,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Send { data, peer: dst })
     }
 
-    /// Starts [`Group::recv`] of `data.len()` elements from rank `src`.
+    /// Starts [`Group::recv`](crate::Group::recv) of `data.len()` elements from rank `src`.
     ///
     /// # Errors
     ///
@@ -602,7 +602,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Recv { data, peer: src })
     }
 
-    /// Starts [`Group::barrier`].
+    /// Starts [`Group::barrier`](crate::Group::barrier).
     ///
     /// # Errors
     ///
@@ -614,7 +614,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Barrier)
     }
 
-    /// Starts [`Group::broadcast`] of rank `root`'s `data`.
+    /// Starts [`Group::broadcast`](crate::Group::broadcast) of rank `root`'s `data`.
     ///
     /// # Errors
     ///
@@ -640,7 +640,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Broadcast { data, root })
     }
 
-    /// Starts [`Group::all_to_all`] of `input` into `output`.
+    /// Starts [`Group::all_to_all`](crate::Group::all_to_all) of `input` into `output`.
     ///
     /// # Errors
     ///

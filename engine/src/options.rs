@@ -81,7 +81,7 @@ pub struct Options {
     /// [`Backend::Ring`] (the default, MLX's wire) or [`Backend::Native`]
     /// ([`WIRE_VAR`](crate::WIRE_VAR) `native` for [`init`](crate::init)). `Any` is the
     /// ring; `Jaccl` is refused there (JACCL forms from its device file:
-    /// [`jaccl::init`](crate::jaccl)).
+    /// `jaccl::init`, feature `jaccl`).
     pub backend: Backend,
     /// [`Backend::Native`] only: whether ranks on one host move data through shared memory (default
     /// `true`; [`SHM_VAR`](crate::SHM_VAR) for [`init`](crate::init)). A group uses it when every rank is on

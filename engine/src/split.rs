@@ -53,7 +53,7 @@ impl Group {
     /// # Errors
     ///
     /// [`Error::Unsupported`] for a JACCL group (JACCL sets its queue pairs up once, for the
-    /// one group it forms) or a group over another [`Communicator`]. A failure of the
+    /// one group it forms) or a group over another [`Communicator`](crate::Communicator). A failure of the
     /// exchange over this group is that collective's error, and this group is failed;
     /// a failure to form the sub-group is a formation error naming the sub-group's rank,
     /// and leaves this group usable.
