@@ -461,6 +461,17 @@ impl Anchors {
     /// The command that runs Open MPI's sweep with `ranks` ranks over `btl`: TCP on
     /// loopback, or its shared-memory transport.
     pub fn mpi_command(&self, ranks: usize, sweep: &Sweep, out: &Path, btl: MpiBtl) -> Command {
+        let mut c = self.mpirun(ranks, btl);
+        c.arg(self.dir.join("mpi_bench.py"))
+            .args(sweep_args(sweep, &["all_reduce", "all_gather", "sendrecv"]))
+            .arg("--out")
+            .arg(out);
+        c
+    }
+
+    /// `mpirun` with `ranks` ranks over `btl`, up to the anchor's Python: the script and its
+    /// arguments follow.
+    fn mpirun(&self, ranks: usize, btl: MpiBtl) -> Command {
         let mut c = Command::new("mpirun");
         c.args([
             "--allow-run-as-root",
@@ -472,12 +483,63 @@ impl Anchors {
         if btl == MpiBtl::Tcp {
             c.args(["--mca", "btl_tcp_if_include", "lo"]);
         }
-        c.arg(self.python())
-            .arg(self.dir.join("mpi_bench.py"))
-            .args(sweep_args(sweep, &["all_reduce", "all_gather", "sendrecv"]))
-            .arg("--out")
-            .arg(out);
+        c.arg(self.python());
         c
+    }
+
+    /// Runs skew.py, the late-arrival measurement of `nuvec bench --skew`, under Open MPI
+    /// (`btl`) or, with `btl` `None`, MLX's ring, and returns rank 0's points.
+    ///
+    /// # Errors
+    ///
+    /// The launch failed, or printed no point for a delay.
+    pub fn run_skew(
+        &self,
+        ranks: usize,
+        btl: Option<MpiBtl>,
+        bytes: usize,
+        delays_us: &[u64],
+        iters: usize,
+    ) -> Result<Vec<crate::skew::SkewPoint>, String> {
+        let what = if btl.is_some() {
+            "mpirun"
+        } else {
+            "mlx.launch"
+        };
+        let mut c = match btl {
+            Some(btl) => self.mpirun(ranks, btl),
+            None => {
+                let port = launch::free_port_block(ranks).map_err(|e| e.to_string())?;
+                let mut c = Command::new(self.env.join("venv/bin/mlx.launch"));
+                c.args(["--backend", "ring", "-n", &ranks.to_string()])
+                    .args(["-p", &port.to_string(), "--"])
+                    .arg(self.python());
+                c
+            }
+        };
+        let delays: Vec<String> = delays_us.iter().map(u64::to_string).collect();
+        c.arg(self.dir.join("skew.py"))
+            .arg(if btl.is_some() { "mpi" } else { "mlx" })
+            .env("BYTES", bytes.to_string())
+            .env("ITERS", iters.to_string())
+            .env("DELAYS", delays.join(","))
+            .stdin(Stdio::null());
+        let output = c.output().map_err(|e| format!("{what}: {e}"))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let points: Vec<_> = text
+            .lines()
+            .filter_map(|l| crate::skew::parse_anchor_line(l, iters))
+            .collect();
+        if !output.status.success() || points.len() != delays_us.len() {
+            return Err(format!(
+                "{what} skew.py: {} ({} of {} delays reported); its output:\n{text}{}",
+                output.status,
+                points.len(),
+                delays_us.len(),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(points)
     }
 
     /// Runs MLX's ring sweep for `ranks` and returns its results.

@@ -15,6 +15,7 @@ pub mod launch;
 pub mod load;
 pub mod report;
 pub mod runner;
+pub mod skew;
 pub mod testing;
 
 /// The wire a TCP backend speaks, as `NUVEC_DISTRIBUTED_WIRE`, `--wire` and the reports

@@ -22,6 +22,7 @@ use nuvec_tools::doctor::{self, DoctorArgs};
 use nuvec_tools::launch::{self, Backend, HostList, LaunchSpec};
 use nuvec_tools::report::{self, Header, NuvecRun, Report};
 use nuvec_tools::runner::{self, RunOptions};
+use nuvec_tools::skew;
 
 /// Start and measure nuvec-distributed rings.
 #[derive(Parser)]
@@ -201,6 +202,13 @@ struct BenchArgs {
     /// measured nothing.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     iters: Option<usize>,
+    /// Measure late arrivals instead of the sweep: per delay D (µs, comma-separated), the
+    /// last rank arrives D late at an all_sum of the first --sizes (default 2 KiB) and rank
+    /// 0 reports its excess wait (median, p90: its time minus D) and CPU per call. With
+    /// --mpi or --mlx, the anchors' skew.py runs beside it. --iters caps the calls per
+    /// delay (default 300).
+    #[arg(long, value_delimiter = ',', value_name = "D,...")]
+    skew: Vec<u64>,
     /// Write everything measured (nuvec, the anchors, the comparison) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -434,6 +442,9 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
             ));
         }
     }
+    if !args.skew.is_empty() {
+        return bench_skew(args);
+    }
     let sweep = sweep(args);
     if sweep.cases(2).is_empty() {
         return Err("nothing to measure: sum_scatter reduces with sum only (see --op)".into());
@@ -622,6 +633,15 @@ fn follow_progress(path: &Path, cases: &[Case], bar: &ProgressBar, stop: &Atomic
 /// Starts `ranks` workers (this program again) through the launcher and returns what rank
 /// 0 measured, and what carried each link as the ranks reported it.
 fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String), String> {
+    let (text, transport) = run_workers(args, ranks)?;
+    let measurements = serde_json::from_str(&text)
+        .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
+    Ok((measurements, transport))
+}
+
+/// Starts `ranks` workers through the launcher and returns the results rank 0 wrote (JSON)
+/// and what carried each link.
+fn run_workers(args: &BenchArgs, ranks: usize) -> Result<(String, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let port = match args.starting_port {
         Some(port) => port,
@@ -639,7 +659,11 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String
         name: "nuvec bench".into(),
         ..RunOptions::default()
     };
-    let cases = sweep(args).cases(ranks);
+    let cases = if args.skew.is_empty() {
+        sweep(args).cases(ranks)
+    } else {
+        Vec::new()
+    };
     let progress = dir.path().join("progress");
     let bar = progress_bar(args, ranks, cases.len());
     let stop = AtomicBool::new(false);
@@ -656,12 +680,10 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String
     }
     let text = std::fs::read_to_string(&results)
         .map_err(|e| format!("{ranks} ranks: rank 0 wrote no results ({e})"))?;
-    let measurements = serde_json::from_str(&text)
-        .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
     // Written before the measurements: a run that measured reported its links.
     let transport = std::fs::read_to_string(links_path(&results))
         .map_err(|e| format!("{ranks} ranks: rank 0 reported no links ({e})"))?;
-    Ok((measurements, transport.trim().to_string()))
+    Ok((text, transport.trim().to_string()))
 }
 
 /// Where a worker's rank 0 writes what carried each link, beside its results.
@@ -704,7 +726,138 @@ fn worker_args(args: &BenchArgs, results: &Path, progress: &Path) -> Vec<String>
         out.push("--iters".into());
         out.push(iters.to_string());
     }
+    if !args.skew.is_empty() {
+        out.push("--skew".into());
+        out.push(
+            args.skew
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
     out
+}
+
+/// The all_sum size of a skew run: the first of --sizes, else skew.py's.
+fn skew_bytes(args: &BenchArgs) -> usize {
+    args.sizes
+        .as_ref()
+        .and_then(|s| s.first().copied())
+        .unwrap_or(skew::DEFAULT_BYTES)
+}
+
+/// The most calls per delay of a skew run: --iters, else skew.py's.
+fn skew_iters(args: &BenchArgs) -> usize {
+    args.iters.unwrap_or(300)
+}
+
+/// `nuvec bench --skew`: for each rank count, nuvec's late-arrival costs, then the anchors'.
+fn bench_skew(args: &BenchArgs) -> Result<(), String> {
+    let bytes = skew_bytes(args);
+    if !bytes.is_multiple_of(4) {
+        return Err(format!(
+            "--skew measures a float32 all_sum: --sizes {bytes} is not whole float32 elements"
+        ));
+    }
+    let anchors = if args.mpi || args.mlx {
+        let anchors = Anchors::locate(args.anchors.clone(), args.anchor_env.clone())?;
+        anchors.ensure(Wanted {
+            mlx: args.mlx,
+            mpi: args.mpi,
+            limits: false,
+        })?;
+        Some(anchors)
+    } else {
+        None
+    };
+    let mut header = Header::detect(args.connections, args.wire);
+    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
+    print!("{}", header.text());
+    let what = format!(
+        "all_sum float32 {}, the last rank {{}} late",
+        bench::human(bytes)
+    );
+    let mut wrong = Vec::new();
+    let mut runs = Vec::new();
+    for &ranks in &args.ranks {
+        if runner::interrupted() {
+            return Err("interrupted".into());
+        }
+        let (text, transport) = run_workers(args, ranks)?;
+        let points: Vec<skew::SkewPoint> = serde_json::from_str(&text)
+            .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
+        let title = format!(
+            "nuvec, {} wire, {ranks} ranks ({transport}): {}",
+            nuvec_tools::wire_name(args.wire),
+            what.replace("{}", "D µs")
+        );
+        print!("{}", skew::table(&title, &points));
+        wrong.extend(
+            points
+                .iter()
+                .filter(|p| p.wrong > 0)
+                .map(|p| format!("n={ranks} D={} µs: {} elements", p.delay_us, p.wrong)),
+        );
+        runs.push(serde_json::json!({"system": "nuvec", "ranks": ranks, "points": points}));
+        if let Some(anchors) = &anchors {
+            let mut run_anchor = |system: &str, btl: Option<anchors::MpiBtl>| {
+                let points = anchors.run_skew(ranks, btl, bytes, &args.skew, skew_iters(args))?;
+                print!(
+                    "{}",
+                    skew::table(&format!("{system}, {ranks} ranks"), &points)
+                );
+                runs.push(serde_json::json!({"system": system, "ranks": ranks, "points": points}));
+                Ok::<(), String>(())
+            };
+            if args.mpi {
+                run_anchor(
+                    &format!("Open MPI {}", args.mpi_btl.describe()),
+                    Some(args.mpi_btl),
+                )?;
+            }
+            if args.mlx {
+                run_anchor("MLX ring", None)?;
+            }
+        }
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "header": header,
+            "skew": runs,
+        }))
+        .map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("\nJSON: {}", path.display());
+    }
+    if !wrong.is_empty() {
+        return Err(format!("nuvec's results were wrong: {}", wrong.join(", ")));
+    }
+    Ok(())
+}
+
+/// One rank of a skew run; rank 0 writes the points.
+fn skew_worker(args: &BenchArgs, group: &nuvec_distributed_engine::Group) -> ExitCode {
+    let points = match skew::run(group, skew_bytes(args), &args.skew, skew_iters(args)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("nuvec bench: rank {}: {e}", group.rank());
+            return ExitCode::FAILURE;
+        }
+    };
+    if group.rank() == 0 {
+        let text = serde_json::to_string_pretty(&points).unwrap_or_default();
+        match &args.results {
+            Some(path) => {
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("nuvec bench: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            None => print!("{}", skew::table("skew", &points)),
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// One rank of the sweep; rank 0 reports.
@@ -749,6 +902,9 @@ fn bench_worker(args: &BenchArgs) -> ExitCode {
                 .open(p)
                 .ok()
         });
+    if !args.skew.is_empty() {
+        return skew_worker(args, &group);
+    }
     let measurements = match bench::run_with(&group, &sweep(args), |i, _| {
         if let Some(file) = notes.as_mut() {
             use std::io::Write;

@@ -194,3 +194,51 @@ fn zero_iterations_are_refused_before_any_rank_starts() {
     assert!(out.stderr.contains("--iters"), "{}", out.stderr);
     assert!(!out.stdout.contains("(OK)"), "{}", out.stdout);
 }
+
+#[test]
+fn a_skew_run_reports_each_delay_for_each_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("skew.json");
+    let out = bench(&[
+        "-n",
+        "2,3",
+        "--wire",
+        "native",
+        "--skew",
+        "0,500",
+        "--iters",
+        "20",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = &out.stdout;
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        out.stderr
+    );
+    assert!(stdout.contains("# wire         native"), "{stdout}");
+    for ranks in [2, 3] {
+        assert!(
+            stdout.contains(&format!("native wire, {ranks} ranks")),
+            "{stdout}"
+        );
+    }
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = report["skew"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{report}");
+    for run in runs {
+        let points = run["points"].as_array().unwrap();
+        let delays: Vec<u64> = points
+            .iter()
+            .map(|p| p["delay_us"].as_u64().unwrap())
+            .collect();
+        assert_eq!(delays, [0, 500], "{run}");
+        for p in points {
+            assert_eq!(p["calls"], 20, "{p}");
+            assert_eq!(p["wrong"], 0, "{p}");
+            assert!(p["cpu_us"].as_f64().unwrap() > 0.0, "{p}");
+        }
+    }
+}
