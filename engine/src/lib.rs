@@ -205,6 +205,7 @@ mod reduce;
 mod ring;
 mod split;
 mod tcp;
+mod transport;
 mod verbose;
 
 pub use auth::KEY_VAR;

@@ -12,10 +12,11 @@
 //!   header every message starts with, and the mismatch it can reveal), `protocol` (the
 //!   algorithms, sans-IO, with the order in which they combine contributions), `engine`
 //!   (their I/O), and [`Native`] (the [`Communicator`]);
-//! - `shm`: shared memory for groups whose ranks all run on one host (every group
-//!   collective and every send/recv goes through one segment; liveness and failure notices
-//!   stay on the connections). A group spread over several hosts runs hierarchically:
-//!   shared memory inside each host, TCP between the hosts' leaders (`shm::hier`).
+//! - shared memory (`transport::shm`) for groups whose ranks all run on one host (every
+//!   group collective and every send/recv goes through one segment; liveness and failure
+//!   notices stay on the connections). A group spread over several hosts runs
+//!   hierarchically: shared memory inside each host, TCP between the hosts' leaders
+//!   (`hier`).
 //!
 //! # Which algorithm
 //!
@@ -78,8 +79,10 @@ pub(crate) struct Peer {
 
 mod engine;
 mod header;
+mod hier;
 mod protocol;
-mod shm;
+#[cfg(test)]
+mod shm_tests;
 #[cfg(test)]
 mod tests;
 // Issue 16: broadcast and all_to_all.
@@ -102,6 +105,7 @@ use crate::reduce::ReduceOp;
 use crate::ring::protocol::{Buffers, Lane, Topology};
 use crate::ring::staging::Staging;
 use crate::ring::transport::Transfer;
+use crate::transport::shm;
 
 // The thresholds come from `tests::measure_the_algorithms` (median of each rank's
 // all_sum f32 times, P threads on loopback in one process, on a 2-core VM whose load
@@ -184,8 +188,8 @@ struct State {
     /// send/recv go through it, liveness stays on the connections.
     shm: Option<shm::Link>,
     /// The group's shared memory when its ranks sit on several hosts, some with two ranks
-    /// or more (see `shm::hier`); broadcast, all_to_all, send/recv stay on TCP.
-    hier: Option<Box<shm::Hier>>,
+    /// or more (see `hier`); broadcast, all_to_all, send/recv stay on TCP.
+    hier: Option<Box<hier::Hier>>,
 }
 
 impl fmt::Debug for Native {
@@ -289,9 +293,9 @@ impl Native {
             .iter()
             .all(|p| p.capabilities & hello::CAP_SHARED_MEMORY != 0);
         let spin = Spin::for_local_ranks(options.spin, local_ranks);
-        // Every rank sees every hello, so all decide alike (see `shm::hier`).
+        // Every rank sees every hello, so all decide alike (see `hier`).
         let hosts: Vec<[u8; 16]> = peers.iter().map(|p| p.host).collect();
-        let setup = shm::setup(
+        let setup = hier::setup(
             &mut transport,
             (rank, &hosts),
             offered,
@@ -300,9 +304,9 @@ impl Native {
             spin,
         )?;
         let (shm, hier) = match setup {
-            shm::Setup::Flat(link) => (Some(link), None),
-            shm::Setup::Hier(hier) => (None, Some(hier)),
-            shm::Setup::Tcp => (None, None),
+            hier::Setup::Flat(link) => (Some(link), None),
+            hier::Setup::Hier(hier) => (None, Some(hier)),
+            hier::Setup::Tcp => (None, None),
         };
         let links = match (&shm, &hier) {
             (Some(link), _) if link.locked() => "shared memory (locked)",
@@ -466,7 +470,7 @@ impl Native {
         &self,
         state: &mut State,
         call: &Call,
-        f: impl FnOnce(&mut shm::Hier, &mut shm::Watch<'_>) -> Result<()>,
+        f: impl FnOnce(&mut hier::Hier, &mut shm::Watch<'_>) -> Result<()>,
     ) -> Result<()> {
         let State {
             transport, hier, ..
@@ -479,7 +483,7 @@ impl Native {
         };
         self.traced(call, || {
             // No header check on the connections meanwhile: a faster rank's next call may
-            // be on them already (see `shm::hier`).
+            // be on them already (see `hier`).
             let mut watch = shm::Watch {
                 transport,
                 closed: self.state.close_flag(),

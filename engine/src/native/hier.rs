@@ -63,7 +63,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Link, Watch, read_exact, write_all};
 use crate::comm::progress::Spin;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Result};
@@ -72,6 +71,7 @@ use crate::native::header::{Call, HEADER_BYTES, Header};
 use crate::native::protocol::{Exchange, Memory, Routes};
 use crate::reduce::ReduceOp;
 use crate::ring::transport::Transport;
+use crate::transport::shm::{Link, SETUP, Watch, read_exact, write_all};
 
 /// Largest all-reduce (bytes) that the leaders run one-shot; larger ones go by direct
 /// reduce-scatter + all-gather (the native wire's measured crossing for P >= 3).
@@ -146,7 +146,7 @@ pub(crate) fn setup(
     let cands = candidates(hosts);
     let Some(d) = cands.iter().position(|c| c.contains(&rank)) else {
         return Err(Error::Bug {
-            context: super::SETUP,
+            context: SETUP,
             what: format!("rank {rank} is in no candidate domain of {cands:?}"),
         });
     };
@@ -187,7 +187,7 @@ pub(crate) fn setup(
                 return Err(Error::PeerMisbehaved {
                     peer: c[0],
                     addr: None,
-                    context: super::SETUP,
+                    context: SETUP,
                     reason: format!("a domain verdict of {other}, not 0 or 1"),
                 });
             }
@@ -346,7 +346,7 @@ impl Hier {
         let result = f(link, watch);
         if let Err(Error::Mismatch { .. }) = &result
             && self.leaders[self.mine] == self.rank
-            && let Some((theirs, outvoted)) = link.differing(call)
+            && let Some((theirs, outvoted)) = link.differing(&call.header.encode())
         {
             let mine = call.header.encode();
             let deadline = Instant::now() + PASS_ON;
