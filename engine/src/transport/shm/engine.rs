@@ -159,7 +159,8 @@ pub(crate) fn run(
         mem,
         watch,
         timeout,
-        checked: Instant::now(),
+        waiting: None,
+        checked: None,
     };
     progress(&mut driver, timeout, spin)
 }
@@ -172,9 +173,12 @@ struct Driver<'a, 'w, 'm> {
     mem: Memory<'m>,
     watch: &'a mut Watch<'w>,
     timeout: Duration,
-    /// When the connections were last looked at, or something last moved: they are
-    /// looked at once per [`SLICE`] of a wait.
-    checked: Instant,
+    /// The step word (or mapping count) the machine waits on and its value, resolved
+    /// once per wait: the idle rounds of [`progress`] only load it.
+    waiting: Option<(&'a AtomicU32, u32)>,
+    /// When the connections were last looked at in this wait (or the wait began to
+    /// sleep): they are looked at once per [`SLICE`]. Cleared whenever something moves.
+    checked: Option<Instant>,
 }
 
 impl<'a> Driver<'a, '_, '_> {
@@ -220,10 +224,14 @@ impl<'a> Driver<'a, '_, '_> {
             Transmit::Header { to } => self.seg.copy_in(to, &self.call()?.encode(), context),
             Transmit::Stamp { to, step } => self.seg.copy_in(to, &step.to_le_bytes(), context),
             Transmit::Publish {
+                header,
                 word,
                 value,
                 sleepers,
             } => {
+                if let Some(to) = header {
+                    self.seg.copy_in(to, &self.call()?.encode(), context)?;
+                }
                 let word = self.word(word)?;
                 word.store(value, Ordering::SeqCst);
                 if self.word(sleepers)?.load(Ordering::SeqCst) > 0 {
@@ -239,11 +247,25 @@ impl<'a> Driver<'a, '_, '_> {
         let context = self.context();
         let me = self.steps.me();
         match r {
-            Receive::Reached(a) => self.poll(&a),
-            Receive::Header { peer, from } => {
-                let got = self.seg.header(from, context)?;
-                self.call()?
-                    .check(self.global(me), self.global(peer), &got)?;
+            Receive::Reached(a) => {
+                let reached = self.poll(&a)?;
+                if !reached && matches!(a.kind, Awaited::Step | Awaited::Mapped) {
+                    self.waiting = Some((self.seg.word(a.word, context)?, a.value));
+                }
+                Ok(reached)
+            }
+            Receive::Headers { half } => {
+                let call = self.call()?;
+                let l = self.steps.layout();
+                let ranks = self.steps.ranks();
+                for peer in (0..ranks.len()).filter(|&p| p != me) {
+                    let got = self.seg.header(l.header(peer, half), context)?;
+                    call.check(ranks[me], ranks[peer], &got)?;
+                }
+                // Every peer is in this collective now: a message sent before it and not
+                // taken is a mismatch (see `p2p`).
+                let at = (self.seg, self.steps.channels());
+                p2p::unmatched_sends(at, (ranks, me), self.steps.step(), call, context)?;
                 Ok(true)
             }
             Receive::Message { peer, from } => {
@@ -264,12 +286,6 @@ impl<'a> Driver<'a, '_, '_> {
                 }
                 Ok(true)
             }
-            Receive::Unmatched => {
-                let ranks = self.steps.ranks();
-                let call = self.call()?;
-                p2p::unmatched_sends(self.seg, (ranks, me), self.steps.step(), call, context)?;
-                Ok(true)
-            }
             Receive::CopyOut { from, to } => {
                 let Some(dst) = self.mem.data.get_mut(to.clone()) else {
                     return Err(self.bug(format!("a copy into {to:?}")));
@@ -277,16 +293,25 @@ impl<'a> Driver<'a, '_, '_> {
                 self.seg.copy_out(from, dst, context)?;
                 Ok(true)
             }
-            Receive::Fold {
-                from,
+            Receive::Combine {
+                half,
+                at,
                 into,
+                holds_first,
                 op,
                 dtype,
             } => {
+                let l = self.steps.layout();
                 let Some(acc) = self.mem.data.get_mut(into.clone()) else {
                     return Err(self.bug(format!("a fold into {into:?}")));
                 };
-                self.seg.fold((op, dtype), acc, from, context)?;
+                if !holds_first {
+                    self.seg.copy_out(l.data(0, half) + at, acc, context)?;
+                }
+                for p in 1..l.size() {
+                    self.seg
+                        .fold((op, dtype), acc, l.data(p, half) + at, context)?;
+                }
                 Ok(true)
             }
         }
@@ -334,7 +359,8 @@ impl<'a> Driver<'a, '_, '_> {
         {
             let ranks = self.steps.ranks();
             let (me, step) = (self.steps.me(), self.steps.step());
-            p2p::unread_from(self.seg, (ranks, me, a.peer), step, call, self.context())?;
+            let at = (self.seg, self.steps.channels());
+            p2p::unread_from(at, (ranks, me, a.peer), step, call, self.context())?;
         }
         Ok(false)
     }
@@ -453,6 +479,12 @@ fn last_look(word: &AtomicU32, value: u32) -> bool {
 
 impl Drive for Driver<'_, '_, '_> {
     fn advance(&mut self) -> Result<bool> {
+        if let Some((word, value)) = self.waiting {
+            if !reached(word.load(Ordering::Acquire), value) {
+                return Ok(false);
+            }
+            self.waiting = None;
+        }
         loop {
             if let Some(t) = self.steps.poll_transmit() {
                 self.transmit(t)?;
@@ -469,7 +501,7 @@ impl Drive for Driver<'_, '_, '_> {
         }
         let moved = self.steps.take_progress();
         if moved {
-            self.checked = Instant::now();
+            self.checked = None;
         }
         Ok(moved)
     }
@@ -493,11 +525,12 @@ impl Drive for Driver<'_, '_, '_> {
         // The connections cost a few system calls to look at: once per slice of sleep,
         // not before every sleep (a step that sleeps once is the common case when ranks
         // share CPUs). The close flag and the refusal are one load each.
-        if self.checked.elapsed() >= SLICE {
+        let checked = *self.checked.get_or_insert_with(Instant::now);
+        if checked.elapsed() >= SLICE {
             if self.look(&a, until)? {
                 return Ok(true);
             }
-            self.checked = Instant::now();
+            self.checked = Some(Instant::now());
         }
         let seg = self.seg;
         let context = self.context();
@@ -544,7 +577,7 @@ impl Drive for Driver<'_, '_, '_> {
     }
 
     fn aborted(&self) -> Option<Error> {
-        self.watch.closed.is_set().then_some(Error::Aborted {
+        self.watch.closed.is_set().then(|| Error::Aborted {
             context: self.watch.context,
         })
     }

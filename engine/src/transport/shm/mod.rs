@@ -374,12 +374,11 @@ impl Link {
     /// The counter this rank writes on its channel with `peer`: the pieces it published
     /// to `peer` (`sending`), or took from it. Only this rank writes it.
     fn counter(&self, peer: usize, sending: bool, watch: &Watch<'_>) -> Result<u32> {
-        let me = self.steps.me();
-        let layout = self.seg.layout();
+        let channels = self.steps.channels();
         let ch = if sending {
-            p2p::Channel::new(&layout, me, peer, watch.context)?
+            channels.to(peer, watch.context)?
         } else {
-            p2p::Channel::new(&layout, peer, me, watch.context)?
+            channels.from(peer, watch.context)?
         };
         let off = if sending { ch.written() } else { ch.read() };
         Ok(self

@@ -185,21 +185,80 @@ impl Channel {
     }
 }
 
+/// One rank's channels to and from each peer, placed once (a channel's place costs a few
+/// divisions, and a group collective's first step looks at all of them).
+#[derive(Clone, Debug)]
+pub(crate) struct Channels {
+    me: usize,
+    to: Vec<Option<Channel>>,
+    from: Vec<Option<Channel>>,
+}
+
+impl Channels {
+    /// The channels of local rank `me` of `layout`.
+    pub(crate) fn new(layout: &Layout, me: usize) -> Channels {
+        let size = layout.size();
+        let place = |src, dst| Channel::new(layout, src, dst, Phase::Send).ok();
+        Channels {
+            me,
+            to: (0..size).map(|p| place(me, p)).collect(),
+            from: (0..size).map(|p| place(p, me)).collect(),
+        }
+    }
+
+    /// The channel from this rank to `peer`.
+    ///
+    /// # Errors
+    ///
+    /// A bug: `peer` is this rank or not on the segment.
+    pub(crate) fn to(&self, peer: usize, context: Phase) -> Result<Channel> {
+        self.to
+            .get(peer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| self.bug(self.me, peer, context))
+    }
+
+    /// The channel from `peer` to this rank.
+    ///
+    /// # Errors
+    ///
+    /// As [`Channels::to`].
+    pub(crate) fn from(&self, peer: usize, context: Phase) -> Result<Channel> {
+        self.from
+            .get(peer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| self.bug(peer, self.me, context))
+    }
+
+    fn bug(&self, src: usize, dst: usize, context: Phase) -> Error {
+        Error::Bug {
+            context,
+            what: format!(
+                "a shared-memory channel from rank {src} to rank {dst} of {}",
+                self.to.len()
+            ),
+        }
+    }
+}
+
 /// In the group collective `call` (at its first step, or waiting in it) of local rank
-/// `me` at step `step`: fails with the mismatch if `peer` sent a message before it that
-/// this rank has not taken. `ranks` maps local ranks to the group's.
+/// `me` (whose channels are `channels`) at step `step`: fails with the mismatch if `peer`
+/// sent a message before it that this rank has not taken. `ranks` maps local ranks to
+/// the group's.
 ///
 /// # Errors
 ///
 /// The mismatch, or a bug in the layout.
 pub(crate) fn unread_from(
-    seg: &Segment,
+    (seg, channels): (&Segment, &Channels),
     (ranks, me, peer): (&[usize], usize, usize),
     step: u32,
     call: &dyn CallHeader,
     context: Phase,
 ) -> Result<()> {
-    let ch = Channel::new(&seg.layout(), peer, me, context)?;
+    let ch = channels.from(peer, context)?;
     let Some((got, sent_at)) = ch.untaken(seg, false, context)? else {
         return Ok(());
     };
@@ -210,7 +269,8 @@ pub(crate) fn unread_from(
     call.check(ranks[me], ranks[peer], &got)
 }
 
-/// At the first step of the group collective `call` of local rank `me` (step `step`), once
+/// At the first step of the group collective `call` of local rank `me` (step `step`, its
+/// channels `channels`), once
 /// every peer published it: fails with the mismatch if a message sent before it is still
 /// untaken, either way (see the module docs).
 ///
@@ -218,16 +278,16 @@ pub(crate) fn unread_from(
 ///
 /// The mismatch, or a bug in the layout.
 pub(crate) fn unmatched_sends(
-    seg: &Segment,
+    (seg, channels): (&Segment, &Channels),
     (ranks, me): (&[usize], usize),
     step: u32,
     call: &dyn CallHeader,
     context: Phase,
 ) -> Result<()> {
     for peer in (0..ranks.len()).filter(|&p| p != me) {
-        unread_from(seg, (ranks, me, peer), step, call, context)?;
+        unread_from((seg, channels), (ranks, me, peer), step, call, context)?;
         // `peer` published this step after it took what it took before it.
-        let ch = Channel::new(&seg.layout(), me, peer, context)?;
+        let ch = channels.to(peer, context)?;
         let Some((sent, sent_at)) = ch.untaken(seg, true, context)? else {
             continue;
         };

@@ -122,67 +122,80 @@ pub(crate) struct Layout {
 impl Layout {
     /// The layout for `size` ranks with buffers of `chunk` bytes (a multiple of 4096) and
     /// `pairs` bytes of `send`/`recv` channels after them.
+    #[inline]
     pub(crate) fn new(size: usize, chunk: usize, pairs: usize) -> Layout {
         Layout { size, chunk, pairs }
     }
 
     /// Bytes of each buffer.
+    #[inline]
     pub(crate) fn chunk(&self) -> usize {
         self.chunk
     }
 
     /// The count of ranks that mapped the segment (u32).
+    #[inline]
     pub(crate) fn mapped(&self) -> usize {
         0
     }
 
     /// Rank `r`'s step word (u32).
+    #[inline]
     pub(crate) fn step(&self, r: usize) -> usize {
         LINE + r * CTRL
     }
 
     /// Rank `r`'s refusal word (u32): 0, or 1 + the rank its `recv` found in a group
     /// collective.
+    #[inline]
     pub(crate) fn refused(&self, r: usize) -> usize {
         LINE + r * CTRL + 8
     }
 
     /// Rank `r`'s refused `recv`'s header (16 bytes).
+    #[inline]
     pub(crate) fn refusal(&self, r: usize) -> usize {
         LINE + r * CTRL + 48
     }
 
     /// Rank `r`'s header for steps of parity `half`.
+    #[inline]
     pub(crate) fn header(&self, r: usize, half: usize) -> usize {
         LINE + r * CTRL + 16 + 16 * half
     }
 
     /// Rank `r`'s count of peers sleeping on its step word (u32).
+    #[inline]
     pub(crate) fn sleepers(&self, r: usize) -> usize {
         LINE + r * CTRL + LINE
     }
 
+    #[inline]
     fn data_base(&self) -> usize {
         (LINE + self.size * CTRL).next_multiple_of(4096)
     }
 
     /// Rank `r`'s buffer for steps of parity `half`.
+    #[inline]
     pub(crate) fn data(&self, r: usize, half: usize) -> usize {
         self.data_base() + (2 * r + half) * self.chunk
     }
 
     /// Ranks in the group.
+    #[inline]
     pub(crate) fn size(&self) -> usize {
         self.size
     }
 
     /// Where the `send`/`recv` channels start (page-aligned: the buffers before them are
     /// whole pages).
+    #[inline]
     pub(crate) fn pairs(&self) -> usize {
         self.data_base() + 2 * self.size * self.chunk
     }
 
     /// Bytes of the whole segment.
+    #[inline]
     pub(crate) fn bytes(&self) -> usize {
         self.pairs() + self.pairs
     }
@@ -190,6 +203,7 @@ impl Layout {
 
 /// Whether a word holding `word` (a step word, a channel's counter) has reached `value`
 /// (wrapping: values are compared within half the u32 range of each other).
+#[inline]
 pub(crate) fn reached(word: u32, value: u32) -> bool {
     word.wrapping_sub(value) as i32 >= 0
 }
@@ -215,6 +229,7 @@ impl Segment {
     }
 
     /// The u32 at `off`.
+    #[inline]
     pub(crate) fn word(&self, off: usize, context: Phase) -> Result<&AtomicU32> {
         self.map.u32_at(off).ok_or_else(|| Error::Bug {
             context,
@@ -223,6 +238,7 @@ impl Segment {
     }
 
     /// Copies `src` to `off`.
+    #[inline]
     pub(crate) fn copy_in(&self, off: usize, src: &[u8], context: Phase) -> Result<()> {
         self.map
             .copy_in(off, src)
@@ -230,6 +246,7 @@ impl Segment {
     }
 
     /// Copies the `dst.len()` bytes at `off` into `dst`.
+    #[inline]
     pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8], context: Phase) -> Result<()> {
         self.map
             .copy_out(off, dst)
@@ -237,6 +254,7 @@ impl Segment {
     }
 
     /// The header at `off`.
+    #[inline]
     pub(crate) fn header(&self, off: usize, context: Phase) -> Result<[u8; HEADER_BYTES]> {
         let mut got = [0u8; HEADER_BYTES];
         self.copy_out(off, &mut got, context)?;
@@ -244,6 +262,7 @@ impl Segment {
     }
 
     /// Folds the `acc.len()` bytes at `off` into `acc` (`acc op segment`).
+    #[inline]
     pub(crate) fn fold(
         &self,
         (op, dtype): (ReduceOp, DType),

@@ -141,7 +141,16 @@ impl Sim {
                 Transmit::Stamp { to, step } => {
                     self.seg[to..to + 4].copy_from_slice(&step.to_le_bytes());
                 }
-                Transmit::Publish { word, value, .. } => {
+                Transmit::Publish {
+                    header,
+                    word,
+                    value,
+                    ..
+                } => {
+                    if let Some(to) = header {
+                        let head = self.ranks[r].header;
+                        self.seg[to..to + HEADER_BYTES].copy_from_slice(&head);
+                    }
                     self.seg[word..word + 4].copy_from_slice(&value.to_le_bytes());
                 }
             }
@@ -159,25 +168,43 @@ impl Sim {
                     return false;
                 }
             }
-            Receive::Header { peer, from } | Receive::Message { peer, from } => {
-                let got = &self.seg[from..from + HEADER_BYTES];
-                assert_eq!(got, self.ranks[r].header, "rank {r}: rank {peer}'s header");
+            Receive::Headers { half } => {
+                for peer in (0..self.ranks.len()).filter(|&p| p != r) {
+                    let from = self.layout.header(peer, half);
+                    let got = &self.seg[from..from + HEADER_BYTES];
+                    assert_eq!(got, self.ranks[r].header, "rank {r}: rank {peer}'s header");
+                }
             }
-            Receive::Unmatched => {}
+            Receive::Message { peer, from } => {
+                let got = &self.seg[from..from + HEADER_BYTES];
+                assert_eq!(got, self.ranks[r].header, "rank {r}: rank {peer}'s message");
+            }
             Receive::CopyOut { from, to } => {
                 self.check_read(r, from, to.len(), step);
                 let rank = &mut self.ranks[r];
                 rank.data[to.clone()].copy_from_slice(&self.seg[from..from + to.len()]);
             }
-            Receive::Fold {
-                from,
+            Receive::Combine {
+                half,
+                at,
                 into,
+                holds_first,
                 op,
                 dtype,
             } => {
-                self.check_read(r, from, into.len(), step);
-                let src = &self.seg[from..from + into.len()];
-                reduce_into(op, dtype, &mut self.ranks[r].data[into.clone()], src);
+                let len = into.len();
+                if !holds_first {
+                    let from = self.layout.data(0, half) + at;
+                    self.check_read(r, from, len, step);
+                    let rank = &mut self.ranks[r];
+                    rank.data[into.clone()].copy_from_slice(&self.seg[from..from + len]);
+                }
+                for p in 1..self.ranks.len() {
+                    let from = self.layout.data(p, half) + at;
+                    self.check_read(r, from, len, step);
+                    let src = &self.seg[from..from + len];
+                    reduce_into(op, dtype, &mut self.ranks[r].data[into.clone()], src);
+                }
             }
         }
         self.ranks[r].steps.handle_received();
