@@ -118,7 +118,7 @@ pub(crate) fn settle(candidates: &[Vec<usize>], shared: &[bool]) -> Vec<Vec<usiz
 #[derive(Debug)]
 pub(crate) enum Setup {
     /// Every rank on one segment.
-    Flat(Link),
+    Flat(Box<Link>),
     /// Several domains, at least one of them of two ranks or more.
     Hier(Box<Hier>),
     /// TCP for every link.
@@ -158,7 +158,7 @@ pub(crate) fn setup(
         None
     };
     if cands.len() == 1 {
-        return Ok(link.map_or(Setup::Tcp, Setup::Flat));
+        return Ok(link.map_or(Setup::Tcp, |link| Setup::Flat(Box::new(link))));
     }
     if cands.iter().all(|c| c.len() < 2) {
         return Ok(Setup::Tcp);

@@ -304,7 +304,7 @@ impl Native {
             spin,
         )?;
         let (shm, hier) = match setup {
-            hier::Setup::Flat(link) => (Some(link), None),
+            hier::Setup::Flat(link) => (Some(*link), None),
             hier::Setup::Hier(hier) => (None, Some(hier)),
             hier::Setup::Tcp => (None, None),
         };

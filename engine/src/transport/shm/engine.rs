@@ -577,8 +577,13 @@ impl Drive for Driver<'_, '_, '_> {
     }
 
     fn aborted(&self) -> Option<Error> {
-        self.watch.closed.is_set().then(|| Error::Aborted {
-            context: self.watch.context,
-        })
+        // Asked on every round of the loop: no error is made (and dropped) unless closed.
+        if self.watch.closed.is_set() {
+            Some(Error::Aborted {
+                context: self.watch.context,
+            })
+        } else {
+            None
+        }
     }
 }

@@ -546,7 +546,7 @@ fn messages_pipeline_through_the_slots() {
             for (i, &n) in lens.iter().enumerate() {
                 let msgs: Vec<Vec<u8>> =
                     (0..size).map(|r| random((i * 10 + r) as u64, n)).collect();
-                for r in 0..size {
+                for (r, msg) in msgs.iter().enumerate() {
                     let (to, from) = ((r + 1) % size, (r + size - 1) % size);
                     let send = Call {
                         collective: Collective::Send {
@@ -555,7 +555,7 @@ fn messages_pipeline_through_the_slots() {
                             sent: 0,
                         },
                         data: Vec::new(),
-                        input: msgs[r].clone(),
+                        input: msg.clone(),
                         header: header(100 + i),
                     };
                     let recv = Call {
