@@ -21,7 +21,7 @@ if [ "${1:-}" = --seconds ]; then
 else
   limit=(-runs="${1:-1000000}"); what="${1:-1000000} runs"; shift || true
 fi
-targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(hostfile handshake)
+targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(hostfile handshake jaccl_side_channel native_hello native_header)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 export RUSTC_BOOTSTRAP=1
 log=$(mktemp); scratch=$(mktemp -d); trap 'rm -rf "$log" "$scratch"' EXIT

@@ -213,11 +213,48 @@ cross_macos_link() {
   done
   mkdir -p "$sdk/usr/lib" "$sdk/System/Library/Frameworks"
   local zb=(env PATH="$PWD/$venv/bin:$PATH" SDKROOT="$PWD/$sdk" cargo zigbuild --release --target "$target")
+  framework_stubs "$target" "$sdk" "${zb[@]}"
   "${zb[@]}" --workspace --exclude nuvec-distributed --lib --bins --examples --tests \
     --features nuvec-distributed-engine/jaccl
   "${zb[@]}" -p nuvec-distributed --lib
   "${zb[@]}" -p nuvec-distributed --lib --features jaccl
   check_macos_imports "target/$target/release"
+}
+
+# sysinfo (the tools' load check before a bench) links IOKit and CoreFoundation on macOS,
+# whose stubs are in Apple's SDK only. The SDK root gets text stubs (TAPI .tbd, the format of
+# zig's own libSystem stub) declaring exactly the symbols sysinfo and its two objc2 crates
+# import from them, read with llvm-nm from their compiled objects (a library build, which
+# links nothing), so every other symbol is still resolved for real and the binaries name the
+# frameworks' real install paths. Fails if a framework's symbols cannot be found.
+framework_stubs() {
+  local target=$1 sdk=$2; shift 2
+  "$@" -p nuvec-tools --lib
+  local deps=target/$target/release/deps undefined="" rlib name prefix symbols
+  for rlib in "$deps"/libsysinfo-*.rlib "$deps"/libobjc2_io_kit-*.rlib \
+    "$deps"/libobjc2_core_foundation-*.rlib; do
+    [[ -f "$rlib" ]] && undefined+=$(llvm-nm --undefined-only -j "$rlib" 2>/dev/null)$'\n'
+  done
+  for name in IOKit CoreFoundation; do
+    prefix=$([[ $name == IOKit ]] && echo IO || echo CF)
+    symbols=$(grep -E "^_k?${prefix}[A-Z]" <<<"$undefined" | sort -u | paste -sd, - | sed 's/,/, /g')
+    if [[ -z "$symbols" ]]; then
+      echo "FAILED: no $name symbols imported by sysinfo's objects in $deps" >&2
+      return 1
+    fi
+    local dir="$sdk/System/Library/Frameworks/$name.framework"
+    mkdir -p "$dir"
+    cat >"$dir/$name.tbd" <<STUB
+--- !tapi-tbd
+tbd-version:     4
+targets:         [ arm64-macos ]
+install-name:    '/System/Library/Frameworks/$name.framework/Versions/A/$name'
+exports:
+  - targets:         [ arm64-macos ]
+    symbols:         [ $symbols ]
+...
+STUB
+  done
 }
 
 # What the Mac binaries must import and carry: libSystem's __ulock_wait and __ulock_wake (the
@@ -379,8 +416,8 @@ step "unit tests with debug assertions and overflow checks (dev profile at opt-l
 CARGO_PROFILE_DEV_OPT_LEVEL=1 cargo test -p nuvec-distributed -p nuvec-distributed-engine \
   -p nuvec-distributed-ffi --lib --all-features
 
-# JACCL's real verbs path (the binding in ffi/src/verbs, src/jaccl/verbs.rs) has no RDMA
-# device here; the project's test provider stands in for libibverbs, loaded through
+# JACCL's real verbs path (the binding in ffi/src/verbs, src/transport/rdma/verbs.rs) has no
+# RDMA device here; the project's test provider stands in for libibverbs, loaded through
 # NUVEC_DISTRIBUTED_VERBS_LIBRARY. Every collective across processes, meshes of 2 to 8 and
 # rings of 1 to 4 cables, faults included (tests/jaccl_provider.rs, about half a minute,
 # run by the whole suite below, which needs the library built first).

@@ -143,32 +143,13 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// assert!(group.rank() < group.size());
     /// // Ranks are numbered in hostfile order: the other rank is the one this rank is not.
     /// let other = 1 - group.rank();
     /// assert_ne!(other, group.rank());
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn rank(&self) -> usize {
         self.rank
@@ -179,29 +160,10 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// assert_eq!(group.size(), 2);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn size(&self) -> usize {
         self.size
@@ -212,30 +174,11 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// assert_eq!(group.backend(), "ring");
     /// assert_eq!(nuvec_distributed_engine::Group::single().backend(), "single");
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn backend(&self) -> &'static str {
         self.comm.backend()
@@ -250,33 +193,14 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // Rank 0 holds [1, 2, 3] and rank 1 holds [10, 20, 30]; both end with the sum.
     /// let scale = if group.rank() == 0 { 1.0 } else { 10.0 };
     /// let mut x = [1.0f32, 2.0, 3.0].map(|v| v * scale);
     /// group.all_sum(&mut x)?;
     /// assert_eq!(x, [11.0, 22.0, 33.0]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn all_sum<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Sum, data)
@@ -291,31 +215,12 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// let mut x = if group.rank() == 0 { [1i32, 50] } else { [9, -4] };
     /// group.all_max(&mut x)?;
     /// assert_eq!(x, [9, 50]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn all_max<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Max, data)
@@ -330,25 +235,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// use nuvec_distributed_engine::f16;
     ///
@@ -356,8 +243,7 @@ impl Group {
     /// let mut x = [f16::from_f32(mine); 4];
     /// group.all_min(&mut x)?;
     /// assert_eq!(x, [f16::from_f32(-3.0); 4]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn all_min<T: Element>(&self, data: &mut [T]) -> Result<()> {
         self.all_reduce(ReduceOp::Min, data)
@@ -372,25 +258,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// use nuvec_distributed_engine::ReduceOp;
     ///
@@ -398,8 +266,7 @@ impl Group {
     /// let mut x = [group.rank() as u64 + 1; 3];
     /// group.all_reduce(ReduceOp::Max, &mut x)?;
     /// assert_eq!(x, [2; 3]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn all_reduce<T: Element>(&self, op: ReduceOp, data: &mut [T]) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -458,25 +325,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// let mine = [group.rank() as u8; 2];
     /// let mut all = vec![0u8; 2 * group.size()];
@@ -486,8 +335,7 @@ impl Group {
     /// // An output of the wrong length is refused, and the group stays usable.
     /// let err = group.all_gather(&mine, &mut [0u8; 3]).unwrap_err();
     /// assert_eq!(err.fault(), nuvec_distributed_engine::Fault::Misuse);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -522,25 +370,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // Both ranks contribute [1, 2, 3, 4]; the sum is [2, 4, 6, 8], rank 0 keeps the first
     /// // half and rank 1 the second.
@@ -548,8 +378,7 @@ impl Group {
     /// let mut mine = [0.0; 2];
     /// group.sum_scatter(&input, &mut mine)?;
     /// assert_eq!(mine, if group.rank() == 0 { [2.0, 4.0] } else { [6.0, 8.0] });
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn sum_scatter<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -582,25 +411,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // Rank 0 sends, rank 1 receives the same number of elements.
     /// if group.rank() == 0 {
@@ -610,8 +421,7 @@ impl Group {
     ///     group.recv(&mut got, 0)?;
     ///     assert_eq!(got, [3, 1, 4]);
     /// }
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn send<T: Element>(&self, data: &[T], dst: usize) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -628,25 +438,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // Each rank sends its rank to the other: one sends first, the other receives first.
     /// let other = 1 - group.rank();
@@ -659,8 +451,7 @@ impl Group {
     ///     group.send(&[1u32], other)?;
     /// }
     /// assert_eq!(got, [other as u32]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn recv<T: Element>(&self, data: &mut [T], src: usize) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -677,25 +468,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// use std::time::{Duration, Instant};
     ///
@@ -706,8 +479,7 @@ impl Group {
     /// }
     /// group.barrier()?;
     /// assert!(start.elapsed() >= Duration::from_millis(50));
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn barrier(&self) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
@@ -732,32 +504,13 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // Between collectives, check that the other rank is still there.
     /// group.health()?;
     /// group.barrier()?; // neither rank closes before both have checked
     /// group.all_sum(&mut [1u8])?;
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn health(&self) -> Result<()> {
         self.comm.health()
@@ -782,25 +535,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     // Ports below the ephemeral range, apart from every other example's: no dial of
-    /// #     // another ring running in parallel can take one of them.
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 // Both ranks have formed the ring before either may drop it.
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// use nuvec_distributed_engine::{Error, Fault};
     ///
@@ -811,8 +546,7 @@ impl Group {
     /// assert!(matches!(err, Error::GroupClosed));
     /// assert_eq!(err.fault(), Fault::Closed);
     /// group.close()?; // closing twice is not an error
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn close(&self) -> Result<()> {
         self.comm.close()
@@ -833,21 +567,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// let mut weights = vec![group.rank() as f32; 1 << 16];
     /// let mut gathered = [0u32; 2];
@@ -864,8 +584,7 @@ impl Group {
     /// assert!(busy > 0);
     /// assert_eq!(weights[0], 1.0);
     /// assert_eq!(gathered, [0, 1]);
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn scope<'env, R>(&'env self, f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R) -> R {
         nonblocking::scope(self, &self.comm, &self.nb, f)
@@ -938,22 +657,7 @@ impl Group {
     /// # Examples
     ///
     /// ```
-    /// # use nuvec_distributed_engine::{Group, Options, Result, init_with};
-    /// # // Two ranks on loopback, a thread each, both running the example's body.
-    /// # fn two_ranks(body: impl Fn(Group) -> Result<()> + Sync) {
-    /// #     let nodes = nuvec_tools::testing::loopback_nodes(&nuvec_tools::testing::free_ports(2, 1));
-    /// #     std::thread::scope(|s| {
-    /// #         for rank in 0..2 {
-    /// #             let (nodes, body) = (&nodes, &body);
-    /// #             s.spawn(move || {
-    /// #                 let group = init_with(nodes, rank, &Options::default()).unwrap();
-    /// #                 group.barrier().unwrap();
-    /// #                 body(group).unwrap();
-    /// #             });
-    /// #         }
-    /// #     });
-    /// # }
-    /// # two_ranks(|group| {
+    /// # nuvec_tools::testing::two_ranks(|group| {
     /// // On each rank of a group of two (formed as in `init_with`'s example):
     /// // One color, keys in reverse: the sub-group has both ranks, numbered the other way.
     /// let sub = group.split(0, (group.size() - group.rank()) as i32)?;
@@ -967,8 +671,7 @@ impl Group {
     /// assert_eq!(alone.size(), 1);
     /// sub.close()?; // closes the sub-group only
     /// group.barrier()?;
-    /// # Ok(())
-    /// # });
+    /// # Ok(()) });
     /// ```
     pub fn split(&self, color: i32, key: i32) -> Result<Group> {
         crate::split::split(self, self.origin.as_deref(), color, key)

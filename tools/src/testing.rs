@@ -95,6 +95,30 @@ pub fn loopback_nodes(ports: &[Vec<u16>]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Runs `body` on each rank of a group of two on loopback (free ports as [`free_ports`]
+/// picks them, default options), a thread each, once both ranks have formed the group; the
+/// engine's doc examples of [`Group`]'s methods run their visible lines in it. Panics
+/// naming the rank when forming the group or the body fails.
+#[doc(hidden)]
+pub fn two_ranks(body: impl Fn(Group) -> nuvec_distributed_engine::Result<()> + Sync) {
+    let nodes = loopback_nodes(&free_ports(2, 1));
+    std::thread::scope(|s| {
+        for rank in 0..2 {
+            let (nodes, body) = (&nodes, &body);
+            s.spawn(move || {
+                let options = nuvec_distributed_engine::Options::default();
+                let group = nuvec_distributed_engine::init_with(nodes, rank, &options)
+                    .unwrap_or_else(|e| panic!("rank {rank} of 2: forming the group: {e}"));
+                // Both ranks have formed the ring before either may drop it.
+                group
+                    .barrier()
+                    .unwrap_or_else(|e| panic!("rank {rank} of 2: the first barrier: {e}"));
+                body(group).unwrap_or_else(|e| panic!("rank {rank} of 2: the example: {e}"));
+            });
+        }
+    });
+}
+
 /// A stand-in for `ssh`, for the launcher's tests: it runs the remote command in a local
 /// shell (as sshd would hand it to the login shell), after appending the host it was asked
 /// for to `$FAKE_SSH_LOG` when that is set. It contacts nothing.

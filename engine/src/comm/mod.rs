@@ -6,6 +6,7 @@
 mod link;
 pub(crate) mod neighbours;
 pub(crate) mod progress;
+pub(crate) mod reports;
 pub(crate) mod state;
 pub(crate) mod trace;
 

@@ -100,7 +100,7 @@ fn text(vars: Lookup<'_>, name: &str) -> Option<String> {
 /// naming the variable, never the same as unset, because a variable set to nothing is
 /// usually a script's mistake (`FOO=$UNDEFINED`), and the default it would silently give
 /// is not what was asked for (an empty key would mean no authentication).
-fn value(vars: Lookup<'_>, var: &'static str) -> Result<Option<String>> {
+pub(crate) fn value(vars: Lookup<'_>, var: &'static str) -> Result<Option<String>> {
     match text(vars, var) {
         Some(v) if v.trim().is_empty() => Err(empty(var)),
         other => Ok(other),
@@ -343,26 +343,6 @@ pub(crate) fn jaccl_launch(vars: Lookup<'_>) -> Result<JacclLaunch> {
         coordinator: first(&JACCL_COORDINATOR_VARS).map(|(_, v)| v),
         prefer_ring: first(&JACCL_RING_VARS).is_some(),
     })
-}
-
-/// [`JACCL_BUFFERS_VAR`], or `None` when unset (the caller then detects the classes).
-///
-/// # Errors
-///
-/// A value other than `small` or `large` (after trimming).
-#[cfg(feature = "jaccl")]
-pub(crate) fn jaccl_mlx_all_gather(vars: Lookup<'_>) -> Result<Option<crate::jaccl::MlxAllGather>> {
-    value(vars, JACCL_MLX_ALL_GATHER_VAR)?
-        .map(|v| v.parse())
-        .transpose()
-}
-
-/// [`JACCL_BUFFERS_VAR`], or `None` when unset (the caller then detects the classes).
-#[cfg(feature = "jaccl")]
-pub(crate) fn jaccl_buffers(vars: Lookup<'_>) -> Result<Option<crate::jaccl::SizeClasses>> {
-    value(vars, JACCL_BUFFERS_VAR)?
-        .map(|v| v.parse())
-        .transpose()
 }
 
 /// Every variable a backend reads to find its group ([`ring_launch`], [`jaccl_launch`]):

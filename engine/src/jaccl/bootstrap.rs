@@ -53,9 +53,11 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::frames::{MESH_MAX_RANKS, RING_MAX_CONNECTIONS};
 use crate::comm::progress::notice_names;
+use crate::comm::reports::Reports;
 use crate::error::{Error, PeerOp, Phase, Result};
-use crate::ring::bootstrap::Reports;
+use crate::transport::rdma::fabric::Destination;
 use crate::verbose::verbose;
 
 /// The context errors during set-up name.
@@ -69,19 +71,7 @@ pub(crate) const DESTINATION_BYTES: usize = 32;
 /// all_gather" (see the module docs).
 pub(crate) const NUVEC_MARK: [u8; 4] = *b"nvc1";
 
-/// How to reach one queue pair: what each rank publishes for each of its connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Destination {
-    /// The port's LID; -1 for a connection that does not exist.
-    pub(crate) lid: i32,
-    /// The queue-pair number.
-    pub(crate) qpn: u32,
-    /// The starting packet sequence number.
-    pub(crate) psn: u32,
-    /// The GID (an IPv4-mapped address on Thunderbolt).
-    pub(crate) gid: [u8; 16],
-}
-
+/// A [`Destination`] as the side channel carries it: MLX's 32-byte record.
 impl Destination {
     /// The entry of a connection that does not exist.
     pub(crate) const ABSENT: Destination = Destination {
@@ -133,6 +123,77 @@ impl Destination {
     }
 }
 
+/// The most queue-pair records a rank may announce: MLX's mesh publishes one per rank (at
+/// most [`MESH_MAX_RANKS`]), its ring one per wire (at most [`RING_MAX_CONNECTIONS`]). A
+/// larger count is a peer's mistake, refused before the records are read: honouring it
+/// would make every rank allocate 32 bytes per announced record for each rank.
+pub(crate) const MAX_RECORDS: usize = if MESH_MAX_RANKS > RING_MAX_CONNECTIONS {
+    MESH_MAX_RANKS
+} else {
+    RING_MAX_CONNECTIONS
+};
+
+/// The rank a joining client introduced itself as (its first 4 bytes, a little-endian
+/// `int`), which must be one of ranks 1 to `size - 1`; `from` is its address, for the
+/// error.
+///
+/// # Errors
+///
+/// [`Error::Environment`] naming the rank variable: the rank is out of range.
+pub(crate) fn joining_rank(hello: [u8; 4], size: usize, from: SocketAddr) -> Result<usize> {
+    let rank = i32::from_le_bytes(hello);
+    usize::try_from(rank)
+        .ok()
+        .filter(|&r| (1..size).contains(&r))
+        .ok_or_else(|| Error::Environment {
+            var: crate::config::env::RANK_VAR,
+            reason: format!(
+                "a client at {from} joined the JACCL side channel as rank {rank}, but the group \
+                 has ranks 1 to {} besides rank 0: check {} on every host",
+                size.saturating_sub(1),
+                crate::config::env::RANK_VAR
+            ),
+        })
+}
+
+/// The `int`s of an all-gather of one `int` per rank, in rank order (a trailing partial
+/// `int` is ignored; the side channel never delivers one).
+pub(crate) fn decode_ints(gathered: &[u8]) -> Vec<i32> {
+    gathered
+        .as_chunks::<4>()
+        .0
+        .iter()
+        .map(|c| i32::from_le_bytes(*c))
+        .collect()
+}
+
+/// The record counts every rank announced, checked: each from 0 to [`MAX_RECORDS`].
+///
+/// # Errors
+///
+/// [`Error::PeerMisbehaved`] naming the first rank whose count is negative or above the
+/// limit.
+pub(crate) fn record_counts(counts: &[i32]) -> Result<Vec<usize>> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(rank, &c)| {
+            usize::try_from(c)
+                .ok()
+                .filter(|&n| n <= MAX_RECORDS)
+                .ok_or_else(|| Error::PeerMisbehaved {
+                    peer: rank,
+                    addr: None,
+                    context: SETUP,
+                    reason: format!(
+                        "it announced {c} queue-pair records on the side channel (from 0 to \
+                         {MAX_RECORDS})"
+                    ),
+                })
+        })
+        .collect()
+}
+
 /// How a rank encodes its records: nuvec's way, or (tests playing an MLX rank) MLX's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Records {
@@ -171,6 +232,9 @@ pub(crate) struct Gathered {
 }
 
 /// Every rank's records from the gathered bytes of [`pack_records`] and the gathered counts.
+///
+/// `gathered` must hold `counts.len() * max` records and no count may exceed `max`, as the
+/// all-gather of [`SideChannel::all_gather_records`] guarantees.
 pub(crate) fn unpack_records(gathered: &[u8], counts: &[usize], max: usize) -> Gathered {
     let blocks: Vec<&[[u8; DESTINATION_BYTES]]> = counts
         .iter()
@@ -200,6 +264,34 @@ pub(crate) fn encode_notice(lost: usize) -> [u8; 4] {
 /// The rank a failure notice names.
 pub(crate) fn decode_notice(bytes: [u8; 4]) -> usize {
     u32::from_le_bytes(bytes) as usize
+}
+
+/// The error for peer `sender`'s side channel closing after it sent `notice` (what it wrote
+/// before closing, possibly nothing): [`Error::Lost`] naming the rank its notice names, if
+/// that is a third rank of this group of `ranks` (this rank is `me`); else
+/// [`Error::Closed`] naming the sender.
+pub(crate) fn closed_after(
+    notice: &[u8],
+    sender: usize,
+    me: usize,
+    ranks: usize,
+    context: Phase,
+) -> Error {
+    if let Some(&bytes) = notice.first_chunk::<4>() {
+        let lost = decode_notice(bytes);
+        if let Some(lost) = notice_names(lost, sender, me, ranks) {
+            return Error::Lost {
+                peer: lost,
+                via: sender,
+                context,
+            };
+        }
+    }
+    Error::Closed {
+        peer: sender,
+        op: PeerOp::Receive,
+        context,
+    }
 }
 
 /// One side-channel connection.
@@ -293,12 +385,7 @@ impl SideChannel {
     /// As [`SideChannel::all_gather`].
     pub(crate) fn all_gather_int(&mut self, value: i32) -> Result<Vec<i32>> {
         let bytes = self.all_gather(&value.to_le_bytes())?;
-        Ok(bytes
-            .as_chunks::<4>()
-            .0
-            .iter()
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(decode_ints(&bytes))
     }
 
     /// Every rank's records, as MLX's `SideChannel::all_gather` of a vector: counts first,
@@ -306,26 +393,14 @@ impl SideChannel {
     ///
     /// # Errors
     ///
-    /// As [`SideChannel::all_gather`]; a peer reporting a negative count is an error naming
-    /// it.
+    /// As [`SideChannel::all_gather`]; a peer announcing a negative count, or more than
+    /// [`MAX_RECORDS`], is an error naming it.
     pub(crate) fn all_gather_records(
         &mut self,
         records: &[Destination],
         how: Records,
     ) -> Result<Gathered> {
-        let counts = self.all_gather_int(records.len() as i32)?;
-        let counts: Vec<usize> = counts
-            .iter()
-            .enumerate()
-            .map(|(rank, &c)| {
-                usize::try_from(c).map_err(|_| Error::PeerMisbehaved {
-                    peer: rank,
-                    addr: None,
-                    context: SETUP,
-                    reason: format!("it announced {c} queue-pair records on the side channel"),
-                })
-            })
-            .collect::<Result<_>>()?;
+        let counts = record_counts(&self.all_gather_int(records.len() as i32)?)?;
         let max = counts.iter().copied().max().unwrap_or(0);
         let gathered = self.all_gather(&pack_records(records, max, how))?;
         Ok(unpack_records(&gathered, &counts, max))
@@ -459,24 +534,9 @@ impl SideChannel {
     }
 }
 
-/// The error for a peer that closed its side channel: the rank its notice names, if it left
-/// one that names a third rank; else the peer itself.
+/// The error for a peer that closed its side channel ([`closed_after`] its notice).
 fn peer_gone(peer: &Peer, me: usize, ranks: usize, context: Phase) -> Error {
-    if let Some(bytes) = peer.notice.get(..4) {
-        let lost = decode_notice([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if let Some(lost) = notice_names(lost, peer.rank, me, ranks) {
-            return Error::Lost {
-                peer: lost,
-                via: peer.rank,
-                context,
-            };
-        }
-    }
-    Error::Closed {
-        peer: peer.rank,
-        op: PeerOp::Receive,
-        context,
-    }
+    closed_after(&peer.notice, peer.rank, me, ranks, context)
 }
 
 /// Runs a blocking transfer on `peer` with the socket's timeout set to what is left until
@@ -582,26 +642,14 @@ fn accept_all(size: usize, addr: SocketAddr, timeout: Duration) -> Result<Vec<Pe
             // dropped, and rank 0 keeps waiting for the ranks it needs.
             continue;
         }
-        let rank = i32::from_le_bytes(rank);
-        let slot = usize::try_from(rank)
-            .ok()
-            .filter(|&r| (1..size).contains(&r))
-            .ok_or_else(|| Error::Environment {
-                var: crate::RANK_VAR,
-                reason: format!(
-                    "a client at {from} joined the JACCL side channel as rank {rank}, but the \
-                     group has ranks 1 to {} besides rank 0: check {} on every host",
-                    size - 1,
-                    crate::RANK_VAR
-                ),
-            })?;
+        let slot = joining_rank(rank, size, from)?;
         if slots[slot - 1].is_some() {
             return Err(Error::Environment {
-                var: crate::RANK_VAR,
+                var: crate::config::env::RANK_VAR,
                 reason: format!(
                     "two clients joined the JACCL side channel as rank {slot} (the second from \
                      {from}): check {} on every host",
-                    crate::RANK_VAR
+                    crate::config::env::RANK_VAR
                 ),
             });
         }
@@ -778,6 +826,63 @@ mod tests {
         assert_eq!(unpack_records(&half, &[3], 3).nuvec, [false]);
         assert_eq!(encode_notice(5), [5, 0, 0, 0]);
         assert_eq!(decode_notice([5, 0, 0, 0]), 5);
+    }
+
+    #[test]
+    fn counts_are_refused_below_0_and_above_mlx_limits() {
+        assert_eq!(record_counts(&[8, 0, 4]).unwrap(), [8, 0, 4]);
+        for (counts, peer) in [
+            (&[2, -1, 2][..], 1),
+            (&[2, 2, 9][..], 2),
+            (&[i32::MIN][..], 0),
+        ] {
+            let e = record_counts(counts).unwrap_err();
+            assert_eq!(e.peer(), Some(peer), "{e}");
+            assert!(e.to_string().contains("queue-pair records"), "{e}");
+        }
+        assert_eq!(
+            decode_ints(&[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 9]),
+            [1, -1]
+        );
+    }
+
+    #[test]
+    fn a_joining_rank_must_be_one_of_the_others() {
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(joining_rank(2i32.to_le_bytes(), 3, from).unwrap(), 2);
+        for rank in [0, 3, -1, i32::MAX] {
+            let e = joining_rank(rank.to_le_bytes(), 3, from).unwrap_err();
+            assert!(e.to_string().contains(&format!("as rank {rank}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_notice_names_a_third_rank_or_the_sender_is_blamed() {
+        let c = Phase::AllGather;
+        let lost = |e: Error| match e {
+            Error::Lost { peer, via, .. } => Some((peer, via)),
+            Error::Closed { .. } => None,
+            other => panic!("{other}"),
+        };
+        assert_eq!(
+            lost(closed_after(&encode_notice(3), 1, 0, 4, c)),
+            Some((3, 1))
+        );
+        // Trailing bytes after the notice are ignored.
+        assert_eq!(
+            lost(closed_after(&[2, 0, 0, 0, 7], 1, 0, 4, c)),
+            Some((2, 1))
+        );
+        // Naming the sender, this rank or no rank of the group, or too short: the sender.
+        for notice in [
+            &encode_notice(1)[..],
+            &encode_notice(0),
+            &encode_notice(4),
+            &[3, 0, 0],
+        ] {
+            let e = closed_after(notice, 1, 0, 4, c);
+            assert_eq!((lost(e.clone()), e.peer()), (None, Some(1)), "{notice:?}");
+        }
     }
 
     fn read_n(s: &mut TcpStream, n: usize) -> Vec<u8> {
@@ -1058,7 +1163,7 @@ mod tests {
     }
 
     fn child(rank: usize, size: usize) {
-        let config = crate::jaccl::Config::from_env().unwrap();
+        let config = crate::jaccl::config::Config::from_env().unwrap();
         assert_eq!(config.rank, rank);
         assert_eq!(config.size(), size);
         assert_eq!(config.prefer_ring, rank == 2);

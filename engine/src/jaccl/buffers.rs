@@ -1,6 +1,6 @@
 //! Which registered buffers a group has, how big each is, and which connections each is
-//! registered with: MLX 0.32.1's layout (`mesh.cpp`, `ring.cpp`), as a pure plan that both
-//! fabrics allocate from.
+//! registered with: MLX 0.32.1's layout (`mesh.cpp`, `ring.cpp`), as a pure plan whose
+//! [`BufferSpec`]s both fabrics allocate from; and [`Mem`], what the machines work on.
 //!
 //! Connections are numbered the same way everywhere in this module's users:
 //!
@@ -24,19 +24,30 @@
 //! of about 100 per device.
 
 use super::frames::{CLASSES, Class, PIPELINE, SizeClasses};
+use crate::transport::rdma::fabric::{BufId, BufferSpec};
 
-/// One buffer of a group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct BufId(pub(crate) u32);
+/// What a collective's machines work on besides the fabric: the caller's memory, the
+/// group's buffers and its staging memory.
+pub(crate) struct Mem<'a> {
+    /// What receives write: the array of an all-reduce, the output of the others. Also what
+    /// sends read when there is no separate input.
+    pub(crate) data: &'a mut [u8],
+    /// A separate, read-only input (sum_scatter's, send's); `None` when the input is `data`.
+    pub(crate) input: Option<&'a [u8]>,
+    /// Which buffer is which.
+    pub(crate) plan: &'a BufferPlan,
+    /// Page-sized staging for the mesh all-reduce's own chunks (two largest buffers).
+    pub(crate) staging: &'a mut [u8],
+}
 
-/// What a fabric allocates for one buffer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BufferSpec {
-    /// Its size class (its length is the class's message size).
-    pub(crate) class: Class,
-    /// The connections it is registered with; empty means it is never used and need not be
-    /// allocated.
-    pub(crate) conns: Vec<usize>,
+impl Mem<'_> {
+    /// Input bytes `[start, start + len)`.
+    pub(crate) fn input(&self, start: usize, len: usize) -> &[u8] {
+        match self.input {
+            Some(input) => &input[start..start + len],
+            None => &self.data[start..start + len],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +56,8 @@ enum Shape {
     Ring { wires: usize },
 }
 
-/// Every buffer a group has, in MLX's order.
+/// Every buffer a group has, in MLX's order: [`BufId`] `i` is `buffers[i]`, a message of
+/// its size class.
 #[derive(Clone, Debug)]
 pub(crate) struct BufferPlan {
     shape: Shape,
@@ -71,7 +83,10 @@ impl BufferPlan {
                         (true, true) => peers.clone(),
                         (true, false) => vec![j],
                     };
-                    buffers.push(BufferSpec { class, conns });
+                    buffers.push(BufferSpec {
+                        bytes: class.bytes(),
+                        conns,
+                    });
                 }
                 for j in 0..2 * size {
                     let peer = j % size;
@@ -80,7 +95,10 @@ impl BufferPlan {
                     } else {
                         Vec::new()
                     };
-                    buffers.push(BufferSpec { class, conns });
+                    buffers.push(BufferSpec {
+                        bytes: class.bytes(),
+                        conns,
+                    });
                 }
             }
         }
@@ -110,7 +128,10 @@ impl BufferPlan {
                             _ => wire,
                         };
                         let conns = if on { vec![conn] } else { Vec::new() };
-                        buffers.push(BufferSpec { class, conns });
+                        buffers.push(BufferSpec {
+                            bytes: class.bytes(),
+                            conns,
+                        });
                     }
                 }
             }
@@ -204,7 +225,7 @@ impl BufferPlan {
         self.buffers
             .iter()
             .filter(|s| !s.conns.is_empty())
-            .map(|s| s.class.bytes())
+            .map(|s| s.bytes)
             .sum()
     }
 }
@@ -228,7 +249,8 @@ mod tests {
         assert!(plan.spec(plan.scatter_recv(c3, 0, rank)).conns.is_empty());
         for k in 0..8u8 {
             for slot in 0..2 {
-                assert_eq!(plan.spec(plan.mesh_send(Class(k), slot)).class, Class(k));
+                let spec = plan.spec(plan.mesh_send(Class(k), slot));
+                assert_eq!(spec.bytes, Class(k).bytes());
             }
         }
         // 16 + 16 + 16 + 16 regions per peer connection; none on our own number.

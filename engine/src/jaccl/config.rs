@@ -347,7 +347,10 @@ impl Config {
             devices,
             prefer_ring: launch.prefer_ring,
             buffers: SizeClasses::detect()?,
-            mlx_all_gather: env::jaccl_mlx_all_gather(&env::process)?.unwrap_or_default(),
+            mlx_all_gather: env::value(&env::process, MLX_ALL_GATHER_VAR)?
+                .map(|v| v.parse())
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 

@@ -63,9 +63,10 @@ impl SizeClasses {
     /// # Errors
     ///
     /// [`BUFFERS_VAR`] holds something other than `small` or `large`.
-    pub fn detect() -> crate::Result<SizeClasses> {
-        if let Some(classes) = crate::config::env::jaccl_buffers(&crate::config::env::process)? {
-            return Ok(classes);
+    pub fn detect() -> crate::error::Result<SizeClasses> {
+        use crate::config::env;
+        if let Some(classes) = env::value(&env::process, BUFFERS_VAR)? {
+            return classes.parse();
         }
         Ok(Self::for_os_release(macos_release()))
     }

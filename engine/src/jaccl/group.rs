@@ -1,5 +1,5 @@
 //! A formed JACCL group: set-up over the side channel, then every collective as MLX 0.32.1
-//! runs it, on any [`Fabric`].
+//! runs it, on any [`Fabric`], driven by the RDMA [`engine`].
 //!
 //! Set-up follows MLX's order: the side channel is joined first (by the caller), the fabric
 //! opens its devices, creates a protection domain, completion queue and queue pair per
@@ -20,11 +20,9 @@ use std::time::Duration;
 
 use memmap2::MmapMut;
 
-use super::bootstrap::{self, Destination, Records, SideChannel};
-use super::buffers::BufferPlan;
+use super::bootstrap::{self, Records, SideChannel};
+use super::buffers::{BufferPlan, Mem};
 use super::config::{MLX_ALL_GATHER_VAR, MlxAllGather};
-use super::driver::{self, Cx, Machine, Mem, Scratch};
-use super::fabric::Fabric;
 use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, SizeClasses};
 use super::{mesh, ring};
 use crate::comm::Communicator;
@@ -35,6 +33,8 @@ use crate::comm::trace::Traced;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::ReduceOp;
+use crate::transport::rdma::engine::{self, Cx, Liveness, Machine, Scratch};
+use crate::transport::rdma::fabric::{Destination, Fabric};
 use crate::verbose::verbose;
 
 /// How a group's connections are laid out.
@@ -90,7 +90,7 @@ struct State<F> {
     staging: MmapMut,
     activity: Activity,
     /// Storage reused by every collective, so that none allocates once warm (as the TCP
-    /// ring keeps its lanes): the driver's, and the ring's machines.
+    /// ring keeps its lanes): the engine's, and the ring's machines.
     scratch: Scratch,
     wires: Vec<ring::Wire>,
     scatter: Vec<ring::ScatterWire>,
@@ -124,7 +124,7 @@ impl<F> fmt::Debug for Jaccl<F> {
     }
 }
 
-impl super::driver::Liveness for SideChannel {
+impl Liveness for SideChannel {
     fn check(&mut self, context: Phase, needed: &dyn Fn(usize) -> bool) -> Result<()> {
         self.check_needed(context, needed)
     }
@@ -302,12 +302,13 @@ impl<F: Fabric> Jaccl<F> {
         self.state.lock()
     }
 
-    /// Runs `machines` over `mem`; a transport error fails the group.
-    fn run<M: Machine>(
+    /// Runs `machines` over `data` (and `input`, where it is separate); a transport error
+    /// fails the group.
+    fn run<M: for<'m> Machine<Mem<'m>>>(
         &self,
         state: &mut State<F>,
         machines: &mut [M],
-        mem: &mut Mem<'_>,
+        (data, input): (&mut [u8], Option<&[u8]>),
         context: Phase,
     ) -> Result<()> {
         let State {
@@ -322,10 +323,16 @@ impl<F: Fabric> Jaccl<F> {
         let Some(fabric) = fabric.as_mut() else {
             return Err(Error::GroupClosed);
         };
-        let mut cx = Cx::new(fabric, plan, staging, &self.peers, context, activity);
-        let result = driver::run(
+        let mut cx = Cx::new(fabric, &self.peers, context, activity);
+        let mut mem = Mem {
+            data,
+            input,
+            plan,
+            staging,
+        };
+        let result = engine::run(
             &mut cx,
-            mem,
+            &mut mem,
             machines,
             side,
             self.timeout,
@@ -345,12 +352,12 @@ impl<F: Fabric> Jaccl<F> {
 
     /// Runs the ring machines kept in the vector `pick` chooses, after `fill` set them up
     /// for this collective; the vector returns to the state whatever the outcome.
-    fn run_kept<M: Machine>(
+    fn run_kept<M: for<'m> Machine<Mem<'m>>>(
         &self,
         state: &mut State<F>,
         pick: fn(&mut State<F>) -> &mut Vec<M>,
         fill: impl FnOnce(&mut Vec<M>),
-        mem: &mut Mem<'_>,
+        mem: (&mut [u8], Option<&[u8]>),
         context: Phase,
     ) -> Result<()> {
         let mut machines = std::mem::take(pick(state));
@@ -361,7 +368,7 @@ impl<F: Fabric> Jaccl<F> {
     }
 
     /// Runs `collective` between the `collective_start` and `collective_done` probes, as
-    /// the ring does (see `ring::Traced`).
+    /// the ring does (see `comm::trace::Traced`).
     fn traced(&self, traced: Traced, collective: impl FnOnce() -> Result<()>) -> Result<()> {
         let ranks = self.size as u64;
         ffi::probes::collective(traced.op, traced.dtype, traced.bytes, ranks, collective)
@@ -427,7 +434,6 @@ impl<F: Fabric> Jaccl<F> {
             Kind::Mesh if mesh::uses_scatter_gather(size, data.len()) => {
                 let es = dtype.size();
                 let chunk = count / size;
-                let mut mem = Mem { data, input: None };
                 if chunk > 0 {
                     let shard = rank * chunk * es;
                     let mut scatter = [mesh::SumScatter::new(
@@ -438,9 +444,9 @@ impl<F: Fabric> Jaccl<F> {
                         shard,
                         chunk,
                     )];
-                    self.run(&mut state, &mut scatter, &mut mem, context)?;
+                    self.run(&mut state, &mut scatter, (&mut *data, None), context)?;
                     let mut gather = [mesh::AllGather::new(rank, size, classes, chunk * es)];
-                    self.run(&mut state, &mut gather, &mut mem, context)?;
+                    self.run(&mut state, &mut gather, (&mut *data, None), context)?;
                 }
                 let base = chunk * size;
                 if base < count {
@@ -453,7 +459,7 @@ impl<F: Fabric> Jaccl<F> {
                         base * es,
                         count - base,
                     )];
-                    self.run(&mut state, &mut tail, &mut mem, context)?;
+                    self.run(&mut state, &mut tail, (data, None), context)?;
                 }
                 Ok(())
             }
@@ -461,18 +467,13 @@ impl<F: Fabric> Jaccl<F> {
                 let mut all = [mesh::AllReduce::new(
                     rank, size, classes, op, dtype, 0, count,
                 )];
-                self.run(
-                    &mut state,
-                    &mut all,
-                    &mut Mem { data, input: None },
-                    context,
-                )
+                self.run(&mut state, &mut all, (data, None), context)
             }
             Kind::Ring { wires } => self.run_kept(
                 &mut state,
                 |s| &mut s.wires,
                 |m| ring::all_reduce(rank, size, wires, classes, (op, dtype), count, m),
-                &mut Mem { data, input: None },
+                (data, None),
                 context,
             ),
         }
@@ -513,21 +514,18 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             if n == 0 {
                 return Ok(());
             }
-            let mut mem = Mem {
-                data: output,
-                input: None,
-            };
+            let mem = (output, None);
             match self.kind {
                 Kind::Mesh => {
                     let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
-                    self.run(&mut state, &mut m, &mut mem, CONTEXT)
+                    self.run(&mut state, &mut m, mem, CONTEXT)
                 }
                 Kind::Ring { wires } => {
                     self.run_kept(
                         &mut state,
                         |s| &mut s.wires,
                         |m| ring::all_gather(self.rank, self.size, wires, self.classes, n, m),
-                        &mut mem,
+                        mem,
                         CONTEXT,
                     )?;
                     self.check_mixed_ring_all_gather()
@@ -555,10 +553,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             if chunk == 0 {
                 return Ok(());
             }
-            let mut mem = Mem {
-                data: output,
-                input: Some(input),
-            };
+            let mem = (output, Some(input));
             match self.kind {
                 Kind::Mesh => {
                     let mut m = [mesh::SumScatter::new(
@@ -569,7 +564,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                         0,
                         chunk,
                     )];
-                    self.run(&mut state, &mut m, &mut mem, CONTEXT)
+                    self.run(&mut state, &mut m, mem, CONTEXT)
                 }
                 Kind::Ring { wires } => self.run_kept(
                     &mut state,
@@ -578,7 +573,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                         let shape = (dtype, chunk);
                         ring::sum_scatter(self.rank, self.size, wires, self.classes, shape, m)
                     },
-                    &mut mem,
+                    mem,
                     CONTEXT,
                 ),
             }
@@ -589,17 +584,14 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         let traced = Traced::bytes(Traced::SEND, Phase::Send, data.len());
         self.traced(traced, || {
             let mut state = self.lock()?;
-            let mut mem = Mem {
-                data: &mut [],
-                input: Some(data),
-            };
+            let mem = (&mut [][..], Some(data));
             match self.kind {
                 Kind::Mesh => {
                     if data.is_empty() {
                         return Ok(());
                     }
                     let mut m = [mesh::Send::new(dst, self.classes, data.len())];
-                    self.run(&mut state, &mut m, &mut mem, Phase::Send)
+                    self.run(&mut state, &mut m, mem, Phase::Send)
                 }
                 Kind::Ring { wires } => {
                     self.check_neighbour("send to", dst)?;
@@ -612,7 +604,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                         &mut state,
                         |s| &mut s.stripes,
                         |m| ring::stripes(towards, wires, self.classes, data.len(), m),
-                        &mut mem,
+                        mem,
                         Phase::Send,
                     )
                 }
@@ -625,14 +617,14 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
         self.traced(traced, || {
             let mut state = self.lock()?;
             let len = data.len();
-            let mut mem = Mem { data, input: None };
+            let mem = (data, None);
             match self.kind {
                 Kind::Mesh => {
                     if len == 0 {
                         return Ok(());
                     }
                     let mut m = [mesh::Recv::new(src, self.classes, len)];
-                    self.run(&mut state, &mut m, &mut mem, Phase::Recv)
+                    self.run(&mut state, &mut m, mem, Phase::Recv)
                 }
                 Kind::Ring { wires } => {
                     self.check_neighbour("receive from", src)?;
@@ -645,7 +637,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                         &mut state,
                         |s| &mut s.stripes,
                         |m| ring::stripes(towards, wires, self.classes, len, m),
-                        &mut mem,
+                        mem,
                         Phase::Recv,
                     )
                 }
@@ -665,7 +657,7 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
 
     fn close(&self) -> Result<()> {
         // No interrupt to install: a collective in flight naps at most a millisecond at a
-        // time and checks the close flag after every nap (see `driver::run`).
+        // time and checks the close flag after every nap (see `transport::rdma::engine::run`).
         self.state.close(|state| {
             // Queue pairs and registrations go first (the fabric's drop orders them), then
             // the side channel, which the other ranks see close.

@@ -4,7 +4,8 @@
 //! `p`). Each algorithm below posts exactly the messages MLX's does, on the same queue pairs,
 //! in the same order per queue pair, with the same size class; where MLX fills or consumes a
 //! buffer is where these machines do. Only the polling differs: MLX spins on all completion
-//! queues in its own loop; here [`run`](super::driver::run) hands the completions in.
+//! queues in its own loop; here the RDMA [`engine`](crate::transport::rdma::engine) hands
+//! the completions in.
 //!
 //! Size classes come from a message length `M` per algorithm; `S` is the class's message
 //! size and `N = S / sizeof(T)` the elements per message. Pipeline slots alternate, two deep.
@@ -23,11 +24,12 @@
 //! - **all_gather** (`M` = one rank's block): each rank's block in frames to every peer.
 //! - **send/recv** (`M` = the message): frames on the peer's queue pair, two in flight.
 
-use super::driver::{Cx, Machine, Mem};
+use super::buffers::{BufferPlan, Mem};
 use super::frames::{Class, MESH_MAX_RANKS, PIPELINE, SizeClasses, WorkTag};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
+use crate::transport::rdma::engine::{Cx, Machine};
 
 /// MLX uses the scatter-gather all-reduce above this many bytes when there are more than two
 /// ranks.
@@ -41,14 +43,15 @@ pub(crate) fn uses_scatter_gather(size: usize, bytes: usize) -> bool {
 /// Posts receives from every peer into slot `slot`'s receive buffers.
 fn post_recv_all(
     cx: &mut Cx<'_>,
+    plan: &BufferPlan,
     rank: usize,
     size: usize,
     class: Class,
     slot: usize,
 ) -> Result<()> {
     for p in (0..size).filter(|&p| p != rank) {
-        let buf = cx.plan.mesh_recv(class, slot, p);
-        cx.post_recv(p, buf, WorkTag::recv(slot, p))?;
+        let buf = plan.mesh_recv(class, slot, p);
+        cx.post_recv(p, buf, WorkTag::recv(slot, p).encode())?;
     }
     Ok(())
 }
@@ -56,14 +59,15 @@ fn post_recv_all(
 /// Posts this rank's send buffer of slot `slot` to every peer.
 fn post_send_all(
     cx: &mut Cx<'_>,
+    plan: &BufferPlan,
     rank: usize,
     size: usize,
     class: Class,
     slot: usize,
 ) -> Result<()> {
-    let buf = cx.plan.mesh_send(class, slot);
+    let buf = plan.mesh_send(class, slot);
     for p in (0..size).filter(|&p| p != rank) {
-        cx.post_send(p, buf, WorkTag::send(slot, p))?;
+        cx.post_send(p, buf, WorkTag::send(slot, p).encode())?;
     }
     Ok(())
 }
@@ -165,21 +169,21 @@ impl AllReduce {
     fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
         let elems = self.n.min(self.total - self.read);
         let range = self.bytes(self.read, elems);
-        let buf = cx.plan.mesh_send(self.class, slot);
+        let buf = mem.plan.mesh_send(self.class, slot);
         cx.fill(first_peer(self.rank), buf, &mem.data[range])?;
-        post_send_all(cx, self.rank, self.size, self.class, slot)?;
+        post_send_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
         self.in_flight += self.size - 1;
         self.read += self.n;
         Ok(())
     }
 
     /// Copies chunk `chunk` of this rank's input into staging slot `slot`.
-    fn stage_own(&self, cx: &mut Cx<'_>, mem: &Mem<'_>, chunk: usize, slot: usize) {
+    fn stage_own(&self, mem: &mut Mem<'_>, chunk: usize, slot: usize) {
         let at = chunk * self.n;
         let elems = self.n.min(self.total - at);
         let range = self.bytes(at, elems);
-        let stride = cx.staging.len() / PIPELINE;
-        cx.staging[slot * stride..][..range.len()].copy_from_slice(&mem.data[range]);
+        let stride = mem.staging.len() / PIPELINE;
+        mem.staging[slot * stride..][..range.len()].copy_from_slice(&mem.data[range]);
     }
 
     /// Reduces every chunk that can be, in chunk order and rank order.
@@ -196,8 +200,8 @@ impl AllReduce {
             let out = self.bytes(w, elems);
             let first = self.reduce_rank == 0;
             if self.reduce_rank == self.rank {
-                let stride = cx.staging.len() / PIPELINE;
-                let own = &cx.staging[slot * stride..][..elems * es];
+                let stride = mem.staging.len() / PIPELINE;
+                let own = &mem.staging[slot * stride..][..elems * es];
                 if first {
                     mem.data[out].copy_from_slice(own);
                 } else {
@@ -211,12 +215,12 @@ impl AllReduce {
                 }
                 let next = self.reduce_chunk + PIPELINE;
                 if next < self.chunks {
-                    self.stage_own(cx, mem, next, slot);
+                    self.stage_own(mem, next, slot);
                     self.recv_end[self.rank] += 1;
                 }
             } else {
                 let peer = self.reduce_rank;
-                let buf = cx.plan.mesh_recv(self.class, slot, peer);
+                let buf = mem.plan.mesh_recv(self.class, slot, peer);
                 let theirs = &cx.buffer(peer, buf)?[..elems * es];
                 if first {
                     mem.data[out].copy_from_slice(theirs);
@@ -230,7 +234,7 @@ impl AllReduce {
                     );
                 }
                 if self.reduce_chunk + PIPELINE < self.chunks {
-                    cx.post_recv(peer, buf, WorkTag::recv(slot, peer))?;
+                    cx.post_recv(peer, buf, WorkTag::recv(slot, peer).encode())?;
                     self.in_flight += 1;
                 }
             }
@@ -244,13 +248,13 @@ impl AllReduce {
     }
 }
 
-impl Machine for AllReduce {
+impl Machine<Mem<'_>> for AllReduce {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let mut slot = 0;
         while self.read < self.total && slot < PIPELINE {
-            post_recv_all(cx, self.rank, self.size, self.class, slot)?;
-            self.stage_own(cx, mem, slot, slot);
+            post_recv_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
+            self.stage_own(mem, slot, slot);
             self.recv_end[self.rank] += 1;
             self.in_flight += self.size - 1;
             self.send_next(cx, mem, slot)?;
@@ -259,13 +263,14 @@ impl Machine for AllReduce {
         self.advance(cx, mem)
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         _: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         if !tag.recv {
             if self.read < self.total && self.sends.completed(tag.slot) {
@@ -277,7 +282,7 @@ impl Machine for AllReduce {
         self.advance(cx, mem)
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.reduce_chunk == self.chunks && self.in_flight == 0
     }
 
@@ -322,25 +327,25 @@ impl AllGather {
     fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
         let own = self.rank * self.block;
         let end = (self.read + self.s).min(self.block);
-        let buf = cx.plan.mesh_send(self.class, slot);
+        let buf = mem.plan.mesh_send(self.class, slot);
         cx.fill(
             first_peer(self.rank),
             buf,
             &mem.data[own + self.read..own + end],
         )?;
-        post_send_all(cx, self.rank, self.size, self.class, slot)?;
+        post_send_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
         self.in_flight += self.size - 1;
         self.read += self.s;
         Ok(())
     }
 }
 
-impl Machine for AllGather {
+impl Machine<Mem<'_>> for AllGather {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let mut slot = 0;
         while self.read < self.block && slot < PIPELINE {
-            post_recv_all(cx, self.rank, self.size, self.class, slot)?;
+            post_recv_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
             self.in_flight += self.size - 1;
             self.send_next(cx, mem, slot)?;
             slot += 1;
@@ -348,13 +353,14 @@ impl Machine for AllGather {
         Ok(())
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         conn: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         if !tag.recv {
             if self.read < self.block && self.sends.completed(tag.slot) {
@@ -365,18 +371,18 @@ impl Machine for AllGather {
         let peer = tag.index;
         let at = self.written[peer];
         let len = self.s.min(self.block - at);
-        let buf = cx.plan.mesh_recv(self.class, tag.slot, peer);
+        let buf = mem.plan.mesh_recv(self.class, tag.slot, peer);
         let start = peer * self.block + at;
         mem.data[start..start + len].copy_from_slice(&cx.buffer(conn, buf)?[..len]);
         self.written[peer] += self.s;
         if self.written[peer] + self.s < self.block {
-            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer))?;
+            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer).encode())?;
             self.in_flight += 1;
         }
         Ok(())
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.in_flight == 0
     }
 
@@ -438,14 +444,14 @@ impl SumScatter {
         let es = self.dtype.size();
         let elems = self.n.min(self.total - self.read);
         for p in (0..self.size).filter(|&p| p != self.rank) {
-            let buf = cx.plan.scatter_send(self.class, slot, p);
+            let buf = mem.plan.scatter_send(self.class, slot, p);
             let start = (p * self.total + self.read) * es;
             let bytes = mem.input(start, elems * es);
             cx.buffer(p, buf)?[..bytes.len()].copy_from_slice(bytes);
         }
         for p in (0..self.size).filter(|&p| p != self.rank) {
-            let buf = cx.plan.scatter_send(self.class, slot, p);
-            cx.post_send(p, buf, WorkTag::send(slot, p))?;
+            let buf = mem.plan.scatter_send(self.class, slot, p);
+            cx.post_send(p, buf, WorkTag::send(slot, p).encode())?;
         }
         self.in_flight += self.size - 1;
         self.read += self.n;
@@ -453,7 +459,7 @@ impl SumScatter {
     }
 }
 
-impl Machine for SumScatter {
+impl Machine<Mem<'_>> for SumScatter {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let es = self.dtype.size();
@@ -469,8 +475,8 @@ impl Machine for SumScatter {
         let mut slot = 0;
         while self.read < self.total && slot < PIPELINE {
             for p in (0..self.size).filter(|&p| p != self.rank) {
-                let buf = cx.plan.scatter_recv(self.class, slot, p);
-                cx.post_recv(p, buf, WorkTag::recv(slot, p))?;
+                let buf = mem.plan.scatter_recv(self.class, slot, p);
+                cx.post_recv(p, buf, WorkTag::recv(slot, p).encode())?;
             }
             self.in_flight += self.size - 1;
             self.send_next(cx, mem, slot)?;
@@ -479,13 +485,14 @@ impl Machine for SumScatter {
         Ok(())
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         conn: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         if !tag.recv {
             if self.read < self.total && self.sends.completed(tag.slot) {
@@ -497,7 +504,7 @@ impl Machine for SumScatter {
         let peer = tag.index;
         let at = self.written[peer];
         let elems = self.n.min(self.total - at);
-        let buf = cx.plan.scatter_recv(self.class, tag.slot, peer);
+        let buf = mem.plan.scatter_recv(self.class, tag.slot, peer);
         let start = self.out + at * es;
         let theirs = &cx.buffer(conn, buf)?[..elems * es];
         reduce_with(
@@ -509,13 +516,13 @@ impl Machine for SumScatter {
         );
         self.written[peer] += self.n;
         if self.written[peer] + self.n < self.total {
-            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer))?;
+            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer).encode())?;
             self.in_flight += 1;
         }
         Ok(())
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.in_flight == 0
     }
 
@@ -551,17 +558,17 @@ impl Send {
 
     fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
         let end = (self.read + self.s).min(self.len);
-        let buf = cx.plan.mesh_send(self.class, slot);
+        let buf = mem.plan.mesh_send(self.class, slot);
         let bytes = mem.input(self.read, end - self.read);
         cx.buffer(self.dst, buf)?[..bytes.len()].copy_from_slice(bytes);
-        cx.post_send(self.dst, buf, WorkTag::send(slot, self.dst))?;
+        cx.post_send(self.dst, buf, WorkTag::send(slot, self.dst).encode())?;
         self.read += self.s;
         self.in_flight += 1;
         Ok(())
     }
 }
 
-impl Machine for Send {
+impl Machine<Mem<'_>> for Send {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let mut slot = 0;
@@ -572,13 +579,14 @@ impl Machine for Send {
         Ok(())
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         _: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         if self.read < self.len {
             self.send_next(cx, mem, tag.slot)?;
@@ -586,7 +594,7 @@ impl Machine for Send {
         Ok(())
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.in_flight == 0
     }
 
@@ -621,39 +629,40 @@ impl Recv {
     }
 }
 
-impl Machine for Recv {
-    fn start(&mut self, cx: &mut Cx<'_>, _: &mut Mem<'_>) -> Result<()> {
+impl Machine<Mem<'_>> for Recv {
+    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let mut slot = 0;
         while self.s * slot < self.len && slot < PIPELINE {
-            let buf = cx.plan.mesh_recv(self.class, slot, self.src);
-            cx.post_recv(self.src, buf, WorkTag::recv(slot, self.src))?;
+            let buf = mem.plan.mesh_recv(self.class, slot, self.src);
+            cx.post_recv(self.src, buf, WorkTag::recv(slot, self.src).encode())?;
             self.in_flight += 1;
             slot += 1;
         }
         Ok(())
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         conn: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         let len = self.s.min(self.len - self.written);
-        let buf = cx.plan.mesh_recv(self.class, tag.slot, self.src);
+        let buf = mem.plan.mesh_recv(self.class, tag.slot, self.src);
         mem.data[self.written..self.written + len].copy_from_slice(&cx.buffer(conn, buf)?[..len]);
         self.written += self.s;
         if self.written + self.s < self.len {
-            cx.post_recv(self.src, buf, WorkTag::recv(tag.slot, self.src))?;
+            cx.post_recv(self.src, buf, WorkTag::recv(tag.slot, self.src).encode())?;
             self.in_flight += 1;
         }
         Ok(())
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.in_flight == 0
     }
 

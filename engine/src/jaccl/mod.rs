@@ -84,7 +84,7 @@
 //!   connections, so C++ destroys the buffers (deregistering) first; its groups usually live
 //!   until the process exits.
 //! - **The GID index** of the route at RTR is the one the GID scan found, not MLX's fixed 1
-//!   (see `verbs.rs`); the two agree on every Thunderbolt setup reported so far.
+//!   (see `transport/rdma/verbs.rs`); the two agree on every Thunderbolt setup reported so far.
 //! - **Completion channels** on each CQ where the library has them (MLX creates none), and
 //!   **every completion's status is checked** (MLX ignores it), every wait bounded by
 //!   [`Options::timeout`](crate::Options::timeout), and the side channel watched for a rank
@@ -135,36 +135,37 @@
 //! wire can only be noticed as a timeout (a later message may take its place first). All
 //! ranks must run the same class of macOS release (26.2, or 26.3 and later).
 
-mod bootstrap;
+pub(crate) mod bootstrap;
 mod buffers;
 mod config;
-mod driver;
-#[cfg(test)]
-mod emulated;
-mod fabric;
 mod frames;
 mod group;
 mod mesh;
 mod ring;
 #[cfg(test)]
 mod tests;
-mod verbs;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use crate::transport::rdma::verbs::{
+    APPLE_QUEUE_PAIRS_PER_DEVICE, PortState, RdmaDevice, devices, unavailable_reason,
+};
 pub use config::{
     COORDINATOR_VARS, Config, DEVICES_VARS, DeviceMatrix, MLX_ALL_GATHER_VAR, MlxAllGather,
     RANK_VARS, RING_VARS, Topology,
 };
 pub use frames::{BUFFERS_VAR, SizeClasses};
-pub use verbs::{APPLE_QUEUE_PAIRS_PER_DEVICE, PortState, RdmaDevice, devices, unavailable_reason};
 
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::options::Options;
+use crate::transport::rdma::engine::DEDICATED;
+use crate::transport::rdma::fabric::Queues;
+use crate::transport::rdma::verbs::VerbsFabric;
 use crate::verbose::verbose;
 use bootstrap::SideChannel;
+use frames::PSN;
 use group::{Jaccl, Kind, Setup};
 
 /// Forms this rank's JACCL group from `config`, waiting at most `options.timeout` for the
@@ -218,14 +219,25 @@ pub fn init(config: &Config, options: &Options) -> Result<Group> {
         let side = SideChannel::connect(rank, size, coordinator, options.timeout)?;
         let plan = kind.plan(rank, size, config.buffers);
         let peers = kind.peers(rank, size);
-        let fabric = verbs::VerbsFabric::open(&verbs, &devices, &plan, config.buffers, &peers)?;
+        let queues = Queues {
+            depth: config.buffers.queue_depth(),
+            psn: PSN,
+        };
+        let fabric = VerbsFabric::open(
+            &verbs,
+            &devices,
+            &plan.buffers,
+            queues,
+            &peers,
+            bootstrap::SETUP,
+        )?;
         let setup = Setup {
             rank,
             size,
             kind,
             classes: config.buffers,
             timeout: options.timeout,
-            spin: driver::DEDICATED,
+            spin: DEDICATED,
             mlx_all_gather: config.mlx_all_gather,
             records: bootstrap::Records::Nuvec,
         };

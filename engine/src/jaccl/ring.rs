@@ -50,11 +50,12 @@
 //! neighbour goes in direction 1 (so with two ranks, where left and right are the same rank,
 //! sends go left and receives come from the right, as MLX biases them).
 
-use super::driver::{Cx, Machine, Mem};
+use super::buffers::Mem;
 use super::frames::{Class, PIPELINE, SizeClasses, WorkTag};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
+use crate::transport::rdma::engine::{Cx, Machine};
 
 /// An all-reduce uses one direction on one wire up to this many bytes.
 pub(crate) const ALL_REDUCE_ONE_WIRE_UP_TO: usize = 32 * 1024;
@@ -258,24 +259,24 @@ impl Wire {
         let offset = self.wire_offset[dir] + self.send_count[dir] * self.n;
         let elems = self.send_limit[dir].saturating_sub(offset).min(self.n);
         let conn = send_conn(self.wires, self.wire, dir);
-        let buf = cx.plan.ring_send(self.class, slot, dir, self.wire);
+        let buf = mem.plan.ring_send(self.class, slot, dir, self.wire);
         if elems > 0 {
             let start = (self.send_offset[dir] + offset) * es;
             cx.fill(conn, buf, &mem.data[start..start + elems * es])?;
         }
         self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir))
+        cx.post_send(conn, buf, WorkTag::send(slot, dir).encode())
     }
 
     fn begin_step(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>) -> Result<()> {
         let mut slot = 0;
         while slot < self.n_steps && slot < PIPELINE {
             for d in 0..self.dirs {
-                let buf = cx.plan.ring_recv(self.class, slot, d, self.wire);
+                let buf = mem.plan.ring_recv(self.class, slot, d, self.wire);
                 cx.post_recv(
                     recv_conn(self.wires, self.wire, d),
                     buf,
-                    WorkTag::recv(slot, d),
+                    WorkTag::recv(slot, d).encode(),
                 )?;
             }
             for d in 0..self.dirs {
@@ -318,7 +319,7 @@ impl Wire {
     }
 }
 
-impl Machine for Wire {
+impl Machine<Mem<'_>> for Wire {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         self.set_limits();
@@ -326,13 +327,14 @@ impl Machine for Wire {
         self.settle(cx, mem)
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         conn: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         let d = tag.index;
         if !tag.recv {
@@ -344,7 +346,7 @@ impl Machine for Wire {
             let es = self.es;
             let offset = self.wire_offset[d] + self.recv_count[d] * self.n;
             let elems = self.recv_limit[d].saturating_sub(offset).min(self.n);
-            let buf = cx.plan.ring_recv(self.class, tag.slot, d, self.wire);
+            let buf = mem.plan.ring_recv(self.class, tag.slot, d, self.wire);
             if elems > 0 {
                 let start = (self.recv_offset[d] + offset) * es;
                 let out = &mut mem.data[start..start + elems * es];
@@ -359,14 +361,14 @@ impl Machine for Wire {
             self.recv_count[d] += 1;
             // Repost the slot for the message PIPELINE - 1 after the next, if there is one.
             if self.recv_count[d] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d))?;
+                cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d).encode())?;
                 self.in_flight += 1;
             }
         }
         self.settle(cx, mem)
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.done
     }
 
@@ -471,7 +473,7 @@ impl ScatterWire {
         let es = self.dtype.size();
         let (offset, elems) = self.slice(dir, self.send_count[dir]);
         let conn = send_conn(self.wires, self.wire, dir);
-        let buf = cx.plan.ring_send(self.class, slot, dir, self.wire);
+        let buf = mem.plan.ring_send(self.class, slot, dir, self.wire);
         if elems > 0 {
             let bytes = if self.step == 0 {
                 mem.input((self.in_send[dir] + offset) * es, elems * es)
@@ -481,7 +483,7 @@ impl ScatterWire {
             cx.fill(conn, buf, bytes)?;
         }
         self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir))
+        cx.post_send(conn, buf, WorkTag::send(slot, dir).encode())
     }
 
     /// Applies received slices whose send counterpart has been staged.
@@ -492,7 +494,7 @@ impl ScatterWire {
             let slot = slice % PIPELINE;
             let (offset, elems) = self.slice(dir, slice);
             let conn = recv_conn(self.wires, self.wire, dir);
-            let buf = cx.plan.ring_recv(self.class, slot, dir, self.wire);
+            let buf = mem.plan.ring_recv(self.class, slot, dir, self.wire);
             if elems > 0 {
                 let input = mem.input;
                 let out = &mut mem.data[offset * es..(offset + elems) * es];
@@ -512,7 +514,7 @@ impl ScatterWire {
             self.recv_count[dir] += 1;
             self.deferred[dir] -= 1;
             if self.recv_count[dir] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(slot, dir))?;
+                cx.post_recv(conn, buf, WorkTag::recv(slot, dir).encode())?;
                 self.in_flight += 1;
             }
         }
@@ -523,11 +525,11 @@ impl ScatterWire {
         let mut slot = 0;
         while slot < self.n_steps && slot < PIPELINE {
             for d in 0..2 {
-                let buf = cx.plan.ring_recv(self.class, slot, d, self.wire);
+                let buf = mem.plan.ring_recv(self.class, slot, d, self.wire);
                 cx.post_recv(
                     recv_conn(self.wires, self.wire, d),
                     buf,
-                    WorkTag::recv(slot, d),
+                    WorkTag::recv(slot, d).encode(),
                 )?;
             }
             for d in 0..2 {
@@ -562,20 +564,21 @@ impl ScatterWire {
     }
 }
 
-impl Machine for ScatterWire {
+impl Machine<Mem<'_>> for ScatterWire {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         self.begin_step(cx, mem)?;
         self.settle(cx, mem)
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         _: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         let d = tag.index;
         if !tag.recv {
@@ -590,7 +593,7 @@ impl Machine for ScatterWire {
         self.settle(cx, mem)
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.done
     }
 
@@ -648,23 +651,23 @@ pub(crate) fn stripes(
 impl Stripe {
     fn send_next(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>, slot: usize) -> Result<()> {
         let end = (self.at + self.s).min(self.limit);
-        let buf = cx.plan.ring_send(self.class, slot, self.dir, self.wire);
+        let buf = mem.plan.ring_send(self.class, slot, self.dir, self.wire);
         cx.fill(self.conn, buf, mem.input(self.at, end - self.at))?;
-        cx.post_send(self.conn, buf, WorkTag::send(slot, self.dir))?;
+        cx.post_send(self.conn, buf, WorkTag::send(slot, self.dir).encode())?;
         self.at += self.s;
         self.in_flight += 1;
         Ok(())
     }
 }
 
-impl Machine for Stripe {
+impl Machine<Mem<'_>> for Stripe {
     fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
         self.started = true;
         let mut slot = 0;
         if self.recv {
             while self.at + self.s * slot < self.limit && slot < PIPELINE {
-                let buf = cx.plan.ring_recv(self.class, slot, self.dir, self.wire);
-                cx.post_recv(self.conn, buf, WorkTag::recv(slot, self.dir))?;
+                let buf = mem.plan.ring_recv(self.class, slot, self.dir, self.wire);
+                cx.post_recv(self.conn, buf, WorkTag::recv(slot, self.dir).encode())?;
                 self.in_flight += 1;
                 slot += 1;
             }
@@ -677,13 +680,14 @@ impl Machine for Stripe {
         Ok(())
     }
 
-    fn complete(
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
         mem: &mut Mem<'_>,
         _: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()> {
+        let tag = WorkTag::decode(tag);
         self.in_flight -= 1;
         if !self.recv {
             if self.at < self.limit {
@@ -692,17 +696,19 @@ impl Machine for Stripe {
             return Ok(());
         }
         let len = self.limit.saturating_sub(self.at).min(self.s);
-        let buf = cx.plan.ring_recv(self.class, tag.slot, self.dir, self.wire);
+        let buf = mem
+            .plan
+            .ring_recv(self.class, tag.slot, self.dir, self.wire);
         mem.data[self.at..self.at + len].copy_from_slice(&cx.buffer(self.conn, buf)?[..len]);
         self.at += self.s;
         if self.at + (PIPELINE - 1) * self.s < self.limit {
-            cx.post_recv(self.conn, buf, WorkTag::recv(tag.slot, self.dir))?;
+            cx.post_recv(self.conn, buf, WorkTag::recv(tag.slot, self.dir).encode())?;
             self.in_flight += 1;
         }
         Ok(())
     }
 
-    fn finished(&self) -> bool {
+    fn is_finished(&self) -> bool {
         self.started && self.in_flight == 0
     }
 

@@ -27,10 +27,11 @@ use mio::{Events, Interest, Poll, Token};
 use super::hello::{self, Expect, Identity, Kind};
 use super::{Formed, Peer};
 use crate::auth::{self, Fault, Handshake, Key, Outcome};
+use crate::comm::reports::Reports;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::hostfile::RingAddresses;
 use crate::options::Options;
-use crate::ring::bootstrap::{FIRST_RETRY, Reports, next_backoff, pump};
+use crate::ring::bootstrap::{FIRST_RETRY, next_backoff, pump};
 use crate::tcp::{self, SocketTuning};
 use crate::verbose::verbose;
 

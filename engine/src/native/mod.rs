@@ -42,7 +42,7 @@
 //! with the same mismatch (see `header`).
 
 pub(crate) mod bootstrap;
-mod hello;
+pub(crate) mod hello;
 
 use crate::ring::transport::Transport;
 
@@ -78,9 +78,9 @@ pub(crate) struct Peer {
 }
 
 mod engine;
-mod header;
+pub(crate) mod header;
 mod hier;
-mod protocol;
+pub(crate) mod protocol;
 #[cfg(test)]
 mod shm_tests;
 #[cfg(test)]

@@ -22,7 +22,7 @@
 //!   receive is posted: `hold` (the default) keeps it until one is; `drop` loses it, as the
 //!   InfiniBand specification's UC does. The Apple profile always holds it (Apple's
 //!   transport has credit-based flow control, and JACCL, which has no credits of its own,
-//!   depends on that: see `src/jaccl/emulated.rs`); asking it to drop is an error.
+//!   depends on that: see `src/transport/rdma/emulated.rs`); asking it to drop is an error.
 //! - [`FAULT_VAR`]: comma-separated faults of this process, each keyed to the N-th SEND it
 //!   posts (counting from 1): `drop=N` (completes successfully, never arrives), `error=N`
 //!   (completes with a general error), `exit=N` (the process exits at once with code 86:

@@ -1,18 +1,18 @@
-//! `close()` from another thread aborts a collective in flight (issue 10 item 6): the call
-//! returns [`Error::Aborted`] promptly, later calls get [`Error::GroupClosed`], and the
-//! peers, which join late, name the rank that closed.
+//! `close()` from another thread aborts a collective in flight: the call returns
+//! [`Error::Aborted`] promptly, later calls get [`Error::GroupClosed`], and the peers, which
+//! join late, name the rank that closed.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use super::{Layout, run_ok};
 use crate::error::{Error, Fault, Phase};
-use crate::jaccl::emulated::Network;
+use crate::transport::rdma::emulated::Network;
 
 /// What rank 0 measured: the collective's error, how long after `close()` it returned, and
 /// how long `health()` from the other thread took while the collective ran.
 struct Aborted {
-    result: crate::Result<()>,
+    result: crate::error::Result<()>,
     /// When the all_sum returned, relative to `close()`: negative if before.
     after_close: Option<Duration>,
     health: Duration,

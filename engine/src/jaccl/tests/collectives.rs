@@ -17,10 +17,10 @@ use half::{bf16, f16};
 use super::{Layout, run_ok};
 use crate::element::{Complex64, Element};
 use crate::group::Group;
-use crate::jaccl::emulated::Network;
 use crate::jaccl::frames::SizeClasses;
 use crate::jaccl::group::Kind;
 use crate::reduce::ReduceOp;
+use crate::transport::rdma::emulated::Network;
 
 /// Test-side knowledge of an element type.
 pub(super) trait TestElem: Element + Copy + PartialEq + Debug + Send + Sync {

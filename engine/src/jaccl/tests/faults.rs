@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use super::{Layout, run};
 use crate::error::{Error, PeerOp};
-use crate::jaccl::emulated::{Fault, Network};
+use crate::transport::rdma::emulated::{Fault, Network};
 
 const SHORT: Duration = Duration::from_millis(1500);
 
 /// What a rank reports: its error (if any) and how long the collective took.
 type Outcome = (Option<Error>, Duration);
 
-fn all_sum_once(g: &crate::Group) -> Outcome {
+fn all_sum_once(g: &crate::group::Group) -> Outcome {
     let start = Instant::now();
     let mut v = vec![1.0f32; 3000];
     (g.all_sum(&mut v).err(), start.elapsed())
@@ -22,7 +22,7 @@ fn all_sum_once(g: &crate::Group) -> Outcome {
 fn outcomes(
     layout: Layout,
     net: &Network,
-    body: impl Fn(usize, crate::Group) -> Outcome + Sync,
+    body: impl Fn(usize, crate::group::Group) -> Outcome + Sync,
 ) -> Vec<Outcome> {
     run(layout, net, body)
         .into_iter()

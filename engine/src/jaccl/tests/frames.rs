@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::{Barrier, Mutex};
 
 use super::{Layout, run_ok};
-use crate::jaccl::emulated::{Network, Posted};
 use crate::jaccl::frames::SizeClasses;
 use crate::jaccl::group::Kind;
+use crate::transport::rdma::emulated::{Network, Posted};
 
 /// MLX's `buffer_size_from_message`, restated.
 fn message_size(m: usize, classes: SizeClasses) -> usize {

@@ -6,7 +6,7 @@
 use super::{Layout, run_ok};
 use crate::error::Error;
 use crate::jaccl::config::MlxAllGather;
-use crate::jaccl::emulated::Network;
+use crate::transport::rdma::emulated::Network;
 
 /// Every rank's block of an all_gather of `n` floats: rank `r`'s element `i` is
 /// `r * 1000 + i`.

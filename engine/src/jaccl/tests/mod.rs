@@ -24,12 +24,12 @@ use std::time::Duration;
 
 use super::bootstrap::{Records, SideChannel};
 use super::config::MlxAllGather;
-use super::driver;
-use super::emulated::{EmulatedFabric, Network};
-use super::frames::SizeClasses;
+use super::frames::{PSN, SizeClasses};
 use super::group::{Jaccl, Kind, Setup};
 use crate::error::Result;
 use crate::group::Group;
+use crate::transport::rdma::emulated::{EmulatedFabric, Network};
+use crate::transport::rdma::engine;
 
 /// A group layout to test.
 #[derive(Clone, Copy, Debug)]
@@ -104,14 +104,14 @@ pub(super) fn form(
     let side = SideChannel::connect(rank, layout.size, addr, layout.timeout)?;
     let plan = layout.kind.plan(rank, layout.size, layout.classes);
     let present = layout.kind.present(rank, layout.size);
-    let fabric = EmulatedFabric::open(net, rank, &present, &plan);
+    let fabric = EmulatedFabric::open(net, rank, &present, &plan.buffers, PSN);
     let setup = Setup {
         rank,
         size: layout.size,
         kind: layout.kind,
         classes: layout.classes,
         timeout: layout.timeout,
-        spin: driver::SHARED,
+        spin: engine::SHARED,
         mlx_all_gather: layout.mlx_all_gather,
         records: if layout.mlx & (1 << rank) != 0 {
             Records::Mlx

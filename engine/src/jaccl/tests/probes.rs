@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::{Layout, run_ok};
-use crate::jaccl::emulated::Network;
+use crate::transport::rdma::emulated::Network;
 
 /// Whether bpftrace can attach here, or why not.
 fn bpftrace_can_attach() -> Result<(), String> {

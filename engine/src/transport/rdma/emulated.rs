@@ -31,10 +31,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::bootstrap::Destination;
-use super::buffers::{BufId, BufferPlan};
-use super::fabric::{Completion, Fabric, FabricResult, Pool, pack_wr, unpack_wr};
-use super::frames::PSN;
+use super::fabric::{
+    BufId, BufferSpec, Completion, Destination, Fabric, FabricResult, Pool, pack_wr, unpack_wr,
+};
 
 /// A fault to inject into the `nth` message (from 0) a queue pair sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,11 +77,12 @@ struct QpState {
 
 struct EmuCompletion {
     wr: u64,
+    recv: bool,
     status: Result<(), String>,
     buf: Buf,
 }
 
-/// Rung whenever a completion lands on one of a rank's queue pairs, so the rank's driver can
+/// Rung whenever a completion lands on one of a rank's queue pairs, so the rank's engine can
 /// sleep until then (the emulated counterpart of a completion channel).
 #[derive(Default)]
 struct Bell {
@@ -144,9 +144,15 @@ impl EmuQp {
                 None => Err("receive buffer shared while posted".to_string()),
             }
         };
-        self.complete(EmuCompletion { wr, status, buf });
+        self.complete(EmuCompletion {
+            wr,
+            recv: true,
+            status,
+            buf,
+        });
         from.complete(EmuCompletion {
             wr: send_wr,
+            recv: false,
             status: Ok(()),
             buf: data,
         });
@@ -252,6 +258,8 @@ impl Network {
 pub(crate) struct EmulatedFabric {
     net: Network,
     rank: usize,
+    /// The packet sequence number its queue pairs advertise and expect.
+    psn: u32,
     qps: Vec<Option<Arc<EmuQp>>>,
     pool: Pool<Vec<u8>>,
     scratch: Vec<EmuCompletion>,
@@ -261,9 +269,15 @@ pub(crate) struct EmulatedFabric {
 }
 
 impl EmulatedFabric {
-    /// Opens rank `rank`'s connections (`present[c]` says whether connection `c` exists)
-    /// and allocates the buffers of `plan`.
-    pub(crate) fn open(net: &Network, rank: usize, present: &[bool], plan: &BufferPlan) -> Self {
+    /// Opens rank `rank`'s connections (`present[c]` says whether connection `c` exists),
+    /// whose queue pairs start at `psn`, and allocates `buffers`.
+    pub(crate) fn open(
+        net: &Network,
+        rank: usize,
+        present: &[bool],
+        buffers: &[BufferSpec],
+        psn: u32,
+    ) -> Self {
         let bell = Arc::new(Bell::default());
         let qps = present
             .iter()
@@ -289,14 +303,14 @@ impl EmulatedFabric {
                 })
             })
             .collect();
-        let buffers = plan
-            .buffers
+        let buffers = buffers
             .iter()
-            .map(|spec| (!spec.conns.is_empty()).then(|| vec![0u8; spec.class.bytes()]))
+            .map(|spec| (!spec.conns.is_empty()).then(|| vec![0u8; spec.bytes]))
             .collect();
         EmulatedFabric {
             net: net.clone(),
             rank,
+            psn,
             qps,
             pool: Pool::new(buffers),
             scratch: Vec::new(),
@@ -339,17 +353,17 @@ impl Fabric for EmulatedFabric {
         Ok(Destination {
             lid: 0,
             qpn: qp.qpn,
-            psn: PSN,
+            psn: self.psn,
             gid,
         })
     }
 
     fn connect(&mut self, conn: usize, remote: &Destination) -> FabricResult<()> {
         let qp = self.qp(conn)?.clone();
-        if remote.psn != PSN {
+        if remote.psn != self.psn {
             return Err(format!(
-                "the peer advertised PSN {}, expected {PSN}",
-                remote.psn
+                "the peer advertised PSN {}, expected {}",
+                remote.psn, self.psn
             ));
         }
         let peer = lock(&self.net.inner.qps)
@@ -364,10 +378,10 @@ impl Fabric for EmulatedFabric {
         self.pool.bytes(id)
     }
 
-    fn post_send(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+    fn post_send(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()> {
         let qp = self.qp(conn)?.clone();
         let data = self.pool.lend_for_send(id)?;
-        let wr = pack_wr(id, wr_id);
+        let wr = pack_wr(id, tag);
         self.net.log(&qp, false, &data);
         let (nth, remote) = {
             let mut state = lock(&qp.state);
@@ -380,6 +394,7 @@ impl Fabric for EmulatedFabric {
             Some(Fault::Drop) => {
                 qp.complete(EmuCompletion {
                     wr,
+                    recv: false,
                     status: Ok(()),
                     buf: data,
                 });
@@ -388,6 +403,7 @@ impl Fabric for EmulatedFabric {
             Some(Fault::SendError) => {
                 qp.complete(EmuCompletion {
                     wr,
+                    recv: false,
                     status: Err("injected send error (transport retry counter exceeded)".into()),
                     buf: data,
                 });
@@ -412,11 +428,11 @@ impl Fabric for EmulatedFabric {
         Ok(())
     }
 
-    fn post_recv(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+    fn post_recv(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()> {
         let qp = self.qp(conn)?.clone();
         let buf = self.pool.lend_for_recv(id)?;
         self.net.log(&qp, true, &buf);
-        let wr = pack_wr(id, wr_id);
+        let wr = pack_wr(id, tag);
         let mut state = lock(&qp.state);
         match state.held.pop_front() {
             Some(held) => {
@@ -451,7 +467,8 @@ impl Fabric for EmulatedFabric {
             self.pool.give_back(id, c.buf);
             out.push(Completion {
                 conn,
-                wr_id: tag,
+                recv: c.recv,
+                tag,
                 status: c.status,
             });
         }

@@ -1,22 +1,23 @@
 //! The real fabric: queue pairs on RDMA devices through the verbs binding in `ffi`, set up as
 //! MLX 0.32.1 sets them up (`rdma.cpp`) except where Apple's driver is reported to want
-//! otherwise, and the device listing behind [`devices`](super::devices).
+//! otherwise, and the device listing behind [`devices`].
 //!
 //! Per connection: the named device is opened (a context of its own, even when two
 //! connections name the same device, as the two sides of a two-rank ring do), then a
 //! protection domain, a completion queue shared by both directions, and an Unreliable
-//! Connected queue pair (one scatter-gather entry, no inline data). Then every buffer of the
-//! plan is mapped and registered, with MLX's rights (local write, remote read, remote write),
-//! with the connections that use it, and every queue pair moves to INIT on the device's
-//! first active port. The address a peer needs is the port's LID, the queue-pair number, the
-//! PSN 7 and the port's first IPv4-mapped GID (`::ffff:a.b.c.d`, which Thunderbolt ports
-//! publish once the interface has an IPv4 address). RTR uses a 1024-byte path MTU and, when
-//! the peer's GID has a non-zero interface half, a global route with hop limit 1; RTS starts
-//! at PSN 7. Dropping the fabric destroys each queue pair from the state it is in, then
-//! deregisters the buffers (the binding keeps that order, see `ffi::verbs`).
+//! Connected queue pair (one scatter-gather entry, no inline data). Then every buffer the
+//! backend asks for is mapped and registered, with MLX's rights (local write, remote read,
+//! remote write), with the connections that use it, and every queue pair moves to INIT on
+//! the device's first active port. The address a peer needs is the port's LID, the
+//! queue-pair number, the backend's PSN (JACCL's is MLX's 7) and the port's first
+//! IPv4-mapped GID (`::ffff:a.b.c.d`, which Thunderbolt ports publish once the interface has
+//! an IPv4 address). RTR uses a 1024-byte path MTU and, when the peer's GID has a non-zero
+//! interface half, a global route with hop limit 1; RTS starts at the same PSN. Dropping the
+//! fabric destroys each queue pair from the state it is in, then deregisters the buffers
+//! (the binding keeps that order, see `ffi::verbs`).
 //!
 //! Where the calls depart from MLX's (each is local: nothing on the wire changes; the
-//! module docs of `jaccl` list them all, with `ffi::verbs`'s):
+//! module docs of [`jaccl`](crate::jaccl) list them all, with `ffi::verbs`'s):
 //!
 //! - **The port** is the device's first active one (`ibv_query_device`'s port count, then
 //!   `ibv_query_port` on each), not MLX's fixed 1: llama.cpp's Apple transport reports that
@@ -25,9 +26,9 @@
 //!   fixed 1 (a known source of `EINVAL` at RTR, MLX PRs #3389 and #3468). On the Thunderbolt
 //!   setups reported so far that index is 1, so the two agree there; where they differ,
 //!   MLX's choice is the one that fails.
-//! - **The queue depth** is [`SizeClasses::queue_depth`](super::SizeClasses::queue_depth)
-//!   (256 with large messages) rather than MLX's 32, and the completion queue holds both
-//!   queues' worth: Apple's transport counts depth in 4 KiB frames, in which MLX's 32 cannot
+//! - **The queue depth** is the backend's [`Queues::depth`] (JACCL's is
+//!   [`SizeClasses::queue_depth`](crate::jaccl::SizeClasses::queue_depth), 256 with large
+//!   messages, rather than MLX's 32), and the completion queue holds both queues' worth: Apple's transport counts depth in 4 KiB frames, in which MLX's 32 cannot
 //!   hold its own pipeline of 512 KiB messages.
 //! - **A completion channel** per completion queue when the library has them (MLX polls
 //!   without one), and every completion's status is checked.
@@ -43,11 +44,11 @@ use ffi::verbs::{
     ACCESS_JACCL, Completion as VerbsCompletion, Connection, FrameBuffer, QueueSizes,
 };
 
-use super::bootstrap::{Destination, SETUP};
-use super::buffers::{BufId, BufferPlan};
-use super::fabric::{Completion, Fabric, FabricResult, FrameMemory, Pool, pack_wr, unpack_wr};
-use super::frames::{CQ_ENTRIES, PSN, SizeClasses};
-use crate::error::{Error, PeerOp, Result};
+use super::fabric::{
+    BufId, BufferSpec, Completion, Destination, Fabric, FabricResult, FrameMemory, Pool, Queues,
+    pack_wr, unpack_wr,
+};
+use crate::error::{Error, PeerOp, Phase, Result};
 
 /// The queue-pair limit of Apple's Thunderbolt RDMA devices: the 11th `ibv_create_qp` on a
 /// device fails with `EBUSY`, however the queue pairs are spread over contexts (mlx PR
@@ -259,10 +260,12 @@ struct Conn {
 /// Queue pairs on RDMA devices.
 pub(crate) struct VerbsFabric {
     conns: Vec<Option<Conn>>,
+    /// The packet sequence number the queue pairs start at.
+    psn: u32,
     pool: Pool<FrameBuffer>,
     scratch: Vec<VerbsCompletion>,
     /// Sleeping on the completion channels; `None` when the library has none (MLX's
-    /// set-up, and possibly Apple's), and the driver naps on the side channel instead.
+    /// set-up, and possibly Apple's), and the engine naps on the backend's liveness instead.
     waiter: Option<Waiter>,
 }
 
@@ -298,29 +301,31 @@ impl Waiter {
 }
 
 impl VerbsFabric {
-    /// Opens `devices[c]` for every connection `c` that has one, registers the buffers of
-    /// `plan` (messages of `classes`), moves the queue pairs to INIT and reads the addresses
-    /// to publish. Errors name the peer `peers[c]` the connection leads to, and the device.
+    /// Opens `devices[c]` for every connection `c` that has one, creates its queue pair as
+    /// `queues` says, registers `buffers` with the connections each names, moves the queue
+    /// pairs to INIT and reads the addresses to publish. Errors name the peer `peers[c]` the
+    /// connection leads to, the device, and `context` (the backend's set-up phase).
     pub(crate) fn open(
         verbs: &ffi::verbs::Verbs,
         devices: &[Option<String>],
-        plan: &BufferPlan,
-        classes: SizeClasses,
+        buffers: &[BufferSpec],
+        queues: Queues,
         peers: &[usize],
+        context: Phase,
     ) -> Result<VerbsFabric> {
         let fail = |c: usize, what: String, e: io::Error| Error::Rdma {
             peer: peers[c],
             op: PeerOp::Connect,
-            context: SETUP,
+            context,
             reason: format!("{what}: {e}"),
         };
         let refuse = |c: usize, reason: String| Error::Rdma {
             peer: peers[c],
             op: PeerOp::Connect,
-            context: SETUP,
+            context,
             reason,
         };
-        let depth = classes.queue_depth();
+        let depth = queues.depth;
         let sizes = QueueSizes {
             cq_entries: 2 * depth,
             max_send_wr: depth,
@@ -379,13 +384,13 @@ impl VerbsFabric {
             conns.push(Some((name.clone(), port, conn)));
         }
         // Buffers, registered with every connection that uses them.
-        let mut buffers = Vec::with_capacity(plan.buffers.len());
-        for spec in &plan.buffers {
+        let mut mapped = Vec::with_capacity(buffers.len());
+        for spec in buffers {
             if spec.conns.is_empty() {
-                buffers.push(None);
+                mapped.push(None);
                 continue;
             }
-            let mut buf = FrameBuffer::new(spec.class.bytes())
+            let mut buf = FrameBuffer::new(spec.bytes)
                 .map_err(|e| Error::local("mapping JACCL's buffers", e))?;
             for &c in &spec.conns {
                 if let Some((name, _, conn)) = &conns[c] {
@@ -395,14 +400,14 @@ impl VerbsFabric {
                             format!(
                                 "registering a {} byte buffer on {name} (Apple allows about \
                                  100 memory regions per device)",
-                                spec.class.bytes()
+                                spec.bytes
                             ),
                             e,
                         )
                     })?;
                 }
             }
-            buffers.push(Some(buf));
+            mapped.push(Some(buf));
         }
         let mut ready = Vec::with_capacity(conns.len());
         for (c, entry) in conns.into_iter().enumerate() {
@@ -437,7 +442,7 @@ impl VerbsFabric {
             let local = Destination {
                 lid: i32::from(attr.lid),
                 qpn: conn.qp_num(),
-                psn: PSN,
+                psn: queues.psn,
                 gid,
             };
             ready.push(Some(Conn {
@@ -451,10 +456,12 @@ impl VerbsFabric {
         Ok(VerbsFabric {
             waiter,
             conns: ready,
-            pool: Pool::new(buffers),
-            // Completions are polled in batches the binding bounds; reserved now, so that no
-            // burst of them makes a collective allocate.
-            scratch: Vec::with_capacity(CQ_ENTRIES as usize),
+            psn: queues.psn,
+            pool: Pool::new(mapped),
+            // Completions are polled in batches the binding bounds (below a completion
+            // queue's worth); reserved now, so that no burst of them makes a collective
+            // allocate.
+            scratch: Vec::with_capacity(sizes.cq_entries as usize),
         })
     }
 
@@ -506,6 +513,7 @@ impl Fabric for VerbsFabric {
     }
 
     fn connect(&mut self, conn: usize, remote: &Destination) -> FabricResult<()> {
+        let psn = self.psn;
         let c = self.conn(conn)?;
         let lid = u16::try_from(remote.lid)
             .map_err(|_| format!("the peer advertised LID {}", remote.lid))?;
@@ -518,26 +526,26 @@ impl Fabric for VerbsFabric {
         c.conn
             .to_rtr(&endpoint, c.port, c.gid_index)
             .map_err(|e| format!("RTR towards queue pair {:#x}: {e}", remote.qpn))?;
-        c.conn.to_rts(PSN).map_err(|e| format!("RTS: {e}"))
+        c.conn.to_rts(psn).map_err(|e| format!("RTS: {e}"))
     }
 
     fn buffer(&mut self, id: BufId) -> FabricResult<&mut [u8]> {
         self.pool.bytes(id)
     }
 
-    fn post_send(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+    fn post_send(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()> {
         let buf = self.pool.lend_for_send(id)?;
         let c = self.conn(conn)?;
         c.conn
-            .post_send(buf, pack_wr(id, wr_id))
+            .post_send(buf, pack_wr(id, tag))
             .map_err(|e| format!("posting a send: {}", e.error))
     }
 
-    fn post_recv(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()> {
+    fn post_recv(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()> {
         let buf = self.pool.lend_for_recv(id)?;
         let posted = self
             .conn(conn)
-            .map(|c| c.conn.post_recv(buf, pack_wr(id, wr_id)));
+            .map(|c| c.conn.post_recv(buf, pack_wr(id, tag)));
         match posted {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
@@ -599,7 +607,8 @@ impl Fabric for VerbsFabric {
             self.pool.give_back(id, c.buffer);
             out.push(Completion {
                 conn,
-                wr_id: tag,
+                recv: c.is_recv,
+                tag,
                 status,
             });
         }

@@ -1,88 +1,90 @@
-//! Driving JACCL's algorithms: one thread, the caller's, polls every completion queue the
-//! collective uses and hands each completion to the state machine that posted the request.
+//! Driving RDMA algorithms: one thread, the caller's, polls every completion queue a
+//! collective uses and hands each completion to the machine that posted the request.
 //!
 //! MLX runs each ring wire on its own thread and busy-polls forever. Here the algorithms are
 //! state machines ([`Machine`]) and [`comm::progress`](crate::comm::progress) drives all of
-//! them, so the ring's wires progress side by side on the calling thread, and the wait
-//! between completions follows a policy: spin for a few microseconds (a peer on its own CPU
-//! answers in about that time over Thunderbolt), then yield the CPU, then sleep in short,
-//! growing naps (at most [`NAP_MAX`]): on the fabric's completion channels when it has them
-//! ([`Fabric::wait`], which wakes at the next completion), else on the side channel's
-//! poller, which wakes at once if a peer's side channel closes. Every wait is bounded: a collective that sees no completion for the group's
-//! timeout fails, naming the peer [`blame`](crate::comm::progress::blame) picks from the
-//! work outstanding on each connection.
+//! them, so the wires progress side by side on the calling thread, and the wait between
+//! completions follows a policy: spin for a few microseconds (a peer on its own CPU answers
+//! in about that time over Thunderbolt), then yield the CPU, then sleep in short, growing
+//! naps (at most [`NAP_MAX`]): on the fabric's completion channels when it has them
+//! ([`Fabric::wait`], which wakes at the next completion), else on the backend's
+//! [`Liveness`] (JACCL's side channel), which wakes at once if a peer goes away. Every wait
+//! is bounded: a collective that sees no completion for the group's timeout fails, naming
+//! the peer [`Activity::blame`] picks from the work outstanding on each connection.
 //!
 //! Every completion's status is checked (MLX does not): a failed work request fails the
 //! collective with the device's message and the peer's rank.
+//!
+//! # The machines' vocabulary
+//!
+//! A [`Machine`] speaks the protocol vocabulary of every transport's machines (`poll_*` to
+//! ask what to do, `handle_*` to report what happened, `is_finished`), as far as RDMA's
+//! model allows. A TCP machine hands out bytes and is told how many moved; an RDMA machine
+//! posts whole registered buffers itself, through [`Cx`], and is told when each work request
+//! completes. So:
+//!
+//! - `poll_transmit` / `poll_receive` (what to write, where to read): the machine posts
+//!   through [`Cx::post_send`] / [`Cx::post_recv`] itself, in [`Machine::start`] and in
+//!   [`Machine::handle_completion`];
+//! - `handle_sent` / `handle_received`: [`Machine::handle_completion`], for a send's or a
+//!   receive's completion alike (the tag the machine posted it with says which);
+//! - `is_finished`: [`Machine::is_finished`];
+//! - `take_progress`: none; the engine counts a polled completion as progress;
+//! - `poll_wait` (a deadline of the machine's own): none; only the group's timeout bounds a
+//!   wait;
+//! - a lane's connections (`tx`, `rx`): [`Machine::owns`], which says whose completions a
+//!   connection's are.
 
 use std::time::{Duration, Instant};
 
-use super::buffers::{BufId, BufferPlan};
-use super::fabric::{Completion, Fabric};
-use super::frames::WorkTag;
+use super::fabric::{BufId, Completion, Fabric};
 use crate::comm::progress::{self, Activity, Drive, Spin};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
-/// The memory a collective works on.
-pub(crate) struct Mem<'a> {
-    /// What receives write: the array of an all-reduce, the output of the others. Also what
-    /// sends read when there is no separate input.
-    pub(crate) data: &'a mut [u8],
-    /// A separate, read-only input (sum_scatter's, send's); `None` when the input is `data`.
-    pub(crate) input: Option<&'a [u8]>,
-}
-
-impl Mem<'_> {
-    /// Input bytes `[start, start + len)`.
-    pub(crate) fn input(&self, start: usize, len: usize) -> &[u8] {
-        match self.input {
-            Some(input) => &input[start..start + len],
-            None => &self.data[start..start + len],
-        }
-    }
-}
-
 /// One algorithm's state: it posts work when started and as its completions come in.
-pub(crate) trait Machine {
+///
+/// `W` is what the machine works on besides the fabric, the same for every machine of a
+/// collective: the caller's memory, and whatever the backend keeps beside it (JACCL: the
+/// buffer layout and its staging memory).
+pub(crate) trait Machine<W: ?Sized> {
     /// Posts the first requests.
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()>;
+    fn start(&mut self, cx: &mut Cx<'_>, work: &mut W) -> Result<()>;
 
-    /// Handles a successful completion of a request this machine posted on `conn`.
-    fn complete(
+    /// Handles the successful completion of a request this machine posted on `conn` with
+    /// tag `tag` (a failed one fails the collective before it gets here).
+    fn handle_completion(
         &mut self,
         cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
+        work: &mut W,
         conn: usize,
-        tag: WorkTag,
+        tag: u64,
     ) -> Result<()>;
 
     /// Whether every request is posted and completed.
-    fn finished(&self) -> bool;
+    fn is_finished(&self) -> bool;
 
-    /// Whether completions on `conn` belong to this machine.
+    /// Whether completions on `conn` belong to this machine (each connection's belong to
+    /// one machine of a collective at most).
     fn owns(&self, conn: usize) -> bool;
 }
 
-/// What a machine works with: the fabric, the buffer plan, the group's staging memory, and
-/// the bookkeeping that lets errors name peers.
+/// What a machine posts through: the fabric, and the bookkeeping that lets errors name
+/// peers.
 pub(crate) struct Cx<'a> {
-    pub(crate) fabric: &'a mut dyn Fabric,
-    pub(crate) plan: &'a BufferPlan,
-    /// Page-sized staging for the mesh all-reduce's own chunks (two largest buffers).
-    pub(crate) staging: &'a mut [u8],
+    fabric: &'a mut dyn Fabric,
     /// The peer rank of each connection.
-    pub(crate) peers: &'a [usize],
-    pub(crate) context: Phase,
+    peers: &'a [usize],
+    context: Phase,
     /// What is outstanding on each connection, for blame.
     activity: &'a mut Activity,
 }
 
 impl<'a> Cx<'a> {
+    /// A collective's context: `peers[c]` is the rank connection `c` leads to; errors name
+    /// `context`.
     pub(crate) fn new(
         fabric: &'a mut dyn Fabric,
-        plan: &'a BufferPlan,
-        staging: &'a mut [u8],
         peers: &'a [usize],
         context: Phase,
         activity: &'a mut Activity,
@@ -90,8 +92,6 @@ impl<'a> Cx<'a> {
         activity.start(peers.len());
         Cx {
             fabric,
-            plan,
-            staging,
             peers,
             context,
             activity,
@@ -107,19 +107,20 @@ impl<'a> Cx<'a> {
         }
     }
 
-    /// Posts a SEND of buffer `buf` on `conn`.
-    pub(crate) fn post_send(&mut self, conn: usize, buf: BufId, tag: WorkTag) -> Result<()> {
+    /// Posts a SEND of buffer `buf` on `conn`, tagged `tag` (32 bits, handed back with its
+    /// completion).
+    pub(crate) fn post_send(&mut self, conn: usize, buf: BufId, tag: u64) -> Result<()> {
         self.fabric
-            .post_send(conn, buf, tag.encode())
+            .post_send(conn, buf, tag)
             .map_err(|r| self.rdma_error(conn, PeerOp::Send, r))?;
         self.activity.posted(conn, PeerOp::Send);
         Ok(())
     }
 
-    /// Posts a receive into buffer `buf` on `conn`.
-    pub(crate) fn post_recv(&mut self, conn: usize, buf: BufId, tag: WorkTag) -> Result<()> {
+    /// Posts a receive into buffer `buf` on `conn`, tagged `tag`.
+    pub(crate) fn post_recv(&mut self, conn: usize, buf: BufId, tag: u64) -> Result<()> {
         self.fabric
-            .post_recv(conn, buf, tag.encode())
+            .post_recv(conn, buf, tag)
             .map_err(|r| self.rdma_error(conn, PeerOp::Receive, r))?;
         self.activity.posted(conn, PeerOp::Receive);
         Ok(())
@@ -150,8 +151,12 @@ impl<'a> Cx<'a> {
             .any(|(conn, &r)| r == peer && self.activity.busy(conn))
     }
 
-    fn completed(&mut self, c: &Completion, recv: bool) {
-        let op = if recv { PeerOp::Receive } else { PeerOp::Send };
+    fn completed(&mut self, c: &Completion) {
+        let op = if c.recv {
+            PeerOp::Receive
+        } else {
+            PeerOp::Send
+        };
         self.activity.completed(c.conn, op);
     }
 
@@ -215,7 +220,7 @@ const NAP_MAX: Duration = Duration::from_millis(1);
 const DIAGNOSE: Duration = Duration::from_millis(250);
 
 /// Something that can tell whether the peers are still there, and sleep until one of them
-/// might not be.
+/// might not be: JACCL's side channel.
 pub(crate) trait Liveness {
     /// Fails if a rank for which `needed` is true is known to be gone. (A rank that finished
     /// its part of a collective and exited is not a failure for ranks that no longer need it.)
@@ -225,7 +230,7 @@ pub(crate) trait Liveness {
     fn sleep(&mut self, wait: Duration);
 }
 
-/// Runs `machines` to completion.
+/// Runs `machines` to completion over `work`.
 ///
 /// # Errors
 ///
@@ -238,9 +243,9 @@ pub(crate) trait Liveness {
     clippy::too_many_arguments,
     reason = "one call site, each argument distinct"
 )]
-pub(crate) fn run<M: Machine>(
+pub(crate) fn run<W: ?Sized, M: Machine<W>>(
     cx: &mut Cx<'_>,
-    mem: &mut Mem<'_>,
+    work: &mut W,
     machines: &mut [M],
     live: &mut dyn Liveness,
     timeout: Duration,
@@ -249,14 +254,14 @@ pub(crate) fn run<M: Machine>(
     closed: &CloseFlag,
 ) -> Result<()> {
     for m in machines.iter_mut() {
-        m.start(cx, mem)?;
+        m.start(cx, work)?;
     }
     let Scratch { completions, owner } = scratch;
     owner.clear();
     owner.extend((0..cx.peers.len()).map(|c| machines.iter().position(|m| m.owns(c))));
-    let mut driver = Driver {
+    let mut engine = Engine {
         cx,
-        mem,
+        work,
         machines,
         owner,
         live,
@@ -265,13 +270,13 @@ pub(crate) fn run<M: Machine>(
         loss: None,
         closed,
     };
-    progress::progress(&mut driver, timeout, spin)
+    progress::progress(&mut engine, timeout, spin)
 }
 
 /// One collective's machines, as [`progress::progress`] drives them.
-struct Driver<'d, 'a, 'm, M> {
+struct Engine<'d, 'a, W: ?Sized, M> {
     cx: &'d mut Cx<'a>,
-    mem: &'d mut Mem<'m>,
+    work: &'d mut W,
     machines: &'d mut [M],
     /// The machine each connection's completions go to.
     owner: &'d [Option<usize>],
@@ -285,18 +290,18 @@ struct Driver<'d, 'a, 'm, M> {
     closed: &'d CloseFlag,
 }
 
-impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
+impl<W: ?Sized, M: Machine<W>> Drive for Engine<'_, '_, W, M> {
     fn advance(&mut self) -> Result<bool> {
-        let Driver {
+        let Engine {
             cx,
-            mem,
+            work,
             machines,
             owner,
             completions,
             ..
         } = self;
         for (conn, owner) in owner.iter().enumerate() {
-            if owner.is_some_and(|m| !machines[m].finished()) {
+            if owner.is_some_and(|m| !machines[m].is_finished()) {
                 cx.fabric
                     .poll(conn, completions)
                     .map_err(|r| cx.rdma_error(conn, PeerOp::Receive, r))?;
@@ -304,10 +309,9 @@ impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
         }
         let progressed = !completions.is_empty();
         for c in completions.drain(..) {
-            let tag = WorkTag::decode(c.wr_id);
-            cx.completed(&c, tag.recv);
+            cx.completed(&c);
             if let Err(reason) = c.status {
-                let op = if tag.recv {
+                let op = if c.recv {
                     PeerOp::Receive
                 } else {
                     PeerOp::Send
@@ -315,7 +319,7 @@ impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
                 return Err(cx.rdma_error(c.conn, op, reason));
             }
             if let Some(m) = owner[c.conn] {
-                machines[m].complete(cx, mem, c.conn, tag)?;
+                machines[m].handle_completion(cx, work, c.conn, c.tag)?;
             }
         }
         if progressed {
@@ -331,7 +335,7 @@ impl<M: Machine> Drive for Driver<'_, '_, '_, M> {
     }
 
     fn finished(&self) -> bool {
-        self.machines.iter().all(Machine::finished)
+        self.machines.iter().all(M::is_finished)
     }
 
     fn wait(&mut self, until: Instant) -> Result<bool> {

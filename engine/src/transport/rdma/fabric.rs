@@ -1,11 +1,12 @@
 //! The fabric: what the algorithms need from RDMA, and nothing else.
 //!
-//! A fabric has numbered connections (queue pairs, see [`buffers`](super::buffers) for the
-//! numbering) and the buffers of a [`BufferPlan`]. The algorithms fill a buffer, post it as
-//! one whole-buffer SEND on a connection, post buffers to receive into, and poll each
-//! connection's completions. Two fabrics implement it: [`VerbsFabric`](super::verbs), on real
-//! queue pairs, and [`EmulatedFabric`](super::emulated), which models Apple's transport in
-//! memory for tests. The algorithms cannot tell them apart.
+//! A fabric has numbered connections (queue pairs; the backend numbers them) and buffers
+//! ([`BufId`]), each allocated and registered with the connections its [`BufferSpec`] names.
+//! The algorithms fill a buffer, post it as one whole-buffer SEND on a connection, post
+//! buffers to receive into, and poll each connection's completions. Two fabrics implement
+//! it: [`VerbsFabric`](super::verbs::VerbsFabric), on real queue pairs, and
+//! `EmulatedFabric` (tests), which models Apple's transport in memory. The algorithms cannot
+//! tell them apart.
 //!
 //! Buffers change hands as they do with the hardware: a posted buffer belongs to the fabric
 //! until its completion is polled, and asking for its bytes meanwhile is an error rather than
@@ -13,8 +14,45 @@
 
 use std::sync::Arc;
 
-use super::bootstrap::Destination;
-use super::buffers::BufId;
+/// One buffer of a fabric: its index in the [`BufferSpec`]s the fabric was opened with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct BufId(pub(crate) u32);
+
+/// What a fabric allocates for one buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BufferSpec {
+    /// Its length in bytes: every message it carries is the whole buffer.
+    pub(crate) bytes: usize,
+    /// The connections it is registered with; empty means it is never used and need not be
+    /// allocated (its [`BufId`] still exists, so that numbering does not depend on which
+    /// buffers are used).
+    pub(crate) conns: Vec<usize>,
+}
+
+/// How a fabric sets up its queue pairs: the backend's choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Queues {
+    /// The depth of each send and receive queue; the completion queue, shared by both,
+    /// holds twice as many.
+    pub(crate) depth: u32,
+    /// The packet sequence number every queue pair starts at and advertises.
+    pub(crate) psn: u32,
+}
+
+/// How to reach one queue pair: what each rank publishes for each of its connections, and
+/// what a connection is connected to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Destination {
+    /// The port's LID (a C `int`, as the side channel carries it); negative for a
+    /// connection that does not exist.
+    pub(crate) lid: i32,
+    /// The queue-pair number.
+    pub(crate) qpn: u32,
+    /// The starting packet sequence number.
+    pub(crate) psn: u32,
+    /// The GID (an IPv4-mapped address on Thunderbolt).
+    pub(crate) gid: [u8; 16],
+}
 
 /// A fabric's own error text; the group turns it into an [`Error`](crate::Error) naming the
 /// peer.
@@ -25,8 +63,10 @@ pub(crate) type FabricResult<T> = std::result::Result<T, String>;
 pub(crate) struct Completion {
     /// The connection it was posted on.
     pub(crate) conn: usize,
-    /// Its tag (see [`WorkTag`](super::frames::WorkTag)).
-    pub(crate) wr_id: u64,
+    /// Whether it was a receive (else a send).
+    pub(crate) recv: bool,
+    /// The tag the algorithm posted it with (its low 32 bits, see [`pack_wr`]).
+    pub(crate) tag: u64,
     /// Success, or what the device reported.
     pub(crate) status: Result<(), String>,
 }
@@ -44,11 +84,11 @@ pub(crate) trait Fabric: Send {
     /// Fails if the buffer is in flight or was never allocated.
     fn buffer(&mut self, id: BufId) -> FabricResult<&mut [u8]>;
 
-    /// Posts a SEND of the whole of buffer `id` on `conn`.
-    fn post_send(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()>;
+    /// Posts a SEND of the whole of buffer `id` on `conn`, tagged `tag` (32 bits).
+    fn post_send(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()>;
 
-    /// Posts a receive into the whole of buffer `id` on `conn`.
-    fn post_recv(&mut self, conn: usize, id: BufId, wr_id: u64) -> FabricResult<()>;
+    /// Posts a receive into the whole of buffer `id` on `conn`, tagged `tag` (32 bits).
+    fn post_recv(&mut self, conn: usize, id: BufId, tag: u64) -> FabricResult<()>;
 
     /// Appends what completed on `conn` to `out`.
     fn poll(&mut self, conn: usize, out: &mut Vec<Completion>) -> FabricResult<()>;
@@ -56,8 +96,9 @@ pub(crate) trait Fabric: Send {
     /// Blocks up to `wait` until something may have completed, if the fabric can tell;
     /// returns `false` at once if it cannot. Queue pairs without a completion channel (MLX
     /// creates none; the verbs fabric does when the library has them) cannot, and the
-    /// caller sleeps on its side channel instead. Returning `true` without blocking is
-    /// allowed (the verbs fabric does so once to arm its queues): the caller polls again.
+    /// engine sleeps on the backend's [`Liveness`](super::engine::Liveness) instead.
+    /// Returning `true` without blocking is allowed (the verbs fabric does so once to arm
+    /// its queues): the caller polls again.
     fn wait(&mut self, wait: std::time::Duration) -> bool {
         let _ = wait;
         false
@@ -152,7 +193,8 @@ impl<B: FrameMemory> Pool<B> {
 }
 
 /// A fabric-level work-request id: the buffer in the high half, the algorithm's tag in the
-/// low half, so a completion finds its buffer without a table.
+/// low half, so a completion finds its buffer without a table. The id never leaves the
+/// process: the verbs binding gives the library slot numbers of its own.
 pub(crate) fn pack_wr(id: BufId, tag: u64) -> u64 {
     u64::from(id.0) << 32 | (tag & 0xffff_ffff)
 }
