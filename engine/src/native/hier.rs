@@ -1,4 +1,6 @@
-//! Hierarchical groups: shared memory inside each host, TCP between hosts.
+//! Which way a native group's collectives go, fixed when it forms ([`Path`]: one
+//! shared-memory segment, hierarchical, or TCP), and the hierarchical groups: shared memory
+//! inside each host (`transport::shm`), TCP between hosts.
 //!
 //! # Domains
 //!
