@@ -587,3 +587,128 @@ impl Drive for Driver<'_, '_, '_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::super::p2p;
+    use super::super::segment::{CHUNK, Layout};
+    use super::*;
+    use crate::element::DType;
+    use crate::reduce::ReduceOp;
+
+    /// A call whose header is fixed bytes, equal on every rank.
+    struct Same([u8; HEADER_BYTES]);
+
+    impl CallHeader for Same {
+        fn encode(&self) -> [u8; HEADER_BYTES] {
+            self.0
+        }
+
+        fn check(&self, _: usize, peer: usize, theirs: &[u8; HEADER_BYTES]) -> Result<()> {
+            if *theirs == self.0 {
+                return Ok(());
+            }
+            Err(Error::Bug {
+                context: Phase::AllSum,
+                what: format!("rank {peer}'s header differs"),
+            })
+        }
+
+        fn rejection(&self) -> [u8; HEADER_BYTES] {
+            [0; HEADER_BYTES]
+        }
+
+        fn refused_by(
+            &self,
+            _: (usize, usize, usize),
+            _: &[u8; HEADER_BYTES],
+            context: Phase,
+        ) -> Error {
+            Error::Bug {
+                context,
+                what: "a refusal in a measurement".into(),
+            }
+        }
+
+        fn unmatched_send(
+            &self,
+            _: (usize, usize),
+            _: &[u8; HEADER_BYTES],
+            _: Phase,
+        ) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// CPU time of the machine and this engine per 4 B all-reduce at P = 2, against a peer
+    /// that is always ahead (its step and header written by this thread before each
+    /// collective): the per-collective cost a small collective's latency adds to the
+    /// cache-line round trip, without the noise of a second CPU.
+    #[test]
+    #[ignore = "a measurement: cargo test --release --lib measure_the_engine_per_collective -- --ignored --nocapture"]
+    fn measure_the_engine_per_collective() {
+        let size = 2;
+        let layout = Layout::new(size, CHUNK, p2p::bytes(size));
+        let path = ffi::shm::directory().join(format!(
+            "nuvec-measure-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let mut seg = Segment::create(path, layout).expect("a segment");
+        seg.remove().expect("unlinked");
+        let mut steps = Steps::new(layout, &[0, 1], 0);
+        let poll = mio::Poll::new().expect("a poller");
+        let liveness = crate::transport::tcp::socket::Liveness::default();
+        let mut transport =
+            Transport::new(poll, 0, size, Vec::new(), Vec::new(), &liveness).expect("no conns");
+        let closed = CloseFlag::default();
+        let call = Same([7; HEADER_BYTES]);
+        let spin = Spin {
+            total: Duration::from_micros(50),
+            eager: Duration::from_micros(10),
+        };
+        let mut data = [0u8; 4];
+        let rounds = 2_000_000;
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..rounds {
+                // The peer publishes the next step with the same header first.
+                let next = steps.step().wrapping_add(1);
+                let half = (next % 2) as usize;
+                seg.copy_in(layout.header(1, half), &call.0, Phase::AllSum)
+                    .expect("the peer's header");
+                seg.word(layout.step(1), Phase::AllSum)
+                    .expect("the peer's step")
+                    .store(next, Ordering::Release);
+                let mut watch = Watch {
+                    transport: &mut transport,
+                    closed: &closed,
+                    context: Phase::AllSum,
+                    call: Some((0, &call)),
+                };
+                let collective = Collective::AllReduce {
+                    op: ReduceOp::Sum,
+                    dtype: DType::F32,
+                    len: 4,
+                    one_shot: true,
+                    keep: true,
+                };
+                run(
+                    &seg,
+                    &mut steps,
+                    (collective, Some(&call)),
+                    Memory::data(&mut data),
+                    &mut watch,
+                    (Duration::from_secs(5), spin),
+                )
+                .expect("an all-reduce");
+            }
+            times.push(start.elapsed().as_secs_f64() * 1e9 / f64::from(rounds));
+        }
+        times.sort_by(f64::total_cmp);
+        println!("P = 2, 4 B all-reduce, peer ahead: {times:.1?} ns per collective");
+    }
+}

@@ -61,12 +61,13 @@
 //! A small collective is all overhead: a 4 B all-reduce at P = 3 is six operations
 //! (copy in, publish with the header, two peers' steps, the headers, the fold), so an
 //! operation is as coarse as one memory action allows (the headers of every peer, the
-//! rank-order fold of every buffer), and the polls and the segment's accessors are
-//! `#[inline]`. Measured in one process against a segment whose peers are always ahead
-//! (CPU time, 3 million all-reduces, on the loaded 2-core VM): the machine and its engine
-//! take ~120 ns per collective; the same schedule written as straight-line code with its
-//! waits inside takes ~86 ns, and one operation per peer and per fold, not inlined, ~150
-//! ns.
+//! rank-order fold of every buffer), and the polls, the segment's accessors and the
+//! mapping's (`ffi::shm::Segment`, across the crate boundary) are `#[inline]`. CPU time
+//! per 4 B all-reduce at P = 2 against a peer that is always ahead
+//! (`engine::tests::measure_the_engine_per_collective`, on the loaded 2-core VM): ~62 ns
+//! for the machine and its engine, ~80 ns with the mapping's accessors called out of line
+//! (a small collective's latency at P = 2 on shared memory is ~0.35 µs, the rest of it
+//! the cache lines' round trip between the CPUs).
 //!
 //! # A `recv` against a group collective
 //!

@@ -218,6 +218,14 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
+    /// A segment of `layout` that this process alone maps, at `path` (measurements that
+    /// stand in for the peers themselves).
+    #[cfg(test)]
+    pub(crate) fn create(path: PathBuf, layout: Layout) -> std::io::Result<Segment> {
+        let map = ffi::shm::Segment::create(&path, layout.bytes())?;
+        Ok(Segment { map, layout, path })
+    }
+
     /// The layout.
     pub(crate) fn layout(&self) -> Layout {
         self.layout
