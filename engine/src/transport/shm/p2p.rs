@@ -22,7 +22,7 @@
 //! counters wrap, and are compared by their difference. A message of `n` bytes is
 //! `max(1, ceil(n / slot))` pieces, each with the message's header; the receiver compares
 //! the first piece's header with its own call before it takes any data, so a length or
-//! order that differs is [`Error::Mismatch`](crate::Error::Mismatch) naming both calls, as
+//! order that differs is [`Error::Mismatch`] naming both calls, as
 //! on TCP, and the receiver answers the sender on its connection with the refusal TCP
 //! sends ([`CallHeader::rejection`]), which the sender's next wait reads.
 //!
