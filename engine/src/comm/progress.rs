@@ -1,5 +1,6 @@
-//! Driving a collective: one loop for both backends, with one rule for whom to blame when
-//! it stalls and one for reading a failure notice.
+//! Driving a collective: one loop for every transport (TCP's engine, RDMA's, shared
+//! memory's), so one wait policy (spin, yield, block, deadline, close), with one rule for
+//! whom to blame when it stalls and one for reading a failure notice.
 //!
 //! # The loop
 //!
