@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use nuvec_core::distributed::{self, AllReduce};
 use nuvec_core::{Array, DType};
 use nuvec_distributed::engine::{self, Group, ReduceOp, Transport};
-use nuvec_distributed::{Options, Wire};
+use nuvec_distributed::{Backend, Options};
 use nuvec_tools::report::Header;
 use nuvec_tools::testing::{self, Launch};
 use rand::SeedableRng;
@@ -309,11 +309,13 @@ fn rank_main() {
         let nodes: Vec<Vec<String>> = hostfile.iter().map(|a| vec![a[k].clone()]).collect();
         engine::init_with(&nodes, rank, &options.timeout(timeout)).expect("the group forms")
     };
-    let mlx = form(0, Options::default().wire(Wire::Mlx));
-    let shm = form(1, Options::default().wire(Wire::Native));
+    let mlx = form(0, Options::default().backend(Backend::Ring));
+    let shm = form(1, Options::default().backend(Backend::Native));
     let tcp = form(
         2,
-        Options::default().wire(Wire::Native).shared_memory(false),
+        Options::default()
+            .backend(Backend::Native)
+            .shared_memory(false),
     );
     let peer = 1 - rank;
     for (g, want) in [
@@ -484,7 +486,7 @@ fn main() {
         rank_main();
         return;
     }
-    let mut header = Header::detect(1, Wire::Mlx);
+    let mut header = Header::detect(1, Backend::Ring);
     header.wire = "mlx and native, one group each in the same two processes".into();
     print!("{}", header.text());
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {

@@ -30,7 +30,7 @@
 //!
 //! - **MLX's ring** over TCP (the default): byte for byte MLX's wire, so Rust ranks and
 //!   Python `mx.distributed` ranks share one ring and get bit-identical results.
-//! - **The native wire** between nuvec ranks ([`Options::wire`] with [`Wire::Native`], or
+//! - **The native wire** between nuvec ranks ([`Options::backend`] with [`Backend::Native`], or
 //!   `NUVEC_DISTRIBUTED_WIRE=native`): a header on every message, so a rank whose call
 //!   differs from the others' fails on every rank naming both calls; one- and two-hop
 //!   algorithms; `send`/`recv` between any two ranks; **shared memory** between ranks on
@@ -92,7 +92,7 @@ use nuvec_core::distributed::{Group, set_default_group};
 pub use engine;
 #[cfg(feature = "jaccl")]
 pub use engine::jaccl;
-pub use engine::{Backend, Io, Options, Wire, is_available, unavailable_reason};
+pub use engine::{Backend, Io, Options, is_available, unavailable_reason};
 
 use error::Call;
 
@@ -172,14 +172,14 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
 /// ```
 /// use std::time::Duration;
 /// use nuvec_core::{array, distributed};
-/// use nuvec_distributed::{Options, Wire, init_with};
+/// use nuvec_distributed::{Backend, Options, init_with};
 ///
 /// // Two ranks on loopback, a thread each (a real program runs one process per rank).
 /// # let ports = nuvec_tools::testing::free_ports(2, 1);
 /// # let nodes = nuvec_tools::testing::loopback_nodes(&ports);
 /// let options = Options::default()
 ///     .timeout(Duration::from_secs(10))
-///     .wire(Wire::Native);
+///     .backend(Backend::Native);
 /// std::thread::scope(|s| {
 ///     for rank in 0..2 {
 ///         let (nodes, options) = (&nodes, &options);

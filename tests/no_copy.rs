@@ -17,7 +17,7 @@ use ffi::alloc::CountingAllocator;
 use nuvec_core::DType;
 use nuvec_core::distributed::AllReduce;
 use nuvec_distributed::engine::{self, Communicator, ReduceOp, Transport};
-use nuvec_distributed::{Options, Wire};
+use nuvec_distributed::{Backend, Options};
 use nuvec_tools::testing;
 
 #[global_allocator]
@@ -249,13 +249,13 @@ fn allocations_on_a_real_group(options: Options, transport: Transport) {
 
 #[test]
 fn a_real_group_through_the_adapter_allocates_nothing_on_the_mlx_wire() {
-    allocations_on_a_real_group(Options::default().wire(Wire::Mlx), Transport::Tcp);
+    allocations_on_a_real_group(Options::default().backend(Backend::Ring), Transport::Tcp);
 }
 
 #[test]
 fn a_real_group_through_the_adapter_allocates_nothing_over_shared_memory() {
     allocations_on_a_real_group(
-        Options::default().wire(Wire::Native),
+        Options::default().backend(Backend::Native),
         Transport::SharedMemory,
     );
 }
@@ -263,7 +263,9 @@ fn a_real_group_through_the_adapter_allocates_nothing_over_shared_memory() {
 #[test]
 fn a_real_group_through_the_adapter_allocates_nothing_over_native_tcp() {
     allocations_on_a_real_group(
-        Options::default().wire(Wire::Native).shared_memory(false),
+        Options::default()
+            .backend(Backend::Native)
+            .shared_memory(false),
         Transport::Tcp,
     );
 }

@@ -97,8 +97,12 @@ fn main() {
     // The ranks inherit NUVEC_DISTRIBUTED_WIRE, as any other variable of this process.
     let wire = std::env::var(nuvec_distributed_engine::WIRE_VAR)
         .ok()
-        .map(|w| w.parse().expect("NUVEC_DISTRIBUTED_WIRE is mlx or native"))
-        .unwrap_or(nuvec_distributed_engine::Wire::Mlx);
+        .map(|w| match w.trim() {
+            "native" => nuvec_distributed_engine::Backend::Native,
+            "mlx" | "ring" => nuvec_distributed_engine::Backend::Ring,
+            other => panic!("NUVEC_DISTRIBUTED_WIRE={other:?} is neither mlx nor native"),
+        })
+        .unwrap_or(nuvec_distributed_engine::Backend::Ring);
     let mut header = Header::detect(1, wire);
     header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
     print!("{}", header.text());

@@ -2,64 +2,18 @@
 //! `mx.distributed.init(strict, backend)` does, with MLX's per-backend cache.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use crate::config::env;
 use crate::config::hostfile;
 use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, Result};
-use crate::group::{Group, set_default_group};
+use crate::group::{Group, Origin, set_default_group};
 use crate::native::Native;
-use crate::options::{Options, Wire};
+use crate::options::{Backend, Options};
 use crate::ring::Ring;
 
 pub use crate::config::env::{HOSTFILE_VAR, RANK_VAR};
-
-/// A distributed backend, named as in `mx.distributed.init(backend=...)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Backend {
-    /// The first backend whose launch environment is present: the ring, then JACCL.
-    Any,
-    /// MLX's TCP ring ([`HOSTFILE_VAR`], [`RANK_VAR`]).
-    Ring,
-    /// MLX's RDMA backend over Thunderbolt 5 (feature `jaccl`).
-    Jaccl,
-}
-
-impl Backend {
-    /// MLX's name for the backend.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Backend::Any => "any",
-            Backend::Ring => "ring",
-            Backend::Jaccl => "jaccl",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Backend {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "any" => Ok(Backend::Any),
-            "ring" => Ok(Backend::Ring),
-            "jaccl" => Ok(Backend::Jaccl),
-            other => Err(Error::invalid(format!(
-                "unknown backend {other:?}: expected \"any\", \"ring\" or \"jaccl\""
-            ))),
-        }
-    }
-}
 
 /// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
 /// built with the `jaccl` feature, the verbs library loads and it lists an RDMA device.
@@ -74,7 +28,7 @@ pub fn unavailable_reason(backend: Backend) -> Option<String> {
     match backend {
         Backend::Any => unavailable_reason(Backend::Ring)
             .and_then(|ring| unavailable_reason(Backend::Jaccl).map(|j| format!("{ring}; {j}"))),
-        Backend::Ring => None,
+        Backend::Ring | Backend::Native => None,
         Backend::Jaccl => jaccl_unavailable_reason(),
     }
 }
@@ -124,18 +78,31 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
         return Ok(group.clone());
     }
     let mut reasons = Vec::new();
+    let options = env::options(&env::process)?;
+    // The hostfile's backend: the ring, unless the environment turned it native.
+    let hostfile = match (backend, options.backend) {
+        (Backend::Native, _) | (_, Backend::Native) => Backend::Native,
+        _ => Backend::Ring,
+    };
+    if backend == Backend::Native && env::wire_is_mlx(&env::process)? {
+        return Err(Error::Environment {
+            var: env::WIRE_VAR,
+            reason: "is \"mlx\", but init_backend was asked for the native backend".to_string(),
+        });
+    }
     let candidates: &[Backend] = match backend {
-        Backend::Any => &[Backend::Ring, Backend::Jaccl],
-        Backend::Ring => &[Backend::Ring],
+        Backend::Any => &[hostfile, Backend::Jaccl],
+        Backend::Ring | Backend::Native => &[hostfile],
         Backend::Jaccl => &[Backend::Jaccl],
     };
     for &candidate in candidates {
         let attempt = match candidate {
-            Backend::Ring => ring_from_env()?,
-            _ => jaccl_from_env()?,
+            Backend::Jaccl => jaccl_from_env(&options)?,
+            _ => hostfile_from_env(candidate, &options)?,
         };
         match attempt {
             Ok(group) => {
+                formed.insert(backend, group.clone());
                 formed.insert(candidate, group.clone());
                 formed.entry(Backend::Any).or_insert_with(|| group.clone());
                 set_default_group(group.clone());
@@ -164,16 +131,19 @@ pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     Ok(group)
 }
 
-/// The ring from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The inner `Err` is why the environment
-/// does not describe a ring (not an error unless `strict`); the outer one is a failure to
-/// form the ring it describes.
-fn ring_from_env() -> Result<std::result::Result<Group, String>> {
+/// `backend` (the ring or the native wire) from [`HOSTFILE_VAR`] and [`RANK_VAR`]. The
+/// inner `Err` is why the environment does not describe a ring (not an error unless
+/// `strict`); the outer one is a failure to form the ring it describes.
+fn hostfile_from_env(
+    backend: Backend,
+    options: &Options,
+) -> Result<std::result::Result<Group, String>> {
     let launch = match env::ring_launch(&env::process)? {
         Ok(launch) => launch,
         Err(reason) => return Ok(Err(reason)),
     };
     let rank = launch.rank;
-    let options = env::options(&env::process)?;
+    let options = options.clone().backend(backend);
     options.validate()?;
     let path = launch.hostfile.as_path();
     let nodes = hostfile::read(path)?;
@@ -188,17 +158,16 @@ fn ring_from_env() -> Result<std::result::Result<Group, String>> {
 /// ring, the inner `Err` says the environment does not describe a JACCL group; the outer one
 /// is a failure to form the group it describes (including a missing verbs library).
 #[cfg(feature = "jaccl")]
-fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+fn jaccl_from_env(options: &Options) -> Result<std::result::Result<Group, String>> {
     let config = crate::jaccl::Config::from_env()?;
     if let Some(missing) = config.missing() {
         return Ok(Err(missing));
     }
-    let options = env::options(&env::process)?;
-    crate::jaccl::init(&config, &options).map(Ok)
+    crate::jaccl::init(&config, options).map(Ok)
 }
 
 #[cfg(not(feature = "jaccl"))]
-fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
+fn jaccl_from_env(_: &Options) -> Result<std::result::Result<Group, String>> {
     Ok(Err(jaccl_unavailable_reason().unwrap_or_default()))
 }
 
@@ -253,6 +222,12 @@ fn jaccl_from_env() -> Result<std::result::Result<Group, String>> {
 /// ```
 pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Result<Group> {
     options.validate()?;
+    if options.backend == Backend::Jaccl {
+        return Err(Error::invalid(
+            "init_with forms a TCP group (Backend::Ring or Backend::Native) over the \
+             addresses it is given; JACCL forms from its device file: use jaccl::init",
+        ));
+    }
     let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;
     if addrs.size == 1 {
         return Ok(Group::single());
@@ -260,15 +235,16 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
     form_ring(&addrs, options)
 }
 
-/// Forms the ring of two or more ranks described by `addrs` on the wire `options` asks for.
+/// Forms the ring of two or more ranks described by `addrs` with the TCP backend `options`
+/// asks for ([`Backend::Native`], else the ring).
 pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Group> {
-    let group = match options.wire {
-        Wire::Mlx => Group::new(Arc::new(Ring::connect(addrs, options)?)),
-        Wire::Native => {
+    let group = match options.backend {
+        Backend::Native => {
             let formed = crate::native::bootstrap::connect(addrs, options)?;
             Group::new(Arc::new(Native::new(formed, options)?))
         }
+        _ => Group::new(Arc::new(Ring::connect(addrs, options)?)),
     };
     // Kept so that the group can be split on the same links with the same options.
-    Ok(group.with_origin(crate::split::Origin::new(addrs, options)))
+    Ok(group.with_origin(Origin::new(addrs, options)))
 }

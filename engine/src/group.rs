@@ -3,12 +3,15 @@
 //! functions use, as `mx.distributed` does.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use crate::comm::{Communicator, Transport};
+use crate::config::hostfile::RingAddresses;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::nonblocking::{self, Nonblocking, Scope};
+use crate::options::Options;
 use crate::reduce::ReduceOp;
 
 /// A group of ranks that run collectives together. Cheap to clone; every clone is the same
@@ -19,7 +22,7 @@ use crate::reduce::ReduceOp;
 /// Collectives on one group must be issued in the same order on every rank, with the same
 /// lengths, dtypes and ops: the k-th call on one rank pairs with the k-th call on every
 /// other. What a mismatch (another collective, length, dtype or op) does depends on the
-/// wire ([`Options::wire`](crate::Options::wire)):
+/// backend ([`Backend`](crate::Backend)):
 ///
 /// - On **MLX's wire** (the default) and on **JACCL**, messages carry element bytes only,
 ///   so a mismatch is not detected: it returns `Ok` with wrong data, and every later call on
@@ -54,7 +57,7 @@ pub struct Group {
     nb: Arc<Nonblocking>,
     /// How the group was formed, for [`Group::split`]; `None` for groups over other
     /// communicators.
-    origin: Option<Arc<crate::split::Origin>>,
+    origin: Option<Arc<Origin>>,
 }
 
 impl fmt::Debug for Group {
@@ -589,7 +592,7 @@ impl Group {
     /// # Ok(()) });
     /// ```
     pub fn scope<'env, R>(&'env self, f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R) -> R {
-        nonblocking::scope(self, &self.comm, &self.nb, f)
+        nonblocking::scope(&self.comm, &self.nb, f)
     }
 
     /// Whether the group was closed; the backend cache drops closed groups.
@@ -598,91 +601,42 @@ impl Group {
     }
 
     pub(crate) fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
-        if self.size == 1 {
-            return Err(Error::invalid(format!(
-                "cannot {what} rank {peer}: this is a group of one process"
-            )));
-        }
-        if peer >= self.size {
-            return Err(Error::invalid(format!(
-                "cannot {what} rank {peer}: the group has ranks 0 to {}",
-                self.size - 1
-            )));
-        }
-        if peer == self.rank {
-            return Err(Error::invalid(format!(
-                "cannot {what} rank {peer}: that is this rank itself"
-            )));
-        }
-        Ok(())
+        crate::comm::check_peer(&*self.comm, what, peer)
     }
 }
 
-// ---- Split: sub-groups with connections of their own -----------------------------------
+// ---- How a group was formed, for `Group::split` (see `crate::split`) ----
+
+/// How a group was formed, kept with it so that it can be split.
+#[derive(Clone, Debug)]
+pub(crate) struct Origin {
+    /// This rank's listening addresses in the group, one per connection: a sub-group listens
+    /// on the same IP addresses, so it reaches its peers over the same links.
+    pub(crate) listen: Vec<SocketAddr>,
+    /// The options the group was formed with; its sub-groups are formed with them too.
+    pub(crate) options: Options,
+}
+
+impl Origin {
+    /// The origin of a group formed from `addrs` with `options`.
+    pub(crate) fn new(addrs: &RingAddresses, options: &Options) -> Origin {
+        Origin {
+            listen: addrs.listen.clone(),
+            options: options.clone(),
+        }
+    }
+}
 
 impl Group {
-    /// The color of a rank that takes part in no sub-group of [`Group::split`] (any
-    /// negative color does the same).
-    pub const NO_COLOR: i32 = -1;
-
-    /// Splits the group into sub-groups, as MLX's `Group.split(color, key=-1)`: the ranks
-    /// that pass the same `color` form one group, ranked by `key` (the smallest key is rank
-    /// 0), ties and negative keys going by rank in this group (a negative key is this
-    /// rank). Pass `-1` as `key` to keep this group's order.
-    ///
-    /// A collective on this group: every rank must call it, in the same place among its
-    /// collectives. Each sub-group forms connections of its own: the ranks gather each
-    /// other's records over this group (color, key and one fresh port per connection, on
-    /// the IP address each rank already uses here), then form on this group's wire with
-    /// the [`Options`](crate::Options) it was formed with (timeout, key, spin, socket
-    /// tuning). A sub-group lives on its own: closing or failing it leaves this group and
-    /// its other sub-groups as they are, and the other way round. Its errors name peers by
-    /// their rank in the sub-group.
-    ///
-    /// A rank whose `color` is negative ([`Group::NO_COLOR`]) takes part in no sub-group;
-    /// it still has to make the call, and gets the group of itself alone
-    /// ([`Group::single`]). MLX has no convention for it (its ring and JACCL refuse to
-    /// split); this follows MPI's `MPI_UNDEFINED` and NCCL's `NCCL_SPLIT_NOCOLOR`, which are
-    /// negative too, except that those hand back no group at all. A color that only this
-    /// rank chose also gives the group of itself alone. A group of one splits to itself.
-    ///
-    /// MLX's ranks cannot take part: their ring refuses `split`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unsupported`] for a JACCL group (JACCL sets its queue pairs up once, for the
-    /// one group it forms) or a group over another [`Communicator`]. A failure of the
-    /// exchange over this group is that collective's error, and this group is failed;
-    /// a failure to form the sub-group is a formation error naming the sub-group's rank,
-    /// and leaves this group usable.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # nuvec_tools::testing::two_ranks(|group| {
-    /// // On each rank of a group of two (formed as in `init_with`'s example):
-    /// // One color, keys in reverse: the sub-group has both ranks, numbered the other way.
-    /// let sub = group.split(0, (group.size() - group.rank()) as i32)?;
-    /// assert_eq!((sub.size(), sub.rank()), (2, 1 - group.rank()));
-    /// let mut all = [0u8; 2];
-    /// sub.all_gather(&[group.rank() as u8], &mut all)?;
-    /// assert_eq!(all, [1, 0]); // sub-group rank 0 is rank 1 here
-    ///
-    /// // A color each: two groups of one.
-    /// let alone = group.split(group.rank() as i32, -1)?;
-    /// assert_eq!(alone.size(), 1);
-    /// sub.close()?; // closes the sub-group only
-    /// group.barrier()?;
-    /// # Ok(()) });
-    /// ```
-    pub fn split(&self, color: i32, key: i32) -> Result<Group> {
-        crate::split::split(self, self.origin.as_deref(), color, key)
-    }
-
     /// This group, kept with how it was formed so that it can be split.
-    pub(crate) fn with_origin(mut self, origin: crate::split::Origin) -> Group {
+    pub(crate) fn with_origin(mut self, origin: Origin) -> Group {
         self.origin = Some(Arc::new(origin));
         self
+    }
+
+    /// How this group was formed, if by this crate's TCP formation.
+    pub(crate) fn origin(&self) -> Option<&Origin> {
+        self.origin.as_deref()
     }
 }
 

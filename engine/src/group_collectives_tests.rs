@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use super::*;
 use crate::element::Complex64;
-use crate::options::{Options, Wire};
+use crate::options::{Backend, Options};
 use half::bf16;
 
 /// Runs `body` on every rank of a group of `size` threads on `wire`.
-fn on_group(size: usize, wire: Wire, body: impl Fn(&Group) + Sync) {
+fn on_group(size: usize, wire: Backend, body: impl Fn(&Group) + Sync) {
     let ports = nuvec_tools::testing::free_ports(size, 1);
     let nodes = nuvec_tools::testing::loopback_nodes(&ports);
     let options = Options::default()
-        .wire(wire)
+        .backend(wire)
         .timeout(Duration::from_secs(20));
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..size)
@@ -110,7 +110,7 @@ fn all_to_all_blocks<T: Make>(g: &Group, blocks: &[usize]) {
 
 /// Everything at one P on one wire: the lengths cross the ring's broadcast chunk (256 KiB,
 /// so several pipeline steps) and the native wire's switch to scatter + all-gather (32 KiB).
-fn everything(size: usize, wire: Wire) {
+fn everything(size: usize, wire: Backend) {
     on_group(size, wire, |g| {
         broadcast_every_root::<u8>(g, &[0, 1, 5, 32 << 10, (32 << 10) + 1]);
         broadcast_every_root::<f32>(g, &[3, 8 << 10, (8 << 10) + 1]);
@@ -158,20 +158,20 @@ fn everything(size: usize, wire: Wire) {
 #[test]
 fn ring_broadcast_and_all_to_all_at_every_p() {
     for size in 1..=6 {
-        everything(size, Wire::Mlx);
+        everything(size, Backend::Ring);
     }
 }
 
 #[test]
 fn native_broadcast_and_all_to_all_at_every_p() {
     for size in 1..=6 {
-        everything(size, Wire::Native);
+        everything(size, Backend::Native);
     }
 }
 
 #[test]
 fn wrong_arguments_are_refused_and_the_group_stays_usable() {
-    for wire in [Wire::Mlx, Wire::Native] {
+    for wire in [Backend::Ring, Backend::Native] {
         on_group(3, wire, |g| {
             let e = g.broadcast(&mut [0u8; 4], 3).unwrap_err();
             assert!(matches!(e, Error::InvalidArgument(_)), "{e}");

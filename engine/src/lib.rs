@@ -7,11 +7,11 @@
 //! `nuvec_core::distributed`); depend on this crate alone for programs without nuvec
 //! arrays (it needs no nuvec-core, and Rust 1.89 rather than 1.99). What it forms:
 //!
-//! - **MLX's ring** over TCP (the default, [`Wire::Mlx`]): started the way MLX starts it
+//! - **MLX's ring** over TCP (the default, [`Backend::Ring`]): started the way MLX starts it
 //!   (`MLX_HOSTFILE`, `MLX_RANK`, the same hostfile) and byte-compatible on the wire, so
 //!   Rust ranks and Python `mx.distributed` ranks can form one ring and get bit-identical
 //!   results.
-//! - **The native wire** between ranks of this crate ([`Wire::Native`],
+//! - **The native wire** between ranks of this crate ([`Backend::Native`],
 //!   `NUVEC_DISTRIBUTED_WIRE=native`): a handshake on every connection, a header on every
 //!   message (so a rank whose call differs from the others' fails on every rank, naming both
 //!   calls), one- and two-hop algorithms over connections between any two ranks, and
@@ -154,7 +154,7 @@
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
-//! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::wire`]: `mlx` (default) or `native` |
+//! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::backend`]: `mlx` (default, [`Backend::Ring`]) or `native` ([`Backend::Native`]) |
 //! | `NUVEC_DISTRIBUTED_IO` | [`init`], [`init_with`] | when [`Options::io`] is [`Io::Auto`]: the event loop, `epoll` or `uring` (Linux; an error if the kernel refuses it) |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |
 //! | `MLX_RING_VERBOSE`, `NUVEC_DISTRIBUTED_VERBOSE` | every backend | if present, the diagnostics the program's [`log`] logger does not take (all of them, with no logger installed) go to stderr as MLX's: `[ring] rank R: ...` (`[jaccl]` for JACCL) |
@@ -207,7 +207,7 @@ mod verbose;
 
 pub use auth::KEY_VAR;
 pub use backend::{
-    Backend, HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
+    HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
 };
 pub use comm::Communicator;
 pub use element::{Complex64, DType, Element};
@@ -222,7 +222,7 @@ pub use comm::Transport;
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
-pub use options::{Io, Options, Wire};
+pub use options::{Backend, Io, Options};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{

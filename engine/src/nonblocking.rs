@@ -1,4 +1,4 @@
-//! Nonblocking collectives on a group's own loop thread: [`Group::scope`], [`Scope`],
+//! Nonblocking collectives on a group's own loop thread: [`Group::scope`](crate::Group::scope), [`Scope`],
 //! [`Pending`]. The rules are in [`Scope`]'s documentation.
 
 use std::collections::VecDeque;
@@ -13,7 +13,6 @@ use zerocopy::IntoBytes;
 use crate::comm::Communicator;
 use crate::element::{Complex64, DType, Element};
 use crate::error::{Error, Phase, Result};
-use crate::group::Group;
 use crate::reduce::ReduceOp;
 
 /// Operations queued at once before the queue first grows (and allocates).
@@ -347,9 +346,8 @@ impl Drop for Nonblocking {
     }
 }
 
-/// Runs `f` with a [`Scope`] of `group`, then waits for every operation started in it.
+/// Runs `f` with a [`Scope`] over `comm` and its loop `nb`, then waits for every operation started in it.
 pub(crate) fn scope<'env, R>(
-    group: &'env Group,
     comm: &'env Arc<dyn Communicator>,
     nb: &'env Nonblocking,
     f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R,
@@ -365,7 +363,6 @@ pub(crate) fn scope<'env, R>(
     ffi::lend::lend(&nb.ledger, |lender| {
         let _settle = Settle(nb);
         f(&Scope {
-            group,
             comm,
             nb,
             lender,
@@ -375,7 +372,7 @@ pub(crate) fn scope<'env, R>(
 }
 
 /// Starts nonblocking collectives on a group, on buffers borrowed until the scope ends
-/// ([`Group::scope`]).
+/// ([`Group::scope`](crate::Group::scope)).
 ///
 /// ```
 /// # use nuvec_distributed_engine::Group;
@@ -404,7 +401,7 @@ pub(crate) fn scope<'env, R>(
 /// still writes it (the reason `std::thread::scoped` was withdrawn before Rust 1.0). So it is
 /// not offered.
 ///
-/// [`Group::scope`] is built like [`std::thread::scope`]: the buffers are borrowed for the
+/// [`Group::scope`](crate::Group::scope) is built like [`std::thread::scope`]: the buffers are borrowed for the
 /// whole scope, and the scope does not return (nor unwind from a panic) before every
 /// operation started in it has finished, whatever happened to the handles: waited, dropped
 /// or forgotten. The buffers are read back after the scope. Nothing is copied: the loop
@@ -427,7 +424,7 @@ pub(crate) fn scope<'env, R>(
 ///
 /// - **Order.** Operations of one group, blocking or not, go on the wire in the order they
 ///   were issued on this rank, and every rank must issue the same sequence, as for blocking
-///   calls (see [`Group`]). Issue them from one thread.
+///   calls (see [`Group`](crate::Group)). Issue them from one thread.
 /// - **Mixing.** A blocking collective (or `send`, `recv`, `barrier`) first waits until every
 ///   outstanding nonblocking operation of the group has finished, then runs on the calling
 ///   thread with the latency it has without nonblocking operations. It does not report
@@ -438,7 +435,7 @@ pub(crate) fn scope<'env, R>(
 ///   [`Pending::wait`]: the operation that met the failure names the peer, and every later
 ///   one fails with [`Error::Failed`](crate::Error::Failed) around that error. An error of a
 ///   handle that was dropped unwaited is not reported anywhere else.
-/// - **Close.** [`Group::close`] with operations outstanding aborts the one in flight
+/// - **Close.** [`Group::close`](crate::Group::close) with operations outstanding aborts the one in flight
 ///   ([`Error::Aborted`](crate::Error::Aborted)) and fails each queued one with
 ///   [`Error::GroupClosed`](crate::Error::GroupClosed).
 /// - **Element types.** Every [`Element`] but `bool` ([`Plain`]): a `bool` buffer may not
@@ -447,7 +444,6 @@ pub(crate) fn scope<'env, R>(
 /// - **Cost.** Once warm (the queue has grown to the most operations outstanding at once),
 ///   starting and waiting for an operation allocates nothing.
 pub struct Scope<'scope, 'env: 'scope> {
-    group: &'env Group,
     comm: &'env Arc<dyn Communicator>,
     nb: &'env Nonblocking,
     lender: &'scope Lender<'scope, 'env>,
@@ -456,12 +452,16 @@ pub struct Scope<'scope, 'env: 'scope> {
 
 impl fmt::Debug for Scope<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scope").field("group", self.group).finish()
+        f.debug_struct("Scope")
+            .field("backend", &self.comm.backend())
+            .field("rank", &self.comm.rank())
+            .field("size", &self.comm.size())
+            .finish()
     }
 }
 
 impl<'scope, 'env> Scope<'scope, 'env> {
-    /// Starts [`Group::all_sum`] on `data`.
+    /// Starts [`Group::all_sum`](crate::Group::all_sum) on `data`.
     ///
     /// # Errors
     ///
@@ -471,7 +471,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Sum, data)
     }
 
-    /// Starts [`Group::all_max`] on `data`.
+    /// Starts [`Group::all_max`](crate::Group::all_max) on `data`.
     ///
     /// # Errors
     ///
@@ -480,7 +480,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Max, data)
     }
 
-    /// Starts [`Group::all_min`] on `data`.
+    /// Starts [`Group::all_min`](crate::Group::all_min) on `data`.
     ///
     /// # Errors
     ///
@@ -489,7 +489,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.start_all_reduce(ReduceOp::Min, data)
     }
 
-    /// Starts [`Group::all_reduce`] with `op` on `data`.
+    /// Starts [`Group::all_reduce`](crate::Group::all_reduce) with `op` on `data`.
     ///
     /// # Errors
     ///
@@ -499,7 +499,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         op: ReduceOp,
         data: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        if self.group.size() == 1 {
+        if self.comm.size() == 1 {
             return Ok(Pending::ready(Ok(())));
         }
         let data = self.lender.lend_mut(T::wire_mut(data));
@@ -510,7 +510,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         })
     }
 
-    /// Starts [`Group::all_gather`] of `input` into `output`.
+    /// Starts [`Group::all_gather`](crate::Group::all_gather) of `input` into `output`.
     ///
     /// # Errors
     ///
@@ -521,7 +521,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if output.len() != input.len() * size {
             return Err(Error::invalid(format!(
                 "start_all_gather: the output holds {} elements but {size} ranks x {} input \
@@ -540,7 +540,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Gather { input, output })
     }
 
-    /// Starts [`Group::sum_scatter`] of `input` into `output`.
+    /// Starts [`Group::sum_scatter`](crate::Group::sum_scatter) of `input` into `output`.
     ///
     /// # Errors
     ///
@@ -551,7 +551,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if input.len() != output.len() * size {
             return Err(Error::invalid(format!(
                 "start_sum_scatter: the input holds {} elements but {size} ranks x {} output \
@@ -574,7 +574,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         })
     }
 
-    /// Starts [`Group::send`] of `data` to rank `dst`.
+    /// Starts [`Group::send`](crate::Group::send) of `data` to rank `dst`.
     ///
     /// # Errors
     ///
@@ -582,12 +582,12 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// started); the ring's refusal of a rank that is not a neighbour comes from
     /// [`Pending::wait`]. Otherwise as [`Scope::start_all_sum`].
     pub fn start_send<T: Plain>(&self, data: &'scope [T], dst: usize) -> Result<Pending<'scope>> {
-        self.group.check_peer("send to", dst)?;
+        crate::comm::check_peer(&**self.comm, "send to", dst)?;
         let data = self.lender.lend(T::as_wire(data));
         self.submit(Op::Send { data, peer: dst })
     }
 
-    /// Starts [`Group::recv`] of `data.len()` elements from rank `src`.
+    /// Starts [`Group::recv`](crate::Group::recv) of `data.len()` elements from rank `src`.
     ///
     /// # Errors
     ///
@@ -597,24 +597,24 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         data: &'scope mut [T],
         src: usize,
     ) -> Result<Pending<'scope>> {
-        self.group.check_peer("receive from", src)?;
+        crate::comm::check_peer(&**self.comm, "receive from", src)?;
         let data = self.lender.lend_mut(T::wire_mut(data));
         self.submit(Op::Recv { data, peer: src })
     }
 
-    /// Starts [`Group::barrier`].
+    /// Starts [`Group::barrier`](crate::Group::barrier).
     ///
     /// # Errors
     ///
     /// As [`Scope::start_all_sum`].
     pub fn start_barrier(&self) -> Result<Pending<'scope>> {
-        if self.group.size() == 1 {
+        if self.comm.size() == 1 {
             return Ok(Pending::ready(Ok(())));
         }
         self.submit(Op::Barrier)
     }
 
-    /// Starts [`Group::broadcast`] of rank `root`'s `data`.
+    /// Starts [`Group::broadcast`](crate::Group::broadcast) of rank `root`'s `data`.
     ///
     /// # Errors
     ///
@@ -625,7 +625,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         data: &'scope mut [T],
         root: usize,
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if root >= size {
             return Err(Error::invalid(format!(
                 "start_broadcast: root {root} is not a rank of this group, which has ranks 0 \
@@ -640,7 +640,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         self.submit(Op::Broadcast { data, root })
     }
 
-    /// Starts [`Group::all_to_all`] of `input` into `output`.
+    /// Starts [`Group::all_to_all`](crate::Group::all_to_all) of `input` into `output`.
     ///
     /// # Errors
     ///
@@ -651,7 +651,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.group.size();
+        let size = self.comm.size();
         if input.len() != output.len() || !input.len().is_multiple_of(size) {
             return Err(Error::invalid(format!(
                 "start_all_to_all: input {} and output {} elements must be equal and split \

@@ -30,13 +30,13 @@ pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
 ///
 /// ```
 /// use std::time::Duration;
-/// use nuvec_distributed_engine::{Options, Wire, init_with};
+/// use nuvec_distributed_engine::{Backend, Options, init_with};
 ///
 /// // The defaults, then only what differs, by builder or by field.
 /// let mut options = Options::default().timeout(Duration::from_secs(5));
 /// options.spin = Duration::ZERO;
 /// assert_eq!(options.timeout, Duration::from_secs(5));
-/// assert_eq!(options.wire, Wire::Mlx);
+/// assert_eq!(options.backend, Backend::Ring);
 /// let group = init_with(&[vec!["127.0.0.1:0".into()]], 0, &options)?;
 /// assert_eq!(group.size(), 1);
 ///
@@ -77,69 +77,96 @@ pub struct Options {
     /// collective at slightly different times. An idle group never spins, and spinning
     /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
     pub spin: Duration,
-    /// Which wire the ring speaks: [`Wire::Mlx`] (the default), byte for byte MLX's, or
-    /// [`Wire::Native`] between nuvec ranks only ([`WIRE_VAR`](crate::WIRE_VAR) for [`init`](crate::init)).
-    pub wire: Wire,
-    /// Whether native-wire ranks on one host move data through shared memory (default
+    /// Which backend [`init_with`](crate::init_with) forms over its addresses:
+    /// [`Backend::Ring`] (the default, MLX's wire) or [`Backend::Native`]
+    /// ([`WIRE_VAR`](crate::WIRE_VAR) `native` for [`init`](crate::init)). `Any` is the
+    /// ring; `Jaccl` is refused there (JACCL forms from its device file:
+    /// `jaccl::init`, feature `jaccl`).
+    pub backend: Backend,
+    /// [`Backend::Native`] only: whether ranks on one host move data through shared memory (default
     /// `true`; [`SHM_VAR`](crate::SHM_VAR) for [`init`](crate::init)). A group uses it when every rank is on
     /// the same host and offers it; otherwise every link stays TCP. The MLX wire never uses
     /// it.
     pub shared_memory: bool,
-    /// Which event loop drives the sockets on Linux (see [`Io`]); default [`Io::Auto`].
+    /// The TCP backends' ([`Backend::Ring`], [`Backend::Native`]) event loop on Linux (see
+    /// [`Io`]); default [`Io::Auto`].
     pub io: Io,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
 }
 
-/// The bytes a ring's connections carry.
+/// A distributed backend, named as in `mx.distributed.init(backend=...)`, with the native
+/// wire beside MLX's.
+///
+/// The one choice of what a group is made of. [`Backend::Ring`] and [`Backend::Native`]
+/// form over the same hostfile and TCP addresses; what differs is the bytes on each
+/// connection and whether co-located ranks share memory. Under them sit the options that
+/// only those TCP backends read: [`Options::io`] (both) and [`Options::shared_memory`]
+/// (native only).
 ///
 /// ```
-/// use nuvec_distributed_engine::{Options, Wire};
+/// use nuvec_distributed_engine::{Backend, Options};
 ///
-/// let options = Options::default().wire(Wire::Native);
-/// assert_eq!(options.wire, Wire::Native);
-/// assert_eq!(Options::default().wire, Wire::Mlx);
-/// assert_eq!("native".parse::<Wire>(), Ok(Wire::Native));
+/// assert_eq!(Options::default().backend, Backend::Ring); // MLX's ranks can join
+/// let options = Options::default().backend("native".parse()?);
+/// assert_eq!(options.backend, Backend::Native); // nuvec ranks only
+/// assert_eq!(Backend::Native.to_string(), "native");
+/// # Ok::<(), nuvec_distributed_engine::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Wire {
-    /// MLX's ring wire, byte for byte: ranks of `mx.distributed` and of this crate share one
-    /// ring. No headers: every rank must make the same calls, and a rank that does not gets
-    /// wrong data. An all-reduce is `2(P-1)` dependent hops.
+pub enum Backend {
+    /// The first backend whose launch environment is present: the hostfile's (the ring, or
+    /// the native wire when [`WIRE_VAR`](crate::WIRE_VAR) says so), then JACCL. For
+    /// [`init_with`](crate::init_with), the ring.
+    Any,
+    /// MLX's TCP ring ([`HOSTFILE_VAR`](crate::HOSTFILE_VAR), [`RANK_VAR`](crate::RANK_VAR)),
+    /// byte for byte: ranks of `mx.distributed` and of this crate share one ring. No
+    /// headers: every rank must make the same calls, and a rank that does not gets wrong
+    /// data. An all-reduce is `2(P-1)` dependent hops.
     #[default]
-    Mlx,
-    /// The native wire, between ranks of this crate only: a handshake per connection, a
-    /// header per collective (a mismatched call fails every rank involved, naming both
-    /// calls) and latency-optimal algorithms over connections between any two ranks.
+    Ring,
+    /// The native wire over the same hostfile, between ranks of this crate only: a
+    /// handshake per connection, a header per collective (a mismatched call fails every
+    /// rank involved, naming both calls), latency-optimal algorithms over connections
+    /// between any two ranks, and shared memory between ranks of one host
+    /// ([`Options::shared_memory`]).
     Native,
+    /// MLX's RDMA backend over Thunderbolt 5 (feature `jaccl`).
+    Jaccl,
 }
 
-impl Wire {
-    /// The name [`WIRE_VAR`](crate::WIRE_VAR) takes: `"mlx"` or `"native"`.
-    pub fn name(self) -> &'static str {
+impl Backend {
+    /// The backend's name: `"any"`, `"ring"`, `"native"` or `"jaccl"`, as
+    /// [`Group::backend`](crate::Group::backend) reports a formed group's.
+    pub const fn name(self) -> &'static str {
         match self {
-            Wire::Mlx => "mlx",
-            Wire::Native => "native",
+            Backend::Any => "any",
+            Backend::Ring => "ring",
+            Backend::Native => "native",
+            Backend::Jaccl => "jaccl",
         }
     }
 }
 
-impl fmt::Display for Wire {
+impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl std::str::FromStr for Wire {
-    type Err = String;
+impl std::str::FromStr for Backend {
+    type Err = Error;
 
-    /// `"mlx"` or `"native"`, ignoring case and surrounding blanks.
-    fn from_str(text: &str) -> std::result::Result<Wire, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "mlx" => Ok(Wire::Mlx),
-            "native" => Ok(Wire::Native),
-            _ => Err(format!("{text:?} is not a wire: use \"mlx\" or \"native\"")),
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "any" => Ok(Backend::Any),
+            "ring" => Ok(Backend::Ring),
+            "native" => Ok(Backend::Native),
+            "jaccl" => Ok(Backend::Jaccl),
+            other => Err(Error::invalid(format!(
+                "unknown backend {other:?}: expected \"any\", \"ring\", \"native\" or \"jaccl\""
+            ))),
         }
     }
 }
@@ -220,7 +247,7 @@ impl Default for Options {
             tcp_congestion: None,
             socket_buffer: None,
             spin: Duration::from_micros(50),
-            wire: Wire::Mlx,
+            backend: Backend::Ring,
             shared_memory: true,
             io: Io::Auto,
             key: None,
@@ -235,7 +262,7 @@ impl fmt::Debug for Options {
             .field("tcp_congestion", &self.tcp_congestion)
             .field("socket_buffer", &self.socket_buffer)
             .field("spin", &self.spin)
-            .field("wire", &self.wire)
+            .field("backend", &self.backend)
             .field("shared_memory", &self.shared_memory)
             .field("io", &self.io)
             .field("key", &self.key)
@@ -368,20 +395,16 @@ impl Options {
         self
     }
 
-    /// Chooses the wire (see [`Wire`]).
-    ///
-    /// # Examples
+    /// Chooses the backend [`init_with`](crate::init_with) forms (see [`Backend`]).
     ///
     /// ```
-    /// use nuvec_distributed_engine::{Options, Wire};
+    /// use nuvec_distributed_engine::{Backend, Options};
     ///
-    /// assert_eq!(Options::default().wire, Wire::Mlx); // MLX's ranks can join
-    /// let options = Options::default().wire("native".parse()?);
-    /// assert_eq!(options.wire, Wire::Native); // nuvec ranks only
-    /// # Ok::<(), String>(())
+    /// let options = Options::default().backend(Backend::Native);
+    /// assert_eq!(options.backend, Backend::Native);
     /// ```
-    pub fn wire(mut self, wire: Wire) -> Self {
-        self.wire = wire;
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
         self
     }
 
@@ -504,6 +527,40 @@ mod tests {
             let e = env::parse_timeout(bad).unwrap_err().to_string();
             assert!(e.contains(env::TIMEOUT_VAR) && e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn the_wire_variable_chooses_the_hostfile_backend() {
+        let backend = |value: &str| {
+            env::options(&vars(vec![(env::WIRE_VAR, value.to_string())])).map(|o| o.backend)
+        };
+        assert_eq!(Options::default().backend, Backend::Ring);
+        assert_eq!(backend("mlx").unwrap(), Backend::Ring);
+        assert_eq!(backend(" Native ").unwrap(), Backend::Native);
+        assert_eq!(backend("ring").unwrap(), Backend::Ring);
+        let e = backend("jaccl").unwrap_err().to_string();
+        assert!(e.contains(env::WIRE_VAR) && e.contains("\"mlx\""), "{e}");
+        assert!(env::wire_is_mlx(&vars(vec![(env::WIRE_VAR, "mlx".into())])).unwrap());
+        assert!(!env::wire_is_mlx(&vars(vec![(env::WIRE_VAR, "native".into())])).unwrap());
+        assert!(!env::wire_is_mlx(&vars(vec![])).unwrap());
+        for name in ["any", "ring", "native", "jaccl"] {
+            assert_eq!(name.parse::<Backend>().unwrap().name(), name);
+        }
+        let e = "mlx".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("\"native\""), "{e}");
+    }
+
+    #[test]
+    fn init_with_forms_tcp_backends_only() {
+        let nodes = [
+            vec!["127.0.0.1:0".to_string()],
+            vec!["127.0.0.1:0".to_string()],
+        ];
+        let options = Options::default().backend(Backend::Jaccl);
+        let e = crate::init_with(&nodes, 0, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("jaccl::init"), "{e}");
     }
 
     /// The lookup of an environment made of `pairs`.

@@ -3,7 +3,7 @@
 //! A split is a collective on the parent: every rank gathers one fixed-size record from
 //! every other (its color, its key, and the fresh ports it listens on), then the members of
 //! each color form a group of their own with the formation code that formed the parent
-//! ([`form_ring`]), on the parent's wire and with its [`Options`] (timeout, key, spin,
+//! ([`form_ring`]), on the parent's wire and with its [`Options`](crate::Options) (timeout, key, spin,
 //! socket tuning). From then on the sub-group shares nothing with the parent or its
 //! siblings but the process: closing or failing one leaves the others as they are.
 //!
@@ -16,30 +16,69 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::backend::form_ring;
-use crate::config::hostfile::{self, RingAddresses};
+use crate::config::hostfile;
 use crate::error::{Error, Phase, Result};
-use crate::group::Group;
-use crate::options::Options;
+use crate::group::{Group, Origin};
 use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
-/// How a group was formed, kept with it so that it can be split.
-#[derive(Clone, Debug)]
-pub(crate) struct Origin {
-    /// This rank's listening addresses in the group, one per connection: a sub-group listens
-    /// on the same IP addresses, so it reaches its peers over the same links.
-    listen: Vec<SocketAddr>,
-    /// The options the group was formed with; its sub-groups are formed with them too.
-    options: Options,
-}
+impl Group {
+    /// The color of a rank that takes part in no sub-group of [`Group::split`] (any
+    /// negative color does the same).
+    pub const NO_COLOR: i32 = -1;
 
-impl Origin {
-    /// The origin of a group formed from `addrs` with `options`.
-    pub(crate) fn new(addrs: &RingAddresses, options: &Options) -> Origin {
-        Origin {
-            listen: addrs.listen.clone(),
-            options: options.clone(),
-        }
+    /// Splits the group into sub-groups, as MLX's `Group.split(color, key=-1)`: the ranks
+    /// that pass the same `color` form one group, ranked by `key` (the smallest key is rank
+    /// 0), ties and negative keys going by rank in this group (a negative key is this
+    /// rank). Pass `-1` as `key` to keep this group's order.
+    ///
+    /// A collective on this group: every rank must call it, in the same place among its
+    /// collectives. Each sub-group forms connections of its own: the ranks gather each
+    /// other's records over this group (color, key and one fresh port per connection, on
+    /// the IP address each rank already uses here), then form on this group's wire with
+    /// the [`Options`](crate::Options) it was formed with (timeout, key, spin, socket
+    /// tuning). A sub-group lives on its own: closing or failing it leaves this group and
+    /// its other sub-groups as they are, and the other way round. Its errors name peers by
+    /// their rank in the sub-group.
+    ///
+    /// A rank whose `color` is negative ([`Group::NO_COLOR`]) takes part in no sub-group;
+    /// it still has to make the call, and gets the group of itself alone
+    /// ([`Group::single`]). MLX has no convention for it (its ring and JACCL refuse to
+    /// split); this follows MPI's `MPI_UNDEFINED` and NCCL's `NCCL_SPLIT_NOCOLOR`, which are
+    /// negative too, except that those hand back no group at all. A color that only this
+    /// rank chose also gives the group of itself alone. A group of one splits to itself.
+    ///
+    /// MLX's ranks cannot take part: their ring refuses `split`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a JACCL group (JACCL sets its queue pairs up once, for the
+    /// one group it forms) or a group over another [`Communicator`](crate::Communicator). A failure of the
+    /// exchange over this group is that collective's error, and this group is failed;
+    /// a failure to form the sub-group is a formation error naming the sub-group's rank,
+    /// and leaves this group usable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # nuvec_tools::testing::two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// // One color, keys in reverse: the sub-group has both ranks, numbered the other way.
+    /// let sub = group.split(0, (group.size() - group.rank()) as i32)?;
+    /// assert_eq!((sub.size(), sub.rank()), (2, 1 - group.rank()));
+    /// let mut all = [0u8; 2];
+    /// sub.all_gather(&[group.rank() as u8], &mut all)?;
+    /// assert_eq!(all, [1, 0]); // sub-group rank 0 is rank 1 here
+    ///
+    /// // A color each: two groups of one.
+    /// let alone = group.split(group.rank() as i32, -1)?;
+    /// assert_eq!(alone.size(), 1);
+    /// sub.close()?; // closes the sub-group only
+    /// group.barrier()?;
+    /// # Ok(()) });
+    /// ```
+    pub fn split(&self, color: i32, key: i32) -> Result<Group> {
+        split(self, self.origin(), color, key)
     }
 }
 

@@ -4,7 +4,7 @@
 //! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
 //! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
-use nuvec_distributed_engine::{Error, IO_VAR, Io, Options, Wire, init_with};
+use nuvec_distributed_engine::{Backend, Error, IO_VAR, Io, Options, init_with};
 use nuvec_tools::testing;
 
 /// Two ranks (threads) with `options`: a small and a 16 MiB all_sum, an all_gather and a
@@ -52,7 +52,7 @@ fn io_uring_asked_for_by_name_computes_on_the_native_wire() {
     two_ranks(
         &Options::default()
             .io(Io::Uring)
-            .wire(Wire::Native)
+            .backend(Backend::Native)
             .shared_memory(false),
     );
 }
@@ -158,7 +158,7 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
 /// returned.
 #[cfg(target_os = "linux")]
 fn uring_busy_and_idle<T: Send>(
-    wire: Wire,
+    wire: Backend,
     timeout: std::time::Duration,
     busy: impl FnOnce(nuvec_distributed_engine::Group) -> T + Send,
     idle: impl FnOnce(nuvec_distributed_engine::Group) + Send,
@@ -170,7 +170,7 @@ fn uring_busy_and_idle<T: Send>(
         .collect();
     let options = Options::default()
         .io(Io::Uring)
-        .wire(wire)
+        .backend(wire)
         .shared_memory(false)
         .timeout(timeout);
     std::thread::scope(|s| {
@@ -195,18 +195,18 @@ fn uring_busy_and_idle<T: Send>(
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
-    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Wire::Mlx);
+    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Backend::Ring);
 }
 
 /// As above, on the native wire: its round's message out and receive step together.
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer_native() {
-    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Wire::Native);
+    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Backend::Native);
 }
 
 #[cfg(target_os = "linux")]
-fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Wire) {
+fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Backend) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
         wire,
@@ -232,18 +232,18 @@ fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Wire) {
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
-    a_close_from_another_thread_ends_a_receive_in_flight(Wire::Mlx);
+    a_close_from_another_thread_ends_a_receive_in_flight(Backend::Ring);
 }
 
 /// As above, on the native wire.
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight_native() {
-    a_close_from_another_thread_ends_a_receive_in_flight(Wire::Native);
+    a_close_from_another_thread_ends_a_receive_in_flight(Backend::Native);
 }
 
 #[cfg(target_os = "linux")]
-fn a_close_from_another_thread_ends_a_receive_in_flight(wire: Wire) {
+fn a_close_from_another_thread_ends_a_receive_in_flight(wire: Backend) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
         wire,
@@ -291,18 +291,18 @@ fn a_close_from_another_thread_ends_a_receive_in_flight(wire: Wire) {
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
-    a_peer_that_goes_away_ends_a_receive_in_flight(Wire::Mlx);
+    a_peer_that_goes_away_ends_a_receive_in_flight(Backend::Ring);
 }
 
 /// As above, on the native wire.
 #[cfg(target_os = "linux")]
 #[test]
 fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight_native() {
-    a_peer_that_goes_away_ends_a_receive_in_flight(Wire::Native);
+    a_peer_that_goes_away_ends_a_receive_in_flight(Backend::Native);
 }
 
 #[cfg(target_os = "linux")]
-fn a_peer_that_goes_away_ends_a_receive_in_flight(wire: Wire) {
+fn a_peer_that_goes_away_ends_a_receive_in_flight(wire: Backend) {
     use std::time::{Duration, Instant};
     let (error, took) = uring_busy_and_idle(
         wire,
@@ -350,7 +350,7 @@ fn io_uring_native_ranks_whose_calls_differ_fail_with_a_mismatch() {
     ];
     let options = Options::default()
         .io(Io::Uring)
-        .wire(Wire::Native)
+        .backend(Backend::Native)
         .shared_memory(false)
         .timeout(Duration::from_secs(20));
     for size in [2, 3] {
@@ -431,8 +431,8 @@ fn an_event_loop_variable_naming_none_fails_before_any_connection() {
                     assert!(text.contains(value), "{what}: {text}");
                 }
             };
-            for wire in [Wire::Mlx, Wire::Native] {
-                let options = Options::default().wire(wire);
+            for wire in [Backend::Ring, Backend::Native] {
+                let options = Options::default().backend(wire);
                 check(init_with(&nodes, 0, &options).unwrap_err(), wire.name());
             }
             check(nuvec_distributed_engine::init(true).unwrap_err(), "init");

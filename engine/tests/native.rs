@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed_engine::{Group, Options, Wire};
+use nuvec_distributed_engine::{Backend, Group, Options};
 use nuvec_tools::testing::{self, Launch, RankOutput, report_failure};
 
 const WIRE: &str = "NUVEC_DISTRIBUTED_WIRE";
@@ -232,10 +232,10 @@ fn native_mismatched_send_recv_length_p3() {
 fn expect_init_failure(timeout: Duration) {
     let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
     let wire = match std::env::var(WIRE).as_deref() {
-        Ok("native") => Wire::Native,
-        _ => Wire::Mlx,
+        Ok("native") => Backend::Native,
+        _ => Backend::Ring,
     };
-    let mut options = Options::default().timeout(timeout).wire(wire);
+    let mut options = Options::default().timeout(timeout).backend(wire);
     if let Ok(key) = std::env::var("TEST_KEY") {
         options = options.key(key);
     }
@@ -244,7 +244,7 @@ fn expect_init_failure(timeout: Duration) {
     match nuvec_distributed_engine::init_with(&nodes, rank, &options) {
         Ok(g) => {
             assert!(
-                wire == Wire::Mlx && std::env::var("TEST_KEY").is_err(),
+                wire == Backend::Ring && std::env::var("TEST_KEY").is_err(),
                 "rank {rank} formed a group across wires"
             );
             let mut x = [1.0f32];

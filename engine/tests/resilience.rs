@@ -429,7 +429,11 @@ fn survivors_reform(name: &str, wire: &str) {
             .map(|p| vec![format!("127.0.0.1:{p}")])
             .collect();
         let wire = std::env::var("NUVEC_DISTRIBUTED_WIRE").unwrap();
-        let options = Options::default().wire(wire.parse().unwrap());
+        let backend = match wire.as_str() {
+            "native" => nuvec_distributed_engine::Backend::Native,
+            _ => nuvec_distributed_engine::Backend::Ring,
+        };
+        let options = Options::default().backend(backend);
         let g2 = nuvec_distributed_engine::init_with(&nodes, g.rank(), &options)
             .expect("a new group forms");
         let mut x = vec![g2.rank() as i32 + 10; 100_000];

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use nuvec_distributed_engine::{
-    Communicator, DType, Error, Fault, Group, Options, ReduceOp, Result, Wire, init_with,
+    Backend, Communicator, DType, Error, Fault, Group, Options, ReduceOp, Result, init_with,
 };
 use nuvec_tools::testing::{self, Launch};
 
@@ -370,7 +370,8 @@ fn several_groups_in_one_process() {
                 let (mlx, native, options) = (&mlx, &native, &options);
                 s.spawn(move || {
                     let a = init_with(mlx, rank, options).unwrap();
-                    let b = init_with(native, rank, &options.clone().wire(Wire::Native)).unwrap();
+                    let b =
+                        init_with(native, rank, &options.clone().backend(Backend::Native)).unwrap();
                     // Pairs across the two rings, split differently.
                     let a_sub = a.split((rank % 2) as i32, -1).unwrap();
                     let b_sub = b.split((rank / 2) as i32, (P - rank) as i32).unwrap();

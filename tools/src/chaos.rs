@@ -289,7 +289,7 @@ pub struct Options {
     /// Print every rank's output for rounds that are not correct.
     pub verbose: bool,
     /// The wire the ranks speak (`NUVEC_DISTRIBUTED_WIRE`).
-    pub wire: nuvec_distributed_engine::Wire,
+    pub wire: nuvec_distributed_engine::Backend,
 }
 
 /// How a round (or one survivor of it) ended, best first.
@@ -900,7 +900,10 @@ fn spawn_rank(
             nuvec_distributed_engine::config::env::TIMEOUT_VAR,
             format!("{}", options.timeout.as_secs_f64()),
         )
-        .env(nuvec_distributed_engine::WIRE_VAR, options.wire.name())
+        .env(
+            nuvec_distributed_engine::WIRE_VAR,
+            crate::wire_name(options.wire),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -25,7 +25,7 @@ use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use nuvec_distributed_engine::Wire;
+use nuvec_distributed_engine::Backend as Wire;
 use nuvec_distributed_engine::config::devices::{self, DeviceCell};
 use nuvec_distributed_engine::config::env::{
     COORDINATOR_VAR, DEVICES_VAR, HOSTFILE_VAR, JACCL_RING_VAR, RANK_VAR, RING_VERBOSE_VAR,
@@ -447,7 +447,7 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
                 entries.push(format!("{RING_VERBOSE_VAR}=1"));
             }
             if let Some(wire) = spec.wire {
-                entries.push(format!("{WIRE_VAR}={wire}"));
+                entries.push(format!("{WIRE_VAR}={}", crate::wire_name(wire)));
             }
             // mlx.launch writes nothing into the hostfile for a single host.
             let text = if addresses.len() > 1 {
@@ -460,7 +460,8 @@ pub fn plan(spec: &LaunchSpec, hosts: &HostList, terminal: (u16, u16)) -> Result
         Backend::Jaccl | Backend::JacclRing => {
             if let Some(wire) = spec.wire {
                 return fail(format!(
-                    "--wire {wire} is the TCP ring's; the {backend} backend has one wire, MLX's"
+                    "--wire {} is the TCP ring's; the {backend} backend has one wire, MLX's",
+                    crate::wire_name(wire)
                 ));
             }
             let Some(coordinator) = hosts.hosts[0].ips.first() else {
@@ -758,13 +759,16 @@ mod tests {
         let hosts = HostList::from_hosts("127.0.0.1", 2).unwrap();
         let default = plan(&spec(&["prog"]), &hosts, (0, 0)).unwrap();
         assert_eq!(env(&default, "NUVEC_DISTRIBUTED_WIRE"), None);
-        for wire in [Wire::Mlx, Wire::Native] {
+        for wire in [Wire::Ring, Wire::Native] {
             let asked = LaunchSpec {
                 wire: Some(wire),
                 ..spec(&["prog"])
             };
             let p = plan(&asked, &hosts, (0, 0)).unwrap();
-            assert_eq!(env(&p, "NUVEC_DISTRIBUTED_WIRE"), Some(wire.name()));
+            assert_eq!(
+                env(&p, "NUVEC_DISTRIBUTED_WIRE"),
+                Some(crate::wire_name(wire))
+            );
             let jaccl = LaunchSpec {
                 backend: Some(Backend::Jaccl),
                 ..asked

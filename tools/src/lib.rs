@@ -16,3 +16,13 @@ pub mod load;
 pub mod report;
 pub mod runner;
 pub mod testing;
+
+/// The wire a TCP backend speaks, as `NUVEC_DISTRIBUTED_WIRE`, `--wire` and the reports
+/// name it: `native` for [`Backend::Native`](nuvec_distributed_engine::Backend::Native),
+/// `mlx` (MLX's ring wire) otherwise.
+pub fn wire_name(backend: nuvec_distributed_engine::Backend) -> &'static str {
+    match backend {
+        nuvec_distributed_engine::Backend::Native => "native",
+        _ => "mlx",
+    }
+}

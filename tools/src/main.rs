@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use nuvec_distributed_engine::{DType, Wire};
+use nuvec_distributed_engine::Backend as Wire;
+use nuvec_distributed_engine::DType;
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
@@ -242,9 +243,14 @@ struct BenchArgs {
     results: Option<PathBuf>,
 }
 
-/// `--wire`'s values: `mlx` or `native`.
+/// `--wire`'s values, as [`WIRE_VAR`](nuvec_distributed_engine::WIRE_VAR) takes them:
+/// `mlx` (also `ring`: MLX's wire, the ring backend) or `native`.
 fn parse_wire(s: &str) -> Result<Wire, String> {
-    s.parse()
+    match s.trim().to_ascii_lowercase().as_str() {
+        "mlx" | "ring" => Ok(Wire::Ring),
+        "native" => Ok(Wire::Native),
+        _ => Err(format!("{s:?} is not a wire: use \"mlx\" or \"native\"")),
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {

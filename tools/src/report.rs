@@ -55,7 +55,7 @@ impl Header {
     /// This machine's header for a ring of `connections` connections per neighbour on
     /// `wire`, with the congestion control the ranks will use (they inherit this
     /// environment).
-    pub fn detect(connections: usize, wire: nuvec_distributed_engine::Wire) -> Self {
+    pub fn detect(connections: usize, wire: nuvec_distributed_engine::Backend) -> Self {
         let uname = nix::sys::utsname::uname().ok();
         let text = |f: fn(&nix::sys::utsname::UtsName) -> &std::ffi::OsStr| {
             uname
@@ -79,7 +79,7 @@ impl Header {
             cpu: format!("{} ({cpus} CPUs)", cpu_model()),
             kernel: format!("{} {}", text(|u| u.sysname()), text(|u| u.release())),
             simd: nuvec_distributed_engine::simd_level().into(),
-            wire: wire.name().into(),
+            wire: crate::wire_name(wire).into(),
             transport: String::new(),
             connections,
             congestion,
@@ -976,7 +976,7 @@ mod tests {
 
     #[test]
     fn the_header_names_every_field() {
-        let header = Header::detect(2, nuvec_distributed_engine::Wire::Mlx);
+        let header = Header::detect(2, nuvec_distributed_engine::Backend::Ring);
         // Not known before the ranks report it.
         assert_eq!(
             (header.wire.as_str(), header.transport.as_str()),

@@ -21,9 +21,7 @@ use std::fmt;
 use std::ops::Range;
 
 use crate::element::DType;
-#[cfg(doc)]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
 
 /// Element range `[start, end)` of part `i` when `n` elements are cut into `parts` parts of
@@ -32,6 +30,29 @@ use crate::reduce::ReduceOp;
 pub(crate) fn part(n: usize, parts: usize, i: usize) -> Range<usize> {
     let step = n.div_ceil(parts);
     (i * step).min(n)..((i + 1) * step).min(n)
+}
+
+/// Checks that `peer` is a rank `comm` can send to or receive from (`what`: "send to" or
+/// "receive from"): in range and not this rank, with an error that says which.
+pub(crate) fn check_peer(comm: &dyn Communicator, what: &str, peer: usize) -> Result<()> {
+    let (rank, size) = (comm.rank(), comm.size());
+    if size == 1 {
+        return Err(Error::invalid(format!(
+            "cannot {what} rank {peer}: this is a group of one process"
+        )));
+    }
+    if peer >= size {
+        return Err(Error::invalid(format!(
+            "cannot {what} rank {peer}: the group has ranks 0 to {}",
+            size - 1
+        )));
+    }
+    if peer == rank {
+        return Err(Error::invalid(format!(
+            "cannot {what} rank {peer}: that is this rank itself"
+        )));
+    }
+    Ok(())
 }
 
 /// What a backend implements: collectives on raw element bytes.

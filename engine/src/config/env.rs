@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
-use crate::options::{Io, Options};
+use crate::options::{Backend, Io, Options};
 
 /// The variable naming the ring's hostfile, as `mlx.launch` sets it.
 pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
@@ -34,8 +34,10 @@ pub const SOCKET_BUFFER_VAR: &str = "NUVEC_DISTRIBUTED_SOCKET_BUFFER";
 /// The variable [`init`](crate::init) reads [`Options::spin`] from, in microseconds.
 pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 
-/// The variable [`init`](crate::init) reads [`Options::wire`] from: `mlx` (the default) or
-/// `native`.
+/// The variable that turns the hostfile's backend native for [`init`](crate::init): `mlx`
+/// (the default: [`Backend::Ring`], MLX's wire) or `native` ([`Backend::Native`]), read
+/// into [`Options::backend`]. MLX's launchers say only `ring`; this is how a launch asks for
+/// the native wire over the same hostfile.
 pub const WIRE_VAR: &str = "NUVEC_DISTRIBUTED_WIRE";
 
 /// The variable that chooses the event loop (see [`Io`]) when [`Options::io`] is
@@ -220,10 +222,7 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
         options.spin = Duration::from_micros(micros);
     }
     if let Some(text) = value(vars, WIRE_VAR)? {
-        options.wire = text.parse().map_err(|reason| Error::Environment {
-            var: WIRE_VAR,
-            reason,
-        })?;
+        options.backend = wire(&text)?;
     }
     options.io = io(vars, options.io)?;
     if let Some(text) = value(vars, SHM_VAR)? {
@@ -251,6 +250,26 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
         options.socket_buffer = Some(bytes);
     }
     Ok(options)
+}
+
+/// The backend [`WIRE_VAR`]'s value `text` names, ignoring case and surrounding blanks.
+fn wire(text: &str) -> Result<Backend> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "mlx" | "ring" => Ok(Backend::Ring),
+        "native" => Ok(Backend::Native),
+        _ => Err(Error::Environment {
+            var: WIRE_VAR,
+            reason: format!("{text:?} is not a wire: use \"mlx\" (or \"ring\") or \"native\""),
+        }),
+    }
+}
+
+/// Whether [`WIRE_VAR`] is set and asks for MLX's wire.
+pub(crate) fn wire_is_mlx(vars: Lookup<'_>) -> Result<bool> {
+    match value(vars, WIRE_VAR)? {
+        Some(text) => Ok(wire(&text)? == Backend::Ring),
+        None => Ok(false),
+    }
 }
 
 /// The event loop `asked` comes to: [`IO_VAR`]'s when [`Io::Auto`] is asked and the

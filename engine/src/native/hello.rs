@@ -175,12 +175,12 @@ impl fmt::Display for Malformed {
             Malformed::MlxUnkeyed => write!(
                 f,
                 "is on the MLX wire: it answered this rank's hello as a nuvec rank on the MLX \
-                 wire without a key does; set {wire}=native (Options::wire) on every rank"
+                 wire without a key does; set {wire}=native (Options::backend) on every rank"
             ),
             Malformed::MlxKeyed => write!(
                 f,
                 "is on the MLX wire: it opened the MLX wire's keyed handshake (version 1) \
-                 instead of a native hello; set {wire}=native (Options::wire) on every rank"
+                 instead of a native hello; set {wire}=native (Options::backend) on every rank"
             ),
             Malformed::Version(v) => write!(
                 f,

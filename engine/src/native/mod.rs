@@ -1,6 +1,6 @@
 //! The native wire: ranks of this crate only, with a handshake on every connection, a
 //! header on every collective and latency-optimal algorithms over connections between any
-//! two ranks (see [`Wire::Native`](crate::Wire::Native)).
+//! two ranks (see [`Backend::Native`](crate::Backend::Native)).
 //!
 //! - `hello`: the handshake each connection opens with (magic, version, capabilities,
 //!   group size, both ranks, group and host identity), sans-IO;

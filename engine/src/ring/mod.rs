@@ -70,7 +70,7 @@ impl Ring {
     /// `options.timeout` for the neighbours.
     pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Ring> {
         // The native wire is another communicator (`crate::native`); `backend` chooses.
-        debug_assert_eq!(options.wire, crate::options::Wire::Mlx);
+        debug_assert_ne!(options.backend, crate::options::Backend::Native);
         let timeout = options.timeout;
         let mut transport = bootstrap::connect(addrs, options)?;
         let staging = Staging::new(transport.connections())?;

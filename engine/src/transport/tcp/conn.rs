@@ -133,7 +133,7 @@ impl Conn {
                 reason: format!(
                     "rank {} runs the native wire and this rank the MLX wire: the peer's first \
                      bytes on this connection are its native hello; set the same {} (or \
-                     Options::wire) on every rank",
+                     Options::backend) on every rank",
                     self.peer,
                     crate::config::env::WIRE_VAR
                 ),
