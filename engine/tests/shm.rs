@@ -259,7 +259,7 @@ fn shm_stop_during_a_64_mib_all_sum_p3() {
 
 // Send/recv through the segment's per-pair slots.
 
-/// The slots' size in the library (`native::shm::p2p::SLOT`): the sizes below straddle it.
+/// The slots' size in the library (`transport::shm::p2p::SLOT`): the sizes below straddle it.
 const SLOT: usize = 64 << 10;
 
 /// Byte `i` of rank `r`'s message of `n` bytes.

@@ -170,6 +170,11 @@ impl Segment {
         self.locked
     }
 
+    // `check` and the accessors below are inlined into the engine, which calls them several
+    // times per collective from another crate: a 4 B all-reduce at P = 2 takes ~62 ns of
+    // CPU time with them inlined, ~80 ns with them called out of line (the engine's
+    // `measure_the_engine_per_collective`).
+    #[inline]
     fn check(&self, what: &str, off: usize, len: usize) -> io::Result<*mut u8> {
         match off.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.map.as_mut_ptr().wrapping_add(off)),
@@ -179,6 +184,7 @@ impl Segment {
 
     /// The 32-bit word at `off` as an atomic, or `None` if it is out of bounds or not
     /// 4-byte aligned.
+    #[inline]
     pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
         let ptr = self.check("a u32", off, 4).ok()?;
         if !(ptr as usize).is_multiple_of(align_of::<AtomicU32>()) {
@@ -207,6 +213,7 @@ impl Segment {
     /// # Errors
     ///
     /// The range is out of bounds.
+    #[inline]
     pub fn copy_in(&self, off: usize, src: &[u8]) -> io::Result<()> {
         let dst = self.check("a copy in", off, src.len())?;
         // SAFETY: `dst` is valid for `src.len()` bytes of writes (bounds checked above; the
@@ -222,6 +229,7 @@ impl Segment {
     /// # Errors
     ///
     /// The range is out of bounds.
+    #[inline]
     pub fn copy_out(&self, off: usize, dst: &mut [u8]) -> io::Result<()> {
         let src = self.check("a copy out", off, dst.len())?;
         // SAFETY: `src` is valid for `dst.len()` bytes of reads (bounds checked above);

@@ -50,7 +50,7 @@
 //! At P = 2 both schedules move the same bytes between ranks, and the one-shot saves the
 //! copy of the folded share back into shared memory and the second step of every chunk. At
 //! P >= 3 the one-shot folds P - 1 whole chunks per rank instead of P - 1 shares, and
-//! loses. Measured by `native::shm::tests::measure_large_all_sum` (64 MiB f32, in-process
+//! loses. Measured by `native::shm_tests::measure_large_all_sum` (64 MiB f32, in-process
 //! threads, both schedules alternating in one run, on a 2-core VM at load average 7 to 10,
 //! so only the order is worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms
 //! (2.81 / 2.43 / 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47

@@ -41,6 +41,7 @@ use std::fmt;
 use crate::element::DType;
 use crate::error::{Error, Phase};
 use crate::reduce::ReduceOp;
+use crate::transport::shm::{self, CallHeader};
 
 /// Bytes in a header.
 pub(crate) const HEADER_BYTES: usize = 16;
@@ -276,6 +277,67 @@ impl Call {
             peer_call: peer_call.to_string(),
             context,
         })
+    }
+}
+
+// Shared memory carries the native header in slots of its own size.
+const _: () = assert!(HEADER_BYTES == shm::HEADER_BYTES);
+
+/// A native call as shared memory publishes and compares it.
+impl CallHeader for Call {
+    fn encode(&self) -> [u8; HEADER_BYTES] {
+        self.header.encode()
+    }
+
+    fn check(&self, me: usize, peer: usize, theirs: &[u8; HEADER_BYTES]) -> Result<(), Error> {
+        Call::check(self, me, peer, theirs)
+    }
+
+    fn rejection(&self) -> [u8; HEADER_BYTES] {
+        Call::rejection(self).encode()
+    }
+
+    fn refused_by(
+        &self,
+        (me, peer, from): (usize, usize, usize),
+        theirs: &[u8; HEADER_BYTES],
+        context: Phase,
+    ) -> Error {
+        match Header::decode(theirs) {
+            Err(garbled) => Error::PeerMisbehaved {
+                peer,
+                addr: None,
+                context,
+                reason: format!("its refused recv's header in shared memory: {garbled}"),
+            },
+            Ok(recv) => Error::Mismatch {
+                seq: u64::from(recv.seq),
+                point_to_point: true,
+                rank: me,
+                call: self.to_string(),
+                peer,
+                peer_call: format!("recv of {} bytes from rank {from}", recv.count),
+                context,
+            },
+        }
+    }
+
+    fn unmatched_send(
+        &self,
+        (me, peer): (usize, usize),
+        sent: &[u8; HEADER_BYTES],
+        context: Phase,
+    ) -> Result<(), Error> {
+        let header = Header::decode(sent).map_err(|garbled| Error::Bug {
+            context,
+            what: format!("this rank's own send in shared memory: {garbled}"),
+        })?;
+        let send = Call {
+            header,
+            recv_from: None,
+            send_to: Some(peer),
+        };
+        Call::check(&send, me, peer, &self.header.encode())
     }
 }
 

@@ -315,7 +315,7 @@ pub(crate) fn group_identity(all: &[Vec<String>], key: Option<&Key>) -> [u8; 32]
 /// On both, the device of the shared-memory directory (`/dev/shm` on Linux) is folded in:
 /// it is what shared memory needs in common. Two containers (or mount namespaces) of one
 /// kernel, each with its own tmpfs there, are then two hosts, and a group spread over them
-/// runs hierarchically (`shm::hier`); with one `/dev/shm` bind-mounted into both, they are
+/// runs hierarchically (`native::hier`); with one `/dev/shm` bind-mounted into both, they are
 /// one. A directory that cannot be looked at leaves the identity unknown.
 pub(crate) fn host_identity() -> [u8; 16] {
     static HOST: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();

@@ -13,10 +13,11 @@
 //!   and the mismatch it can reveal), `protocol` (the algorithms, sans-IO, with the order
 //!   in which they combine contributions, as a [`Machine`](crate::comm::machine::Machine)),
 //!   and [`Native`] (the [`Communicator`]);
-//! - `shm`: shared memory for groups whose ranks all run on one host (every group
-//!   collective and every send/recv goes through one segment; liveness and failure notices
-//!   stay on the connections). A group spread over several hosts runs hierarchically:
-//!   shared memory inside each host, TCP between the hosts' leaders (`shm::hier`).
+//! - shared memory (`transport::shm`) for groups whose ranks all run on one host (every
+//!   group collective and every send/recv goes through one segment; liveness and failure
+//!   notices stay on the connections). `hier` fixes a group's path when it forms (one
+//!   segment, hierarchical, or TCP) and runs the hierarchical groups: shared memory
+//!   inside each host, TCP between the hosts' leaders.
 //!
 //! # Which algorithm
 //!
@@ -77,8 +78,10 @@ pub(crate) struct Peer {
 }
 
 pub(crate) mod header;
+mod hier;
 pub(crate) mod protocol;
-mod shm;
+#[cfg(test)]
+mod shm_tests;
 #[cfg(test)]
 mod tests;
 // The tests of broadcast and all_to_all.
@@ -89,8 +92,8 @@ use std::fmt;
 use std::time::Duration;
 
 use header::{Call, Header, Kind};
+use hier::Path;
 use protocol::{Exchange, Exchanging, Memory, Routes};
-use shm::Path;
 
 use crate::comm::Communicator;
 use crate::comm::Transport;
@@ -104,6 +107,7 @@ use crate::element::DType;
 use crate::error::{Error, Phase, Result};
 use crate::options::Options;
 use crate::reduce::ReduceOp;
+use crate::transport::shm;
 use crate::transport::tcp::Transfer;
 
 impl Routes for Connections {
@@ -217,9 +221,9 @@ impl Native {
             .iter()
             .all(|p| p.capabilities & hello::CAP_SHARED_MEMORY != 0);
         let spin = Spin::for_local_ranks(options.spin, local_ranks);
-        // Every rank sees every hello, so all decide alike (see `shm::hier`).
+        // Every rank sees every hello, so all decide alike (see `hier`).
         let hosts: Vec<[u8; 16]> = peers.iter().map(|p| p.host).collect();
-        let path = shm::setup(
+        let path = hier::setup(
             &mut transport,
             (rank, &hosts),
             offered,
@@ -384,7 +388,7 @@ impl Native {
         &self,
         state: &mut State,
         call: &Call,
-        f: impl FnOnce(&mut shm::Hier, &mut shm::Watch<'_>) -> Result<()>,
+        f: impl FnOnce(&mut hier::Hier, &mut shm::Watch<'_>) -> Result<()>,
     ) -> Result<()> {
         let State {
             transport, path, ..
@@ -397,7 +401,7 @@ impl Native {
         };
         self.traced(call, || {
             // No header check on the connections meanwhile: a faster rank's next call may
-            // be on them already (see `shm::hier`).
+            // be on them already (see `hier`).
             let mut watch = shm::Watch {
                 transport,
                 closed: self.state.close_flag(),

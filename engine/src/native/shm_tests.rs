@@ -3,19 +3,22 @@
 //! leaves no segment.
 
 use std::os::unix::fs::MetadataExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
-use super::super::hello::CAP_SHARED_MEMORY;
-use super::super::tests::{loopback_mesh, on_ranks};
-use super::super::{Formed, Native};
-use super::*;
+use super::hello::CAP_SHARED_MEMORY;
+use super::hier::Path;
+use super::tests::{loopback_mesh, on_ranks};
+use super::{Formed, Native};
 use crate::comm::Communicator;
 use crate::comm::algorithm::SHM_ONE_SHOT_MAX;
+use crate::comm::progress::Spin;
+use crate::element::DType;
 use crate::options::Options;
-use crate::reduce::ReduceOp;
+use crate::reduce::{ReduceOp, reduce_into};
+use crate::transport::shm::{CHUNK, Link, OFFER_BYTES, SLOT, SLOTS, read_exact, segment_path};
 
 /// Meshes whose hellos all said "this host, shared memory offered".
 fn on_one_host(size: usize, timeout: Duration) -> (Vec<Formed>, [u8; 32]) {
@@ -230,7 +233,7 @@ fn steps(c: &Native) -> u32 {
         .path
         .flat()
         .expect("on shared memory")
-        .step
+        .step()
 }
 
 #[test]
@@ -381,7 +384,7 @@ fn every_two_different_calls_mismatch_at_once_on_shared_memory() {
 fn all_sum_by(c: &Native, one_shot: bool, dtype: DType, data: &mut [u8]) -> crate::Result<()> {
     let mut state = c.state.lock()?;
     let state = &mut *state;
-    let kind = super::super::header::Kind::AllReduce(ReduceOp::Sum, dtype);
+    let kind = super::header::Kind::AllReduce(ReduceOp::Sum, dtype);
     let call = Native::group_call(state, kind, data.len() / dtype.size());
     c.run_shm(state, &call, |link, watch| {
         link.all_reduce_by(one_shot, &call, (ReduceOp::Sum, dtype), data, watch)
@@ -454,9 +457,7 @@ fn measure_large_all_sum() {
     }
 }
 
-// Send/recv through the segment's per-pair slots (`p2p`).
-
-use super::p2p::{SLOT, SLOTS};
+// Send/recv through the segment's per-pair slots (`transport::shm::p2p`).
 
 /// A group on shared memory whose waits end after `timeout`.
 fn group_timeout(size: usize, timeout: Duration) -> Vec<Native> {
@@ -487,7 +488,7 @@ fn the_transport_is_what_the_group_negotiated() {
         }
     }
     // Hellos that do not share a host keep TCP.
-    for c in &super::super::tests::group(2, 1, Duration::from_secs(5)) {
+    for c in &super::tests::group(2, 1, Duration::from_secs(5)) {
         assert_eq!(c.transport(1 - c.rank()), Transport::Tcp);
     }
 }

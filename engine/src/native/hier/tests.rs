@@ -7,15 +7,15 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
-use super::super::super::hello::CAP_SHARED_MEMORY;
-use super::super::super::tests::{loopback_mesh, on_ranks};
-use super::super::super::{Formed, Native};
-use super::super::protocol::CHUNK;
-use super::super::tests::start;
+use super::super::hello::CAP_SHARED_MEMORY;
+use super::super::shm_tests::start;
+use super::super::tests::{loopback_mesh, on_ranks};
+use super::super::{Formed, Native};
 use super::*;
 use crate::comm::Communicator;
 use crate::options::Options;
 use crate::reduce::reduce_into;
+use crate::transport::shm::CHUNK;
 
 #[test]
 fn ranks_of_one_known_host_form_a_domain_and_unknown_ones_stand_alone() {

@@ -1,6 +1,6 @@
 //! Who really shares memory with whom: the setup's check that every peer could open the
 //! creator's segment, and the verdict every rank learns from the creator. Sans-IO: the
-//! messages and their checks; `Link::establish` moves them over the mesh.
+//! messages and their checks; `segment::establish` moves them over the mesh.
 //!
 //! The hellos' host identity (machine id and boot id) is the same for two containers on
 //! one kernel, which need not share `/dev/shm` (each may mount its own). So after the
@@ -16,9 +16,10 @@
 //! All little-endian. Status (peer to creator): `i32` code. Verdict (creator to every
 //! peer): `u32` count, then `count` entries of `u32` rank and `i32` code.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Phase, Result};
 
-use super::SETUP;
+/// The phase errors of the setup name.
+pub(crate) const SETUP: Phase = Phase::NativeSetup;
 
 /// Bytes of a peer's status.
 pub(crate) const STATUS_BYTES: usize = 4;

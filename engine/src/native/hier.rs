@@ -1,4 +1,6 @@
-//! Hierarchical groups: shared memory inside each host, TCP between hosts.
+//! Which way a native group's collectives go, fixed when it forms ([`Path`]: one
+//! shared-memory segment, hierarchical, or TCP), and the hierarchical groups: shared memory
+//! inside each host (`transport::shm`), TCP between hosts.
 //!
 //! # Domains
 //!
@@ -63,7 +65,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Link, Watch, read_exact, write_all};
 use crate::comm::algorithm::{self, AllReduce};
 use crate::comm::progress::Spin;
 use crate::element::DType;
@@ -72,6 +73,7 @@ use crate::native::header::{Call, HEADER_BYTES, Header};
 use crate::native::protocol::{Exchange, Memory, Routes};
 use crate::native::run_exchange;
 use crate::reduce::ReduceOp;
+use crate::transport::shm::{Link, SETUP, Watch, read_exact, write_all};
 use crate::transport::tcp::Connections as Transport;
 
 /// How long a leader that found a mismatch among its members tries to hand the differing
@@ -116,7 +118,7 @@ pub(crate) fn settle(candidates: &[Vec<usize>], shared: &[bool]) -> Vec<Vec<usiz
 #[derive(Debug)]
 pub(crate) enum Path {
     /// Every rank on one segment.
-    Flat(Link),
+    Flat(Box<Link>),
     /// Several domains, at least one of them of two ranks or more.
     Hier(Box<Hier>),
     /// TCP for every link.
@@ -128,7 +130,7 @@ impl Path {
     /// The segment of a group on one.
     pub(crate) fn flat(&self) -> Option<&Link> {
         match self {
-            Path::Flat(link) => Some(link),
+            Path::Flat(link) => Some(&**link),
             Path::Hier(_) | Path::Tcp => None,
         }
     }
@@ -155,7 +157,7 @@ pub(crate) fn setup(
     let cands = candidates(hosts);
     let Some(d) = cands.iter().position(|c| c.contains(&rank)) else {
         return Err(Error::Bug {
-            context: super::SETUP,
+            context: SETUP,
             what: format!("rank {rank} is in no candidate domain of {cands:?}"),
         });
     };
@@ -167,7 +169,7 @@ pub(crate) fn setup(
         None
     };
     if cands.len() == 1 {
-        return Ok(link.map_or(Path::Tcp, Path::Flat));
+        return Ok(link.map_or(Path::Tcp, |link| Path::Flat(Box::new(link))));
     }
     if cands.iter().all(|c| c.len() < 2) {
         return Ok(Path::Tcp);
@@ -196,7 +198,7 @@ pub(crate) fn setup(
                 return Err(Error::PeerMisbehaved {
                     peer: c[0],
                     addr: None,
-                    context: super::SETUP,
+                    context: SETUP,
                     reason: format!("a domain verdict of {other}, not 0 or 1"),
                 });
             }
@@ -354,7 +356,7 @@ impl Hier {
         let result = f(link, watch);
         if let Err(Error::Mismatch { .. }) = &result
             && self.leaders[self.mine] == self.rank
-            && let Some((theirs, outvoted)) = link.differing(call)
+            && let Some((theirs, outvoted)) = link.differing(&call.header.encode())
         {
             let mine = call.header.encode();
             let deadline = Instant::now() + PASS_ON;
