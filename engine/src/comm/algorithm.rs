@@ -7,10 +7,12 @@
 //!
 //! | collective | link | ranks | bytes | algorithm |
 //! |---|---|---|---|---|
-//! | all-reduce | TCP | any | fewer elements than ranks | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | up to 4 | fewer elements than ranks | [`AllReduce::OneShot`] |
 //! | all-reduce | TCP | 2 | up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | 3 or more | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | any | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | 3, 4 | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | up to 4 | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | 5 or more | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
+//! | all-reduce | TCP | 5 or more | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
 //! | all-reduce | TCP | any | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
 //! | all-reduce | shared memory | 2 | any | [`AllReduce::OneShot`] |
 //! | all-reduce | shared memory | 3 or more | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
@@ -18,12 +20,28 @@
 //! | broadcast | TCP | 2 | any | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | larger | [`Broadcast::ScatterGather`] |
+//! | barrier | TCP | up to 4 | - | [`Barrier::Direct`] |
+//! | barrier | TCP | 5 or more | - | [`Barrier::RecursiveDoubling`] |
 //!
 //! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
 //! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
-//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`]. all_gather, sum_scatter
-//! and all_to_all have one algorithm each (every block straight to its rank over TCP, one
-//! step per chunk in shared memory), and so do barrier and send/recv.
+//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the direct
+//! algorithms where it says [`AllReduce::RecursiveDoubling`] or
+//! [`AllReduce::HalvingDoubling`]. all_gather, sum_scatter and all_to_all have one
+//! algorithm each (every block straight to its rank over TCP, one step per chunk in shared
+//! memory), and so does send/recv. The check of calls before a ring all-reduce is a
+//! barrier, by the barrier's row.
+//!
+//! # Past four ranks over TCP
+//!
+//! The direct algorithms send P - 1 messages per rank per round (the one-shot its whole
+//! vector each time), so their latency grows linearly with P; past four ranks Open MPI's
+//! recursive doubling and halving-doubling, with log2 P rounds of one message each, beat
+//! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces and the
+//! barrier take those (`native::protocol` has them, with the order they fold in). Up to
+//! four ranks the rows are the ones measured below, unchanged. The crossing at five is
+//! the message count's (at P = 4 the direct algorithms send 3 messages a round and
+//! recursive doubling 2 rounds of 1), not a measurement yet.
 //!
 //! # Where the TCP crossings come from
 //!
@@ -69,6 +87,24 @@ pub(crate) enum AllReduce {
     ScatterGather,
     /// MLX's pipelined ring, after a round of headers (TCP only).
     Ring,
+    /// Recursive doubling (TCP only): log2 P rounds, each rank sending its whole partial
+    /// result to one partner per round; ranks past the largest power of two hand their
+    /// vector in before and take the result after.
+    RecursiveDoubling,
+    /// Rabenseifner's (TCP only): reduce-scatter by recursive halving, all-gather by
+    /// recursive doubling, 2 log2 P rounds; each rank sends about 2 (P - 1) / P of the
+    /// vector, as [`AllReduce::ScatterGather`] does, in log2 P messages instead of P - 1.
+    HalvingDoubling,
+}
+
+/// How a barrier goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Barrier {
+    /// One round: every rank sends its header to every other.
+    Direct,
+    /// Recursive doubling of headers: log2 P rounds of one message (plus one before and
+    /// one after for the ranks past the largest power of two).
+    RecursiveDoubling,
 }
 
 /// How a broadcast goes.
@@ -106,6 +142,15 @@ pub(crate) const SHM_ONE_SHOT_MAX: usize = 32 << 10;
 /// copies the same way.
 pub(crate) const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 
+/// The fewest ranks at which the TCP rows take the log-round algorithms (see the module
+/// docs).
+pub(crate) const LOG_ROUNDS_MIN_RANKS: usize = 5;
+
+/// Whether `ranks` ranks over `link` take the log-round algorithms.
+fn log_rounds(link: Transport, ranks: usize) -> bool {
+    link != Transport::SharedMemory && ranks >= LOG_ROUNDS_MIN_RANKS
+}
+
 /// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks.
 pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     match (link, ranks) {
@@ -117,13 +162,34 @@ pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
 }
 
 /// How an all-reduce of `bytes` (`elems` elements) goes over `link` among `ranks` ranks.
+///
+/// A pure function of what every rank agreed when the group formed (the link, the ranks)
+/// and of the call (its length), so every rank picks the same.
 pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usize) -> AllReduce {
-    if bytes <= one_shot_max(link, ranks) || elems < ranks {
+    let small = bytes <= one_shot_max(link, ranks) || elems < ranks;
+    if log_rounds(link, ranks) {
+        if small {
+            AllReduce::RecursiveDoubling
+        } else if bytes < TCP_RING_MIN {
+            AllReduce::HalvingDoubling
+        } else {
+            AllReduce::Ring
+        }
+    } else if small {
         AllReduce::OneShot
     } else if link == Transport::SharedMemory || bytes < TCP_RING_MIN {
         AllReduce::ScatterGather
     } else {
         AllReduce::Ring
+    }
+}
+
+/// How a barrier goes over `link` among `ranks` ranks (shared memory has its own).
+pub(crate) fn barrier(link: Transport, ranks: usize) -> Barrier {
+    if log_rounds(link, ranks) {
+        Barrier::RecursiveDoubling
+    } else {
+        Barrier::Direct
     }
 }
 
@@ -142,7 +208,7 @@ mod tests {
 
     #[test]
     fn the_table_s_rows() {
-        use AllReduce::{OneShot, Ring, ScatterGather};
+        use AllReduce::{HalvingDoubling, OneShot, RecursiveDoubling, Ring, ScatterGather};
         let rows = [
             // (link, ranks, bytes, elements, algorithm)
             (Transport::Tcp, 2, 4, 1, OneShot),
@@ -171,9 +237,39 @@ mod tests {
             ),
             (Transport::Tcp, 4, 1 << 20, 1 << 18, Ring),
             (Transport::Tcp, 2, 64 << 20, 16 << 20, Ring),
-            // Fewer elements than ranks: one-shot whatever the bytes (a ring needs an
-            // element per rank).
-            (Transport::Tcp, 16, 8 << 20, 15, OneShot),
+            // Fewer elements than ranks: one-shot (recursive doubling past four ranks)
+            // whatever the bytes (a ring needs an element per rank).
+            (Transport::Tcp, 4, 8 << 20, 3, OneShot),
+            (Transport::Tcp, 16, 8 << 20, 15, RecursiveDoubling),
+            (Transport::Tcp, 4, 4, 1, OneShot),
+            (Transport::Tcp, 4, 16 << 10, 4 << 10, OneShot),
+            (
+                Transport::Tcp,
+                4,
+                (16 << 10) + 4,
+                (4 << 10) + 1,
+                ScatterGather,
+            ),
+            // Past four ranks: log2 P rounds where the direct algorithms went.
+            (Transport::Tcp, 5, 4, 1, RecursiveDoubling),
+            (Transport::Tcp, 12, 16 << 10, 4 << 10, RecursiveDoubling),
+            (
+                Transport::Tcp,
+                12,
+                (16 << 10) + 4,
+                (4 << 10) + 1,
+                HalvingDoubling,
+            ),
+            (
+                Transport::Tcp,
+                16,
+                (1 << 20) - 4,
+                (1 << 18) - 1,
+                HalvingDoubling,
+            ),
+            (Transport::Tcp, 16, 1 << 20, 1 << 18, Ring),
+            (Transport::Rdma, 8, 4, 1, RecursiveDoubling),
+            (Transport::SharedMemory, 8, 4, 1, OneShot),
             (Transport::SharedMemory, 2, 64 << 20, 16 << 20, OneShot),
             (Transport::SharedMemory, 3, 32 << 10, 8 << 10, OneShot),
             (
@@ -198,6 +294,13 @@ mod tests {
                 "{link:?}, P = {ranks}, {bytes} bytes"
             );
         }
+        for ranks in 2..=4 {
+            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::Direct);
+        }
+        for ranks in [5, 8, 12, 16, 1000] {
+            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::RecursiveDoubling);
+        }
+        assert_eq!(barrier(Transport::SharedMemory, 8), Barrier::Direct);
         assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
         assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
         assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);
