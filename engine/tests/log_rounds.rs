@@ -1,7 +1,8 @@
 //! The native wire over TCP past four ranks, across real processes on loopback: groups of
 //! 12 and 16 ranks, where the table takes recursive doubling (4 B), halving-doubling
-//! (64 KiB) and the ring (1 MiB) for all_sum, and recursive doubling for the barrier, with
-//! ranks past the largest power of two handing in and taking out.
+//! (64 KiB) and the ring (1 MiB) for all_sum, recursive doubling for the barrier and for
+//! all_gathers up to a MiB of output, with ranks past the largest power of two handing in
+//! and taking out.
 //!
 //! Each rank computes every rank's input itself, so it checks its own result: exactly, for
 //! values every order of summation gives alike (small integers in f32), and bit for bit
@@ -105,6 +106,21 @@ fn check(g: &Group) {
             }
             same_on_every_rank(g, &what, &data);
         }
+    }
+    // all_gather: by recursive doubling up to a MiB of output, directly past it.
+    for (case, bytes) in [(10u64, 4usize), (11, 64 << 10), (12, 100 << 10)] {
+        let block = |r: usize| -> Vec<u8> {
+            let mut rng = StdRng::seed_from_u64(case.wrapping_mul(7919) ^ r as u64);
+            (0..bytes).map(|_| rng.random()).collect()
+        };
+        let got = g
+            .all_gather_vec(&block(rank))
+            .unwrap_or_else(|e| panic!("rank {rank}: all_gather of {bytes} bytes: {e}"));
+        let want: Vec<u8> = (0..size).flat_map(block).collect();
+        assert!(
+            got == want,
+            "rank {rank}: all_gather of {bytes} bytes at P = {size}: wrong blocks"
+        );
     }
     // The barrier: rank 0 enters late, and no rank may leave before it entered (one
     // machine, one wall clock).

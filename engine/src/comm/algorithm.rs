@@ -20,6 +20,9 @@
 //! | broadcast | TCP | 2 | any | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | larger | [`Broadcast::ScatterGather`] |
+//! | all_gather | TCP | up to 4 | any | [`AllGather::Direct`] |
+//! | all_gather | TCP | 5 or more | output up to [`TCP_RING_MIN`] | [`AllGather::RecursiveDoubling`] |
+//! | all_gather | TCP | 5 or more | larger | [`AllGather::Direct`] |
 //! | barrier | TCP | up to 4 | - | [`Barrier::Direct`] |
 //! | barrier | TCP | 5 or more | - | [`Barrier::RecursiveDoubling`] |
 //!
@@ -27,9 +30,10 @@
 //! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
 //! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the direct
 //! algorithms where it says [`AllReduce::RecursiveDoubling`] or
-//! [`AllReduce::HalvingDoubling`]. all_gather, sum_scatter and all_to_all have one
-//! algorithm each (every block straight to its rank over TCP, one step per chunk in shared
-//! memory), and so does send/recv. The check of calls before a ring all-reduce is a
+//! [`AllReduce::HalvingDoubling`]. sum_scatter and all_to_all have one algorithm each
+//! (every block straight to its rank over TCP, one step per chunk in shared memory), and
+//! so does send/recv; shared memory and the hierarchical groups have their own
+//! all_gather. The check of calls before a ring all-reduce is a
 //! barrier, by the barrier's row.
 //!
 //! # Past four ranks over TCP
@@ -37,8 +41,13 @@
 //! The direct algorithms send P - 1 messages per rank per round (the one-shot its whole
 //! vector each time), so their latency grows linearly with P; past four ranks Open MPI's
 //! recursive doubling and halving-doubling, with log2 P rounds of one message each, beat
-//! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces and the
-//! barrier take those (`native::protocol` has them, with the order they fold in). Up to
+//! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces, the
+//! barrier and the all_gathers up to [`TCP_RING_MIN`] of output take those
+//! (`native::protocol` has them, with the order they fold in). Recursive doubling's
+//! all_gather sends the bytes of the direct one in fewer messages, but for P not a power
+//! of two its ranks that took a block in send the whole output back: past a MiB (an
+//! estimate, as the all-reduce's ring crossing) the direct one's P - 1 concurrent
+//! messages are kept. Up to
 //! four ranks the rows are the ones measured below, unchanged. The crossing at five is
 //! the message count's (at P = 4 the direct algorithms send 3 messages a round and
 //! recursive doubling 2 rounds of 1), not a measurement yet.
@@ -95,6 +104,17 @@ pub(crate) enum AllReduce {
     /// recursive doubling, 2 log2 P rounds; each rank sends about 2 (P - 1) / P of the
     /// vector, as [`AllReduce::ScatterGather`] does, in log2 P messages instead of P - 1.
     HalvingDoubling,
+}
+
+/// How an all_gather goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllGather {
+    /// One round: every rank sends its block to every other.
+    Direct,
+    /// Recursive doubling (TCP only): log2 P rounds, each rank sending the blocks it holds
+    /// to one partner per round; ranks past the largest power of two hand their block in
+    /// before and take the whole output after.
+    RecursiveDoubling,
 }
 
 /// How a barrier goes.
@@ -181,6 +201,16 @@ pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usi
         AllReduce::ScatterGather
     } else {
         AllReduce::Ring
+    }
+}
+
+/// How an all_gather of `bytes` of output (every rank's block) goes over `link` among
+/// `ranks` ranks (shared memory has its own).
+pub(crate) fn all_gather(link: Transport, ranks: usize, bytes: usize) -> AllGather {
+    if log_rounds(link, ranks) && bytes <= TCP_RING_MIN {
+        AllGather::RecursiveDoubling
+    } else {
+        AllGather::Direct
     }
 }
 
@@ -301,6 +331,20 @@ mod tests {
             assert_eq!(barrier(Transport::Tcp, ranks), Barrier::RecursiveDoubling);
         }
         assert_eq!(barrier(Transport::SharedMemory, 8), Barrier::Direct);
+        for (link, ranks, bytes, want) in [
+            (Transport::Tcp, 2, 4, AllGather::Direct),
+            (Transport::Tcp, 4, 64 << 10, AllGather::Direct),
+            (Transport::Tcp, 5, 0, AllGather::RecursiveDoubling),
+            (Transport::Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
+            (Transport::Tcp, 16, (1 << 20) + 16, AllGather::Direct),
+            (Transport::SharedMemory, 16, 64, AllGather::Direct),
+        ] {
+            assert_eq!(
+                all_gather(link, ranks, bytes),
+                want,
+                "{link:?}, P = {ranks}, {bytes} bytes"
+            );
+        }
         assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
         assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
         assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);

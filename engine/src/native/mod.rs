@@ -24,9 +24,10 @@
 //! direct reduce-scatter + all-gather for middling ones, and over MLX's pipelined ring for
 //! large ones (after a barrier, so that a mismatch is found before data moves); past four
 //! ranks the small ones go by recursive doubling and the middling ones by
-//! halving-doubling, in log2 P rounds. all_gather and sum_scatter send every block
-//! straight to its rank; barrier is a round of headers, by recursive doubling past four
-//! ranks; send/recv go on the mesh connection to any peer. A broadcast goes straight from
+//! halving-doubling, in log2 P rounds. all_gather sends every block straight to its rank,
+//! by recursive doubling past four ranks up to a MiB of output; sum_scatter sends every
+//! block straight to its rank; barrier is a round of headers, by recursive doubling past
+//! four ranks; send/recv go on the mesh connection to any peer. A broadcast goes straight from
 //! the root when small, by scatter + all-gather when large; all_to_all sends every block
 //! straight to its rank. See `protocol` for the order of combination, which makes every
 //! result identical on every rank and from run to run.
@@ -98,7 +99,7 @@ use shm::Path;
 
 use crate::comm::Communicator;
 use crate::comm::Transport;
-use crate::comm::algorithm::{self, AllReduce, Barrier, Broadcast};
+use crate::comm::algorithm::{self, AllGather, AllReduce, Barrier, Broadcast};
 use crate::comm::progress::Spin;
 use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
 use crate::comm::ring::staging::Staging;
@@ -696,9 +697,19 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        state
-            .exchange
-            .all_gather(&state.transport, self.rank, self.size, &call, nbytes);
+        let (me, p) = (self.rank, self.size);
+        match algorithm::all_gather(Transport::Tcp, p, output.len()) {
+            AllGather::Direct => {
+                state
+                    .exchange
+                    .all_gather(&state.transport, me, p, &call, nbytes);
+            }
+            AllGather::RecursiveDoubling => {
+                state
+                    .exchange
+                    .all_gather_doubling(&state.transport, me, p, &call, nbytes);
+            }
+        }
         self.run(state, &call, output, input)
     }
 

@@ -39,6 +39,8 @@
 //!   from it last (see [`Doubling`]); the other `pof2` exchange their whole partial result
 //!   with one partner per round, at distance 1, 2, 4...: log2 P rounds of one message
 //!   instead of one round of P - 1.
+//! - **all_gather by recursive doubling** ([`Exchange::all_gather_doubling`]), past four
+//!   ranks: the same pairs, each round's message carrying every block the rank holds.
 //! - **Rabenseifner's** all-reduce ([`Exchange::halving_doubling`]), past four ranks, for
 //!   middling vectors: reduce-scatter by recursive halving, all-gather by recursive
 //!   doubling, with the same hand-in and hand-out; each rank sends about the bytes of the
@@ -720,6 +722,61 @@ impl Exchange {
             let at = peer * nbytes..(peer + 1) * nbytes;
             self.inc(0, routes, peer, Some(call), Dst::Data(at));
         }
+    }
+
+    /// all_gather of `nbytes` per rank into `data` by recursive doubling (this rank's own
+    /// block is the caller's to copy): the ranks past the largest power of two hand their
+    /// block in before the rounds (see [`Doubling`]); then at distance 1, 2, 4... each
+    /// virtual rank sends its partner the blocks it holds (an aligned group of virtual
+    /// ranks, whose blocks are contiguous in `data`) and takes the partner's; last, the
+    /// ranks that took a block in hand the whole output back. log2 P rounds of one message
+    /// instead of one round of P - 1; each rank sends the same bytes as the direct one
+    /// (the hand-out aside).
+    pub(crate) fn all_gather_doubling(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        nbytes: usize,
+    ) {
+        self.start(me, size, 0);
+        let d = Doubling::new(size);
+        // The bytes of the blocks of virtual ranks `lo..hi`.
+        let blocks = |lo: usize, hi: usize| {
+            let first = if lo < d.extra { 2 * lo } else { lo + d.extra };
+            let last = d.rank(hi - 1);
+            first * nbytes..(last + 1) * nbytes
+        };
+        let partner = if me < 2 * d.extra {
+            let round = self.add_round();
+            if me.is_multiple_of(2) {
+                let mine = me * nbytes..(me + 1) * nbytes;
+                self.out(round, routes, me + 1, Some(call), Src::Data(mine));
+                self.inc(round, routes, me + 1, Some(call), Dst::None);
+                Some(me + 1)
+            } else {
+                let theirs = (me - 1) * nbytes..me * nbytes;
+                self.out(round, routes, me - 1, Some(call), Src::None);
+                self.inc(round, routes, me - 1, Some(call), Dst::Data(theirs));
+                Some(me - 1)
+            }
+        } else {
+            None
+        };
+        if let Some(v) = d.virtual_rank(me) {
+            for mask in d.masks() {
+                let p = v ^ mask;
+                let (mine, theirs) = (v - v % mask, p - p % mask);
+                let peer = d.rank(p);
+                let round = self.add_round();
+                let src = Src::Data(blocks(mine, mine + mask));
+                self.out(round, routes, peer, Some(call), src);
+                let dst = Dst::Data(blocks(theirs, theirs + mask));
+                self.inc(round, routes, peer, Some(call), dst);
+            }
+        }
+        self.hand_out(routes, call, partner, size * nbytes);
     }
 
     /// sum_scatter of `chunk` bytes per rank of `dtype` from `input` into `data`.

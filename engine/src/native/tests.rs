@@ -344,7 +344,8 @@ fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
 
 #[test]
 fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
-    for size in [1, 2, 3, 5] {
+    // 5 and 6: all_gather and barrier by recursive doubling, with hand-ins.
+    for size in [1, 2, 3, 5, 6] {
         let ranks = group(size, 1, Duration::from_secs(20));
         on_ranks(&ranks, |comm| {
             let me = comm.rank();
@@ -1106,6 +1107,76 @@ proptest! {
         let outcome = simulate_live(&mut xs, &mut data, &none, (seed, max), &live, 20_000);
         for (r, o) in outcome.iter().enumerate() {
             prop_assert!(o.is_none(), "rank {} of {} finished without rank {}", r, size, absent);
+        }
+    }
+
+    /// all_gather by recursive doubling, cut into arbitrary pieces, puts every rank's
+    /// block in place on every rank, at every P from 2 to 16, empty blocks included.
+    #[test]
+    fn all_gather_by_doubling_gives_every_block(
+        size in 2usize..17,
+        nbytes in 0usize..100,
+        seed in any::<u64>(),
+        max in 1usize..64,
+    ) {
+        let call = Call::group(2, Kind::AllGather, nbytes as u64);
+        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, DType::U8, nbytes)).collect();
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        let mut data = Vec::new();
+        for (r, x) in xs.iter_mut().enumerate() {
+            x.all_gather_doubling(&Direct, r, size, &call, nbytes);
+            // The caller's copy of its own block.
+            let mut out = vec![0xAB; nbytes * size];
+            out[r * nbytes..(r + 1) * nbytes].copy_from_slice(&inputs[r]);
+            data.push(out);
+        }
+        let outcome = simulate(&mut xs, &mut data, &inputs, seed, max);
+        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
+        let want: Vec<u8> = inputs.concat();
+        for (r, d) in data.iter().enumerate() {
+            prop_assert!(*d == want, "rank {} of {}", r, size);
+        }
+    }
+
+    /// A rank whose all_gather differs in length meets its first partner, both find the
+    /// mismatch, no rank finishes (each needs the odd rank's block), and the odd rank's
+    /// block reaches nobody: the others' buffers are untouched there, and the odd rank's
+    /// everywhere but its own block.
+    #[test]
+    fn a_doubling_all_gather_mismatch_takes_no_data_from_the_odd_rank(
+        size in 2usize..10,
+        odd in 0usize..10,
+        count in 1usize..50,
+        extra in 1usize..50,
+        seed in any::<u64>(),
+        max in 1usize..32,
+    ) {
+        let odd = odd % size;
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        let mut data: Vec<Vec<u8>> = Vec::new();
+        let mut inputs: Vec<Vec<u8>> = Vec::new();
+        for (r, x) in xs.iter_mut().enumerate() {
+            let n = if r == odd { count + extra } else { count };
+            x.all_gather_doubling(&Direct, r, size, &Call::group(0, Kind::AllGather, n as u64), n);
+            let mut out = vec![0xAB; n * size];
+            out[r * n..(r + 1) * n].fill(0xCD);
+            data.push(out);
+            inputs.push(vec![0xCD; n]);
+        }
+        let before = data.clone();
+        let live = vec![true; size];
+        let outcome = simulate_live(&mut xs, &mut data, &inputs, (seed, max), &live, 50_000);
+        prop_assert!(
+            matches!(outcome[odd], Some(Err(Error::Mismatch { .. }))),
+            "odd rank {}: {:?}", odd, outcome[odd]
+        );
+        for (r, o) in outcome.iter().enumerate() {
+            prop_assert!(!matches!(o, Some(Ok(()))), "rank {} finished", r);
+        }
+        prop_assert!(data[odd] == before[odd]);
+        for r in (0..size).filter(|&r| r != odd) {
+            let at = odd * count..(odd + 1) * count;
+            prop_assert!(data[r][at.clone()] == before[r][at], "rank {}", r);
         }
     }
 
