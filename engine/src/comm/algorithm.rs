@@ -33,8 +33,8 @@
 //! [`AllReduce::HalvingDoubling`]. sum_scatter and all_to_all have one algorithm each
 //! (every block straight to its rank over TCP, one step per chunk in shared memory), and
 //! so does send/recv; shared memory and the hierarchical groups have their own
-//! all_gather. The check of calls before a ring all-reduce is a
-//! barrier, by the barrier's row.
+//! all_gather. The check of calls before a ring all-reduce is a barrier, by the barrier's
+//! row.
 //!
 //! # Past four ranks over TCP
 //!
@@ -43,14 +43,30 @@
 //! recursive doubling and halving-doubling, with log2 P rounds of one message each, beat
 //! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces, the
 //! barrier and the all_gathers up to [`TCP_RING_MIN`] of output take those
-//! (`native::protocol` has them, with the order they fold in). Recursive doubling's
-//! all_gather sends the bytes of the direct one in fewer messages, but for P not a power
-//! of two its ranks that took a block in send the whole output back: past a MiB (an
-//! estimate, as the all-reduce's ring crossing) the direct one's P - 1 concurrent
-//! messages are kept. Up to
-//! four ranks the rows are the ones measured below, unchanged. The crossing at five is
-//! the message count's (at P = 4 the direct algorithms send 3 messages a round and
-//! recursive doubling 2 rounds of 1), not a measurement yet.
+//! (`native::protocol` has them, with the order they fold in). Up to four ranks the rows
+//! are the ones measured in the next section, unchanged. Recursive doubling's all_gather
+//! sends the bytes of the direct one in fewer messages, but for P not a power of two the
+//! ranks that took a block in send the whole output back: past a MiB of output (an
+//! estimate, the all-reduce's ring crossing) the direct one's P - 1 concurrent messages
+//! are kept. The barrier's crossing is the message count's (at P = 4 a rank sends 3
+//! headers in one round, or 1 in each of 2), not a measurement.
+//!
+//! The all-reduce's crossings past four ranks, by `native::tests::measure_the_algorithms`
+//! (as in the next section: P threads on loopback on a 2-core VM at load average 7 to 9,
+//! one run each, so only the order is worth anything), in µs, one-shot / direct /
+//! recursive doubling / halving-doubling / ring:
+//!
+//! | bytes | P = 5 | P = 6 | P = 8 | P = 12 |
+//! |---|---|---|---|---|
+//! | 8 KiB | 63 / 85 / **46** / 51 / 116 | 91 / 139 / **48** / 63 / 189 | 133 / 198 / **69** / 111 / 320 | 501 / 593 / **125** / 178 / 642 |
+//! | 64 KiB | 263 / 109 / 89 / **88** / 151 | 467 / 185 / 131 / **115** / 233 | 878 / 320 / 327 / **184** / 378 | 2571 / 630 / 466 / **351** / 773 |
+//! | 256 KiB | 1276 / 387 / 422 / **274** / 263 | 2017 / 555 / 575 / **413** / 233 | 3632 / 740 / 1986 / **624** / 642 | 14078 / 2229 / 1579 / **1091** / 1401 |
+//! | 1 MiB | 11209 / 1661 / 2882 / 2254 / **1168** | 21776 / 2571 / 2917 / 2095 / **2124** | 28426 / 3786 / 9148 / 3199 / **2455** | 84594 / 7776 / 6629 / 16400 / **3666** |
+//!
+//! (bold: what the table takes). At 4 B, P = 8: 106 / 98 / 47 / 53 µs; P = 12: 228 / 266 /
+//! 99 / 120 µs. At 256 KiB the ring was level with halving-doubling at P = 5 and ahead at
+//! P = 6 (and P = 12's 1 MiB halving-doubling figure is out of line with its others):
+//! re-measure on idle machines before moving [`TCP_RING_MIN`] past four ranks.
 //!
 //! # Where the TCP crossings come from
 //!

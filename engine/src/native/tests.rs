@@ -472,6 +472,7 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
 
 /// Times each algorithm at sizes around the thresholds, on loopback, in this process (P
 /// threads share the machine's CPUs, so the figures are relative, not a benchmark).
+/// `NUVEC_MEASURE_RANKS` (say `5,8`) picks the group sizes; 2, 3, 4, 6 and 8 otherwise.
 #[test]
 #[ignore = "a measurement that prints timings, run by hand to set the thresholds"]
 fn measure_the_algorithms() {
@@ -493,8 +494,14 @@ fn measure_the_algorithms() {
         AllReduce::OneShot,
         AllReduce::ScatterGather,
         AllReduce::Ring,
+        AllReduce::RecursiveDoubling,
+        AllReduce::HalvingDoubling,
     ];
-    for size in [2, 3, 4] {
+    let sizes: Vec<usize> = std::env::var("NUVEC_MEASURE_RANKS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 3, 4, 6, 8]);
+    for size in sizes {
         let ranks = group(size, 1, Duration::from_secs(20));
         for bytes in [
             4usize,
@@ -838,7 +845,14 @@ fn health_names_a_peer_that_went_away_and_fails_the_group() {
 
 #[test]
 fn collectives_of_a_shape_seen_before_allocate_no_staging_or_plan_storage() {
-    let ranks = group(3, 1, Duration::from_secs(10));
+    // 3: the direct algorithms; 6: the log-round ones, with hand-ins.
+    for size in [3, 6] {
+        shapes_seen_before_allocate_nothing(size);
+    }
+}
+
+fn shapes_seen_before_allocate_nothing(size: usize) {
+    let ranks = group(size, 1, Duration::from_secs(10));
     let footprint = |comm: &Native| {
         let state = comm.state.lock().expect("a usable group");
         (
