@@ -13,7 +13,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nuvec_distributed_engine::Group;
+use nuvec_distributed_engine::{Group, Transport};
 use nuvec_tools::testing::Launch;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -163,6 +163,8 @@ fn log_rounds(size: usize, name: &str) {
         .all_ok(name, |g| {
             assert_eq!(g.size(), size);
             assert_eq!(g.backend(), "native");
+            let next = (g.rank() + 1) % size;
+            assert_eq!(g.transport(next).expect("a peer's link"), Transport::Tcp);
             check(&g);
         });
 }
