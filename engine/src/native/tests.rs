@@ -685,9 +685,10 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
 }
 
 /// Past four ranks the log-round algorithms compare calls with each partner only: the
-/// odd rank (the last) and its first partner (the rank before it, both past the hand-in)
-/// fail with a mismatch naming both calls, and every other rank fails within a second on
-/// what their failure closed, naming a peer; every group is failed after.
+/// odd rank and its first partner fail with a mismatch naming both calls (the last rank
+/// and the one before it; rank 0, which hands its vector in, and rank 1, which answers
+/// with its header), and every other rank fails within a second on what their failure
+/// closed, naming a peer; every group is failed after.
 #[test]
 fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
     use ReduceOp::Sum;
@@ -706,7 +707,9 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
             ("all_sum float32 x 262145", "all_sum int32 x 262145"),
         ),
     ];
-    for size in [5, 6] {
+    for (size, odd_rank) in [(5, 4), (6, 5), (5, 0), (6, 0)] {
+        // The odd rank's first partner.
+        let partner = if odd_rank == 0 { 1 } else { odd_rank - 1 };
         for &(normal, odd, names) in &cases {
             let ranks = group(size, 1, Duration::from_secs(20));
             let start = Barrier::new(size);
@@ -715,7 +718,7 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
                     .expect("a good call");
                 start.wait();
                 let began = Instant::now();
-                let mine = if comm.rank() == size - 1 { odd } else { normal };
+                let mine = if comm.rank() == odd_rank { odd } else { normal };
                 let e = call(comm, mine).expect_err("a mismatched call must fail");
                 let took = began.elapsed();
                 let later = comm
@@ -725,7 +728,7 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
             });
             for (rank, (e, took, later)) in outcomes.into_iter().enumerate() {
                 let msg = e.to_string();
-                if rank >= size - 2 {
+                if rank == odd_rank || rank == partner {
                     assert!(matches!(e, Error::Mismatch { .. }), "rank {rank}: {msg}");
                     assert!(
                         msg.contains(names.0) && msg.contains(names.1),
