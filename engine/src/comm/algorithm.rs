@@ -28,8 +28,8 @@
 //!
 //! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
 //! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
-//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the direct
-//! algorithms where it says [`AllReduce::RecursiveDoubling`] or
+//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the
+//! direct algorithms where it says [`AllReduce::RecursiveDoubling`] or
 //! [`AllReduce::HalvingDoubling`]. sum_scatter and all_to_all have one algorithm each
 //! (every block straight to its rank over TCP, one step per chunk in shared memory), and
 //! so does send/recv; shared memory and the hierarchical groups have their own

@@ -27,10 +27,10 @@
 //! halving-doubling, in log2 P rounds. all_gather sends every block straight to its rank,
 //! by recursive doubling past four ranks up to a MiB of output; sum_scatter sends every
 //! block straight to its rank; barrier is a round of headers, by recursive doubling past
-//! four ranks; send/recv go on the mesh connection to any peer. A broadcast goes straight from
-//! the root when small, by scatter + all-gather when large; all_to_all sends every block
-//! straight to its rank. See `protocol` for the order of combination, which makes every
-//! result identical on every rank and from run to run.
+//! four ranks; send/recv go on the mesh connection to any peer. A broadcast goes straight
+//! from the root when small, by scatter + all-gather when large; all_to_all sends every
+//! block straight to its rank. See `protocol` for the order of combination, which makes
+//! every result identical on every rank and from run to run.
 //!
 //! # A mismatch
 //!
@@ -40,10 +40,11 @@
 //! calls, and fails the group (closing its connections, so the others do not wait out
 //! their timeout). Past four ranks the log-round algorithms compare calls with each
 //! partner only: the ranks that meet the odd one find the mismatch, and the others fail
-//! on the closed connections of those (see `protocol`). A `send` is not acknowledged (as on MLX's wire, so that two ranks may both
-//! send before they receive): a mismatched `recv` fails at once and answers the sender,
-//! whose next call that reads from the receiver (any group collective, a `recv`) fails
-//! with the same mismatch (see `header`).
+//! on the closed connections of those, naming a peer as lost (see `protocol`). A `send`
+//! is not acknowledged (as on MLX's wire, so that two ranks may both send before they
+//! receive): a mismatched `recv` fails at once and answers the sender, whose next call
+//! that reads from the receiver (any group collective, a `recv`) fails with the same
+//! mismatch (see `header`).
 
 pub(crate) mod bootstrap;
 pub(crate) mod hello;

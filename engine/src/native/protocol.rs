@@ -208,7 +208,7 @@ impl Fold {
                     Src::Input(r) => &mem.input[r.clone()],
                     Src::None => &[],
                 };
-                // Copied first: for an all-reduce the target is the own contribution itself.
+                // Copied first: for an all-reduce the target is the own contribution.
                 mem.stage[at(me)].copy_from_slice(own);
                 mem.data[target.clone()].copy_from_slice(&mem.stage[at(0)]);
                 for p in 1..size {
