@@ -7,10 +7,12 @@
 //!
 //! | collective | link | ranks | bytes | algorithm |
 //! |---|---|---|---|---|
-//! | all-reduce | TCP | any | fewer elements than ranks | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | up to 4 | fewer elements than ranks | [`AllReduce::OneShot`] |
 //! | all-reduce | TCP | 2 | up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | 3 or more | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | any | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | 3, 4 | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | up to 4 | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | 5 or more | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
+//! | all-reduce | TCP | 5 or more | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
 //! | all-reduce | TCP | any | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
 //! | all-reduce | shared memory | 2 | any | [`AllReduce::OneShot`] |
 //! | all-reduce | shared memory | 3 or more | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
@@ -18,12 +20,53 @@
 //! | broadcast | TCP | 2 | any | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
 //! | broadcast | TCP | 3 or more | larger | [`Broadcast::ScatterGather`] |
+//! | all_gather | TCP | up to 4 | any | [`AllGather::Direct`] |
+//! | all_gather | TCP | 5 or more | output up to [`TCP_RING_MIN`] | [`AllGather::RecursiveDoubling`] |
+//! | all_gather | TCP | 5 or more | larger | [`AllGather::Direct`] |
+//! | barrier | TCP | up to 4 | - | [`Barrier::Direct`] |
+//! | barrier | TCP | 5 or more | - | [`Barrier::RecursiveDoubling`] |
 //!
 //! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
 //! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
-//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`]. all_gather, sum_scatter
-//! and all_to_all have one algorithm each (every block straight to its rank over TCP, one
-//! step per chunk in shared memory), and so do barrier and send/recv.
+//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the
+//! direct algorithms where it says [`AllReduce::RecursiveDoubling`] or
+//! [`AllReduce::HalvingDoubling`]. sum_scatter and all_to_all have one algorithm each
+//! (every block straight to its rank over TCP, one step per chunk in shared memory), and
+//! so does send/recv; shared memory and the hierarchical groups have their own
+//! all_gather. The check of calls before a ring all-reduce is a barrier, by the barrier's
+//! row.
+//!
+//! # Past four ranks over TCP
+//!
+//! The direct algorithms send P - 1 messages per rank per round (the one-shot its whole
+//! vector each time), so their latency grows linearly with P; past four ranks Open MPI's
+//! recursive doubling and halving-doubling, with log2 P rounds of one message each, beat
+//! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces, the
+//! barrier and the all_gathers up to [`TCP_RING_MIN`] of output take those
+//! (`native::protocol` has them, with the order they fold in). Up to four ranks the rows
+//! are the ones measured in the next section, unchanged. Recursive doubling's all_gather
+//! sends the bytes of the direct one in fewer messages, but for P not a power of two the
+//! ranks that took a block in send the whole output back: past a MiB of output (an
+//! estimate, the all-reduce's ring crossing) the direct one's P - 1 concurrent messages
+//! are kept. The barrier's crossing is the message count's (at P = 4 a rank sends 3
+//! headers in one round, or 1 in each of 2), not a measurement.
+//!
+//! The all-reduce's crossings past four ranks, by `native::tests::measure_the_algorithms`
+//! (as in the next section: P threads on loopback on a 2-core VM at load average 7 to 9,
+//! one run each, so only the order is worth anything), in µs, one-shot / direct /
+//! recursive doubling / halving-doubling / ring:
+//!
+//! | bytes | P = 5 | P = 6 | P = 8 | P = 12 |
+//! |---|---|---|---|---|
+//! | 8 KiB | 63 / 85 / **46** / 51 / 116 | 91 / 139 / **48** / 63 / 189 | 133 / 198 / **69** / 111 / 320 | 501 / 593 / **125** / 178 / 642 |
+//! | 64 KiB | 263 / 109 / 89 / **88** / 151 | 467 / 185 / 131 / **115** / 233 | 878 / 320 / 327 / **184** / 378 | 2571 / 630 / 466 / **351** / 773 |
+//! | 256 KiB | 1276 / 387 / 422 / **274** / 263 | 2017 / 555 / 575 / **413** / 233 | 3632 / 740 / 1986 / **624** / 642 | 14078 / 2229 / 1579 / **1091** / 1401 |
+//! | 1 MiB | 11209 / 1661 / 2882 / 2254 / **1168** | 21776 / 2571 / 2917 / 2095 / **2124** | 28426 / 3786 / 9148 / 3199 / **2455** | 84594 / 7776 / 6629 / 16400 / **3666** |
+//!
+//! (bold: what the table takes). At 4 B, P = 8: 106 / 98 / 47 / 53 µs; P = 12: 228 / 266 /
+//! 99 / 120 µs. At 256 KiB the ring was level with halving-doubling at P = 5 and ahead at
+//! P = 6 (and P = 12's 1 MiB halving-doubling figure is out of line with its others):
+//! re-measure on idle machines before moving [`TCP_RING_MIN`] past four ranks.
 //!
 //! # Where the TCP crossings come from
 //!
@@ -69,6 +112,35 @@ pub(crate) enum AllReduce {
     ScatterGather,
     /// MLX's pipelined ring, after a round of headers (TCP only).
     Ring,
+    /// Recursive doubling (TCP only): log2 P rounds, each rank sending its whole partial
+    /// result to one partner per round; ranks past the largest power of two hand their
+    /// vector in before and take the result after.
+    RecursiveDoubling,
+    /// Rabenseifner's (TCP only): reduce-scatter by recursive halving, all-gather by
+    /// recursive doubling, 2 log2 P rounds; each rank sends about 2 (P - 1) / P of the
+    /// vector, as [`AllReduce::ScatterGather`] does, in log2 P messages instead of P - 1.
+    HalvingDoubling,
+}
+
+/// How an all_gather goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllGather {
+    /// One round: every rank sends its block to every other.
+    Direct,
+    /// Recursive doubling (TCP only): log2 P rounds, each rank sending the blocks it holds
+    /// to one partner per round; ranks past the largest power of two hand their block in
+    /// before and take the whole output after.
+    RecursiveDoubling,
+}
+
+/// How a barrier goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Barrier {
+    /// One round: every rank sends its header to every other.
+    Direct,
+    /// Recursive doubling of headers: log2 P rounds of one message (plus one before and
+    /// one after for the ranks past the largest power of two).
+    RecursiveDoubling,
 }
 
 /// How a broadcast goes.
@@ -106,6 +178,15 @@ pub(crate) const SHM_ONE_SHOT_MAX: usize = 32 << 10;
 /// copies the same way.
 pub(crate) const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 
+/// The fewest ranks at which the TCP rows take the log-round algorithms (see the module
+/// docs).
+pub(crate) const LOG_ROUNDS_MIN_RANKS: usize = 5;
+
+/// Whether `ranks` ranks over `link` take the log-round algorithms.
+fn log_rounds(link: Transport, ranks: usize) -> bool {
+    link != Transport::SharedMemory && ranks >= LOG_ROUNDS_MIN_RANKS
+}
+
 /// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks.
 pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     match (link, ranks) {
@@ -117,13 +198,44 @@ pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
 }
 
 /// How an all-reduce of `bytes` (`elems` elements) goes over `link` among `ranks` ranks.
+///
+/// A pure function of what every rank agreed when the group formed (the link, the ranks)
+/// and of the call (its length), so every rank picks the same.
 pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usize) -> AllReduce {
-    if bytes <= one_shot_max(link, ranks) || elems < ranks {
+    let small = bytes <= one_shot_max(link, ranks) || elems < ranks;
+    if log_rounds(link, ranks) {
+        if small {
+            AllReduce::RecursiveDoubling
+        } else if bytes < TCP_RING_MIN {
+            AllReduce::HalvingDoubling
+        } else {
+            AllReduce::Ring
+        }
+    } else if small {
         AllReduce::OneShot
     } else if link == Transport::SharedMemory || bytes < TCP_RING_MIN {
         AllReduce::ScatterGather
     } else {
         AllReduce::Ring
+    }
+}
+
+/// How an all_gather of `bytes` of output (every rank's block) goes over `link` among
+/// `ranks` ranks (shared memory has its own).
+pub(crate) fn all_gather(link: Transport, ranks: usize, bytes: usize) -> AllGather {
+    if log_rounds(link, ranks) && bytes <= TCP_RING_MIN {
+        AllGather::RecursiveDoubling
+    } else {
+        AllGather::Direct
+    }
+}
+
+/// How a barrier goes over `link` among `ranks` ranks (shared memory has its own).
+pub(crate) fn barrier(link: Transport, ranks: usize) -> Barrier {
+    if log_rounds(link, ranks) {
+        Barrier::RecursiveDoubling
+    } else {
+        Barrier::Direct
     }
 }
 
@@ -142,7 +254,7 @@ mod tests {
 
     #[test]
     fn the_table_s_rows() {
-        use AllReduce::{OneShot, Ring, ScatterGather};
+        use AllReduce::{HalvingDoubling, OneShot, RecursiveDoubling, Ring, ScatterGather};
         let rows = [
             // (link, ranks, bytes, elements, algorithm)
             (Transport::Tcp, 2, 4, 1, OneShot),
@@ -171,9 +283,39 @@ mod tests {
             ),
             (Transport::Tcp, 4, 1 << 20, 1 << 18, Ring),
             (Transport::Tcp, 2, 64 << 20, 16 << 20, Ring),
-            // Fewer elements than ranks: one-shot whatever the bytes (a ring needs an
-            // element per rank).
-            (Transport::Tcp, 16, 8 << 20, 15, OneShot),
+            // Fewer elements than ranks: one-shot (recursive doubling past four ranks)
+            // whatever the bytes (a ring needs an element per rank).
+            (Transport::Tcp, 4, 8 << 20, 3, OneShot),
+            (Transport::Tcp, 16, 8 << 20, 15, RecursiveDoubling),
+            (Transport::Tcp, 4, 4, 1, OneShot),
+            (Transport::Tcp, 4, 16 << 10, 4 << 10, OneShot),
+            (
+                Transport::Tcp,
+                4,
+                (16 << 10) + 4,
+                (4 << 10) + 1,
+                ScatterGather,
+            ),
+            // Past four ranks: log2 P rounds where the direct algorithms went.
+            (Transport::Tcp, 5, 4, 1, RecursiveDoubling),
+            (Transport::Tcp, 12, 16 << 10, 4 << 10, RecursiveDoubling),
+            (
+                Transport::Tcp,
+                12,
+                (16 << 10) + 4,
+                (4 << 10) + 1,
+                HalvingDoubling,
+            ),
+            (
+                Transport::Tcp,
+                16,
+                (1 << 20) - 4,
+                (1 << 18) - 1,
+                HalvingDoubling,
+            ),
+            (Transport::Tcp, 16, 1 << 20, 1 << 18, Ring),
+            (Transport::Rdma, 8, 4, 1, RecursiveDoubling),
+            (Transport::SharedMemory, 8, 4, 1, OneShot),
             (Transport::SharedMemory, 2, 64 << 20, 16 << 20, OneShot),
             (Transport::SharedMemory, 3, 32 << 10, 8 << 10, OneShot),
             (
@@ -194,6 +336,27 @@ mod tests {
         for (link, ranks, bytes, elems, want) in rows {
             assert_eq!(
                 all_reduce(link, ranks, bytes, elems),
+                want,
+                "{link:?}, P = {ranks}, {bytes} bytes"
+            );
+        }
+        for ranks in 2..=4 {
+            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::Direct);
+        }
+        for ranks in [5, 8, 12, 16, 1000] {
+            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::RecursiveDoubling);
+        }
+        assert_eq!(barrier(Transport::SharedMemory, 8), Barrier::Direct);
+        for (link, ranks, bytes, want) in [
+            (Transport::Tcp, 2, 4, AllGather::Direct),
+            (Transport::Tcp, 4, 64 << 10, AllGather::Direct),
+            (Transport::Tcp, 5, 0, AllGather::RecursiveDoubling),
+            (Transport::Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
+            (Transport::Tcp, 16, (1 << 20) + 16, AllGather::Direct),
+            (Transport::SharedMemory, 16, 64, AllGather::Direct),
+        ] {
+            assert_eq!(
+                all_gather(link, ranks, bytes),
                 want,
                 "{link:?}, P = {ranks}, {bytes} bytes"
             );

@@ -491,8 +491,10 @@ impl Hier {
             // The TCP rows of the table among the leaders; their exchange has no
             // pipelined ring, so the ring's sizes go by reduce-scatter + all-gather.
             match algorithm::all_reduce(crate::comm::Transport::Tcp, count, len, elems) {
-                AllReduce::OneShot => ex.one_shot(routes, me, count, call, (op, dtype), len),
-                AllReduce::ScatterGather | AllReduce::Ring => {
+                AllReduce::OneShot | AllReduce::RecursiveDoubling => {
+                    ex.one_shot(routes, me, count, call, (op, dtype), len);
+                }
+                AllReduce::ScatterGather | AllReduce::HalvingDoubling | AllReduce::Ring => {
                     ex.scatter_gather(routes, me, count, call, (op, dtype), elems);
                 }
             }

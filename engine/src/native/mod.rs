@@ -23,23 +23,29 @@
 //!
 //! `comm::algorithm` is the table. An all-reduce goes one-shot for small vectors, by
 //! direct reduce-scatter + all-gather for middling ones, and over MLX's pipelined ring for
-//! large ones (after a round of headers, so that a mismatch is found before data moves).
-//! all_gather and sum_scatter send every block straight to its rank; barrier is a round of
-//! headers; send/recv go on the mesh connection to any peer. A broadcast goes straight from
-//! the root when small, by scatter + all-gather when large; all_to_all sends every block
-//! straight to its rank. See `protocol` for the order of combination, which makes every
-//! result identical on every rank and from run to run.
+//! large ones (after a barrier, so that a mismatch is found before data moves); past four
+//! ranks the small ones go by recursive doubling and the middling ones by
+//! halving-doubling, in log2 P rounds. all_gather sends every block straight to its rank,
+//! by recursive doubling past four ranks up to a MiB of output; sum_scatter sends every
+//! block straight to its rank; barrier is a round of headers, by recursive doubling past
+//! four ranks; send/recv go on the mesh connection to any peer. A broadcast goes straight
+//! from the root when small, by scatter + all-gather when large; all_to_all sends every
+//! block straight to its rank. See `protocol` for the order of combination, which makes
+//! every result identical on every rank and from run to run.
 //!
 //! # A mismatch
 //!
-//! Every rank sends its header to every peer in a group collective, and reads each
-//! peer's header before that peer's data, so every rank whose call differs from another
-//! rank's finds it, fails the collective with [`Error::Mismatch`] naming both calls, and
-//! fails the group (closing its connections, so the others do not wait out their
-//! timeout). A `send` is not acknowledged (as on MLX's wire, so that two ranks may both
-//! send before they receive): a mismatched `recv` fails at once and answers the sender,
-//! whose next call that reads from the receiver (any group collective, a `recv`) fails
-//! with the same mismatch (see `header`).
+//! Up to four ranks, every rank sends its header to every peer in a group collective, and
+//! reads each peer's header before that peer's data, so every rank whose call differs
+//! from another rank's finds it, fails the collective with [`Error::Mismatch`] naming both
+//! calls, and fails the group (closing its connections, so the others do not wait out
+//! their timeout). Past four ranks the log-round algorithms compare calls with each
+//! partner only: the ranks that meet the odd one find the mismatch, and the others fail
+//! on the closed connections of those, naming a peer as lost (see `protocol`). A `send`
+//! is not acknowledged (as on MLX's wire, so that two ranks may both send before they
+//! receive): a mismatched `recv` fails at once and answers the sender, whose next call
+//! that reads from the receiver (any group collective, a `recv`) fails with the same
+//! mismatch (see `header`).
 
 pub(crate) mod bootstrap;
 pub(crate) mod hello;
@@ -97,7 +103,7 @@ use protocol::{Exchange, Exchanging, Memory, Routes};
 
 use crate::comm::Communicator;
 use crate::comm::Transport;
-use crate::comm::algorithm::{self, AllReduce, Broadcast};
+use crate::comm::algorithm::{self, AllGather, AllReduce, Barrier, Broadcast};
 use crate::comm::progress::Spin;
 use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
 use crate::comm::ring::staging::Staging;
@@ -483,6 +489,17 @@ impl Native {
                     .exchange
                     .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
             }
+            AllReduce::RecursiveDoubling => {
+                let len = data.len();
+                state
+                    .exchange
+                    .recursive_doubling(&state.transport, me, p, &call, (op, dtype), len);
+            }
+            AllReduce::HalvingDoubling => {
+                state
+                    .exchange
+                    .halving_doubling(&state.transport, me, p, &call, (op, dtype), elems);
+            }
             AllReduce::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
         }
         self.run(state, &call, data, &[])
@@ -530,8 +547,23 @@ impl Native {
         self.run(state, &call, data, &[])
     }
 
-    /// A large all-reduce: headers with every peer, then MLX's pipelined ring over the
-    /// neighbour connections.
+    /// Plans a barrier over TCP by the table's row: the calls of every pair compared
+    /// directly, or by recursive doubling (where a rank finishes only once every rank's
+    /// header has reached it through its partners).
+    fn plan_barrier(&self, state: &mut State, call: &Call) {
+        let (me, p) = (self.rank, self.size);
+        match algorithm::barrier(Transport::Tcp, p) {
+            Barrier::Direct => state.exchange.headers(&state.transport, me, p, call),
+            Barrier::RecursiveDoubling => {
+                state
+                    .exchange
+                    .barrier_doubling(&state.transport, me, p, call);
+            }
+        }
+    }
+
+    /// A large all-reduce: a barrier (every rank's call checked, see
+    /// [`Native::plan_barrier`]), then MLX's pipelined ring over the neighbour connections.
     fn ring_all_reduce(
         &self,
         state: &mut State,
@@ -539,9 +571,7 @@ impl Native {
         (op, dtype): (ReduceOp, DType),
         data: &mut [u8],
     ) -> Result<()> {
-        state
-            .exchange
-            .headers(&state.transport, self.rank, self.size, call);
+        self.plan_barrier(state, call);
         self.run(state, call, &mut [], &[])?;
         let topo = Topology {
             rank: self.rank,
@@ -672,9 +702,19 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        state
-            .exchange
-            .all_gather(&state.transport, self.rank, self.size, &call, nbytes);
+        let (me, p) = (self.rank, self.size);
+        match algorithm::all_gather(Transport::Tcp, p, output.len()) {
+            AllGather::Direct => {
+                state
+                    .exchange
+                    .all_gather(&state.transport, me, p, &call, nbytes);
+            }
+            AllGather::RecursiveDoubling => {
+                state
+                    .exchange
+                    .all_gather_doubling(&state.transport, me, p, &call, nbytes);
+            }
+        }
         self.run(state, &call, output, input)
     }
 
@@ -787,9 +827,7 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        state
-            .exchange
-            .headers(&state.transport, self.rank, self.size, &call);
+        self.plan_barrier(state, &call);
         self.run(state, &call, &mut [], &[])
     }
 

@@ -4,7 +4,7 @@
 //!
 //! # Algorithms and their combination order
 //!
-//! Every collective is one or two *rounds* of direct messages between pairs of ranks
+//! Every collective is one or more *rounds* of direct messages between pairs of ranks
 //! (each on the peer's [`send_conn`](crate::transport::tcp::Connections::send_conn) /
 //! [`recv_conn`](crate::transport::tcp::Connections::recv_conn)), with a fold between
 //! rounds or at the end. The first message a rank sends to each peer in a collective
@@ -32,13 +32,35 @@
 //!   blocks among themselves. The root sends the array once instead of P - 1 times.
 //! - **all_to_all** ([`Exchange::all_to_all`]): block `j` straight to rank `j`, one round.
 //! - The pipelined ring for large vectors is MLX's ring itself (see `native::Native`),
-//!   after a round of headers only ([`Exchange::headers`]).
+//!   after a barrier ([`Exchange::headers`] or [`Exchange::barrier_doubling`]).
+//! - **recursive doubling** all-reduce ([`Exchange::recursive_doubling`]) and barrier
+//!   ([`Exchange::barrier_doubling`], headers only), past four ranks: the ranks past the
+//!   largest power of two `pof2` hand their vector to a partner first and take the result
+//!   from it last (see [`Doubling`]); the other `pof2` exchange their whole partial result
+//!   with one partner per round, at distance 1, 2, 4...: log2 P rounds of one message
+//!   instead of one round of P - 1.
+//! - **all_gather by recursive doubling** ([`Exchange::all_gather_doubling`]), past four
+//!   ranks: the same pairs, each round's message carrying every block the rank holds.
+//! - **Rabenseifner's** all-reduce ([`Exchange::halving_doubling`]), past four ranks, for
+//!   middling vectors: reduce-scatter by recursive halving, all-gather by recursive
+//!   doubling, with the same hand-in and hand-out; each rank sends about the bytes of the
+//!   direct reduce-scatter + all-gather in 2 log2 P messages instead of 2 (P - 1).
 //!
-//! Folds always combine in rank order: the result is `x0 op x1 op ... op x(P-1)`, left to
-//! right, with the same kernel (`reduce_into`, accumulator first) on every rank, from the
-//! same bytes. So every rank computes the same bits, NaNs and signed zeros included, and
-//! so does every run; floats may differ from the MLX wire's order (and from the ring's
-//! per-block chain order that large vectors use, which is fixed too).
+//! In the log-round algorithms every message to a partner a rank has not met yet in the
+//! collective carries the header, both ways (the hand-in's partner answers with its
+//! header alone, so the rank that hands in compares calls too); a round folds only once
+//! its partner's header matched. A mismatch is found by the ranks that meet the odd one;
+//! the others fail when it fails the group (every rank waits, through its partners, on
+//! every other, so none finishes); their arrays may hold partial results by then.
+//!
+//! The direct algorithms fold in rank order: the result is `x0 op x1 op ... op x(P-1)`,
+//! left to right. The log-round ones compute a balanced binary tree in rank order (see
+//! [`Exchange::doubling`]): each fold of two partial results puts the lower ranks' on the
+//! left, so both partners compute the same expression. Every fold uses the same kernel
+//! (`reduce_into`, accumulator first) on every rank, from the same bytes. So every rank
+//! computes the same bits, NaNs and signed zeros included, and so does every run; floats
+//! may differ from the MLX wire's order (and from the ring's per-block chain order that
+//! large vectors use, which is fixed too), and from one algorithm to another.
 
 use std::ops::Range;
 
@@ -141,40 +163,128 @@ pub(crate) struct Memory<'a> {
     pub(crate) stage: &'a mut [u8],
 }
 
-/// A fold in rank order (see the module docs).
+/// A fold (see the module docs for the orders).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Fold {
-    op: ReduceOp,
-    dtype: DType,
-    /// Where this rank's own contribution is (in `data` or `input`).
-    own: Src,
-    /// Where the result goes, in `data`.
-    target: Range<usize>,
-    /// Rank `p`'s contribution is staged at `p * slot + HEADER_BYTES`, `target.len()`
-    /// bytes (see [`stage_at`]).
-    slot: usize,
+enum Fold {
+    /// Every rank's contribution, in rank order: `x0 op x1 op ... op x(P-1)`.
+    Ranks {
+        op: ReduceOp,
+        dtype: DType,
+        /// Where this rank's own contribution is (in `data` or `input`).
+        own: Src,
+        /// Where the result goes, in `data`.
+        target: Range<usize>,
+        /// Rank `p`'s contribution is staged at `p * slot + HEADER_BYTES`, `target.len()`
+        /// bytes (see [`stage_at`]).
+        slot: usize,
+    },
+    /// Two partial results: this rank's at `target` in `data`, its partner's at `staged`
+    /// in staging. The lower rank's operand goes on the left (`mine_first` when that is
+    /// this rank), so both partners compute the same expression; the result goes to
+    /// `target`.
+    Pair {
+        op: ReduceOp,
+        dtype: DType,
+        target: Range<usize>,
+        staged: Range<usize>,
+        mine_first: bool,
+    },
 }
 
 impl Fold {
     fn run(&self, me: usize, size: usize, mem: &mut Memory<'_>) {
-        let len = self.target.len();
-        let at = |p: usize| stage_at(self.slot, p, len);
-        let own: &[u8] = match &self.own {
-            Src::Data(r) => &mem.data[r.clone()],
-            Src::Input(r) => &mem.input[r.clone()],
-            Src::None => &[],
-        };
-        // Copied first: for an all-reduce the target is the own contribution itself.
-        mem.stage[at(me)].copy_from_slice(own);
-        mem.data[self.target.clone()].copy_from_slice(&mem.stage[at(0)]);
-        for p in 1..size {
-            reduce_into(
-                self.op,
-                self.dtype,
-                &mut mem.data[self.target.clone()],
-                &mem.stage[at(p)],
-            );
+        match self {
+            Fold::Ranks {
+                op,
+                dtype,
+                own,
+                target,
+                slot,
+            } => {
+                let len = target.len();
+                let at = |p: usize| stage_at(*slot, p, len);
+                let own: &[u8] = match own {
+                    Src::Data(r) => &mem.data[r.clone()],
+                    Src::Input(r) => &mem.input[r.clone()],
+                    Src::None => &[],
+                };
+                // Copied first: for an all-reduce the target is the own contribution.
+                mem.stage[at(me)].copy_from_slice(own);
+                mem.data[target.clone()].copy_from_slice(&mem.stage[at(0)]);
+                for p in 1..size {
+                    reduce_into(
+                        *op,
+                        *dtype,
+                        &mut mem.data[target.clone()],
+                        &mem.stage[at(p)],
+                    );
+                }
+            }
+            Fold::Pair {
+                op,
+                dtype,
+                target,
+                staged,
+                mine_first,
+            } => {
+                let mine = &mut mem.data[target.clone()];
+                let theirs = &mut mem.stage[staged.clone()];
+                if *mine_first {
+                    reduce_into(*op, *dtype, mine, theirs);
+                } else {
+                    // The kernel folds into its left operand: the partner's, in staging.
+                    reduce_into(*op, *dtype, theirs, mine);
+                    mine.copy_from_slice(theirs);
+                }
+            }
         }
+    }
+}
+
+/// Recursive doubling's numbering of `size` ranks (MPICH's and Open MPI's): with `pof2`
+/// the largest power of two not above `size` and `extra = size - pof2`, the first
+/// `2 * extra` ranks pair up, the even rank of each pair handing its contribution to the
+/// odd one before the rounds and taking the result from it after; the odd one and the
+/// ranks from `2 * extra` on take part as `pof2` *virtual* ranks, numbered in rank order,
+/// which pair at distance 1, 2, 4... (virtual rank `v` with `v ^ mask`).
+#[derive(Clone, Copy, Debug)]
+struct Doubling {
+    pof2: usize,
+    extra: usize,
+}
+
+impl Doubling {
+    fn new(size: usize) -> Doubling {
+        let pof2 = 1 << size.max(1).ilog2();
+        Doubling {
+            pof2,
+            extra: size.max(1) - pof2,
+        }
+    }
+
+    /// The virtual rank of `rank`, or `None` for a rank that hands its part in.
+    fn virtual_rank(self, rank: usize) -> Option<usize> {
+        if rank >= 2 * self.extra {
+            Some(rank - self.extra)
+        } else if rank % 2 == 1 {
+            Some(rank / 2)
+        } else {
+            None
+        }
+    }
+
+    /// The rank of virtual rank `v`.
+    fn rank(self, v: usize) -> usize {
+        if v < self.extra {
+            2 * v + 1
+        } else {
+            v + self.extra
+        }
+    }
+
+    /// The distances of the rounds among the virtual ranks: 1, 2, 4... below `pof2`.
+    fn masks(self) -> impl DoubleEndedIterator<Item = usize> + ExactSizeIterator {
+        (0..self.pof2.trailing_zeros()).map(|k| 1 << k)
     }
 }
 
@@ -222,7 +332,9 @@ pub(crate) trait Routes {
 pub(crate) struct Exchange {
     me: usize,
     size: usize,
-    rounds: [Round; 2],
+    /// The rounds (only the first `count` belong to this collective; the rest are storage
+    /// kept from earlier ones).
+    rounds: Vec<Round>,
     /// How many rounds this collective has, and the one in progress.
     count: usize,
     current: usize,
@@ -238,7 +350,7 @@ impl Exchange {
     fn start(&mut self, me: usize, size: usize, rounds: usize) {
         self.me = me;
         self.size = size;
-        self.count = rounds;
+        self.count = 0;
         self.current = 0;
         self.staging = 0;
         self.progress = false;
@@ -246,6 +358,18 @@ impl Exchange {
         for round in &mut self.rounds {
             round.clear();
         }
+        for _ in 0..rounds {
+            self.add_round();
+        }
+    }
+
+    /// Appends a round to the collective being planned and returns its index.
+    fn add_round(&mut self) -> usize {
+        if self.rounds.len() == self.count {
+            self.rounds.push(Round::default());
+        }
+        self.count += 1;
+        self.count - 1
     }
 
     fn peers(&self) -> impl Iterator<Item = usize> + use<> {
@@ -317,7 +441,7 @@ impl Exchange {
             let at = stage_at(slot_bytes(len), peer, len);
             self.inc(0, routes, peer, Some(call), Dst::Stage(at));
         }
-        self.rounds[0].fold = Some(Fold {
+        self.rounds[0].fold = Some(Fold::Ranks {
             op,
             dtype,
             own: Src::Data(0..len),
@@ -354,7 +478,7 @@ impl Exchange {
             self.out(1, routes, peer, None, Src::Data(mine.clone()));
             self.inc(1, routes, peer, None, Dst::Data(block(peer)));
         }
-        self.rounds[0].fold = Some(Fold {
+        self.rounds[0].fold = Some(Fold::Ranks {
             op,
             dtype,
             own: Src::Data(mine.clone()),
@@ -362,6 +486,224 @@ impl Exchange {
             slot,
         });
         self.staging = size * slot;
+    }
+
+    /// The pre-round of recursive doubling (see [`Doubling`]), if this rank is one of the
+    /// first `2 * extra`: the even rank of a pair sends `src` to the odd one and takes its
+    /// header (so that it finds a mismatch with its partner itself); the odd one stages
+    /// the even one's `len` bytes, folds them on the left of its own `data[..len]` if
+    /// `fold` says so, and sends its header. Returns the partner.
+    fn hand_in(
+        &mut self,
+        routes: &impl Routes,
+        d: Doubling,
+        call: &Call,
+        (src, len): (Src, usize),
+        fold: Option<(ReduceOp, DType)>,
+    ) -> Option<usize> {
+        let me = self.me;
+        if me >= 2 * d.extra {
+            return None;
+        }
+        let round = self.add_round();
+        if me.is_multiple_of(2) {
+            self.out(round, routes, me + 1, Some(call), src);
+            self.inc(round, routes, me + 1, Some(call), Dst::None);
+            Some(me + 1)
+        } else {
+            let staged = stage_at(slot_bytes(len), 0, len);
+            let dst = if len > 0 || fold.is_some() {
+                Dst::Stage(staged.clone())
+            } else {
+                Dst::None
+            };
+            self.out(round, routes, me - 1, Some(call), Src::None);
+            self.inc(round, routes, me - 1, Some(call), dst);
+            if let Some((op, dtype)) = fold {
+                self.rounds[round].fold = Some(Fold::Pair {
+                    op,
+                    dtype,
+                    target: 0..len,
+                    staged,
+                    mine_first: false,
+                });
+                self.staging = self.staging.max(slot_bytes(len));
+            }
+            Some(me - 1)
+        }
+    }
+
+    /// The post-round of recursive doubling: the odd rank of a pair sends the result
+    /// (`data[..len]`) to the even one, with a header when there is no data (a barrier's
+    /// only message to it). Nothing for the other ranks.
+    fn hand_out(&mut self, routes: &impl Routes, call: &Call, partner: Option<usize>, len: usize) {
+        let Some(partner) = partner else { return };
+        let header = (len == 0).then_some(call);
+        let round = self.add_round();
+        if self.me.is_multiple_of(2) {
+            let dst = if len > 0 {
+                Dst::Data(0..len)
+            } else {
+                Dst::None
+            };
+            self.inc(round, routes, partner, header, dst);
+        } else {
+            self.out(round, routes, partner, header, Src::Data(0..len));
+        }
+    }
+
+    /// The recursive-doubling all-reduce of `len` bytes (see the module docs), or with
+    /// `fold` `None` and `len` 0, the recursive-doubling barrier: headers only.
+    ///
+    /// The result is the balanced binary tree, in rank order, over `pof2` leaves (see
+    /// [`Doubling`]): leaf `v` is `x(2v) op x(2v + 1)` for `v < extra` and `x(v + extra)`
+    /// after; each inner node is `left op right` with the lower ranks' subtree on the left.
+    /// At P = 6: `((x0 op x1) op (x2 op x3)) op (x4 op x5)`.
+    fn doubling(
+        &mut self,
+        routes: &impl Routes,
+        (me, size): (usize, usize),
+        call: &Call,
+        fold: Option<(ReduceOp, DType)>,
+        len: usize,
+    ) {
+        self.start(me, size, 0);
+        let d = Doubling::new(size);
+        let src = if len > 0 || fold.is_some() {
+            Src::Data(0..len)
+        } else {
+            Src::None
+        };
+        let partner = self.hand_in(routes, d, call, (src.clone(), len), fold);
+        if let Some(v) = d.virtual_rank(me) {
+            let staged = stage_at(slot_bytes(len), 0, len);
+            for mask in d.masks() {
+                let peer = d.rank(v ^ mask);
+                let round = self.add_round();
+                self.out(round, routes, peer, Some(call), src.clone());
+                let Some((op, dtype)) = fold else {
+                    self.inc(round, routes, peer, Some(call), Dst::None);
+                    continue;
+                };
+                self.inc(round, routes, peer, Some(call), Dst::Stage(staged.clone()));
+                self.rounds[round].fold = Some(Fold::Pair {
+                    op,
+                    dtype,
+                    target: 0..len,
+                    staged: staged.clone(),
+                    mine_first: me < peer,
+                });
+            }
+            if fold.is_some() {
+                self.staging = self.staging.max(slot_bytes(len));
+            }
+        }
+        self.hand_out(routes, call, partner, len);
+    }
+
+    /// The recursive-doubling all-reduce of `len` bytes: log2 P rounds, each rank sending
+    /// its whole partial result to one partner per round (see [`Exchange::doubling`] for
+    /// the tree the result equals).
+    pub(crate) fn recursive_doubling(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        reduce: (ReduceOp, DType),
+        len: usize,
+    ) {
+        self.doubling(routes, (me, size), call, Some(reduce), len);
+    }
+
+    /// The recursive-doubling barrier: headers only, log2 P rounds (plus the pre- and
+    /// post-rounds of the ranks past the largest power of two).
+    pub(crate) fn barrier_doubling(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+    ) {
+        self.doubling(routes, (me, size), call, None, 0);
+    }
+
+    /// Rabenseifner's all-reduce of `elems` elements: recursive halving (a reduce-scatter
+    /// over the virtual ranks of [`Doubling`], the vector halved at each distance 1, 2,
+    /// 4..., this rank keeping the half its bit of the virtual rank names, the lower half
+    /// for 0), then recursive doubling (an all-gather, the same partners in reverse, each
+    /// sending everything it holds). The vector is cut into `pof2` blocks
+    /// (`part(elems, pof2, j)`), and halves are whole blocks.
+    ///
+    /// Every element's result is the same tree as [`Exchange::doubling`]'s: each halving
+    /// round folds two partners' partials of the kept half, the lower virtual rank's on
+    /// the left, and partners at distance `2^k` hold partials over adjacent aligned groups
+    /// of `2^k` virtual ranks.
+    pub(crate) fn halving_doubling(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        (op, dtype): (ReduceOp, DType),
+        elems: usize,
+    ) {
+        self.start(me, size, 0);
+        let d = Doubling::new(size);
+        let esize = dtype.size();
+        let len = elems * esize;
+        // Blocks `lo..hi` of `pof2`, in bytes.
+        let blocks = |lo: usize, hi: usize| {
+            part(elems, d.pof2, lo).start * esize..part(elems, d.pof2, hi - 1).end * esize
+        };
+        let partner = self.hand_in(routes, d, call, (Src::Data(0..len), len), Some((op, dtype)));
+        if let Some(v) = d.virtual_rank(me) {
+            // Round `k` (distance `2^k`) halves what the rounds before it kept: the blocks
+            // (kept, given away) there.
+            let halves = |k: usize| {
+                let (mut lo, mut hi) = (0, d.pof2);
+                for j in 0..=k {
+                    let mid = lo + (hi - lo) / 2;
+                    let (keep, give) = if v >> j & 1 == 0 {
+                        ((lo, mid), (mid, hi))
+                    } else {
+                        ((mid, hi), (lo, mid))
+                    };
+                    if j == k {
+                        return (blocks(keep.0, keep.1), blocks(give.0, give.1));
+                    }
+                    (lo, hi) = keep;
+                }
+                (0..0, 0..0)
+            };
+            for (k, mask) in d.masks().enumerate() {
+                let peer = d.rank(v ^ mask);
+                let (keep, give) = halves(k);
+                let staged = stage_at(slot_bytes(keep.len()), 0, keep.len());
+                let round = self.add_round();
+                self.out(round, routes, peer, Some(call), Src::Data(give));
+                self.inc(round, routes, peer, Some(call), Dst::Stage(staged.clone()));
+                self.staging = self.staging.max(slot_bytes(keep.len()));
+                self.rounds[round].fold = Some(Fold::Pair {
+                    op,
+                    dtype,
+                    target: keep,
+                    staged,
+                    mine_first: me < peer,
+                });
+            }
+            // The all-gather: the halving's rounds in reverse, with the partners they
+            // already checked (no headers), each rank sending the blocks it kept there
+            // (complete now) and taking the ones it gave away.
+            for (k, mask) in d.masks().enumerate().rev() {
+                let peer = d.rank(v ^ mask);
+                let (keep, give) = halves(k);
+                let round = self.add_round();
+                self.out(round, routes, peer, None, Src::Data(keep));
+                self.inc(round, routes, peer, None, Dst::Data(give));
+            }
+        }
+        self.hand_out(routes, call, partner, len);
     }
 
     /// all_gather of `nbytes` per rank into `data` (this rank's own block is the caller's
@@ -382,6 +724,61 @@ impl Exchange {
         }
     }
 
+    /// all_gather of `nbytes` per rank into `data` by recursive doubling (this rank's own
+    /// block is the caller's to copy): the ranks past the largest power of two hand their
+    /// block in before the rounds (see [`Doubling`]); then at distance 1, 2, 4... each
+    /// virtual rank sends its partner the blocks it holds (an aligned group of virtual
+    /// ranks, whose blocks are contiguous in `data`) and takes the partner's; last, the
+    /// ranks that took a block in hand the whole output back. log2 P rounds of one message
+    /// instead of one round of P - 1; each rank sends the same bytes as the direct one
+    /// (the hand-out aside).
+    pub(crate) fn all_gather_doubling(
+        &mut self,
+        routes: &impl Routes,
+        me: usize,
+        size: usize,
+        call: &Call,
+        nbytes: usize,
+    ) {
+        self.start(me, size, 0);
+        let d = Doubling::new(size);
+        // The bytes of the blocks of virtual ranks `lo..hi`.
+        let blocks = |lo: usize, hi: usize| {
+            let first = if lo < d.extra { 2 * lo } else { lo + d.extra };
+            let last = d.rank(hi - 1);
+            first * nbytes..(last + 1) * nbytes
+        };
+        let partner = if me < 2 * d.extra {
+            let round = self.add_round();
+            if me.is_multiple_of(2) {
+                let mine = me * nbytes..(me + 1) * nbytes;
+                self.out(round, routes, me + 1, Some(call), Src::Data(mine));
+                self.inc(round, routes, me + 1, Some(call), Dst::None);
+                Some(me + 1)
+            } else {
+                let theirs = (me - 1) * nbytes..me * nbytes;
+                self.out(round, routes, me - 1, Some(call), Src::None);
+                self.inc(round, routes, me - 1, Some(call), Dst::Data(theirs));
+                Some(me - 1)
+            }
+        } else {
+            None
+        };
+        if let Some(v) = d.virtual_rank(me) {
+            for mask in d.masks() {
+                let p = v ^ mask;
+                let (mine, theirs) = (v - v % mask, p - p % mask);
+                let peer = d.rank(p);
+                let round = self.add_round();
+                let src = Src::Data(blocks(mine, mine + mask));
+                self.out(round, routes, peer, Some(call), src);
+                let dst = Dst::Data(blocks(theirs, theirs + mask));
+                self.inc(round, routes, peer, Some(call), dst);
+            }
+        }
+        self.hand_out(routes, call, partner, size * nbytes);
+    }
+
     /// sum_scatter of `chunk` bytes per rank of `dtype` from `input` into `data`.
     pub(crate) fn sum_scatter(
         &mut self,
@@ -399,7 +796,7 @@ impl Exchange {
             let at = stage_at(slot_bytes(chunk), peer, chunk);
             self.inc(0, routes, peer, Some(call), Dst::Stage(at));
         }
-        self.rounds[0].fold = Some(Fold {
+        self.rounds[0].fold = Some(Fold::Ranks {
             op: ReduceOp::Sum,
             dtype,
             own: Src::Input(me * chunk..(me + 1) * chunk),
@@ -643,22 +1040,23 @@ impl Exchange {
         Ok(())
     }
 
-    /// Completes the current round if all its messages moved: runs its fold and moves on.
-    /// Returns whether it did.
+    /// Completes the rounds whose messages all moved: runs each one's fold and moves on.
+    /// Returns whether it completed any.
     pub(crate) fn complete(&mut self, mem: &mut Memory<'_>) -> bool {
-        if self.is_finished() {
-            return false;
+        let mut any = false;
+        while !self.is_finished() {
+            let round = &self.rounds[self.current];
+            if !round.outs.iter().all(Out::done) || !round.ins.iter().all(In::done) {
+                break;
+            }
+            if let Some(fold) = &round.fold {
+                fold.run(self.me, self.size, mem);
+            }
+            self.current += 1;
+            self.progress = true;
+            any = true;
         }
-        let round = &self.rounds[self.current];
-        if !round.outs.iter().all(Out::done) || !round.ins.iter().all(In::done) {
-            return false;
-        }
-        if let Some(fold) = &round.fold {
-            fold.run(self.me, self.size, mem);
-        }
-        self.current += 1;
-        self.progress = true;
-        true
+        any
     }
 
     /// After a mismatch: the first complete header of the current round that differs
@@ -681,14 +1079,11 @@ impl Exchange {
     /// The plan storage reserved so far (messages per round), for tests that check it is
     /// reused.
     #[cfg(test)]
-    pub(crate) fn capacity(&self) -> [usize; 4] {
-        let [a, b] = &self.rounds;
-        [
-            a.outs.capacity(),
-            a.ins.capacity(),
-            b.outs.capacity(),
-            b.ins.capacity(),
-        ]
+    pub(crate) fn capacity(&self) -> Vec<[usize; 2]> {
+        self.rounds
+            .iter()
+            .map(|r| [r.outs.capacity(), r.ins.capacity()])
+            .collect()
     }
 
     /// Whether bytes moved or rounds completed since the last call.

@@ -147,6 +147,61 @@ fn reference(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
     acc
 }
 
+/// The result recursive doubling and halving-doubling must give (see
+/// `Exchange::doubling`): the balanced binary tree, in rank order, over the largest power
+/// of two `pof2` not above P leaves, leaf `v` being `x(2v) op x(2v + 1)` for the first
+/// `P - pof2` and `x(v + P - pof2)` after; every node folds its right subtree into its left
+/// by the scalar kernel.
+fn tree_reference(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let size = inputs.len();
+    let pof2 = 1 << size.ilog2();
+    let extra = size - pof2;
+    let fold = |a: &[u8], b: &[u8]| {
+        let mut acc = a.to_vec();
+        reduce_scalar(op, dtype, &mut acc, b);
+        acc
+    };
+    let mut level: Vec<Vec<u8>> = (0..pof2)
+        .map(|v| {
+            if v < extra {
+                fold(&inputs[2 * v], &inputs[2 * v + 1])
+            } else {
+                inputs[v + extra].clone()
+            }
+        })
+        .collect();
+    while level.len() > 1 {
+        level = level.chunks(2).map(|p| fold(&p[0], &p[1])).collect();
+    }
+    level.pop().expect("at least one rank")
+}
+
+#[test]
+fn the_tree_reference_is_the_documented_tree_at_six_ranks() {
+    // ((x0 + x1) + (x2 + x3)) + (x4 + x5), in f32 where the order shows: 1e8 absorbs 1.
+    let xs = [1e8f32, 1.0, -1e8, 1.0, 1.0, 1.0];
+    let inputs: Vec<Vec<u8>> = xs.iter().map(|x| x.to_le_bytes().to_vec()).collect();
+    let want = ((xs[0] + xs[1]) + (xs[2] + xs[3])) + (xs[4] + xs[5]);
+    let got = tree_reference(ReduceOp::Sum, DType::F32, &inputs);
+    assert_eq!(got, want.to_le_bytes());
+    // The rank-order fold differs here, so the check can tell them apart.
+    assert_ne!(reference(ReduceOp::Sum, DType::F32, &inputs), got);
+}
+
+/// The result the table's algorithm for these inputs must give over TCP: the rank-order
+/// fold of the direct ones, or the tree of the log-round ones (not for the ring's sizes).
+fn expected(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let bytes = inputs[0].len();
+    match algorithm::all_reduce(Transport::Tcp, inputs.len(), bytes, bytes / dtype.size()) {
+        AllReduce::RecursiveDoubling | AllReduce::HalvingDoubling => {
+            tree_reference(op, dtype, inputs)
+        }
+        AllReduce::OneShot | AllReduce::ScatterGather | AllReduce::Ring => {
+            reference(op, dtype, inputs)
+        }
+    }
+}
+
 /// Element counts around every switch between algorithms at `size` ranks.
 fn counts(size: usize, dtype: DType) -> Vec<usize> {
     let e = dtype.size();
@@ -184,13 +239,13 @@ fn every_op_and_dtype_reduces_in_rank_order_on_every_rank() {
                 comm.all_reduce(op, dtype, &mut data).unwrap_or_else(|e| {
                     panic!("rank {}: {op:?} {dtype} x {count}: {e}", comm.rank())
                 });
-                let want = reference(op, dtype, &inputs);
+                let want = expected(op, dtype, &inputs);
                 let e = dtype.size();
                 let at = first_difference(op, dtype, &data, &want);
                 assert!(
                     at.is_none(),
-                    "rank {} of {size}: {op:?} {dtype} x {count} differs from the rank-order fold \
-                     at element {at:?}: {:02x?} vs {:02x?}",
+                    "rank {} of {size}: {op:?} {dtype} x {count} differs from the algorithm's \
+                     fold at element {at:?}: {:02x?} vs {:02x?}",
                     comm.rank(),
                     at.map(|i| &data[i * e..(i + 1) * e]),
                     at.map(|i| &want[i * e..(i + 1) * e]),
@@ -289,7 +344,8 @@ fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
 
 #[test]
 fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
-    for size in [1, 2, 3, 5] {
+    // 5 and 6: all_gather and barrier by recursive doubling, with hand-ins.
+    for size in [1, 2, 3, 5, 6] {
         let ranks = group(size, 1, Duration::from_secs(20));
         on_ranks(&ranks, |comm| {
             let me = comm.rank();
@@ -354,8 +410,11 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
         AllReduce::OneShot,
         AllReduce::ScatterGather,
         AllReduce::Ring,
+        AllReduce::RecursiveDoubling,
+        AllReduce::HalvingDoubling,
     ];
-    for size in [2, 3, 4] {
+    // 6: two ranks past the largest power of two hand in and take out.
+    for size in [2, 3, 4, 6] {
         let ranks = group(size, 2, Duration::from_secs(20));
         let mut plan = Vec::new();
         let mut case = 500;
@@ -381,9 +440,17 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
                 comm.all_reduce_by(algorithm, op, dtype, &mut data)
                     .unwrap_or_else(|e| panic!("rank {}: {algorithm:?}: {e}", comm.rank()));
                 // The ring folds in its own (fixed) order: only the direct ones must equal
-                // the rank-order fold bit for bit, and every one must equal it for integers.
-                if algorithm != AllReduce::Ring || dtype == DType::I64 {
-                    let at = first_difference(op, dtype, &data, &reference(op, dtype, &inputs));
+                // the rank-order fold bit for bit (the log-round ones their tree), and every
+                // one must equal it for integers.
+                let want = match algorithm {
+                    AllReduce::RecursiveDoubling | AllReduce::HalvingDoubling => {
+                        Some(tree_reference(op, dtype, &inputs))
+                    }
+                    AllReduce::Ring if dtype != DType::I64 => None,
+                    _ => Some(reference(op, dtype, &inputs)),
+                };
+                if let Some(want) = want {
+                    let at = first_difference(op, dtype, &data, &want);
                     assert!(
                         at.is_none(),
                         "rank {}: {algorithm:?} {op:?} {dtype} x {count} differs at element {at:?}",
@@ -405,6 +472,7 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
 
 /// Times each algorithm at sizes around the thresholds, on loopback, in this process (P
 /// threads share the machine's CPUs, so the figures are relative, not a benchmark).
+/// `NUVEC_MEASURE_RANKS` (say `5,8`) picks the group sizes; 2, 3, 4, 6 and 8 otherwise.
 #[test]
 #[ignore = "a measurement that prints timings, run by hand to set the thresholds"]
 fn measure_the_algorithms() {
@@ -426,8 +494,14 @@ fn measure_the_algorithms() {
         AllReduce::OneShot,
         AllReduce::ScatterGather,
         AllReduce::Ring,
+        AllReduce::RecursiveDoubling,
+        AllReduce::HalvingDoubling,
     ];
-    for size in [2, 3, 4] {
+    let sizes: Vec<usize> = std::env::var("NUVEC_MEASURE_RANKS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 3, 4, 6, 8]);
+    for size in sizes {
         let ranks = group(size, 1, Duration::from_secs(20));
         for bytes in [
             4usize,
@@ -610,6 +684,66 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
     }
 }
 
+/// Past four ranks the log-round algorithms compare calls with each partner only: the
+/// odd rank and its first partner fail with a mismatch naming both calls (the last rank
+/// and the one before it; rank 0, which hands its vector in, and rank 1, which answers
+/// with its header), and every other rank fails within a second on what their failure
+/// closed, naming a peer; every group is failed after.
+#[test]
+fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
+    use ReduceOp::Sum;
+    let f32s = |n| Op::Reduce(Sum, DType::F32, n);
+    let cases = [
+        // Recursive doubling on both sides.
+        (f32s(10), f32s(20), ("x 10", "x 20")),
+        // Recursive doubling against halving-doubling.
+        (f32s(4), f32s(200_000), ("x 4", "x 200000")),
+        // A barrier against an all-reduce.
+        (Op::Barrier, f32s(1), ("barrier", "all_sum float32 x 1")),
+        // Both take the ring: its barrier finds the difference before data moves.
+        (
+            f32s(TCP_RING_MIN / 4 + 1),
+            Op::Reduce(Sum, DType::I32, TCP_RING_MIN / 4 + 1),
+            ("all_sum float32 x 262145", "all_sum int32 x 262145"),
+        ),
+    ];
+    for (size, odd_rank) in [(5, 4), (6, 5), (5, 0), (6, 0)] {
+        // The odd rank's first partner.
+        let partner = if odd_rank == 0 { 1 } else { odd_rank - 1 };
+        for &(normal, odd, names) in &cases {
+            let ranks = group(size, 1, Duration::from_secs(20));
+            let start = Barrier::new(size);
+            let outcomes = on_ranks(&ranks, |comm| {
+                comm.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4])
+                    .expect("a good call");
+                start.wait();
+                let began = Instant::now();
+                let mine = if comm.rank() == odd_rank { odd } else { normal };
+                let e = call(comm, mine).expect_err("a mismatched call must fail");
+                let took = began.elapsed();
+                let later = comm
+                    .barrier()
+                    .expect_err("a failed group refuses later calls");
+                (e, took, later)
+            });
+            for (rank, (e, took, later)) in outcomes.into_iter().enumerate() {
+                let msg = e.to_string();
+                if rank == odd_rank || rank == partner {
+                    assert!(matches!(e, Error::Mismatch { .. }), "rank {rank}: {msg}");
+                    assert!(
+                        msg.contains(names.0) && msg.contains(names.1),
+                        "rank {rank} of {size}: {msg}"
+                    );
+                } else {
+                    assert!(e.peer().is_some(), "rank {rank} of {size}: {msg}");
+                }
+                assert!(took < Duration::from_secs(1), "rank {rank} took {took:?}");
+                assert!(matches!(later, Error::Failed(_)), "rank {rank}: {later}");
+            }
+        }
+    }
+}
+
 /// A `send` returns before the receiver looks at it (it is not acknowledged); the
 /// receiver that refuses it fails at once, and answers, so the sender's next call fails
 /// with the same mismatch.
@@ -714,7 +848,14 @@ fn health_names_a_peer_that_went_away_and_fails_the_group() {
 
 #[test]
 fn collectives_of_a_shape_seen_before_allocate_no_staging_or_plan_storage() {
-    let ranks = group(3, 1, Duration::from_secs(10));
+    // 3: the direct algorithms; 6: the log-round ones, with hand-ins.
+    for size in [3, 6] {
+        shapes_seen_before_allocate_nothing(size);
+    }
+}
+
+fn shapes_seen_before_allocate_nothing(size: usize) {
+    let ranks = group(size, 1, Duration::from_secs(10));
     let footprint = |comm: &Native| {
         let state = comm.state.lock().expect("a usable group");
         (
@@ -791,6 +932,23 @@ fn simulate(
     seed: u64,
     max: usize,
 ) -> Vec<Result<(), Error>> {
+    let live = vec![true; exchanges.len()];
+    simulate_live(exchanges, data, inputs, (seed, max), &live, 1_000_000)
+        .into_iter()
+        .map(|o| o.expect("the simulation ends: no rank waits for ever"))
+        .collect()
+}
+
+/// [`simulate`] for at most `visits` visits, running only the ranks `live` names (the
+/// others never call): each rank's outcome, `None` for a rank that had not finished.
+fn simulate_live(
+    exchanges: &mut [Exchange],
+    data: &mut [Vec<u8>],
+    inputs: &[Vec<u8>],
+    (seed, max): (u64, usize),
+    live: &[bool],
+    visits: usize,
+) -> Vec<Option<Result<(), Error>>> {
     let size = exchanges.len();
     let mut rng = StdRng::seed_from_u64(seed);
     // queues[from][to]
@@ -799,12 +957,12 @@ fn simulate(
         .collect();
     let mut stages: Vec<Vec<u8>> = exchanges.iter().map(|x| vec![0u8; x.staging()]).collect();
     let mut outcome: Vec<Option<Result<(), Error>>> = (0..size).map(|_| None).collect();
-    for _round in 0..1_000_000 {
-        if outcome.iter().all(Option::is_some) {
+    for _visit in 0..visits {
+        if outcome.iter().zip(live).all(|(o, &l)| o.is_some() || !l) {
             break;
         }
         let r = (rng.next_u64() % size as u64) as usize;
-        if outcome[r].is_some() {
+        if outcome[r].is_some() || !live[r] {
             continue;
         }
         let x = &mut exchanges[r];
@@ -855,9 +1013,6 @@ fn simulate(
         }
     }
     outcome
-        .into_iter()
-        .map(|o| o.expect("the simulation ends: no rank waits for ever"))
-        .collect()
 }
 
 proptest! {
@@ -899,6 +1054,146 @@ proptest! {
             // NaNs here; every rank holding the same bits is checked above.
             let at = first_difference(op, dtype, d, &want);
             prop_assert!(at.is_none(), "rank {} of {}: element {:?}", r, size, at);
+        }
+    }
+
+    /// Recursive doubling and halving-doubling, cut into arbitrary pieces, give the tree
+    /// of `Exchange::doubling` on every rank, bit for bit, at every P from 2 to 16 (the
+    /// ranks past the largest power of two handing in and taking out), for every op (NaNs
+    /// included) and a few dtypes, with counts below and above P (empty blocks).
+    #[test]
+    fn log_round_all_reduces_give_the_tree(
+        size in 2usize..17,
+        count in 1usize..200,
+        op in 0usize..3,
+        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::I8, DType::F64, DType::Complex64]),
+        halving in any::<bool>(),
+        seed in any::<u64>(),
+        max in 1usize..96,
+    ) {
+        let op = ReduceOp::ALL[op];
+        let bytes = count * dtype.size();
+        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, dtype, bytes)).collect();
+        let mut data = inputs.clone();
+        let call = Call::group(9, Kind::AllReduce(op, dtype), count as u64);
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        for (r, x) in xs.iter_mut().enumerate() {
+            if halving {
+                x.halving_doubling(&Direct, r, size, &call, (op, dtype), count);
+            } else {
+                x.recursive_doubling(&Direct, r, size, &call, (op, dtype), bytes);
+            }
+        }
+        let none: Vec<Vec<u8>> = vec![Vec::new(); size];
+        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
+        let want = tree_reference(op, dtype, &inputs);
+        for (r, d) in data.iter().enumerate() {
+            prop_assert!(*d == data[0], "rank {} of {}: other bits than rank 0's", r, size);
+            // NaN sums match NaN sums, as in `direct_all_reduces_give_the_rank_order_fold`.
+            let at = first_difference(op, dtype, d, &want);
+            prop_assert!(at.is_none(), "rank {} of {}: element {:?}", r, size, at);
+        }
+    }
+
+    /// The recursive-doubling barrier: with every rank present every rank finishes; with
+    /// one rank absent, no rank does (each waits, through its partners, on every other).
+    #[test]
+    fn the_doubling_barrier_waits_for_every_rank(
+        size in 2usize..17,
+        absent in 0usize..16,
+        seed in any::<u64>(),
+        max in 1usize..32,
+    ) {
+        let call = Call::group(4, Kind::Barrier, 0);
+        let plan = |xs: &mut Vec<Exchange>| {
+            for (r, x) in xs.iter_mut().enumerate() {
+                x.barrier_doubling(&Direct, r, size, &call);
+            }
+        };
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        plan(&mut xs);
+        let mut data: Vec<Vec<u8>> = vec![Vec::new(); size];
+        let none: Vec<Vec<u8>> = vec![Vec::new(); size];
+        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
+        let absent = absent % size;
+        let live: Vec<bool> = (0..size).map(|r| r != absent).collect();
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        plan(&mut xs);
+        let outcome = simulate_live(&mut xs, &mut data, &none, (seed, max), &live, 20_000);
+        for (r, o) in outcome.iter().enumerate() {
+            prop_assert!(o.is_none(), "rank {} of {} finished without rank {}", r, size, absent);
+        }
+    }
+
+    /// all_gather by recursive doubling, cut into arbitrary pieces, puts every rank's
+    /// block in place on every rank, at every P from 2 to 16, empty blocks included.
+    #[test]
+    fn all_gather_by_doubling_gives_every_block(
+        size in 2usize..17,
+        nbytes in 0usize..100,
+        seed in any::<u64>(),
+        max in 1usize..64,
+    ) {
+        let call = Call::group(2, Kind::AllGather, nbytes as u64);
+        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, DType::U8, nbytes)).collect();
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        let mut data = Vec::new();
+        for (r, x) in xs.iter_mut().enumerate() {
+            x.all_gather_doubling(&Direct, r, size, &call, nbytes);
+            // The caller's copy of its own block.
+            let mut out = vec![0xAB; nbytes * size];
+            out[r * nbytes..(r + 1) * nbytes].copy_from_slice(&inputs[r]);
+            data.push(out);
+        }
+        let outcome = simulate(&mut xs, &mut data, &inputs, seed, max);
+        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
+        let want: Vec<u8> = inputs.concat();
+        for (r, d) in data.iter().enumerate() {
+            prop_assert!(*d == want, "rank {} of {}", r, size);
+        }
+    }
+
+    /// A rank whose all_gather differs in length meets its first partner, both find the
+    /// mismatch, no rank finishes (each needs the odd rank's block), and the odd rank's
+    /// block reaches nobody: the others' buffers are untouched there, and the odd rank's
+    /// everywhere but its own block.
+    #[test]
+    fn a_doubling_all_gather_mismatch_takes_no_data_from_the_odd_rank(
+        size in 2usize..10,
+        odd in 0usize..10,
+        count in 1usize..50,
+        extra in 1usize..50,
+        seed in any::<u64>(),
+        max in 1usize..32,
+    ) {
+        let odd = odd % size;
+        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+        let mut data: Vec<Vec<u8>> = Vec::new();
+        let mut inputs: Vec<Vec<u8>> = Vec::new();
+        for (r, x) in xs.iter_mut().enumerate() {
+            let n = if r == odd { count + extra } else { count };
+            x.all_gather_doubling(&Direct, r, size, &Call::group(0, Kind::AllGather, n as u64), n);
+            let mut out = vec![0xAB; n * size];
+            out[r * n..(r + 1) * n].fill(0xCD);
+            data.push(out);
+            inputs.push(vec![0xCD; n]);
+        }
+        let before = data.clone();
+        let live = vec![true; size];
+        let outcome = simulate_live(&mut xs, &mut data, &inputs, (seed, max), &live, 50_000);
+        prop_assert!(
+            matches!(outcome[odd], Some(Err(Error::Mismatch { .. }))),
+            "odd rank {}: {:?}", odd, outcome[odd]
+        );
+        for (r, o) in outcome.iter().enumerate() {
+            prop_assert!(!matches!(o, Some(Ok(()))), "rank {} finished", r);
+        }
+        prop_assert!(data[odd] == before[odd]);
+        for r in (0..size).filter(|&r| r != odd) {
+            let at = odd * count..(odd + 1) * count;
+            prop_assert!(data[r][at.clone()] == before[r][at], "rank {}", r);
         }
     }
 
