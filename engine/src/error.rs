@@ -292,7 +292,7 @@ pub enum Error {
     /// in the program. Only the native wire can tell, from the header each message carries;
     /// MLX's wire has none. The group fails: the calls after it are out of step on the
     /// wire too.
-    #[error("{}", fmt_mismatch(*seq, *point_to_point, (*rank, call), (*peer, peer_call)))]
+    #[error("{}", fmt_mismatch(*seq, *point_to_point, (*rank, call), (*peer, peer_call), differs))]
     Mismatch {
         /// The number of the collective (per group), or of the message from the sender to
         /// the receiver, for send/recv.
@@ -307,6 +307,10 @@ pub enum Error {
         peer: usize,
         /// The peer's call.
         peer_call: String,
+        /// What differs between the two calls, in words (the collective, op, dtype,
+        /// length or root), or, when the calls are the same but their numbers are not,
+        /// that a message was lost, duplicated or replayed; empty when not known.
+        differs: String,
         /// The collective this rank was in.
         context: Phase,
     },
@@ -478,6 +482,7 @@ impl fmt::Debug for Error {
                 call,
                 peer,
                 peer_call,
+                differs,
                 context,
             } => f
                 .debug_struct("Mismatch")
@@ -487,6 +492,7 @@ impl fmt::Debug for Error {
                 .field("call", call)
                 .field("peer", peer)
                 .field("peer_call", peer_call)
+                .field("differs", differs)
                 .field("context", context)
                 .finish(),
             Error::Bug { context, what } => f
@@ -520,6 +526,7 @@ fn fmt_mismatch(
     point_to_point: bool,
     mine: (usize, &String),
     theirs: (usize, &String),
+    differs: &str,
 ) -> String {
     let (first, second) = if mine.0 <= theirs.0 {
         (mine, theirs)
@@ -531,10 +538,15 @@ fn fmt_mismatch(
     } else {
         "collective"
     };
-    format!(
+    let mut text = format!(
         "{what} #{seq}: rank {} called {}, rank {} called {}",
         first.0, first.1, second.0, second.1
-    )
+    );
+    if !differs.is_empty() {
+        text.push_str("; ");
+        text.push_str(differs);
+    }
+    text
 }
 
 /// "rank 1 (10.0.0.2:5000): connect timed out after 30s during ring setup", or for a peer
@@ -894,6 +906,7 @@ mod tests {
             call: "all_sum float32 x 20".into(),
             peer: 0,
             peer_call: "all_sum float32 x 10".into(),
+            differs: String::new(),
             context: Phase::AllSum,
         };
         assert_eq!(

@@ -48,7 +48,8 @@
 //! - **The native wire detects it**: each message's header carries the collective's number,
 //!   kind, op, dtype and length, checked before any data is used, so the call fails within
 //!   milliseconds on every rank involved with [`Error::Mismatch`] ("collective #17: rank 0
-//!   called all_sum float32 x 10, rank 1 called all_sum float32 x 20"), and the group is
+//!   called all_sum float32 x 10, rank 1 called all_sum float32 x 20; the element count
+//!   differs (rank 0: 10, rank 1: 20)"), and the group is
 //!   failed. Calls that agree in all of these but mean different things (two threads issuing
 //!   same-shaped calls in different orders, see [`Group`]) still pass unnoticed.
 //!

@@ -254,6 +254,7 @@ impl Call {
                 call: String::new(),
                 peer,
                 peer_call: format!("recv of {} bytes from rank {me}", theirs.count),
+                differs: String::new(),
                 context,
             });
         }
@@ -275,9 +276,74 @@ impl Call {
             call: self.to_string(),
             peer,
             peer_call: peer_call.to_string(),
+            differs: differences(&self.header, &theirs, me, peer),
             context,
         })
     }
+}
+
+/// What differs between this rank's (`me`) header `mine` and the one `peer` sent, in
+/// words, each value named by its rank, lower rank first.
+fn differences(mine: &Header, theirs: &Header, me: usize, peer: usize) -> String {
+    let both = |what: &str, here: String, there: String| {
+        let ((r0, v0), (r1, v1)) = if me <= peer {
+            ((me, here), (peer, there))
+        } else {
+            ((peer, there), (me, here))
+        };
+        format!("the {what} differs (rank {r0}: {v0}, rank {r1}: {v1})")
+    };
+    let mut out: Vec<String> = Vec::new();
+    let counts = |what: &str| both(what, mine.count.to_string(), theirs.count.to_string());
+    match (mine.kind, theirs.kind) {
+        (Kind::AllReduce(a, x), Kind::AllReduce(b, y)) => {
+            if a != b {
+                out.push(both("op", a.collective().into(), b.collective().into()));
+            }
+            if x != y {
+                out.push(both("dtype", x.to_string(), y.to_string()));
+            }
+            if mine.count != theirs.count {
+                out.push(counts("element count"));
+            }
+        }
+        (Kind::SumScatter(x), Kind::SumScatter(y)) => {
+            if x != y {
+                out.push(both("dtype", x.to_string(), y.to_string()));
+            }
+            if mine.count != theirs.count {
+                out.push(counts("element count"));
+            }
+        }
+        (Kind::Broadcast(a), Kind::Broadcast(b)) => {
+            if a != b {
+                out.push(both("root", a.to_string(), b.to_string()));
+            }
+            if mine.count != theirs.count {
+                out.push(counts("byte count"));
+            }
+        }
+        (a, b) if a == b => {
+            if mine.count != theirs.count {
+                out.push(counts("byte count"));
+            }
+        }
+        _ => out.push("the collectives differ".to_string()),
+    }
+    if mine.seq != theirs.seq {
+        let numbers = both(
+            "number",
+            format!("#{}", mine.seq),
+            format!("#{}", theirs.seq),
+        );
+        if out.is_empty() {
+            return format!(
+                "the same call, but {numbers}: a message was lost, duplicated or replayed"
+            );
+        }
+        out.push(numbers);
+    }
+    out.join("; ")
 }
 
 // Shared memory carries the native header in slots of its own size.
@@ -317,6 +383,7 @@ impl CallHeader for Call {
                 call: self.to_string(),
                 peer,
                 peer_call: format!("recv of {} bytes from rank {from}", recv.count),
+                differs: String::new(),
                 context,
             },
         }
@@ -423,7 +490,16 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "collective #17: rank 0 called all_sum float32 x 10, rank 1 called all_sum float32 \
-             x 20"
+             x 20; the element count differs (rank 0: 10, rank 1: 20)"
+        );
+        // Only the number differs: a message was lost, duplicated or replayed.
+        let replayed = Call::group(16, mine.header.kind, mine.header.count);
+        let e = mine.check(1, 0, &replayed.header.encode()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "collective #17: rank 0 called all_sum float32 x 20, rank 1 called all_sum float32 \
+             x 20; the same call, but the number differs (rank 0: #16, rank 1: #17): a \
+             message was lost, duplicated or replayed"
         );
         assert!(mine.check(1, 0, &mine.header.encode()).is_ok());
         let mut garbage = mine.header.encode();
@@ -464,7 +540,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "collective #5: rank 2 called broadcast of 64 bytes from rank 1, rank 3 called \
-             broadcast of 64 bytes from rank 0"
+             broadcast of 64 bytes from rank 0; the root differs (rank 2: 1, rank 3: 0)"
         );
         assert!(
             matches!(
@@ -509,7 +585,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "send/recv #3: rank 0 called send of 4 bytes to rank 1, rank 1 called recv of 8 \
-             bytes from rank 0"
+             bytes from rank 0; the byte count differs (rank 0: 4, rank 1: 8)"
         );
     }
 }

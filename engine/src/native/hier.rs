@@ -441,6 +441,7 @@ impl Hier {
                 call,
                 peer,
                 peer_call,
+                differs,
                 context,
             } => Error::Mismatch {
                 seq,
@@ -449,6 +450,7 @@ impl Hier {
                 call,
                 peer: at(peer),
                 peer_call,
+                differs,
                 context,
             },
             Error::PeerMisbehaved {

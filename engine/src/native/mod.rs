@@ -323,6 +323,7 @@ impl Native {
                     call: mine,
                     peer,
                     peer_call,
+                    differs,
                     context,
                 }) => {
                     let mine = if mine.is_empty() {
@@ -346,6 +347,7 @@ impl Native {
                         call: mine,
                         peer,
                         peer_call,
+                        differs,
                         context,
                     })
                 }
@@ -629,6 +631,7 @@ fn name_refused_send(sent: &[u32], sent_len: &[u64], error: Error) -> Error {
             call,
             peer,
             peer_call,
+            differs,
             context,
         } => Error::Mismatch {
             call: if call.is_empty() {
@@ -641,6 +644,7 @@ fn name_refused_send(sent: &[u32], sent_len: &[u64], error: Error) -> Error {
             rank,
             peer,
             peer_call,
+            differs,
             context,
         },
         error => error,
