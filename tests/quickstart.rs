@@ -4,9 +4,8 @@
 //! the message.
 
 use std::process::Command;
-use std::time::Duration;
 
-use nuvec_tools::testing::{Launch, example_binary};
+use nuvec_tools::testing::{example_binary, run_example};
 
 /// One quick start of the README and what its example prints.
 struct QuickStart {
@@ -88,25 +87,11 @@ fn the_readme_shows_each_example_as_it_is() {
 #[test]
 fn each_example_sums_across_two_ranks() {
     for q in &QUICK_STARTS {
-        let program = example_binary(q.package, q.example);
-        let outputs = Launch::new(2, 1)
-            .deadline(Duration::from_secs(120))
-            .command(move |_| Command::new(&program))
-            .spawn("each_example_sums_across_two_ranks")
-            .finish();
-        for o in &outputs {
-            assert_eq!(
-                o.status.map(|s| s.success()),
-                Some(true),
-                "{}: {o}",
-                q.example
-            );
+        let example = (q.package, q.example);
+        for o in &run_example(example, &[], 2, "each_example_sums_across_two_ranks") {
             let expected = format!("rank {} of 2: {}", o.rank, q.sum);
-            assert!(
-                o.stdout.lines().any(|l| l == expected),
-                "{}: {o}",
-                q.example
-            );
+            let found = o.stdout.lines().any(|l| l == expected);
+            assert!(found, "{}: {o}", q.example);
         }
     }
 }
