@@ -606,19 +606,7 @@ fn a_rank_that_exits_during_a_large_all_sum_is_named_by_every_survivor_p4() {
 fn an_unknown_congestion_control_fails_setup_naming_it() {
     let name = "an_unknown_congestion_control_fails_setup_naming_it";
     let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_TCP_CONGESTION", "no-such-cc");
-    let Some(outputs) = launch.run_raw(name, || {
-        let error = nuvec_distributed_engine::init(true).expect_err("the option is applied");
-        report_failure(&error, Duration::ZERO);
-    }) else {
-        return;
-    };
-    for o in &outputs {
-        let (_, _, message) = o.failure();
-        assert!(
-            message.contains("no-such-cc") && message.contains("congestion"),
-            "{message}"
-        );
-    }
+    init_fails_saying(launch, name, true, || (), ["no-such-cc", "congestion"]);
 }
 
 /// A congestion control the kernel allows forms a working ring.
@@ -797,12 +785,18 @@ fn form_and_fail(keyed: bool, timeout: Duration) {
     report_failure(&error, took);
 }
 
-/// Runs `before`, then `init(false)`, on every rank of `launch` (test `name`); `init` must
-/// fail saying each of `says`.
-fn init_fails_saying(launch: Launch, name: &str, before: impl FnOnce(), says: [&str; 2]) {
+/// Runs `before`, then `init(strict)`, on every rank of `launch` (test `name`); `init`
+/// must fail saying each of `says`.
+fn init_fails_saying(
+    launch: Launch,
+    name: &str,
+    strict: bool,
+    before: impl FnOnce(),
+    says: [&str; 2],
+) {
     let Some(outputs) = launch.run_raw(name, || {
         before();
-        let error = nuvec_distributed_engine::init(false).expect_err("init fails");
+        let error = nuvec_distributed_engine::init(strict).expect_err("init fails");
         report_failure(&error, Duration::ZERO);
     }) else {
         return;
@@ -869,7 +863,13 @@ fn a_keyed_rank_next_to_an_unkeyed_one_fails_fast_on_both_sides_p2() {
 fn an_empty_key_variable_is_an_error() {
     let name = "an_empty_key_variable_is_an_error";
     let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_KEY", "");
-    init_fails_saying(launch, name, || (), ["NUVEC_DISTRIBUTED_KEY", "empty"]);
+    init_fails_saying(
+        launch,
+        name,
+        false,
+        || (),
+        ["NUVEC_DISTRIBUTED_KEY", "empty"],
+    );
 }
 
 /// `MLX_HOSTFILE` without `MLX_RANK` describes a ring this process cannot join: even
@@ -880,7 +880,7 @@ fn a_hostfile_without_a_rank_is_an_error_even_when_not_strict() {
     let launch =
         Launch::new(2, 1).command(move |_| testing::this_test_in(&["env", "-u", "MLX_RANK"], name));
     let unset = || assert!(std::env::var_os("MLX_RANK").is_none());
-    init_fails_saying(launch, name, unset, ["MLX_RANK", "MLX_HOSTFILE"]);
+    init_fails_saying(launch, name, false, unset, ["MLX_RANK", "MLX_HOSTFILE"]);
 }
 
 /// One rank without the key in a keyed ring of 3: every rank fails and names a rank of the

@@ -203,16 +203,20 @@ exec sh -c "$*"
 /// Writes the stand-in `ssh` (see `FAKE_SSH`) into `dir` as an executable named `ssh`, and
 /// returns a `PATH` that finds it first.
 pub fn install_fake_ssh(dir: &Path) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let ssh = dir.join("ssh");
-    std::fs::write(&ssh, FAKE_SSH).expect("writing the stand-in ssh");
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755))
-        .expect("making the stand-in ssh executable");
+    write_executable(&dir.join("ssh"), FAKE_SSH);
     format!(
         "{}:{}",
         dir.display(),
         std::env::var("PATH").unwrap_or_default()
     )
+}
+
+/// Writes `text` to `path` and makes it executable (mode 755): a script for a test to run.
+pub fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("making {} executable: {e}", path.display()));
 }
 
 /// Writes an MLX ring hostfile (one list of `host:port` addresses per rank) into `dir` and

@@ -5,11 +5,10 @@
 
 use std::ffi::{OsStr, OsString};
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nuvec_tools::testing::{VethPair, free_port_block, install_fake_ssh, ip};
+use nuvec_tools::testing::{VethPair, free_port_block, install_fake_ssh, ip, write_executable};
 use serde_json::Value;
 
 const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
@@ -97,11 +96,6 @@ fn block_with_last_busy(n: u16) -> (u16, TcpListener) {
             Some((port, busy))
         })
         .unwrap_or_else(|| panic!("a free block of {n} ports, its last one bound here"))
-}
-
-fn write_executable(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 #[test]

@@ -481,18 +481,14 @@ fn standard_input_reaches_every_rank() {
 /// and says that exit status 255 is likely ssh's, instead of a bare "exit status: 255".
 #[test]
 fn ssh_s_own_failure_is_shown() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // As real ssh does: its message unless LogLevel=QUIET silences it, then status 255.
-    let ssh = dir.path().join("ssh");
-    std::fs::write(
-        &ssh,
+    testing::write_executable(
+        &dir.path().join("ssh"),
         "#!/bin/sh\nquiet=no\nfor a; do [ \"$a\" = LogLevel=QUIET ] && quiet=yes; done\n\
          [ $quiet = no ] && echo 'ssh: connect to host 192.0.2.7 port 22: Connection refused' >&2\n\
          exit 255\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let path = format!(
         "{}:{}",
         dir.path().display(),
