@@ -8,10 +8,9 @@
 //! have run to its last line.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use nuvec_tools::testing::{finish, free_port_block, nuvec_binary};
+use nuvec_tools::testing::launch_under_nuvec;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -88,23 +87,9 @@ fn a_nuvec_user_gets_this_crate_from_one_patch_line() {
 
     for wire in [None, Some("native")] {
         for n in [2usize, 4] {
-            let port = free_port_block(n).unwrap().to_string();
-            let mut launch = Command::new(nuvec_binary());
-            launch.args(["launch", "-n", &n.to_string(), "-p", &port]);
-            if let Some(wire) = wire {
-                launch.args(["--wire", wire]);
-            }
             // Unset, the ranks' default wire applies: MLX's.
-            launch
-                .arg("--")
-                .arg(&program)
-                .arg(n.to_string())
-                .env_remove("NUVEC_DISTRIBUTED_WIRE")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let out = launch_under_nuvec(n, wire, &program, &[n.to_string()]);
             let what = format!("nuvec launch -n {n} (wire {})", wire.unwrap_or("mlx"));
-            let out = finish(launch.spawn().unwrap(), Duration::from_secs(120));
             println!(
                 "\n== {what}: {:.2} s\n{}{}",
                 out.took.as_secs_f64(),

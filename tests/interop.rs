@@ -30,12 +30,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nuvec_core::distributed;
 use nuvec_core::{Array, Element, bf16, f16};
-use nuvec_tools::testing::{self, Launch, RankOutput, assert_all_finished};
+use nuvec_tools::testing::{self, Launch, RankKind as Kind, RankOutput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -46,8 +45,6 @@ const MIN_SEND: usize = 262_144;
 /// Every pattern repeats with this period, so each falls in every segment of the ring.
 const PERIOD: usize = 32;
 
-const PLAN_VAR: &str = "NUVEC_INTEROP_PLAN";
-const OUT_VAR: &str = "NUVEC_INTEROP_OUT";
 const EXCHANGE_VAR: &str = "NUVEC_INTEROP_EXCHANGE";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -78,17 +75,8 @@ impl OpSpec {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Plan {
-    dir: PathBuf,
-    ops: Vec<OpSpec>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Mlx,
-    Rust,
-}
+/// The plan every rank of a ring runs.
+type Plan = testing::Plan<OpSpec>;
 
 // ---- Element formats ---------------------------------------------------------------------
 
@@ -523,47 +511,29 @@ fn array_of(dtype: &str, bytes: &[u8], shape: &[usize]) -> Array {
 
 /// `y`'s elements as row-major little-endian bytes (evaluating it).
 fn bytes_of(dtype: &str, y: &Array) -> nuvec_core::Result<Vec<u8>> {
-    Ok(match dtype {
-        "bool" => y.to_vec::<bool>()?.into_iter().map(u8::from).collect(),
-        "uint8" => y.to_vec::<u8>()?,
-        "int32" => y
-            .to_vec::<i32>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        "int64" => y
-            .to_vec::<i64>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        "float16" => y
-            .to_vec::<f16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        "bfloat16" => y
-            .to_vec::<bf16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        "float32" => y
-            .to_vec::<f32>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        "float64" => y
-            .to_vec::<f64>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
+    fn typed<T: Element, const N: usize>(
+        y: &Array,
+        encode: impl Fn(T) -> [u8; N],
+    ) -> nuvec_core::Result<Vec<u8>> {
+        Ok(y.to_vec::<T>()?.into_iter().flat_map(encode).collect())
+    }
+    match dtype {
+        "bool" => typed(y, |b: bool| [u8::from(b)]),
+        "uint8" => y.to_vec::<u8>(),
+        "int32" => typed(y, i32::to_le_bytes),
+        "int64" => typed(y, i64::to_le_bytes),
+        "float16" => typed(y, |v: f16| v.to_bits().to_le_bytes()),
+        "bfloat16" => typed(y, |v: bf16| v.to_bits().to_le_bytes()),
+        "float32" => typed(y, |v: f32| v.to_bits().to_le_bytes()),
+        "float64" => typed(y, |v: f64| v.to_bits().to_le_bytes()),
         other => panic!("no dtype {other}"),
-    })
+    }
 }
 
 /// Runs the plan with nuvec arrays on the group `init` forms from the launch environment,
 /// writing each output and, at the end, every result's shape.
 fn rust_rank(plan_path: &Path, out_dir: &Path) {
-    let plan: Plan = serde_json::from_slice(&std::fs::read(plan_path).unwrap()).unwrap();
+    let plan = Plan::read(plan_path);
     let group = nuvec_distributed::init(true).expect("the ring forms");
     let rank = group.rank();
     let mut shapes = Vec::new();
@@ -595,41 +565,9 @@ fn mlx_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mlx_rank.py")
 }
 
-/// Starts a ring of `kinds` with `env`, each MLX rank the script and each Rust rank this
-/// test, and returns what every rank printed, once each finished.
-fn run_kinds(test: &str, kinds: &[Kind], launch: Launch) -> Vec<RankOutput> {
-    let python = testing::mlx_python();
-    let script = mlx_script();
-    let (test_name, rank_kinds) = (test.to_string(), kinds.to_vec());
-    let outputs = launch
-        .command(move |rank| match rank_kinds[rank] {
-            Kind::Mlx => {
-                let mut c = Command::new(&python);
-                c.arg(&script);
-                c
-            }
-            Kind::Rust => testing::this_test(&test_name),
-        })
-        .spawn(test)
-        .finish();
-    if !outputs.iter().all(RankOutput::finished) {
-        eprintln!("ring {kinds:?} did not finish");
-    }
-    assert_all_finished(&outputs);
-    outputs
-}
-
 /// Runs one ring of `kinds` over `plan_path` and returns the directory holding its outputs.
 fn run_ring(test: &str, kinds: &[Kind], plan_path: &Path, work: &Path, label: &str) -> PathBuf {
-    let out_dir = work.join(label);
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let launch = Launch::new(kinds.len(), 1)
-        .timeout(60.0)
-        .deadline(Duration::from_secs(300))
-        .env(PLAN_VAR, &plan_path.to_string_lossy())
-        .env(OUT_VAR, &out_dir.to_string_lossy());
-    run_kinds(test, kinds, launch);
-    out_dir
+    testing::run_interop_ring(test, kinds, 1, &mlx_script(), plan_path, work, label)
 }
 
 fn read_shapes(dir: &Path, rank: usize) -> Vec<Vec<i64>> {
@@ -720,20 +658,10 @@ fn check_coverage(ops: &[OpSpec], inputs: &[Vec<Vec<u8>>], dir: &Path) -> Covera
 }
 
 fn interop(size: usize, test: &str) {
-    let rank = || {
-        let plan = std::env::var_os(PLAN_VAR).unwrap();
-        let out = std::env::var_os(OUT_VAR).unwrap();
-        rust_rank(Path::new(&plan), Path::new(&out));
-    };
-    if testing::as_rank(test, rank) {
+    if testing::as_interop_rank(test, rust_rank) {
         return;
     }
-    // NUVEC_INTEROP_KEEP=1 keeps the inputs and every ring's outputs for inspection.
-    let work = tempfile::Builder::new()
-        .prefix("nuvec-array-interop-")
-        .disable_cleanup(std::env::var_os("NUVEC_INTEROP_KEEP").is_some())
-        .tempdir()
-        .unwrap();
+    let work = testing::interop_work_dir("nuvec-array-interop-");
     let ops = plan_ops(size);
     let mut rng = StdRng::seed_from_u64(size as u64 * 7919 + 25);
     let inputs: Vec<Vec<Vec<u8>>> = ops
@@ -749,12 +677,7 @@ fn interop(size: usize, test: &str) {
             std::fs::write(work.path().join(format!("in-{rank}-{i}.bin")), bytes).unwrap();
         }
     }
-    let plan_path = work.path().join("plan.json");
-    let plan = Plan {
-        dir: work.path().to_path_buf(),
-        ops: ops.clone(),
-    };
-    std::fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let plan_path = Plan::write(work.path(), &ops);
 
     let reference = run_ring(test, &vec![Kind::Mlx; size], &plan_path, work.path(), "mlx");
     let coverage = check_coverage(&ops, &inputs, &reference);
@@ -781,15 +704,8 @@ fn interop(size: usize, test: &str) {
         "P={size}: no int32 sum wraps"
     );
 
-    let layouts = [
-        vec![Kind::Rust; size],
-        (0..size)
-            .map(|r| if r % 2 == 0 { Kind::Rust } else { Kind::Mlx })
-            .collect::<Vec<_>>(),
-        (0..size)
-            .map(|r| if r % 2 == 0 { Kind::Mlx } else { Kind::Rust })
-            .collect(),
-    ];
+    let [even, odd] = Kind::alternating(size);
+    let layouts = [vec![Kind::Rust; size], even, odd];
     for (l, kinds) in layouts.iter().enumerate() {
         let mixed = run_ring(test, kinds, &plan_path, work.path(), &format!("ring{l}"));
         for (rank, kind) in kinds.iter().enumerate() {
@@ -924,7 +840,7 @@ fn exchange(test: &str, how: Exchange, nuvec_rank: usize) -> (RankOutput, Option
     let launch = Launch::new(2, 1)
         .deadline(Duration::from_secs(120))
         .env(EXCHANGE_VAR, how.name())
-        .env(OUT_VAR, &out.path().to_string_lossy());
+        .env(testing::INTEROP_OUT_VAR, &out.path().to_string_lossy());
     // A receive that waits for bytes that never come ends at the timeout: short, so the
     // test is quick. Where the receive fails at once, the harness's longer default keeps a
     // loaded machine's slow MLX rank from turning the failure into a timeout.
@@ -932,7 +848,7 @@ fn exchange(test: &str, how: Exchange, nuvec_rank: usize) -> (RankOutput, Option
         Exchange::NuvecSends => launch.timeout(EXCHANGE_TIMEOUT),
         _ => launch,
     };
-    let mut outputs = run_kinds(test, &kinds, launch);
+    let mut outputs = testing::run_kinds(test, &kinds, &mlx_script(), launch);
     let received = std::fs::read(out.path().join("mlx-received.bin")).ok();
     (outputs.swap_remove(nuvec_rank), received)
 }

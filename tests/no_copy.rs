@@ -96,22 +96,12 @@ impl Communicator for Recorder {
 }
 
 /// Every nuvec dtype the engine reduces.
-const DTYPES: [DType; 14] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::Complex64,
-];
+const DTYPES: [DType; 14] = {
+    use DType::*;
+    [
+        Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, BF16, F32, F64, Complex64,
+    ]
+};
 
 #[test]
 fn the_adapter_hands_the_engine_the_callers_own_buffers() {
@@ -167,20 +157,14 @@ fn the_adapter_allocates_nothing_per_call() {
     let mut data = vec![0u8; 4096];
     let input = vec![0u8; 2048];
     let mut output = vec![0u8; 4096];
-    let mut round = || {
+    let made = testing::steady_allocations(100, || {
         for dtype in DTYPES {
             comm.all_reduce(AllReduce::Sum, dtype, &mut data).unwrap();
         }
         comm.all_gather(&input, &mut output).unwrap();
         comm.send(1, &input).unwrap();
         comm.recv(1, &mut output).unwrap();
-    };
-    round();
-    let before = CountingAllocator::thread_allocations();
-    for _ in 0..100 {
-        round();
-    }
-    let made = CountingAllocator::thread_allocations() - before;
+    });
     assert_eq!(
         made, 0,
         "100 rounds through the adapter allocated {made} times"
@@ -208,7 +192,7 @@ fn allocations_on_a_real_group(options: Options, transport: Transport) {
                         let mut bools = vec![1u8; elems];
                         let mut gathered = vec![0u8; 8 * elems];
                         let peer = 1 - rank;
-                        let mut round = || {
+                        let made = testing::steady_allocations(20, || {
                             let c = comm.as_ref();
                             c.all_reduce(AllReduce::Sum, DType::F32, &mut f32s).unwrap();
                             c.all_reduce(AllReduce::Max, DType::F16, &mut halves)
@@ -226,13 +210,7 @@ fn allocations_on_a_real_group(options: Options, transport: Transport) {
                                 c.recv(peer, &mut i32s).unwrap();
                                 c.send(peer, &f32s).unwrap();
                             }
-                        };
-                        round();
-                        let before = CountingAllocator::thread_allocations();
-                        for _ in 0..20 {
-                            round();
-                        }
-                        let made = CountingAllocator::thread_allocations() - before;
+                        });
                         assert_eq!(
                             made, 0,
                             "rank {rank}, {elems} elements: 20 rounds allocated {made} times"

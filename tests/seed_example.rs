@@ -2,10 +2,8 @@
 //! that code, line for line, and it runs as written on every rank of `nuvec launch`.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use nuvec_tools::testing::{example_binary, finish, free_port_block, nuvec_binary};
+use nuvec_tools::testing::{example_binary, launch_under_nuvec};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -111,28 +109,9 @@ fn the_example_runs_as_written_on_every_rank_of_a_launch() {
     let example = example_binary("nuvec-distributed", "seed");
     for n in [2usize, 4] {
         for wire in [None, Some("native")] {
-            let port = free_port_block(n).unwrap().to_string();
-            let mut launch = Command::new(nuvec_binary());
-            launch.args(["launch", "-n", &n.to_string(), "-p", &port]);
-            if let Some(wire) = wire {
-                launch.args(["--wire", wire]);
-            }
-            launch
-                .arg("--")
-                .arg(&example)
-                .env_remove("NUVEC_DISTRIBUTED_WIRE")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            let out = finish(launch.spawn().unwrap(), Duration::from_secs(120));
+            let out = launch_under_nuvec(n, wire, &example, &[]);
             let what = format!("nuvec launch -n {n} (wire {})", wire.unwrap_or("mlx"));
-            assert!(
-                out.status.success(),
-                "{what}: {}\nstdout:\n{}\nstderr:\n{}",
-                out.status,
-                out.stdout,
-                out.stderr
-            );
+            out.assert_success(&what);
             let mut got: Vec<&str> = out.stdout.lines().collect();
             got.sort_unstable();
             let expected: Vec<String> = (0..n)

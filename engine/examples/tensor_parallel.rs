@@ -37,6 +37,9 @@ use nuvec_distributed_engine::{Element, Group};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod mlp;
+use mlp::{Layer, partial, weights};
+
 /// A sharded MLP stack, checked against the unsharded one.
 #[derive(Parser, Debug)]
 struct Args {
@@ -55,54 +58,6 @@ struct Args {
     /// Decode steps (one token each) to time.
     #[arg(long, default_value_t = 64)]
     tokens: usize,
-}
-
-/// One layer's weights, row-major: `w1` is hidden × ffn, `w2` is ffn × hidden.
-struct Layer {
-    w1: Vec<f32>,
-    w2: Vec<f32>,
-}
-
-/// The same weights on every rank, from a fixed seed.
-fn weights(args: &Args) -> Vec<Layer> {
-    let mut rng = StdRng::seed_from_u64(2026);
-    let (h, f) = (args.hidden, args.ffn);
-    (0..args.layers)
-        .map(|_| Layer {
-            w1: (0..h * f)
-                .map(|_| rng.random_range(-1.0..1.0) / (h as f32).sqrt())
-                .collect(),
-            w2: (0..f * h)
-                .map(|_| rng.random_range(-1.0..1.0) / (f as f32).sqrt())
-                .collect(),
-        })
-        .collect()
-}
-
-/// GELU (tanh form).
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-/// `x` (1 × hidden) through columns `cols` of `w1`, then the matching rows of `w2`:
-/// this rank's partial sum of the layer's output (1 × hidden).
-fn partial(args: &Args, layer: &Layer, x: &[f32], cols: std::ops::Range<usize>) -> Vec<f32> {
-    let (hidden, ffn) = (args.hidden, args.ffn);
-    let mut h = vec![0.0f32; cols.len()];
-    for (i, &xi) in x.iter().enumerate() {
-        let row = &layer.w1[i * ffn + cols.start..i * ffn + cols.end];
-        for (hj, &w) in h.iter_mut().zip(row) {
-            *hj += xi * w;
-        }
-    }
-    let mut y = vec![0.0f32; hidden];
-    for (k, hk) in h.iter().map(|&v| gelu(v)).enumerate() {
-        let row = &layer.w2[(cols.start + k) * hidden..(cols.start + k + 1) * hidden];
-        for (yj, &w) in y.iter_mut().zip(row) {
-            *yj += hk * w;
-        }
-    }
-    y
 }
 
 /// A half-precision element the ranks sum.
@@ -150,7 +105,7 @@ fn sharded<T: Half>(
     let mut x = x.to_vec();
     let mut wire = vec![T::default(); args.hidden];
     for layer in layers {
-        let y = partial(args, layer, &x, cols.clone());
+        let y = partial(layer, &x, cols.clone());
         for (w, v) in wire.iter_mut().zip(&y) {
             *w = T::from_f32(*v);
         }
@@ -172,7 +127,7 @@ fn sharded<T: Half>(
 fn unsharded<T: Half>(args: &Args, layers: &[Layer], x: &[f32]) -> Vec<f32> {
     let mut x = x.to_vec();
     for layer in layers {
-        let y = partial(args, layer, &x, 0..args.ffn);
+        let y = partial(layer, &x, 0..args.ffn);
         for (xi, v) in x.iter_mut().zip(&y) {
             *xi += T::from_f32(*v).to_f32();
         }
@@ -191,7 +146,7 @@ fn p99(v: &mut [Duration]) -> Duration {
 }
 
 fn run<T: Half>(g: &Group, args: &Args) -> bool {
-    let layers = weights(args);
+    let layers = weights(args.layers, args.hidden, args.ffn);
     let mut rng = StdRng::seed_from_u64(7);
     let mut times = Times::default();
     let mut worst = 0.0f32;

@@ -29,6 +29,9 @@ use nuvec_distributed_engine::Group;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod mlp;
+use mlp::{Layer, partial, weights};
+
 /// A pipelined, tensor-parallel MLP stack, checked against the unsharded one.
 #[derive(Parser, Debug)]
 struct Args {
@@ -49,28 +52,6 @@ struct Args {
     tokens: usize,
 }
 
-/// One layer's weights, row-major: `w1` is hidden × ffn, `w2` is ffn × hidden.
-struct Layer {
-    w1: Vec<f32>,
-    w2: Vec<f32>,
-}
-
-/// Every layer of the model, the same on every rank (a fixed seed).
-fn weights(args: &Args) -> Vec<Layer> {
-    let mut rng = StdRng::seed_from_u64(2026);
-    let (h, f) = (args.hidden, args.ffn);
-    (0..args.layers)
-        .map(|_| Layer {
-            w1: (0..h * f)
-                .map(|_| rng.random_range(-1.0..1.0) / (h as f32).sqrt())
-                .collect(),
-            w2: (0..f * h)
-                .map(|_| rng.random_range(-1.0..1.0) / (f as f32).sqrt())
-                .collect(),
-        })
-        .collect()
-}
-
 /// The tokens' input activations, the same on every rank.
 fn inputs(args: &Args) -> Vec<Vec<f32>> {
     let mut rng = StdRng::seed_from_u64(7);
@@ -83,39 +64,13 @@ fn inputs(args: &Args) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// GELU (tanh form).
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-/// `x` through columns `cols` of `w1`, then the matching rows of `w2`: this slice's partial
-/// sum of the layer's output.
-fn partial(args: &Args, layer: &Layer, x: &[f32], cols: std::ops::Range<usize>) -> Vec<f32> {
-    let (hidden, ffn) = (args.hidden, args.ffn);
-    let mut h = vec![0.0f32; cols.len()];
-    for (i, &xi) in x.iter().enumerate() {
-        let row = &layer.w1[i * ffn + cols.start..i * ffn + cols.end];
-        for (hj, &w) in h.iter_mut().zip(row) {
-            *hj += xi * w;
-        }
-    }
-    let mut y = vec![0.0f32; hidden];
-    for (k, hk) in h.iter().map(|&v| gelu(v)).enumerate() {
-        let row = &layer.w2[(cols.start + k) * hidden..(cols.start + k + 1) * hidden];
-        for (yj, &w) in y.iter_mut().zip(row) {
-            *yj += hk * w;
-        }
-    }
-    y
-}
-
 /// The stage's layers on `x`, each MLP sharded across `stage` and summed with one
 /// `all_sum`, plus the residual connection.
 fn stage_forward(stage: &Group, args: &Args, layers: &[Layer], x: &mut [f32]) {
     let share = args.ffn / stage.size();
     let cols = stage.rank() * share..(stage.rank() + 1) * share;
     for layer in layers {
-        let mut y = partial(args, layer, x, cols.clone());
+        let mut y = partial(layer, x, cols.clone());
         stage.all_sum(&mut y).expect("the stage's all_sum");
         for (xi, yi) in x.iter_mut().zip(&y) {
             *xi += yi;
@@ -127,7 +82,7 @@ fn stage_forward(stage: &Group, args: &Args, layers: &[Layer], x: &mut [f32]) {
 fn unsharded(args: &Args, layers: &[Layer], x: &[f32]) -> Vec<f32> {
     let mut x = x.to_vec();
     for layer in layers {
-        let y = partial(args, layer, &x, 0..args.ffn);
+        let y = partial(layer, &x, 0..args.ffn);
         for (xi, yi) in x.iter_mut().zip(&y) {
             *xi += yi;
         }
@@ -163,7 +118,7 @@ fn main() {
     assert_eq!((stage.rank(), stage.size()), (tp_rank, tp));
     assert_eq!((pipe.rank(), pipe.size()), (stage_no, args.stages));
 
-    let model = weights(&args);
+    let model = weights(args.layers, args.hidden, args.ffn);
     let per_stage = args.layers / args.stages;
     let mine = &model[stage_no * per_stage..(stage_no + 1) * per_stage];
     let tokens = inputs(&args);

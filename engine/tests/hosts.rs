@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nuvec_distributed_engine::{Group, Transport};
-use nuvec_tools::testing::{self, Launch, ip, maps_a_segment, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, VethPair, ip, maps_a_segment};
 
 /// Ranks 0 and 1 run on host A, ranks 2 and 3 on host B.
 const SIZE: usize = 4;
@@ -101,11 +101,9 @@ impl Drop for Host {
 /// removed on drop (deleting a namespace deletes its end of the pair, and with it the
 /// other end).
 struct Hosts {
-    netns: [String; 2],
-    veth: [String; 2],
-    /// Each host's veth address.
-    addrs: [String; 2],
+    /// Dropped first: its processes hold the namespaces.
     hosts: Vec<Host>,
+    net: VethPair,
 }
 
 impl Hosts {
@@ -113,37 +111,15 @@ impl Hosts {
     fn new(tag: &str) -> Hosts {
         let id = format!("{}{tag}", std::process::id());
         let subnet = std::process::id() % 200 + 20;
-        let mut hosts = Hosts {
-            netns: [format!("nuvh{id}a"), format!("nuvh{id}b")],
-            veth: [format!("nvh{id}a"), format!("nvh{id}b")],
-            addrs: [format!("10.202.{subnet}.1"), format!("10.202.{subnet}.2")],
-            hosts: Vec::new(),
+        let net = VethPair::new(
+            [format!("nuvh{id}a"), format!("nuvh{id}b")],
+            [format!("nvh{id}a"), format!("nvh{id}b")],
+            subnet,
+        );
+        let hosts = Hosts {
+            hosts: net.netns.iter().map(|ns| Host::new(ns)).collect(),
+            net,
         };
-        for n in &hosts.netns {
-            ip(&["netns", "add", n]);
-        }
-        ip(&[
-            "link",
-            "add",
-            &hosts.veth[0],
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &hosts.veth[1],
-        ]);
-        for side in 0..2 {
-            let (ns, dev) = (&hosts.netns[side], &hosts.veth[side]);
-            ip(&["link", "set", dev, "netns", ns]);
-            let addr = format!("{}/24", hosts.addrs[side]);
-            ip(&["-n", ns, "addr", "add", &addr, "dev", dev]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        for side in 0..2 {
-            let host = Host::new(&hosts.netns[side]);
-            hosts.hosts.push(host);
-        }
         // Each host's /dev/shm its own file system: else the test runs no hierarchy.
         let dev = |p: &Path| std::fs::metadata(p).expect("a /dev/shm").dev();
         let devs = [
@@ -161,7 +137,7 @@ impl Hosts {
     /// The hostfile: each rank on its host's address, the two ranks of a host on two ports.
     fn nodes(&self) -> Vec<Vec<String>> {
         (0..SIZE)
-            .map(|r| vec![format!("{}:{}", self.addrs[host_of(r)], 41000 + r)])
+            .map(|r| vec![format!("{}:{}", self.net.addrs[host_of(r)], 41000 + r)])
             .collect()
     }
 
@@ -183,16 +159,14 @@ impl Hosts {
 
     /// Takes host A's end of the link down.
     fn cut(&self) {
-        ip(&["-n", &self.netns[0], "link", "set", &self.veth[0], "down"]);
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.hosts.clear();
-        for n in &self.netns {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
+        ip(&[
+            "-n",
+            &self.net.netns[0],
+            "link",
+            "set",
+            &self.net.veth[0],
+            "down",
+        ]);
     }
 }
 
@@ -310,23 +284,12 @@ fn cutting_the_link_between_hosts_fails_every_rank_naming_the_other_host() {
     let Some(running) = launch.start(CUT, |g: Group| {
         g.barrier().unwrap();
         assert!(maps_a_segment(), "rank {}: no segment mapped", g.rank());
-        mark("looping");
-        let mut last = Instant::now();
-        let error = loop {
-            match g.all_sum(&mut [1.0f32; 256]) {
-                Ok(()) => last = Instant::now(),
-                Err(e) => break e,
-            }
-        };
-        report_failure(&error, last.elapsed());
+        testing::until_failure(|| g.all_sum(&mut [1.0f32; 256]));
     }) else {
         return;
     };
     let hosts = hosts.expect("the parent made the hosts");
-    for r in 0..SIZE {
-        running.wait_for(r, "looping", Duration::from_secs(60));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    running.wait_all("looping", Duration::from_millis(300));
     hosts.cut();
     let outputs = running.finish();
     for o in &outputs {

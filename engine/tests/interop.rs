@@ -14,12 +14,11 @@
 //! The MLX venv comes from `tools/mlx-venv.sh` (through [`testing::mlx_python`]), which
 //! installs it when it is missing; if that fails, the test fails and says why.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::path::Path;
 
 use nuvec_distributed_engine::{Complex64, Element, Group, ReduceOp, bf16, f16};
-use nuvec_tools::testing::{self, Launch, assert_all_finished};
+use nuvec_tools::test_cases;
+use nuvec_tools::testing::{self, RankKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -34,17 +33,8 @@ struct OpSpec {
     count: usize,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Plan {
-    dir: PathBuf,
-    ops: Vec<OpSpec>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Mlx,
-    Rust,
-}
+/// The plan every rank of a ring runs.
+type Plan = testing::Plan<OpSpec>;
 
 fn dtype_size(dtype: &str) -> usize {
     match dtype {
@@ -264,7 +254,7 @@ fn run_bool(g: &Group, op: &str, input: &[u8]) -> Vec<u8> {
 }
 
 fn rust_rank(plan_path: &Path, out_dir: &Path) {
-    let plan: Plan = serde_json::from_slice(&std::fs::read(plan_path).unwrap()).unwrap();
+    let plan = Plan::read(plan_path);
     let g = nuvec_distributed_engine::init_backend(true, nuvec_distributed_engine::Backend::Ring)
         .expect("the ring forms");
     let rank = g.rank();
@@ -294,64 +284,12 @@ fn rust_rank(plan_path: &Path, out_dir: &Path) {
 
 // ---- The driver ----------------------------------------------------------------------
 
-/// Runs one ring of `kinds` over `plan` and returns the directory holding its outputs.
-fn run_ring(
-    test: &str,
-    kinds: &[Kind],
-    connections: usize,
-    plan_path: &Path,
-    work: &Path,
-    label: &str,
-) -> PathBuf {
-    let out_dir = work.join(label);
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let python = testing::mlx_python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mlx_rank.py");
-    let (test_name, rank_kinds) = (test.to_string(), kinds.to_vec());
-    let outputs = Launch::new(kinds.len(), connections)
-        .timeout(60.0)
-        .deadline(Duration::from_secs(300))
-        .env("NUVEC_INTEROP_PLAN", &plan_path.to_string_lossy())
-        .env("NUVEC_INTEROP_OUT", &out_dir.to_string_lossy())
-        .command(move |rank| match rank_kinds[rank] {
-            Kind::Mlx => {
-                let mut c = Command::new(&python);
-                c.arg(&script);
-                c
-            }
-            Kind::Rust => testing::this_test(&test_name),
-        })
-        .spawn(test)
-        .finish();
-    if !outputs.iter().all(|o| o.finished()) {
-        eprintln!("ring {label} ({kinds:?}) did not finish");
-    }
-    assert_all_finished(&outputs);
-    out_dir
-}
-
-fn interop(size: usize, connections: usize, test: &str) {
-    let rank = || {
-        let plan = std::env::var_os("NUVEC_INTEROP_PLAN").unwrap();
-        let out = std::env::var_os("NUVEC_INTEROP_OUT").unwrap();
-        rust_rank(Path::new(&plan), Path::new(&out));
-    };
-    if testing::as_rank(test, rank) {
+/// One ring shape: `size` ranks, `connections` per neighbour.
+fn interop(test: &str, size: usize, connections: usize) {
+    if testing::as_interop_rank(test, rust_rank) {
         return;
     }
-    let work = tempfile::tempdir().unwrap();
-    // NUVEC_INTEROP_KEEP=1 keeps the inputs and every ring's outputs for inspection.
-    let work = if std::env::var_os("NUVEC_INTEROP_KEEP").is_some() {
-        let kept = tempfile::Builder::new()
-            .prefix("nuvec-interop-")
-            .disable_cleanup(true)
-            .tempdir()
-            .unwrap();
-        eprintln!("keeping {}", kept.path().display());
-        kept
-    } else {
-        work
-    };
+    let work = testing::interop_work_dir("nuvec-interop-");
     let ops = plan_ops(size, connections);
     let mut rng = StdRng::seed_from_u64(size as u64 * 31 + connections as u64);
     for (i, spec) in ops.iter().enumerate() {
@@ -364,38 +302,23 @@ fn interop(size: usize, connections: usize, test: &str) {
             std::fs::write(work.path().join(format!("in-{rank}-{i}.bin")), bytes).unwrap();
         }
     }
-    let plan_path = work.path().join("plan.json");
-    let plan = Plan {
-        dir: work.path().to_path_buf(),
-        ops: ops.clone(),
-    };
-    std::fs::write(&plan_path, serde_json::to_vec(&plan).unwrap()).unwrap();
-
-    let reference = run_ring(
-        test,
-        &vec![Kind::Mlx; size],
-        connections,
-        &plan_path,
-        work.path(),
-        "mlx",
-    );
-    let layouts: [Vec<Kind>; 2] = [
-        (0..size)
-            .map(|r| if r % 2 == 0 { Kind::Rust } else { Kind::Mlx })
-            .collect(),
-        (0..size)
-            .map(|r| if r % 2 == 0 { Kind::Mlx } else { Kind::Rust })
-            .collect(),
-    ];
-    for (l, kinds) in layouts.iter().enumerate() {
-        let mixed = run_ring(
+    let plan_path = Plan::write(work.path(), &ops);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/mlx_rank.py");
+    let ring = |kinds: &[RankKind], label: &str| {
+        testing::run_interop_ring(
             test,
             kinds,
             connections,
+            &script,
             &plan_path,
             work.path(),
-            &format!("mixed{l}"),
-        );
+            label,
+        )
+    };
+    let reference = ring(&vec![RankKind::Mlx; size], "mlx");
+    let layouts = RankKind::alternating(size);
+    for (l, kinds) in layouts.iter().enumerate() {
+        let mixed = ring(kinds, &format!("mixed{l}"));
         for (i, spec) in ops.iter().enumerate() {
             for (rank, kind) in kinds.iter().enumerate() {
                 let name = format!("out-{rank}-{i}.bin");
@@ -415,27 +338,11 @@ fn interop(size: usize, connections: usize, test: &str) {
     }
 }
 
-#[test]
-fn interop_p2_c1() {
-    interop(2, 1, "interop_p2_c1");
-}
-#[test]
-fn interop_p2_c2() {
-    interop(2, 2, "interop_p2_c2");
-}
-#[test]
-fn interop_p3_c1() {
-    interop(3, 1, "interop_p3_c1");
-}
-#[test]
-fn interop_p3_c2() {
-    interop(3, 2, "interop_p3_c2");
-}
-#[test]
-fn interop_p4_c1() {
-    interop(4, 1, "interop_p4_c1");
-}
-#[test]
-fn interop_p4_c2() {
-    interop(4, 2, "interop_p4_c2");
-}
+test_cases!(interop {
+    interop_p2_c1: 2, 1;
+    interop_p2_c2: 2, 2;
+    interop_p3_c1: 3, 1;
+    interop_p3_c2: 3, 2;
+    interop_p4_c1: 4, 1;
+    interop_p4_c2: 4, 2;
+});

@@ -4,17 +4,13 @@
 //! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
 //! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
-use nuvec_distributed_engine::{Backend, Error, IO_VAR, Io, Options, init_with};
+use nuvec_distributed_engine::{Error, IO_VAR, Io, Options, Backend, init_with};
 use nuvec_tools::testing;
 
 /// Two ranks (threads) with `options`: a small and a 16 MiB all_sum, an all_gather and a
 /// barrier, each checked.
 fn two_ranks(options: &Options) {
-    let ports = testing::free_ports(2, 2);
-    let nodes: Vec<Vec<String>> = ports
-        .iter()
-        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-        .collect();
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 2));
     std::thread::scope(|s| {
         for rank in 0..2 {
             let (nodes, options) = (&nodes, options);
@@ -68,11 +64,7 @@ fn epoll_asked_for_by_name_computes() {
 #[cfg(target_os = "linux")]
 #[test]
 fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes() {
-    let ports = testing::free_ports(2, 1);
-    let nodes: Vec<Vec<String>> = ports
-        .iter()
-        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-        .collect();
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
     // A rank that finished forming first fails at once and closes; the other may then wait
     // for it until the setup timeout: kept short.
     let refused = Options::default()
@@ -100,11 +92,7 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
             .any(|e| e.contains("io_uring") && e.contains("os error 1")),
         "a rank names io_uring and EPERM: {errors:?}"
     );
-    let ports = testing::free_ports(2, 1);
-    let nodes: Vec<Vec<String>> = ports
-        .iter()
-        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-        .collect();
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
     std::thread::scope(|s| {
         for rank in 0..2 {
             let nodes = &nodes;
@@ -123,11 +111,7 @@ fn where_io_uring_is_refused_asking_for_it_fails_saying_why_and_epoll_computes()
     // explicit Io::Uring does.
     let named = std::env::var(nuvec_distributed_engine::IO_VAR)
         .is_ok_and(|v| v.parse::<Io>() == Ok(Io::Uring));
-    let ports = testing::free_ports(2, 1);
-    let nodes: Vec<Vec<String>> = ports
-        .iter()
-        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-        .collect();
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
     let auto = Options::default()
         .io(Io::Auto)
         .timeout(std::time::Duration::from_secs(3));
@@ -163,11 +147,7 @@ fn uring_busy_and_idle<T: Send>(
     busy: impl FnOnce(nuvec_distributed_engine::Group) -> T + Send,
     idle: impl FnOnce(nuvec_distributed_engine::Group) + Send,
 ) -> T {
-    let ports = testing::free_ports(2, 1);
-    let nodes: Vec<Vec<String>> = ports
-        .iter()
-        .map(|r| r.iter().map(|p| format!("127.0.0.1:{p}")).collect())
-        .collect();
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
     let options = Options::default()
         .io(Io::Uring)
         .backend(wire)
@@ -190,33 +170,59 @@ fn uring_busy_and_idle<T: Send>(
     })
 }
 
-/// A receive waits in the kernel for a peer that never sends: the collective fails at its
-/// timeout naming that peer (its receive cancelled and reaped first).
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer() {
-    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Backend::Ring);
+/// Two tests of each `check`: one on MLX's wire, one on the native wire (each with its
+/// own doc).
+macro_rules! on_both_wires {
+    ($(
+        $(#[$mlx_doc:meta])* $mlx:ident,
+        $(#[$native_doc:meta])* $native:ident => $check:ident;
+    )*) => {
+        $(
+            $(#[$mlx_doc])*
+            #[cfg(target_os = "linux")]
+            #[test]
+            fn $mlx() {
+                $check(Backend::Ring);
+            }
+
+            $(#[$native_doc])*
+            #[cfg(target_os = "linux")]
+            #[test]
+            fn $native() {
+                $check(Backend::Native);
+            }
+        )*
+    };
 }
 
-/// As above, on the native wire: its round's message out and receive step together.
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer_native() {
-    a_timeout_with_a_receive_in_flight_names_the_silent_peer(Backend::Native);
+on_both_wires! {
+    /// A receive waits in the kernel for a peer that never sends: the collective fails at
+    /// its timeout naming that peer (its receive cancelled and reaped first).
+    io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer,
+    /// As above, on the native wire: its round's message out and receive step together.
+    io_uring_a_timeout_with_a_receive_in_flight_names_the_silent_peer_native
+        => a_timeout_with_a_receive_in_flight_names_the_silent_peer;
+    /// A close from another thread ends a collective whose receive waits in the kernel, at
+    /// once, as `Aborted` (or `GroupClosed` if it came between calls).
+    io_uring_a_close_from_another_thread_ends_a_receive_in_flight,
+    /// As above, on the native wire.
+    io_uring_a_close_from_another_thread_ends_a_receive_in_flight_native
+        => a_close_from_another_thread_ends_a_receive_in_flight;
+    /// A peer that goes away (its sockets closed, as a process that dies has them closed)
+    /// while a receive from it waits in the kernel: the collective fails at once naming it.
+    io_uring_a_peer_that_goes_away_ends_a_receive_in_flight,
+    /// As above, on the native wire.
+    io_uring_a_peer_that_goes_away_ends_a_receive_in_flight_native
+        => a_peer_that_goes_away_ends_a_receive_in_flight;
 }
 
 #[cfg(target_os = "linux")]
 fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Backend) {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let (error, took) = uring_busy_and_idle(
         wire,
         Duration::from_millis(400),
-        |group| {
-            let start = Instant::now();
-            let mut x = [1u32];
-            let error = group.all_sum(&mut x).expect_err("rank 1 never joins");
-            (error, start.elapsed())
-        },
+        |group| testing::timed(|| group.all_sum(&mut [1u32]).expect_err("rank 1 never joins")),
         |group| {
             std::thread::sleep(Duration::from_millis(1500));
             drop(group);
@@ -225,21 +231,6 @@ fn a_timeout_with_a_receive_in_flight_names_the_silent_peer(wire: Backend) {
     assert_eq!(error.peer(), Some(1), "{error}");
     assert!(took >= Duration::from_millis(400), "{took:?}: {error}");
     assert!(took < Duration::from_millis(1400), "{took:?}: {error}");
-}
-
-/// A close from another thread ends a collective whose receive waits in the kernel, at
-/// once, as `Aborted` (or `GroupClosed` if it came between calls).
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight() {
-    a_close_from_another_thread_ends_a_receive_in_flight(Backend::Ring);
-}
-
-/// As above, on the native wire.
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_close_from_another_thread_ends_a_receive_in_flight_native() {
-    a_close_from_another_thread_ends_a_receive_in_flight(Backend::Native);
 }
 
 #[cfg(target_os = "linux")]
@@ -286,33 +277,13 @@ fn a_close_from_another_thread_ends_a_receive_in_flight(wire: Backend) {
     );
 }
 
-/// A peer that goes away (its sockets closed, as a process that dies has them closed)
-/// while a receive from it waits in the kernel: the collective fails at once naming it.
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight() {
-    a_peer_that_goes_away_ends_a_receive_in_flight(Backend::Ring);
-}
-
-/// As above, on the native wire.
-#[cfg(target_os = "linux")]
-#[test]
-fn io_uring_a_peer_that_goes_away_ends_a_receive_in_flight_native() {
-    a_peer_that_goes_away_ends_a_receive_in_flight(Backend::Native);
-}
-
 #[cfg(target_os = "linux")]
 fn a_peer_that_goes_away_ends_a_receive_in_flight(wire: Backend) {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let (error, took) = uring_busy_and_idle(
         wire,
         Duration::from_secs(20),
-        |group| {
-            let start = Instant::now();
-            let mut x = [1.0f32];
-            let error = group.all_sum(&mut x).expect_err("rank 1 leaves");
-            (error, start.elapsed())
-        },
+        |group| testing::timed(|| group.all_sum(&mut [1.0f32]).expect_err("rank 1 leaves")),
         |group| {
             std::thread::sleep(Duration::from_millis(200));
             group.close().unwrap();

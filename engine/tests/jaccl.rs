@@ -15,26 +15,12 @@ use nuvec_distributed_engine::{
 };
 use nuvec_tools::testing;
 
-/// Every variable either backend reads, removed from children unless a test sets it.
-const LAUNCH_VARS: [&str; 10] = [
-    "MLX_HOSTFILE",
-    "MLX_RANK",
-    "JACCL_RANK",
-    "MLX_IBV_DEVICES",
-    "JACCL_IBV_DEVICES",
-    "MLX_JACCL_COORDINATOR",
-    "JACCL_COORDINATOR",
-    "MLX_JACCL_RING",
-    "JACCL_RING",
-    "NUVEC_JACCL_BUFFERS",
-];
-
 fn spawn(test: &str, env: &[(&str, String)]) -> std::process::Child {
     let mut cmd = testing::this_test(test);
     cmd.env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in LAUNCH_VARS {
+    for var in testing::JACCL_LAUNCH_VARS {
         cmd.env_remove(var);
     }
     for (k, v) in env {

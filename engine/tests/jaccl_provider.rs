@@ -36,27 +36,19 @@ use ffi::verbs::{
 };
 use nuvec_distributed_engine::jaccl::SizeClasses;
 use nuvec_distributed_engine::{Backend, Error, Group, bf16, f16, init_backend, jaccl};
+use nuvec_tools::test_cases;
 use nuvec_tools::testing;
 
 const DONE: &str = "PROVIDER-CHILD-DONE";
 
-/// Every variable the backends read, removed from children unless a test sets it.
-const LAUNCH_VARS: [&str; 18] = [
+/// The provider's own variables, removed from children (with
+/// [`testing::JACCL_LAUNCH_VARS`]) unless a test sets them.
+const PROVIDER_VARS: [&str; 8] = [
     "NUVEC_VERBS_PROVIDER_TRACE",
     "NUVEC_VERBS_PROVIDER_PROFILE",
     "NUVEC_JACCL_MLX_ALL_GATHER",
     "NUVEC_VERBS_PROVIDER_CHANNELS",
     "NUVEC_VERBS_PROVIDER_EARLY",
-    "MLX_HOSTFILE",
-    "MLX_RANK",
-    "JACCL_RANK",
-    "MLX_IBV_DEVICES",
-    "JACCL_IBV_DEVICES",
-    "MLX_JACCL_COORDINATOR",
-    "JACCL_COORDINATOR",
-    "MLX_JACCL_RING",
-    "JACCL_RING",
-    "NUVEC_JACCL_BUFFERS",
     "NUVEC_VERBS_PROVIDER_DEVICES",
     "NUVEC_VERBS_PROVIDER_DIR",
     "NUVEC_VERBS_PROVIDER_FAULT",
@@ -73,91 +65,39 @@ struct Fabric {
 impl Fabric {
     /// A full mesh: rank `i` reaches rank `j` through device `m{i}to{j}`.
     fn mesh(size: usize) -> Fabric {
-        let mut devices = Vec::new();
-        let rows: Vec<String> = (0..size)
-            .map(|i| {
-                let cells: Vec<String> = (0..size)
-                    .map(|j| {
-                        if i == j {
-                            "null".to_string()
-                        } else {
-                            devices.push(format!("m{i}to{j}"));
-                            format!("\"m{i}to{j}\"")
-                        }
-                    })
-                    .collect();
-                format!("[{}]", cells.join(", "))
-            })
-            .collect();
-        Fabric {
-            size,
-            ring: false,
-            matrix: format!("[{}]", rows.join(", ")),
-            devices,
-        }
+        Fabric::of(size, 0)
     }
 
     /// A ring of `wires` cables between neighbours: device `r{i}to{j}c{k}`.
     fn ring(size: usize, wires: usize) -> Fabric {
-        let mut devices = Vec::new();
-        let rows: Vec<String> = (0..size)
-            .map(|i| {
-                let cells: Vec<String> = (0..size)
-                    .map(|j| {
-                        let neighbour = j == (i + 1) % size || i == (j + 1) % size;
-                        if i == j || !neighbour {
-                            return "null".to_string();
-                        }
-                        let names: Vec<String> = (0..wires)
-                            .map(|k| {
-                                devices.push(format!("r{i}to{j}c{k}"));
-                                format!("\"r{i}to{j}c{k}\"")
-                            })
-                            .collect();
-                        format!("[{}]", names.join(", "))
-                    })
-                    .collect();
-                format!("[{}]", cells.join(", "))
-            })
-            .collect();
+        Fabric::of(size, wires)
+    }
+
+    /// [`testing::verbs_layout`] of `size` and `wires`.
+    fn of(size: usize, wires: usize) -> Fabric {
+        let (matrix, devices) = testing::verbs_layout(size, wires);
         Fabric {
             size,
-            ring: true,
-            matrix: format!("[{}]", rows.join(", ")),
+            ring: wires > 0,
+            matrix,
             devices,
         }
     }
 }
 
 /// Launches `fabric.size` ranks of test `name` on the provider; `per_rank` adds variables
-/// for one rank (faults). Returns each rank's output.
+/// for one rank (faults). The provider's fabric directory (and the device file) is `dir`,
+/// or a temporary one. Returns each rank's output.
 fn launch(
+    dir: Option<&Path>,
     name: &str,
     fabric: &Fabric,
     timeout_s: u32,
     device_settings: &[(&str, &str)],
     per_rank: &[(usize, &str, String)],
 ) -> Vec<Output> {
-    let dir = tempfile::tempdir().unwrap();
-    launch_in(
-        dir.path(),
-        name,
-        fabric,
-        timeout_s,
-        device_settings,
-        per_rank,
-    )
-}
-
-/// [`launch`], with the provider's fabric directory (and the device file) under `dir`.
-fn launch_in(
-    dir: &Path,
-    name: &str,
-    fabric: &Fabric,
-    timeout_s: u32,
-    device_settings: &[(&str, &str)],
-    per_rank: &[(usize, &str, String)],
-) -> Vec<Output> {
+    let temporary = tempfile::tempdir().unwrap();
+    let dir = dir.unwrap_or(temporary.path());
     let lib = testing::verbs_provider();
     let file = dir.join("devices.json");
     std::fs::write(&file, &fabric.matrix).unwrap();
@@ -179,7 +119,7 @@ fn launch_in(
         .map(|rank| {
             let mut cmd = testing::this_test(name);
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-            for var in LAUNCH_VARS {
+            for var in testing::JACCL_LAUNCH_VARS.iter().chain(&PROVIDER_VARS) {
                 cmd.env_remove(var);
             }
             cmd.env(LIBRARY_VAR, lib)
@@ -368,31 +308,25 @@ fn collectives_on(name: &str, fabric: Fabric) {
         println!("{DONE}");
         return;
     }
-    let out = launch(name, &fabric, 60, &[], &[]);
+    let out = launch(None, name, &fabric, 60, &[], &[]);
     assert!(out.iter().all(finished), "{}", show(&out));
 }
 
-macro_rules! mesh_test {
-    ($($name:ident: $p:expr),*) => {$(
-        #[test]
-        fn $name() {
-            collectives_on(stringify!($name), Fabric::mesh($p));
-        }
-    )*};
-}
-
-macro_rules! ring_test {
-    ($($name:ident: $p:expr, $w:expr),*) => {$(
-        #[test]
-        fn $name() {
-            collectives_on(stringify!($name), Fabric::ring($p, $w));
-        }
-    )*};
-}
-
-mesh_test!(mesh_2: 2, mesh_3: 3, mesh_4: 4, mesh_5: 5, mesh_6: 6, mesh_7: 7, mesh_8: 8);
-ring_test!(ring_2_ranks_1_cable: 2, 1, ring_3_ranks_2_cables: 3, 2, ring_4_ranks_3_cables: 4, 3,
-    ring_8_ranks_4_cables: 8, 4, ring_5_ranks_1_cable: 5, 1, ring_2_ranks_4_cables: 2, 4);
+test_cases!(collectives_on {
+    mesh_2: Fabric::mesh(2);
+    mesh_3: Fabric::mesh(3);
+    mesh_4: Fabric::mesh(4);
+    mesh_5: Fabric::mesh(5);
+    mesh_6: Fabric::mesh(6);
+    mesh_7: Fabric::mesh(7);
+    mesh_8: Fabric::mesh(8);
+    ring_2_ranks_1_cable: Fabric::ring(2, 1);
+    ring_3_ranks_2_cables: Fabric::ring(3, 2);
+    ring_4_ranks_3_cables: Fabric::ring(4, 3);
+    ring_8_ranks_4_cables: Fabric::ring(8, 4);
+    ring_5_ranks_1_cable: Fabric::ring(5, 1);
+    ring_2_ranks_4_cables: Fabric::ring(2, 4);
+});
 
 // ---------------------------------------------------------------------------------------
 // The set-up, as MLX does it
@@ -468,7 +402,7 @@ fn the_queue_pair_set_up_is_mlx_s_with_apple_s_rules() {
     let trace: Vec<_> = (0..p)
         .map(|r| (r, "NUVEC_VERBS_PROVIDER_TRACE", "1".to_string()))
         .collect();
-    let out = launch_in(dir.path(), NAME, &fabric, 20, &settings, &trace);
+    let out = launch(Some(dir.path()), NAME, &fabric, 20, &settings, &trace);
     assert!(out.iter().all(finished), "{}", show(&out));
     let per_process = traces(dir.path());
     assert_eq!(per_process.len(), p);
@@ -597,6 +531,25 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Launches test `name`'s [`fault_child`] on a mesh of `size` with the provider's fault
+/// `fault` (`NUVEC_VERBS_PROVIDER_FAULT`) on rank `rank`, the group's timeout `timeout_s`.
+fn faulted(name: &str, size: usize, timeout_s: u32, (rank, fault): (usize, &str)) -> Vec<Output> {
+    let fault = vec![(rank, "NUVEC_VERBS_PROVIDER_FAULT", fault.to_string())];
+    launch(None, name, &Fabric::mesh(size), timeout_s, &[], &fault)
+}
+
+/// Asserts that rank `rank` printed every one of `says`.
+fn assert_says(out: &[Output], rank: usize, says: &[&str]) {
+    let printed = stdout(&out[rank]);
+    for s in says {
+        assert!(
+            printed.contains(s),
+            "rank {rank} did not say {s:?}:\n{}",
+            show(out)
+        );
+    }
+}
+
 /// A rank that exits in the middle of a collective (the provider's `exit` fault, at its first
 /// send) is named by every survivor, promptly.
 #[test]
@@ -606,96 +559,44 @@ fn a_rank_gone_mid_collective_is_named_by_the_survivors() {
         return;
     }
     let start = std::time::Instant::now();
-    let out = launch(
-        NAME,
-        &Fabric::mesh(3),
-        5,
-        &[],
-        &[(2, "NUVEC_VERBS_PROVIDER_FAULT", "exit=1".into())],
-    );
+    let out = faulted(NAME, 3, 5, (2, "exit=1"));
     assert_eq!(out[2].status.code(), Some(86), "{}", show(&out));
-    for o in &out[..2] {
+    for (rank, o) in out[..2].iter().enumerate() {
         assert!(finished(o), "{}", show(&out));
-        assert!(
-            stdout(o).contains("ERROR round=0 peer=Some(2)"),
-            "{}",
-            show(&out)
-        );
+        assert_says(&out, rank, &["ERROR round=0 peer=Some(2)"]);
     }
     assert!(start.elapsed() < Duration::from_secs(30), "{}", show(&out));
 }
 
-/// A send that completes with an error status fails the sender's collective naming the peer
-/// it was sending to and the status.
-#[test]
-fn an_error_completion_names_the_peer_and_the_status() {
-    const NAME: &str = "an_error_completion_names_the_peer_and_the_status";
-    if fault_child(NAME) {
+/// Runs test `name`'s [`fault_child`] on a mesh of 2 with `fault` ([`faulted`]); every
+/// rank must finish, and each rank of `says` print each of its lines.
+fn fault_says(name: &str, timeout_s: u32, fault: (usize, &str), says: &[(usize, &[&str])]) {
+    if fault_child(name) {
         return;
     }
-    let out = launch(
-        NAME,
-        &Fabric::mesh(2),
-        5,
-        &[],
-        &[(1, "NUVEC_VERBS_PROVIDER_FAULT", "error=1".into())],
-    );
+    let out = faulted(name, 2, timeout_s, fault);
     assert!(out.iter().all(finished), "{}", show(&out));
-    let one = stdout(&out[1]);
-    assert!(one.contains("ERROR round=0 peer=Some(0)"), "{}", show(&out));
-    assert!(one.contains("general error"), "{}", show(&out));
-    assert!(stdout(&out[0]).contains("peer=Some(1)"), "{}", show(&out));
+    for &(rank, lines) in says {
+        assert_says(&out, rank, lines);
+    }
 }
 
-/// A message lost on the wire (the provider's `drop` fault) leaves its receiver a message
-/// short: it fails naming the sender. (Messages carry no headers, so the sender's next
-/// message may first take the lost one's place, as the README says; the receiver then fails
-/// at the collective the sender no longer answers: a timeout, or the sender's close.)
-#[test]
-fn a_lost_message_fails_the_receiver_naming_the_sender() {
-    const NAME: &str = "a_lost_message_fails_the_receiver_naming_the_sender";
-    if fault_child(NAME) {
-        return;
-    }
-    let out = launch(
-        NAME,
-        &Fabric::mesh(2),
-        3,
-        &[],
-        &[(1, "NUVEC_VERBS_PROVIDER_FAULT", "drop=1".into())],
-    );
-    assert!(out.iter().all(finished), "{}", show(&out));
-    let zero = stdout(&out[0]);
-    assert!(
-        zero.contains("ERROR round=") && zero.contains("peer=Some(1)"),
-        "{}",
-        show(&out)
-    );
-}
-
-/// A port that goes down mid-run fails the sends on it, naming the peer behind it.
-#[test]
-fn a_port_gone_down_fails_naming_the_peer() {
-    const NAME: &str = "a_port_gone_down_fails_naming_the_peer";
-    if fault_child(NAME) {
-        return;
-    }
-    let out = launch(
-        NAME,
-        &Fabric::mesh(2),
-        3,
-        &[],
-        &[(0, "NUVEC_VERBS_PROVIDER_FAULT", "down=2".into())],
-    );
-    assert!(out.iter().all(finished), "{}", show(&out));
-    let zero = stdout(&out[0]);
-    assert!(
-        zero.contains("ERROR round=1 peer=Some(1)"),
-        "{}",
-        show(&out)
-    );
-    assert!(zero.contains("retry"), "{}", show(&out));
-}
+test_cases!(fault_says {
+    /// A send that completes with an error status fails the sender's collective naming the
+    /// peer it was sending to and the status.
+    an_error_completion_names_the_peer_and_the_status: 5, (1, "error=1"),
+        &[(1, &["ERROR round=0 peer=Some(0)", "general error"]), (0, &["peer=Some(1)"])];
+    /// A message lost on the wire (the provider's `drop` fault) leaves its receiver a
+    /// message short: it fails naming the sender. (Messages carry no headers, so the
+    /// sender's next message may first take the lost one's place, as the README says; the
+    /// receiver then fails at the collective the sender no longer answers: a timeout, or the
+    /// sender's close.)
+    a_lost_message_fails_the_receiver_naming_the_sender: 3, (1, "drop=1"),
+        &[(0, &["ERROR round=", "peer=Some(1)"])];
+    /// A port that goes down mid-run fails the sends on it, naming the peer behind it.
+    a_port_gone_down_fails_naming_the_peer: 3, (0, "down=2"),
+        &[(0, &["ERROR round=1 peer=Some(1)", "retry"])];
+});
 
 /// A device without an IPv4-mapped GID, or without an active port, cannot be used, and the
 /// error names the device and the peer; `jaccl::devices` reports ports, states and
@@ -730,6 +631,7 @@ fn device_listing_and_a_missing_ipv4_gid_are_reported() {
         return;
     }
     let out = launch(
+        None,
         NAME,
         &Fabric::mesh(2),
         3,
@@ -773,7 +675,7 @@ fn in_provider_process(
     let lib = testing::verbs_provider();
     let dir = tempfile::tempdir().unwrap();
     let mut child = testing::this_test(name);
-    for var in LAUNCH_VARS {
+    for var in testing::JACCL_LAUNCH_VARS.iter().chain(&PROVIDER_VARS) {
         child.env_remove(var);
     }
     child
@@ -831,9 +733,13 @@ fn endpoint(verbs: &Verbs, name: &str, gid_index: i32) -> (Connection, RemoteEnd
 
 /// Two connections on devices `a` and `b` (Apple profile: port 2, IPv4 GID at 1), each in
 /// RTS towards the other, with queues of `sizes`.
-fn connected_pair(verbs: &Verbs, sizes: QueueSizes) -> (Connection, Connection) {
-    let (mut a, a_addr, pa) = endpoint_sized(verbs, "a", 1, sizes);
-    let (mut b, b_addr, pb) = endpoint_sized(verbs, "b", 1, sizes);
+fn connected_pair(
+    verbs: &Verbs,
+    (a, b): (&str, &str),
+    sizes: QueueSizes,
+) -> (Connection, Connection) {
+    let (mut a, a_addr, pa) = endpoint_sized(verbs, a, 1, sizes);
+    let (mut b, b_addr, pb) = endpoint_sized(verbs, b, 1, sizes);
     a.to_rtr(&b_addr, pa, 1).unwrap();
     a.to_rts(7).unwrap();
     b.to_rtr(&a_addr, pb, 1).unwrap();
@@ -1010,9 +916,8 @@ fn apple_regions_are_registered_with_mlx_s_rights() {
 fn apple_receives_are_refused_before_rts() {
     const NAME: &str = "apple_receives_are_refused_before_rts";
     let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b", |verbs| {
-        let (mut a, a_addr, pa) = endpoint_sized(verbs, "a", 1, SIZES);
+        let (mut a, _, pa) = endpoint_sized(verbs, "a", 1, SIZES);
         let (_, b_addr, _) = endpoint_sized(verbs, "b", 1, SIZES);
-        let _ = a_addr;
         let refused = |conn: &mut Connection, state: &str| {
             let e = conn
                 .post_recv(buffer(conn, 4096, 0), 1)
@@ -1043,7 +948,7 @@ fn apple_receives_are_refused_before_rts() {
 fn apple_a_send_and_its_receive_cover_the_same_frames() {
     const NAME: &str = "apple_a_send_and_its_receive_cover_the_same_frames";
     in_provider_process(NAME, Profile::Apple, "a,b", |verbs| {
-        let (mut a, mut b) = connected_pair(verbs, SIZES);
+        let (mut a, mut b) = connected_pair(verbs, ("a", "b"), SIZES);
         a.post_send(buffer(&a, 4096, 1), 1).unwrap();
         assert!(completions_for(&mut a, 50).is_empty(), "no receive yet");
         assert!(completions_for(&mut b, 50).is_empty());
@@ -1081,7 +986,7 @@ fn apple_queue_depth_counts_frames() {
             assert_eq!(e.error.raw_os_error(), Some(libc_enomem()), "{what}: {e:?}");
         };
         // MLX's sizes, 32 frames a queue.
-        let (mut a, mut b) = connected_pair(verbs, SIZES);
+        let (mut a, mut b) = connected_pair(verbs, ("a", "b"), SIZES);
         a.post_recv(buffer(&a, 128 * KIB, 0), 1).unwrap();
         full(
             "a second 128 KiB receive",
@@ -1095,16 +1000,7 @@ fn apple_queue_depth_counts_frames() {
         drop((a, b));
         // This crate's sizes, 256 frames a queue: MLX's pipeline of two 512 KiB messages.
         let sizes = jaccl_sizes();
-        let (mut c, mut d, pc, pd) = {
-            let (mut c, c_addr, pc) = endpoint_sized(verbs, "c", 1, sizes);
-            let (mut d, d_addr, pd) = endpoint_sized(verbs, "d", 1, sizes);
-            c.to_rtr(&d_addr, pc, 1).unwrap();
-            c.to_rts(7).unwrap();
-            d.to_rtr(&c_addr, pd, 1).unwrap();
-            d.to_rts(7).unwrap();
-            (c, d, pc, pd)
-        };
-        let _ = (pc, pd);
+        let (mut c, mut d) = connected_pair(verbs, ("c", "d"), sizes);
         // Two sends with no receive at d stay outstanding (credit-based flow control): a third
         // would exceed the 256 frames.
         for i in 0..2u8 {
@@ -1317,27 +1213,14 @@ fn a_process_needing_an_eleventh_queue_pair_on_a_device_is_told_which_and_why() 
         return;
     }
     // Every cell of rank i's row names device d{i}.
-    let rows: Vec<String> = (0..p)
-        .map(|i| {
-            let cells: Vec<String> = (0..p)
-                .map(|j| {
-                    if i == j {
-                        "null".into()
-                    } else {
-                        format!("\"d{i}\"")
-                    }
-                })
-                .collect();
-            format!("[{}]", cells.join(", "))
-        })
-        .collect();
     let fabric = Fabric {
         size: p,
         ring: false,
-        matrix: format!("[{}]", rows.join(", ")),
+        matrix: testing::mesh_matrix(p, |i, _| format!("d{i}")),
         devices: (0..p).map(|i| format!("d{i}")).collect(),
     };
     let out = launch(
+        None,
         "a_process_needing_an_eleventh_queue_pair_on_a_device_is_told_which_and_why",
         &fabric,
         20,
@@ -1465,7 +1348,7 @@ fn late_peer(name: &str, channels: &str) {
     let vars: Vec<_> = (0..2)
         .map(|r| (r, "NUVEC_VERBS_PROVIDER_CHANNELS", channels.to_string()))
         .collect();
-    let out = launch(name, &Fabric::mesh(2), 30, &[], &vars);
+    let out = launch(None, name, &Fabric::mesh(2), 30, &[], &vars);
     assert!(out.iter().all(finished), "{}", show(&out));
     // The harness's "test ... " line has no newline before the rank's first line.
     for line in stdout(&out[0])

@@ -40,6 +40,33 @@ fn sum_once() {
     assert_eq!(x, [2.0; 8]);
 }
 
+/// Runs [`sum_once`] on every rank of `launch` with [`PRINTER`] as the logger, taking
+/// what is at `level` or above; checks that every rank finished and returns what each
+/// printed (nothing in the ranks themselves).
+fn sum_with_logger(launch: &Launch, name: &str, level: LevelFilter) -> Vec<RankOutput> {
+    let outputs = launch
+        .run_raw(name, || {
+            log::set_logger(&PRINTER).unwrap();
+            log::set_max_level(level);
+            sum_once();
+        })
+        .unwrap_or_default();
+    for o in &outputs {
+        assert!(o.finished(), "{o}");
+    }
+    outputs
+}
+
+/// How many lines [`PRINTER`] took on `o`'s rank at info from module `module` of the engine
+/// saying that its `what` formed ("rank R: {what} formed in ...").
+fn formed_lines(o: &RankOutput, module: &str, what: &str) -> usize {
+    let start = format!("rank {}: {what} formed in ", o.rank);
+    o.lines(&format!("LOG INFO nuvec_distributed_engine::{module} "))
+        .into_iter()
+        .filter(|l| l.starts_with(&start))
+        .count()
+}
+
 fn stderr_lines<'a>(o: &'a RankOutput, prefix: &str) -> Vec<&'a str> {
     o.stderr.lines().filter(|l| l.starts_with(prefix)).collect()
 }
@@ -87,24 +114,11 @@ fn without_a_logger_or_a_variable_nothing_is_written() {
 fn a_logger_gets_the_lines_it_takes_and_stderr_the_others() {
     let name = "a_logger_gets_the_lines_it_takes_and_stderr_the_others";
     let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_VERBOSE", "");
-    let Some(outputs) = launch.run_raw(name, || {
-        log::set_logger(&PRINTER).unwrap();
-        log::set_max_level(LevelFilter::Trace);
-        sum_once();
-    }) else {
-        return;
-    };
-    for o in &outputs {
-        assert!(o.finished(), "{o}");
+    for o in &sum_with_logger(&launch, name, LevelFilter::Trace) {
         let r = o.rank;
         // "ring formed" is at info: the logger takes it, with the backend's target and the
         // rank in the message, and it is not written to stderr as well.
-        let formed = o
-            .lines("LOG INFO nuvec_distributed_engine::ring ")
-            .into_iter()
-            .filter(|l| l.starts_with(&format!("rank {r}: ring formed in ")))
-            .count();
-        assert_eq!(formed, 1, "rank {r}:\n{o}");
+        assert_eq!(formed_lines(o, "ring", "ring"), 1, "rank {r}:\n{o}");
         assert!(
             !o.stderr.contains("ring formed"),
             "rank {r} wrote a line its logger took to stderr too:\n{o}"
@@ -123,22 +137,13 @@ fn a_logger_gets_the_lines_it_takes_and_stderr_the_others() {
 fn on_the_native_wire_a_logger_at_info_gets_the_formed_line() {
     let name = "on_the_native_wire_a_logger_at_info_gets_the_formed_line";
     let launch = Launch::new(2, 1).env("NUVEC_DISTRIBUTED_WIRE", "native");
-    let Some(outputs) = launch.run_raw(name, || {
-        log::set_logger(&PRINTER).unwrap();
-        log::set_max_level(LevelFilter::Info);
-        sum_once();
-    }) else {
-        return;
-    };
-    for o in &outputs {
-        assert!(o.finished(), "{o}");
-        let r = o.rank;
-        let formed = o
-            .lines("LOG INFO nuvec_distributed_engine::native ")
-            .into_iter()
-            .filter(|l| l.starts_with(&format!("rank {r}: native mesh formed in ")))
-            .count();
-        assert_eq!(formed, 1, "rank {r}:\n{o}");
+    for o in &sum_with_logger(&launch, name, LevelFilter::Info) {
+        assert_eq!(
+            formed_lines(o, "native", "native mesh"),
+            1,
+            "rank {}:\n{o}",
+            o.rank
+        );
     }
 }
 

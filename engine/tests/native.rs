@@ -7,7 +7,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed_engine::{Backend, Group, Options};
+use nuvec_distributed_engine::{Error, Group, Options, Backend};
+use nuvec_tools::test_cases;
 use nuvec_tools::testing::{self, Launch, RankOutput, report_failure};
 
 const WIRE: &str = "NUVEC_DISTRIBUTED_WIRE";
@@ -70,19 +71,24 @@ fn mismatch(name: &str, size: usize, good: usize, usual: Call, odd: Call) {
             g.all_sum(&mut [1.0f32]).expect("a matching all_sum");
         }
         let call = if g.rank() + 1 == size { odd } else { usual };
-        let start = Instant::now();
-        let error = call.run(&g).expect_err("a mismatched call fails");
-        report_failure(&error, start.elapsed());
-        let again = g
-            .all_sum(&mut [1.0f32])
-            .expect_err("the group stays failed");
-        println!("AGAIN {again}");
+        let (error, took) = testing::timed(|| call.run(&g).expect_err("a mismatched call fails"));
+        report_and_again(&g, &error, took);
     }) else {
         return;
     };
     for o in &outputs {
         check_mismatch(o, &[usual, odd]);
     }
+}
+
+/// Reports `error` after `took` ([`report_failure`]), then checks that the group stays
+/// failed and prints the next call's error ("AGAIN ...").
+fn report_and_again(g: &Group, error: &Error, took: Duration) {
+    report_failure(error, took);
+    let again = g
+        .all_sum(&mut [1.0f32])
+        .expect_err("the group stays failed");
+    println!("AGAIN {again}");
 }
 
 fn check_mismatch(o: &RankOutput, both: &[Call; 2]) {
@@ -105,84 +111,16 @@ fn check_mismatch(o: &RankOutput, both: &[Call; 2]) {
     );
 }
 
-#[test]
-fn native_mismatched_length_p2_first_call() {
-    mismatch(
-        "native_mismatched_length_p2_first_call",
-        2,
-        0,
-        Call::SumF32(10),
-        Call::SumF32(20),
-    );
-}
-
-#[test]
-fn native_mismatched_length_p3_after_1000() {
-    mismatch(
-        "native_mismatched_length_p3_after_1000",
-        3,
-        1000,
-        Call::SumF32(10),
-        Call::SumF32(20),
-    );
-}
-
-#[test]
-fn native_mismatched_large_length_p4() {
-    // Large enough for the pipelined ring: the header exchange catches it before data.
-    let n = 1 << 20;
-    mismatch(
-        "native_mismatched_large_length_p4",
-        4,
-        3,
-        Call::SumF32(n),
-        Call::SumF32(n + 1),
-    );
-}
-
-#[test]
-fn native_mismatched_dtype_p2() {
-    mismatch(
-        "native_mismatched_dtype_p2",
-        2,
-        5,
-        Call::SumF32(8),
-        Call::SumI32(8),
-    );
-}
-
-#[test]
-fn native_mismatched_op_p3() {
-    mismatch(
-        "native_mismatched_op_p3",
-        3,
-        1,
-        Call::SumF32(8),
-        Call::MaxF32(8),
-    );
-}
-
-#[test]
-fn native_mismatched_kind_p4_after_1000() {
-    mismatch(
-        "native_mismatched_kind_p4_after_1000",
-        4,
-        1000,
-        Call::SumF32(8),
-        Call::GatherF32(8),
-    );
-}
-
-#[test]
-fn native_barrier_against_all_sum_p2() {
-    mismatch(
-        "native_barrier_against_all_sum_p2",
-        2,
-        0,
-        Call::SumF32(1),
-        Call::Barrier,
-    );
-}
+test_cases!(mismatch {
+    native_mismatched_length_p2_first_call: 2, 0, Call::SumF32(10), Call::SumF32(20);
+    native_mismatched_length_p3_after_1000: 3, 1000, Call::SumF32(10), Call::SumF32(20);
+    /// Large enough for the pipelined ring: the header exchange catches it before data.
+    native_mismatched_large_length_p4: 4, 3, Call::SumF32(1 << 20), Call::SumF32((1 << 20) + 1);
+    native_mismatched_dtype_p2: 2, 5, Call::SumF32(8), Call::SumI32(8);
+    native_mismatched_op_p3: 3, 1, Call::SumF32(8), Call::MaxF32(8);
+    native_mismatched_kind_p4_after_1000: 4, 1000, Call::SumF32(8), Call::GatherF32(8);
+    native_barrier_against_all_sum_p2: 2, 0, Call::SumF32(1), Call::Barrier;
+});
 
 /// A send is not acknowledged (so that two ranks may both send before they receive, as on
 /// MLX's wire): the receiver whose `recv` does not match fails at once and answers, and the
@@ -209,11 +147,7 @@ fn native_mismatched_send_recv_length_p3() {
                 .all_sum(&mut [1.0f32])
                 .expect_err("the call after a refused send fails"),
         };
-        report_failure(&error, start.elapsed());
-        let again = g
-            .all_sum(&mut [1.0f32])
-            .expect_err("the group stays failed");
-        println!("AGAIN {again}");
+        report_and_again(&g, &error, start.elapsed());
     }) else {
         return;
     };

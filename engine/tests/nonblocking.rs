@@ -12,6 +12,24 @@ use ffi::alloc::CountingAllocator;
 use nuvec_distributed_engine::{Error, Group, Pending, Result, f16};
 use nuvec_tools::testing::{self, Launch, mark, report_failure};
 
+/// Two tests that run `body` on every rank of a group of 3: `mlx` on MLX's wire (the
+/// default), `native` on the native wire.
+macro_rules! on_both_wires {
+    ($mlx:ident, $native:ident => $body:ident) => {
+        #[test]
+        fn $mlx() {
+            Launch::new(3, 1).all_ok(stringify!($mlx), $body);
+        }
+
+        #[test]
+        fn $native() {
+            Launch::new(3, 1)
+                .env("NUVEC_DISTRIBUTED_WIRE", "native")
+                .all_ok(stringify!($native), $body);
+        }
+    };
+}
+
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
@@ -133,22 +151,9 @@ fn many_outstanding(g: Group) {
     }
 }
 
-#[test]
-fn many_outstanding_operations_waited_in_reverse_order() {
-    Launch::new(3, 1).all_ok(
-        "many_outstanding_operations_waited_in_reverse_order",
-        many_outstanding,
-    );
-}
-
-#[test]
-fn many_outstanding_operations_on_the_native_wire() {
-    Launch::new(3, 1)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
-        .all_ok(
-            "many_outstanding_operations_on_the_native_wire",
-            many_outstanding,
-        );
+on_both_wires! {
+    many_outstanding_operations_waited_in_reverse_order,
+    many_outstanding_operations_on_the_native_wire => many_outstanding
 }
 
 /// Broadcasts from every root and all_to_all, outstanding together and waited in reverse.
@@ -187,22 +192,9 @@ fn broadcast_and_all_to_all(g: Group) {
     }
 }
 
-#[test]
-fn broadcast_and_all_to_all_outstanding_together() {
-    Launch::new(3, 1).all_ok(
-        "broadcast_and_all_to_all_outstanding_together",
-        broadcast_and_all_to_all,
-    );
-}
-
-#[test]
-fn broadcast_and_all_to_all_outstanding_together_native() {
-    Launch::new(3, 1)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
-        .all_ok(
-            "broadcast_and_all_to_all_outstanding_together_native",
-            broadcast_and_all_to_all,
-        );
+on_both_wires! {
+    broadcast_and_all_to_all_outstanding_together,
+    broadcast_and_all_to_all_outstanding_together_native => broadcast_and_all_to_all
 }
 
 /// Handles dropped and forgotten unwaited, and a scope whose closure panics: the scope
@@ -286,22 +278,9 @@ fn mixing(g: Group) {
     assert_eq!(z[0] as usize, g.size());
 }
 
-#[test]
-fn blocking_calls_wait_for_outstanding_nonblocking_ones() {
-    Launch::new(3, 1).all_ok(
-        "blocking_calls_wait_for_outstanding_nonblocking_ones",
-        mixing,
-    );
-}
-
-#[test]
-fn blocking_calls_wait_for_outstanding_nonblocking_ones_native() {
-    Launch::new(3, 1)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
-        .all_ok(
-            "blocking_calls_wait_for_outstanding_nonblocking_ones_native",
-            mixing,
-        );
+on_both_wires! {
+    blocking_calls_wait_for_outstanding_nonblocking_ones,
+    blocking_calls_wait_for_outstanding_nonblocking_ones_native => mixing
 }
 
 /// Rank 0 starts ten operations that cannot finish (rank 1 has not started its own) and
@@ -395,10 +374,7 @@ fn killed_peer(name: &str, wire: &str) {
     }) else {
         return;
     };
-    for r in 0..3 {
-        running.wait_for(r, "queued", Duration::from_secs(60));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    running.wait_all("queued", Duration::from_millis(100));
     running.signal(victim, "KILL");
     let outputs = running.finish();
     for o in outputs.iter().filter(|o| o.rank != victim) {
@@ -473,32 +449,9 @@ fn no_allocation(g: Group) {
     }
 }
 
-#[test]
-fn nonblocking_operations_do_not_allocate_once_warm() {
-    Launch::new(3, 1).all_ok(
-        "nonblocking_operations_do_not_allocate_once_warm",
-        no_allocation,
-    );
-}
-
-#[test]
-fn nonblocking_operations_do_not_allocate_once_warm_native() {
-    Launch::new(3, 1)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
-        .all_ok(
-            "nonblocking_operations_do_not_allocate_once_warm_native",
-            no_allocation,
-        );
-}
-
-/// CPU time of this process, from /proc (user + system, in clock ticks of 10 ms or less).
-#[cfg(target_os = "linux")]
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+on_both_wires! {
+    nonblocking_operations_do_not_allocate_once_warm,
+    nonblocking_operations_do_not_allocate_once_warm_native => no_allocation
 }
 
 /// Once its operations are done, the loop thread sleeps: the process uses no CPU.
@@ -509,9 +462,9 @@ fn an_idle_loop_thread_uses_no_cpu() {
         let mut x = [1.0f32; 16];
         g.scope(|s| s.start_all_sum(&mut x)?.wait()).unwrap();
         assert_eq!(x, [2.0; 16]);
-        let before = cpu_ticks();
+        let before = testing::cpu_ticks();
         std::thread::sleep(Duration::from_secs(1));
-        let used = cpu_ticks() - before;
+        let used = testing::cpu_ticks() - before;
         // A spinning thread would use ~100 ticks in that second; allow one of noise.
         assert!(used <= 1, "rank {}: {used} ticks while idle", g.rank());
         // The thread is still there and still serves.
@@ -550,28 +503,21 @@ fn a_group_of_one_finishes_at_once() {
 /// `cargo test`.)
 #[test]
 fn the_overlap_example_runs_and_checks_its_results() {
-    let example = testing::example_binary("nuvec-distributed-engine", "overlap");
-    let outputs = Launch::new(2, 1)
-        .deadline(Duration::from_secs(120))
-        .command(move |_| {
-            let mut c = std::process::Command::new(&example);
-            c.args([
-                "--mib",
-                "2",
-                "--n",
-                "96",
-                "--rounds",
-                "2",
-                "--latency-calls",
-                "20",
-            ]);
-            c
-        })
-        .spawn("the_overlap_example_runs_and_checks_its_results")
-        .finish();
-    for o in &outputs {
-        assert_eq!(o.status.map(|s| s.success()), Some(true), "{o}");
-    }
+    let outputs = testing::run_example(
+        ("nuvec-distributed-engine", "overlap"),
+        &[
+            "--mib",
+            "2",
+            "--n",
+            "96",
+            "--rounds",
+            "2",
+            "--latency-calls",
+            "20",
+        ],
+        2,
+        "the_overlap_example_runs_and_checks_its_results",
+    );
     let report = &outputs[0].stdout;
     assert!(
         report.contains("saved")

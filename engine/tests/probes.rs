@@ -5,10 +5,9 @@
 //! fails rather than skips if bpftrace cannot attach.
 #![cfg(all(feature = "probes", target_os = "linux"))]
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use nuvec_tools::testing::{self as common, Launch};
+use nuvec_tools::testing::{self as common, Bpftrace, Launch};
 
 const PROBES: [&str; 6] = [
     "collective_start",
@@ -22,17 +21,10 @@ const PROBES: [&str; 6] = [
 #[test]
 fn the_probes_are_in_the_binary() {
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("readelf")
-        .arg("-n")
-        .arg(&exe)
-        .output()
-        .expect("running readelf (binutils)");
-    assert!(
-        out.status.success(),
-        "readelf failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let notes = common::stdout_of(
+        Command::new("readelf").arg("-n").arg(&exe),
+        "readelf (binutils)",
     );
-    let notes = String::from_utf8_lossy(&out.stdout);
     assert!(
         notes.contains("stapsdt") && notes.contains("Provider: nuvec"),
         "no nuvec SDT notes"
@@ -43,29 +35,6 @@ fn the_probes_are_in_the_binary() {
             "probe {probe} is missing"
         );
     }
-}
-
-/// Whether bpftrace can attach here: root, the tool, and tracefs (mounted if it is not).
-fn bpftrace_can_attach() -> Result<(), String> {
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Err("not root".into());
-    }
-    if Command::new("bpftrace").arg("--version").output().is_err() {
-        return Err("bpftrace is not installed (tools/test.sh installs it)".into());
-    }
-    if !std::path::Path::new("/sys/kernel/tracing/events").exists() {
-        let mounted = Command::new("mount")
-            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
-            .status();
-        if !mounted.is_ok_and(|s| s.success()) {
-            return Err("tracefs is not mounted and cannot be".into());
-        }
-    }
-    Ok(())
 }
 
 /// What each rank of the bpftrace test runs: 50 all_sums of 1000 f32 and 3 barriers, once
@@ -94,7 +63,7 @@ fn the_probes_fire_under_bpftrace() {
     let Some(running) = launch.start(name, fifty_sums) else {
         return;
     };
-    if let Err(why) = bpftrace_can_attach() {
+    if let Err(why) = common::bpftrace_can_attach() {
         // Asked for explicitly (the test is ignored otherwise), so a machine that cannot
         // attach fails it; the ranks are let go first so that none is left waiting.
         running.release();
@@ -107,38 +76,12 @@ fn the_probes_fire_under_bpftrace() {
                   usdt::nuvec:collective_start /arg0 == 7/ { @barrier_starts = count(); } \
                   usdt::nuvec:collective_done /arg0 == 7 && arg5 == 1/ { @barriers = count(); } \
                   usdt::nuvec:send_step { @steps = count(); }";
-    let mut tracer = Command::new("bpftrace")
-        .args(["-p", &running.pid(0).to_string(), "-e", script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting bpftrace");
-    // bpftrace prints "Attaching N probes..." once the probes are in place.
-    let mut stdout = std::io::BufReader::new(tracer.stdout.take().unwrap());
-    let mut line = String::new();
-    while std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) > 0
-        && !line.contains("Attaching")
-    {
-        line.clear();
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    let tracer = Bpftrace::attach(running.pid(0), script);
     running.release();
     let outputs = running.finish();
     common::assert_all_finished(&outputs);
-    // SIGINT makes bpftrace print its maps and exit; it is our own child.
-    Command::new("kill")
-        .args(["-INT", &tracer.id().to_string()])
-        .status()
-        .unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
-    let status = tracer.wait().unwrap();
-    let count = |map: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("@{map}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
+    let (status, text) = tracer.stop();
+    let count = |map: &str| common::traced_count(&text, &format!("@{map}: "));
     assert_eq!(
         count("done"),
         50,

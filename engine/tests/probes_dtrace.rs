@@ -100,12 +100,7 @@ fn the_probes_fire_under_dtrace() {
         ready,
         "dtrace could not attach to rank 0 ({status}); stderr:\n{errors}"
     );
-    let count = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
+    let count = |name: &str| common::traced_count(&text, &format!("{name} "));
     assert_eq!(
         count("done"),
         50,

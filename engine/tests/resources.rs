@@ -14,25 +14,10 @@
 
 use ffi::alloc::CountingAllocator;
 use nuvec_distributed_engine::{Complex64, Group, bf16, f16};
-use nuvec_tools::testing::Launch;
+use nuvec_tools::testing::{Launch, steady_allocations};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-fn allocations() -> u64 {
-    CountingAllocator::thread_allocations()
-}
-
-/// Runs `f` once to warm up, then `rounds` more times, and returns how many heap
-/// allocations the calling thread made in those rounds.
-fn steady_allocations(rounds: usize, mut f: impl FnMut()) -> u64 {
-    f();
-    let before = allocations();
-    for _ in 0..rounds {
-        f();
-    }
-    allocations() - before
-}
 
 /// How [`every_collective`] pairs ranks for send and recv.
 #[derive(Clone, Copy)]
@@ -67,48 +52,26 @@ fn every_collective(g: &Group, elems: usize, exchange: Exchange) -> Vec<(String,
     let mut scattered = vec![0.0f32; elems];
     let mut received = vec![0u8; elems];
     let message = vec![5u8; elems];
-    let rounds = 20;
-    let mut counts: Vec<(String, u64)> = vec![
-        (
-            "all_sum f32".into(),
-            steady_allocations(rounds, || g.all_sum(&mut f32s).unwrap()),
-        ),
-        (
-            "all_max f16".into(),
-            steady_allocations(rounds, || g.all_max(&mut f16s).unwrap()),
-        ),
-        (
-            "all_min bf16".into(),
-            steady_allocations(rounds, || g.all_min(&mut bf16s).unwrap()),
-        ),
-        (
-            "all_sum i64".into(),
-            steady_allocations(rounds, || g.all_sum(&mut ints).unwrap()),
-        ),
-        (
-            "all_sum bool".into(),
-            steady_allocations(rounds, || g.all_sum(&mut bools).unwrap()),
-        ),
-        (
-            "all_max complex64".into(),
-            steady_allocations(rounds, || g.all_max(&mut complex).unwrap()),
-        ),
-        (
-            "all_gather u32".into(),
-            steady_allocations(rounds, || g.all_gather(&gather_in, &mut gathered).unwrap()),
-        ),
-        (
-            "sum_scatter f32".into(),
-            steady_allocations(rounds, || {
-                g.sum_scatter(&scatter_in, &mut scattered).unwrap()
-            }),
-        ),
-        (
-            "barrier".into(),
-            steady_allocations(rounds, || g.barrier().unwrap()),
-        ),
-    ];
-    let sendrecv = steady_allocations(rounds, || {
+    let mut counts: Vec<(String, u64)> = Vec::new();
+    let mut count = |what: &str, f: &mut dyn FnMut()| {
+        counts.push((what.into(), steady_allocations(20, f)));
+    };
+    count("all_sum f32", &mut || g.all_sum(&mut f32s).unwrap());
+    count("all_max f16", &mut || g.all_max(&mut f16s).unwrap());
+    count("all_min bf16", &mut || g.all_min(&mut bf16s).unwrap());
+    count("all_sum i64", &mut || g.all_sum(&mut ints).unwrap());
+    count("all_sum bool", &mut || g.all_sum(&mut bools).unwrap());
+    count("all_max complex64", &mut || {
+        g.all_max(&mut complex).unwrap()
+    });
+    count("all_gather u32", &mut || {
+        g.all_gather(&gather_in, &mut gathered).unwrap()
+    });
+    count("sum_scatter f32", &mut || {
+        g.sum_scatter(&scatter_in, &mut scattered).unwrap()
+    });
+    count("barrier", &mut || g.barrier().unwrap());
+    count("send/recv u8", &mut || {
         if right >= size {
             // No partner: nothing to exchange.
         } else if rank.is_multiple_of(2) {
@@ -119,11 +82,23 @@ fn every_collective(g: &Group, elems: usize, exchange: Exchange) -> Vec<(String,
             g.send(&message, right).unwrap();
         }
     });
-    counts.push(("send/recv u8".into(), sendrecv));
     counts
         .into_iter()
         .map(|(n, c)| (format!("{n} x{elems}"), c))
         .collect()
+}
+
+/// Asserts that [`every_collective`] of `elems` allocated nothing; `backend` (empty, or
+/// the backend's name and a space) starts each collective's name in a failure.
+fn assert_no_allocation(g: &Group, elems: usize, exchange: Exchange, backend: &str) {
+    for (what, count) in every_collective(g, elems, exchange) {
+        assert_eq!(
+            count,
+            0,
+            "rank {}: {backend}{what} allocated {count} times in 20 rounds",
+            g.rank()
+        );
+    }
 }
 
 /// Every collective, small and large (across MLX's split into parallel rings), makes no
@@ -132,14 +107,7 @@ fn every_collective(g: &Group, elems: usize, exchange: Exchange) -> Vec<(String,
 fn collectives_do_not_allocate_once_warm() {
     Launch::new(3, 2).all_ok("collectives_do_not_allocate_once_warm", |g| {
         for elems in [1, 3, 1000, 700_000] {
-            for (what, count) in every_collective(&g, elems, Exchange::Around) {
-                assert_eq!(
-                    count,
-                    0,
-                    "rank {}: {what} allocated {count} times in 20 rounds",
-                    g.rank()
-                );
-            }
+            assert_no_allocation(&g, elems, Exchange::Around, "");
         }
     });
 }
@@ -152,26 +120,9 @@ fn native_collectives_do_not_allocate_once_warm() {
         .env("NUVEC_DISTRIBUTED_WIRE", "native")
         .all_ok("native_collectives_do_not_allocate_once_warm", |g| {
             for elems in [1, 3, 1000, 100_000, 700_000] {
-                for (what, count) in every_collective(&g, elems, Exchange::Around) {
-                    assert_eq!(
-                        count,
-                        0,
-                        "rank {}: native {what} allocated {count} times in 20 rounds",
-                        g.rank()
-                    );
-                }
+                assert_no_allocation(&g, elems, Exchange::Around, "native ");
             }
         });
-}
-
-/// CPU time of this process, from /proc (user + system, in clock ticks of 10 ms or less).
-#[cfg(target_os = "linux")]
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// A formed group runs nothing between collectives: no thread, no polling.
@@ -194,9 +145,9 @@ fn idle(name: &str, wire: &str) {
     launch.all_ok(name, |g| {
         let mut x = [1.0f32; 16];
         g.all_sum(&mut x).unwrap();
-        let before = cpu_ticks();
+        let before = nuvec_tools::testing::cpu_ticks();
         std::thread::sleep(std::time::Duration::from_secs(2));
-        let used = cpu_ticks() - before;
+        let used = nuvec_tools::testing::cpu_ticks() - before;
         // Two seconds of a spinning thread would be ~200 ticks; allow one tick of noise.
         assert!(
             used <= 1,
@@ -213,39 +164,9 @@ fn idle(name: &str, wire: &str) {
 mod jaccl {
     use std::process::Stdio;
 
-    use super::{Exchange, every_collective};
+    use super::{Exchange, assert_no_allocation};
     use nuvec_distributed_engine::{Backend, init_backend};
     use nuvec_tools::testing;
-
-    /// The device file and the provider's device list of a mesh (`wires == 0`) or a ring.
-    fn layout(size: usize, wires: usize) -> (String, Vec<String>) {
-        let mut devices = Vec::new();
-        let rows: Vec<String> = (0..size)
-            .map(|i| {
-                let cells: Vec<String> = (0..size)
-                    .map(|j| {
-                        let neighbour = j == (i + 1) % size || i == (j + 1) % size;
-                        if i == j || (wires > 0 && !neighbour) {
-                            return "null".to_string();
-                        }
-                        if wires == 0 {
-                            devices.push(format!("m{i}to{j}"));
-                            return format!("\"m{i}to{j}\"");
-                        }
-                        let names: Vec<String> = (0..wires)
-                            .map(|k| {
-                                devices.push(format!("r{i}to{j}c{k}"));
-                                format!("\"r{i}to{j}c{k}\"")
-                            })
-                            .collect();
-                        format!("[{}]", names.join(", "))
-                    })
-                    .collect();
-                format!("[{}]", cells.join(", "))
-            })
-            .collect();
-        (format!("[{}]", rows.join(", ")), devices)
-    }
 
     fn no_allocation_on(name: &str, size: usize, wires: usize) {
         if testing::is_rank(name) {
@@ -254,21 +175,14 @@ mod jaccl {
             // 1 element; under 4 KiB; 32 KiB of f32 and more (the mesh's scatter-gather,
             // the ring's both directions on every wire); several 512 KiB messages.
             for elems in [1, 3, 1000, 9000, 300_000] {
-                for (what, count) in every_collective(&g, elems, Exchange::Pairs) {
-                    assert_eq!(
-                        count,
-                        0,
-                        "rank {}: JACCL {what} allocated {count} times in 20 rounds",
-                        g.rank()
-                    );
-                }
+                assert_no_allocation(&g, elems, Exchange::Pairs, "JACCL ");
             }
             println!("{}", testing::DONE);
             return;
         }
         let lib = testing::verbs_provider();
         let dir = tempfile::tempdir().unwrap();
-        let (matrix, devices) = layout(size, wires);
+        let (matrix, devices) = testing::verbs_layout(size, wires);
         let file = dir.path().join("devices.json");
         std::fs::write(&file, matrix).unwrap();
         let port = testing::free_port_block(1).unwrap();

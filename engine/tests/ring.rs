@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use nuvec_distributed_engine::{Complex64, Element, Error, Group, ReduceOp, bf16, f16};
+use nuvec_tools::test_cases;
 use nuvec_tools::testing::Launch;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -240,6 +241,20 @@ fn check_type<T: TestElem>(g: &Group, connections: usize, salt: u64) {
     }
 }
 
+/// Sends `mine` to `to` and receives as many elements from `from`, sending first when
+/// `send_first`; returns what arrived.
+fn exchange(g: &Group, mine: &[i32], (to, from): (usize, usize), send_first: bool) -> Vec<i32> {
+    let mut got = vec![0i32; mine.len()];
+    if send_first {
+        g.send(mine, to).unwrap();
+        g.recv(&mut got, from).unwrap();
+    } else {
+        g.recv(&mut got, from).unwrap();
+        g.send(mine, to).unwrap();
+    }
+    got
+}
+
 /// Every rank sends to its right neighbour and receives from its left; even ranks send
 /// first, so messages larger than the socket buffers cannot deadlock.
 fn check_send_recv(g: &Group) {
@@ -252,14 +267,7 @@ fn check_send_recv(g: &Group) {
     for n in [0usize, 1, 1023, 1024, 1025, 5000, 1 << 20] {
         let mine: Vec<i32> = exact_input(rank, 77 + n as u64, n);
         let theirs: Vec<i32> = exact_input(left, 77 + n as u64, n);
-        let mut got = vec![0i32; n];
-        if rank.is_multiple_of(2) {
-            g.send(&mine, right).unwrap();
-            g.recv(&mut got, left).unwrap();
-        } else {
-            g.recv(&mut got, left).unwrap();
-            g.send(&mine, right).unwrap();
-        }
+        let got = exchange(g, &mine, (right, left), rank.is_multiple_of(2));
         assert_same_bits(&format!("recv from {left} x{n}"), &got, &theirs);
     }
     if size >= 4 {
@@ -296,141 +304,85 @@ fn check_send_recv_any(g: &Group) {
             let salt = (hop as u64) << 32 | n as u64;
             let mine: Vec<i32> = exact_input(rank, salt, n);
             let theirs: Vec<i32> = exact_input(from, salt, n);
-            let mut got = vec![0i32; n];
-            if position % 2 == 0 {
-                g.send(&mine, to).unwrap();
-                g.recv(&mut got, from).unwrap();
-            } else {
-                g.recv(&mut got, from).unwrap();
-                g.send(&mine, to).unwrap();
-            }
+            let got = exchange(g, &mine, (to, from), position % 2 == 0);
             assert_same_bits(&format!("recv from {from} x{n}"), &got, &theirs);
         }
     }
 }
 
+/// [`check_type`] of every element type, each with its own salt; with `every_type` false,
+/// of three only (one per reduction kernel family: integer, half float, complex).
+fn check_types(g: &Group, connections: usize, every_type: bool) {
+    if every_type {
+        check_type::<bool>(g, connections, 1);
+        check_type::<u8>(g, connections, 2);
+        check_type::<u16>(g, connections, 3);
+        check_type::<u32>(g, connections, 4);
+        check_type::<u64>(g, connections, 5);
+        check_type::<i8>(g, connections, 6);
+        check_type::<i16>(g, connections, 7);
+    }
+    check_type::<i32>(g, connections, 8);
+    if every_type {
+        check_type::<i64>(g, connections, 9);
+        check_type::<f16>(g, connections, 10);
+    }
+    check_type::<bf16>(g, connections, 11);
+    if every_type {
+        check_type::<f32>(g, connections, 12);
+        check_type::<f64>(g, connections, 13);
+    }
+    check_type::<Complex64>(g, connections, 14);
+}
+
 /// The whole matrix on the native wire (`NUVEC_DISTRIBUTED_WIRE=native`): the same types,
 /// ops and counts, which cross its switches between algorithms (a few elements, a few
 /// KiB, past a MiB), and send/recv between any two ranks. With `every_type` false, three
-/// types only (one per reduction kernel family: integer, half float, complex), for eight
-/// ranks on a small machine; the in-process tests of `native` cover every type at P = 8.
-fn native_matrix(size: usize, connections: usize, every_type: bool, name: &str) {
+/// types only ([`check_types`]), for eight ranks on a small machine; the in-process tests
+/// of `native` cover every type at P = 8.
+fn native_matrix(name: &str, size: usize, connections: usize, every_type: bool) {
     Launch::new(size, connections)
         .env("NUVEC_DISTRIBUTED_WIRE", "native")
         .all_ok(name, |g| {
             assert_eq!(g.size(), size);
-            if every_type {
-                check_type::<bool>(&g, connections, 1);
-                check_type::<u8>(&g, connections, 2);
-                check_type::<u16>(&g, connections, 3);
-                check_type::<u32>(&g, connections, 4);
-                check_type::<u64>(&g, connections, 5);
-                check_type::<i8>(&g, connections, 6);
-                check_type::<i16>(&g, connections, 7);
-                check_type::<i64>(&g, connections, 9);
-                check_type::<f16>(&g, connections, 10);
-                check_type::<f32>(&g, connections, 12);
-                check_type::<f64>(&g, connections, 13);
-            }
-            check_type::<i32>(&g, connections, 8);
-            check_type::<bf16>(&g, connections, 11);
-            check_type::<Complex64>(&g, connections, 14);
+            check_types(&g, connections, every_type);
             check_send_recv_any(&g);
             g.barrier().unwrap();
         });
 }
 
-#[test]
-fn native_matrix_p1_c1() {
-    native_matrix(1, 1, true, "native_matrix_p1_c1");
-}
-#[test]
-fn native_matrix_p2_c1() {
-    native_matrix(2, 1, true, "native_matrix_p2_c1");
-}
-#[test]
-fn native_matrix_p2_c2() {
-    native_matrix(2, 2, true, "native_matrix_p2_c2");
-}
-#[test]
-fn native_matrix_p3_c1() {
-    native_matrix(3, 1, true, "native_matrix_p3_c1");
-}
-#[test]
-fn native_matrix_p4_c2() {
-    native_matrix(4, 2, true, "native_matrix_p4_c2");
-}
-#[test]
-fn native_matrix_p5_c1() {
-    native_matrix(5, 1, true, "native_matrix_p5_c1");
-}
-#[test]
-fn native_matrix_p6_c1() {
-    native_matrix(6, 1, false, "native_matrix_p6_c1");
-}
-#[test]
-fn native_matrix_p8_c1() {
-    native_matrix(8, 1, false, "native_matrix_p8_c1");
-}
-
-fn matrix(size: usize, connections: usize, name: &str) {
+/// The matrix on MLX's wire: every type, and send/recv between neighbours.
+fn matrix(name: &str, size: usize, connections: usize) {
     Launch::new(size, connections).all_ok(name, |g| {
         assert_eq!(g.size(), size);
-        check_type::<bool>(&g, connections, 1);
-        check_type::<u8>(&g, connections, 2);
-        check_type::<u16>(&g, connections, 3);
-        check_type::<u32>(&g, connections, 4);
-        check_type::<u64>(&g, connections, 5);
-        check_type::<i8>(&g, connections, 6);
-        check_type::<i16>(&g, connections, 7);
-        check_type::<i32>(&g, connections, 8);
-        check_type::<i64>(&g, connections, 9);
-        check_type::<f16>(&g, connections, 10);
-        check_type::<bf16>(&g, connections, 11);
-        check_type::<f32>(&g, connections, 12);
-        check_type::<f64>(&g, connections, 13);
-        check_type::<Complex64>(&g, connections, 14);
+        check_types(&g, connections, true);
         check_send_recv(&g);
         g.barrier().unwrap();
     });
 }
 
-#[test]
-fn matrix_p1_c1() {
-    matrix(1, 1, "matrix_p1_c1");
-}
-#[test]
-fn matrix_p2_c1() {
-    matrix(2, 1, "matrix_p2_c1");
-}
-#[test]
-fn matrix_p2_c2() {
-    matrix(2, 2, "matrix_p2_c2");
-}
-#[test]
-fn matrix_p3_c1() {
-    matrix(3, 1, "matrix_p3_c1");
-}
-#[test]
-fn matrix_p3_c2() {
-    matrix(3, 2, "matrix_p3_c2");
-}
-#[test]
-fn matrix_p4_c1() {
-    matrix(4, 1, "matrix_p4_c1");
-}
-#[test]
-fn matrix_p4_c2() {
-    matrix(4, 2, "matrix_p4_c2");
-}
-#[test]
-fn matrix_p5_c1() {
-    matrix(5, 1, "matrix_p5_c1");
-}
-#[test]
-fn matrix_p5_c2() {
-    matrix(5, 2, "matrix_p5_c2");
-}
+test_cases!(native_matrix {
+    native_matrix_p1_c1: 1, 1, true;
+    native_matrix_p2_c1: 2, 1, true;
+    native_matrix_p2_c2: 2, 2, true;
+    native_matrix_p3_c1: 3, 1, true;
+    native_matrix_p4_c2: 4, 2, true;
+    native_matrix_p5_c1: 5, 1, true;
+    native_matrix_p6_c1: 6, 1, false;
+    native_matrix_p8_c1: 8, 1, false;
+});
+
+test_cases!(matrix {
+    matrix_p1_c1: 1, 1;
+    matrix_p2_c1: 2, 1;
+    matrix_p2_c2: 2, 2;
+    matrix_p3_c1: 3, 1;
+    matrix_p3_c2: 3, 2;
+    matrix_p4_c1: 4, 1;
+    matrix_p4_c2: 4, 2;
+    matrix_p5_c1: 5, 1;
+    matrix_p5_c2: 5, 2;
+});
 
 fn fingerprint<T: TestElem>(data: &[T]) -> u64 {
     let mut h = DefaultHasher::new();
@@ -463,9 +415,14 @@ fn float_agreement<T: TestElem>(g: &Group, n: usize) {
 
 /// Sums with real rounding: MLX's schedule fixes each segment's reduction order, and the
 /// owner's result is what everyone receives, so every rank must hold the same bits, and a
-/// rerun must reproduce them.
-fn float_sums_agree(size: usize, connections: usize, name: &str) {
-    let outputs = Launch::new(size, connections).all_ok(name, |g| {
+/// rerun must reproduce them. On the native wire (`native`), whichever algorithm the size
+/// picks.
+fn float_sums_agree(name: &str, size: usize, connections: usize, native: bool) {
+    let mut launch = Launch::new(size, connections);
+    if native {
+        launch = launch.env("NUVEC_DISTRIBUTED_WIRE", "native");
+    }
+    let outputs = launch.all_ok(name, |g| {
         for n in [1, 4099, 3 * size * MIN_SEND / 4 + 5] {
             float_agreement::<f16>(&g, n);
             float_agreement::<bf16>(&g, n);
@@ -488,48 +445,9 @@ fn float_sums_agree(size: usize, connections: usize, name: &str) {
     }
 }
 
-fn native_float_sums_agree(size: usize, name: &str) {
-    let outputs = Launch::new(size, 1)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
-        .all_ok(name, |g| {
-            for n in [1, 4099, 3 * size * MIN_SEND / 4 + 5] {
-                float_agreement::<f16>(&g, n);
-                float_agreement::<bf16>(&g, n);
-                float_agreement::<f32>(&g, n);
-                float_agreement::<f64>(&g, n);
-                float_agreement::<Complex64>(&g, n);
-            }
-        });
-    if let Some(first) = outputs.first() {
-        let want = first.lines("BITS");
-        assert!(!want.is_empty());
-        for o in &outputs {
-            assert_eq!(
-                o.lines("BITS"),
-                want,
-                "rank {} disagrees with rank 0",
-                o.rank
-            );
-        }
-    }
-}
-
-/// Sums with real rounding on the native wire: identical bits on every rank and on a rerun,
-/// whichever algorithm the size picks.
-#[test]
-fn native_float_sums_agree_p2() {
-    native_float_sums_agree(2, "native_float_sums_agree_p2");
-}
-#[test]
-fn native_float_sums_agree_p4() {
-    native_float_sums_agree(4, "native_float_sums_agree_p4");
-}
-
-#[test]
-fn float_sums_agree_p3_c2() {
-    float_sums_agree(3, 2, "float_sums_agree_p3_c2");
-}
-#[test]
-fn float_sums_agree_p4_c1() {
-    float_sums_agree(4, 1, "float_sums_agree_p4_c1");
-}
+test_cases!(float_sums_agree {
+    native_float_sums_agree_p2: 2, 1, true;
+    native_float_sums_agree_p4: 4, 1, true;
+    float_sums_agree_p3_c2: 3, 2, false;
+    float_sums_agree_p4_c1: 4, 1, false;
+});

@@ -10,10 +10,11 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nuvec_distributed_engine::{Error, Group, Transport};
-use nuvec_tools::testing::{Launch, mark, report_failure};
+use nuvec_tools::test_cases;
+use nuvec_tools::testing::{self, Launch, until_failure};
 
 /// The shared-memory segment this process maps: its path as the kernel names it (with
 /// " (deleted)" once unlinked) and the file's mode, read through `/proc/self/map_files`.
@@ -135,27 +136,30 @@ fn a_mismatch_on_shared_memory_names_both_calls() {
 #[test]
 fn a_recv_against_an_all_sum_on_shared_memory_fails_every_rank_at_once() {
     let name = "a_recv_against_an_all_sum_on_shared_memory_fails_every_rank_at_once";
-    let outputs = native(3).all_ok(name, |g| {
-        g.barrier().unwrap();
+    let says = ["recv of 16 bytes from rank 0", "all_sum"];
+    mismatch(name, 3, says, |g| {
         report_segment();
-        let start = Instant::now();
-        let e = if g.rank() == 1 {
+        if g.rank() == 1 {
             g.recv(&mut [0.0f32; 4], 0).expect_err("a mismatch")
         } else {
             g.all_sum(&mut [1.0f32; 4]).expect_err("a mismatch")
-        };
-        let took = start.elapsed();
+        }
+    });
+}
+
+/// Runs `call` on every rank of a native group of `size` on one host, after a barrier: it
+/// must end in a mismatch within 10 s, whose message on every rank says each of `says`.
+fn mismatch(name: &str, size: usize, says: [&str; 2], call: impl FnOnce(&Group) -> Error) {
+    let outputs = native(size).all_ok(name, |g| {
+        g.barrier().unwrap();
+        let (e, took) = testing::timed(|| call(&g));
         assert!(took < Duration::from_secs(10), "{took:?}: {e}");
         assert!(matches!(e, Error::Mismatch { .. }), "{e}");
         println!("ERR {e}");
     });
     for o in &outputs {
         let e = o.lines("ERR ").join("");
-        assert!(
-            e.contains("recv of 16 bytes from rank 0") && e.contains("all_sum"),
-            "rank {}: {e}",
-            o.rank
-        );
+        assert!(says.iter().all(|s| e.contains(s)), "rank {}: {e}", o.rank);
     }
 }
 
@@ -188,30 +192,11 @@ fn fault_on(
     let Some(mut running) = launch.start(name, |g| {
         g.barrier().unwrap();
         report_segment();
-        mark("looping");
-        let mut last = Instant::now();
-        let error = loop {
-            match collective(&g) {
-                Ok(()) => last = Instant::now(),
-                Err(e) => break e,
-            }
-        };
-        report_failure(&error, last.elapsed());
-        mark("failed");
+        until_failure(|| collective(&g));
     }) else {
         return;
     };
-    for r in 0..size {
-        running.wait_for(r, "looping", Duration::from_secs(60));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    running.signal(victim, signal);
-    for r in (0..size).filter(|&r| r != victim) {
-        running.wait_for(r, "failed", Duration::from_secs(30));
-    }
-    if signal == "STOP" {
-        running.signal(victim, "CONT");
-    }
+    running.strike(victim, signal, Duration::from_millis(300));
     let outputs = running.finish();
     // A stall is named after the timeout, plus the liveness inquiry and the lingering of a
     // failing rank (as on TCP); a death at once.
@@ -237,25 +222,12 @@ fn fault_on(
     }
 }
 
-#[test]
-fn shm_kill_9_during_a_small_all_sum_p3() {
-    fault("shm_kill_9_during_a_small_all_sum_p3", "KILL", small_sum);
-}
-
-#[test]
-fn shm_kill_9_during_a_64_mib_all_sum_p3() {
-    fault("shm_kill_9_during_a_64_mib_all_sum_p3", "KILL", large_sum);
-}
-
-#[test]
-fn shm_stop_during_a_small_all_sum_p3() {
-    fault("shm_stop_during_a_small_all_sum_p3", "STOP", small_sum);
-}
-
-#[test]
-fn shm_stop_during_a_64_mib_all_sum_p3() {
-    fault("shm_stop_during_a_64_mib_all_sum_p3", "STOP", large_sum);
-}
+test_cases!(fault {
+    shm_kill_9_during_a_small_all_sum_p3: "KILL", small_sum;
+    shm_kill_9_during_a_64_mib_all_sum_p3: "KILL", large_sum;
+    shm_stop_during_a_small_all_sum_p3: "STOP", small_sum;
+    shm_stop_during_a_64_mib_all_sum_p3: "STOP", large_sum;
+});
 
 // Send/recv through the segment's per-pair slots.
 
@@ -338,26 +310,12 @@ fn ring_shift(name: &str, size: usize) {
 #[test]
 fn a_send_against_an_all_sum_on_shared_memory_fails_both_ranks() {
     let name = "a_send_against_an_all_sum_on_shared_memory_fails_both_ranks";
-    let outputs = native(2).all_ok(name, |g| {
-        g.barrier().unwrap();
-        let start = Instant::now();
+    mismatch(name, 2, ["send of 12 bytes to rank 1", "all_sum"], |g| {
         if g.rank() == 0 {
             g.send(&[0u8; 12], 1).unwrap();
         }
-        let e = g.all_sum(&mut [1.0f32; 4]).expect_err("a mismatch");
-        let took = start.elapsed();
-        assert!(took < Duration::from_secs(10), "{took:?}: {e}");
-        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
-        println!("ERR {e}");
+        g.all_sum(&mut [1.0f32; 4]).expect_err("a mismatch")
     });
-    for o in &outputs {
-        let e = o.lines("ERR ").join("");
-        assert!(
-            e.contains("send of 12 bytes to rank 1") && e.contains("all_sum"),
-            "rank {}: {e}",
-            o.rank
-        );
-    }
 }
 
 fn large_send_or_recv(g: &Group) -> nuvec_distributed_engine::Result<()> {

@@ -20,10 +20,10 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nuvec_distributed_engine::Group;
-use nuvec_tools::testing::{self, Launch, maps_a_segment, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, maps_a_segment, until_failure};
 
 /// The variable that tells a wrapped rank which directory to mount on `/dev/shm`.
 const SHM_VAR: &str = "NUVEC_TEST_DEV_SHM";
@@ -197,27 +197,11 @@ fn killed(name: &'static str, victim: usize) {
     let launch = launch(size, &[2, 3], &dir.0, name).timeout(TIMEOUT_S);
     let Some(mut running) = launch.start(name, |g: Group| {
         g.barrier().unwrap();
-        mark("looping");
-        let mut last = Instant::now();
-        let error = loop {
-            match g.all_sum(&mut [1.0f32; 8]) {
-                Ok(()) => last = Instant::now(),
-                Err(e) => break e,
-            }
-        };
-        report_failure(&error, last.elapsed());
-        mark("failed");
+        until_failure(|| g.all_sum(&mut [1.0f32; 8]));
     }) else {
         return;
     };
-    for r in 0..size {
-        running.wait_for(r, "looping", Duration::from_secs(60));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    running.signal(victim, "KILL");
-    for r in (0..size).filter(|&r| r != victim) {
-        running.wait_for(r, "failed", Duration::from_secs(30));
-    }
+    running.strike(victim, "KILL", Duration::from_millis(300));
     let outputs = running.finish();
     for o in outputs.iter().filter(|o| o.rank != victim) {
         assert!(o.finished(), "{o}");

@@ -462,15 +462,12 @@ fn groups_not_formed_here_refuse_to_split_naming_the_call() {
 /// formed with two splits, checked against the unsharded model.
 #[test]
 fn the_tp_pp_example_matches_the_unsharded_model() {
-    let example = testing::example_binary("nuvec-distributed-engine", "tp_pp");
-    let outputs = Launch::new(4, 1)
-        .deadline(Duration::from_secs(120))
-        .command(move |_| std::process::Command::new(&example))
-        .spawn("the_tp_pp_example_matches_the_unsharded_model")
-        .finish();
-    for o in &outputs {
-        assert_eq!(o.status.map(|s| s.success()), Some(true), "{o}");
-    }
+    let outputs = testing::run_example(
+        ("nuvec-distributed-engine", "tp_pp"),
+        &[],
+        4,
+        "the_tp_pp_example_matches_the_unsharded_model",
+    );
     let report = &outputs[0].stdout;
     assert!(
         report.contains("2 stages x 2 tensor-parallel") && report.contains(": ok"),

@@ -115,6 +115,17 @@ mod linux {
             .map_err(|_| io::Error::other("submission queue full"))
     }
 
+    /// Writes round `i`'s 4 bytes into `out` and pushes their send (user data 0); `out`
+    /// stays where it is until the send completes.
+    fn push_round(ring: &mut IoUring, fd: types::Fd, out: &mut [u8; 4], i: usize) {
+        *out = (i as u32).to_le_bytes();
+        push(
+            ring,
+            &opcode::Send::new(fd, out.as_ptr(), 4).build().user_data(0),
+        )
+        .unwrap_or_else(|e| fail(e));
+    }
+
     /// Sends `buf` over `fd`, `chunk` bytes per submission, waiting for each to finish.
     fn send_all(
         ring: &mut IoUring,
@@ -285,16 +296,11 @@ mod linux {
         times: &mut Vec<Duration>,
     ) -> io::Result<()> {
         let fd = types::Fd(client.as_raw_fd());
-        let mut out;
+        let mut out = [0u8; 4];
         let mut back = [0u8; 4];
         for i in 0..rounds {
             let t = Instant::now();
-            out = (i as u32).to_le_bytes();
-            push(
-                &mut ring,
-                &opcode::Send::new(fd, out.as_ptr(), 4).build().user_data(0),
-            )
-            .unwrap_or_else(|e| fail(e));
+            push_round(&mut ring, fd, &mut out, i);
             let mut got = 0;
             let (mut sent, mut receiving) = (false, false);
             while !sent || got < 4 {
@@ -360,16 +366,11 @@ mod linux {
         let entry = provide(&mut pool, 0, BUFFERS);
         push(&mut ring, &entry).unwrap_or_else(|e| fail(e));
         push(&mut ring, &arm).unwrap_or_else(|e| fail(e));
-        let mut out;
+        let mut out = [0u8; 4];
         let (mut got, mut armed, mut closed) = (0, true, false);
         for i in 0..rounds {
             let t = Instant::now();
-            out = (i as u32).to_le_bytes();
-            push(
-                &mut ring,
-                &opcode::Send::new(fd, out.as_ptr(), 4).build().user_data(0),
-            )
-            .unwrap_or_else(|e| fail(e));
+            push_round(&mut ring, fd, &mut out, i);
             let mut sent = false;
             while !sent || got < 4 {
                 if closed {

@@ -25,36 +25,13 @@ import sys
 import time
 
 import mlx.core as mx
-import numpy as np
 
-# dtype name -> (MLX dtype, unsigned numpy type of the same width). Arrays go through their
-# raw bits both ways, so NaN payloads and signed zeros reach MLX untouched.
-DTYPES = {
-    "bool": (mx.bool_, np.bool_),
-    "uint8": (mx.uint8, np.uint8),
-    "int32": (mx.int32, np.uint32),
-    "int64": (mx.int64, np.uint64),
-    "float16": (mx.float16, np.uint16),
-    "bfloat16": (mx.bfloat16, np.uint16),
-    "float32": (mx.float32, np.uint32),
-    "float64": (mx.float64, np.uint64),
-}
-BITS = {np.bool_: mx.bool_, np.uint8: mx.uint8, np.uint16: mx.uint16, np.uint32: mx.uint32, np.uint64: mx.uint64}
+# The raw-bits load and store are the engine's interop ranks' (engine/tests/interop/).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "engine", "tests", "interop"))
+from mlx_bits import load, store  # noqa: E402
+
 SENT = 64  # elements of the array an exchange sends (tests/interop.rs's SENT)
-
-
-def load(path, dtype, shape):
-    mx_dtype, np_bits = DTYPES[dtype]
-    host = np.fromfile(path, dtype=np.uint8).view(np_bits).reshape(shape)
-    arr = mx.array(host, dtype=BITS[np_bits])
-    return arr if mx_dtype == BITS[np_bits] else arr.view(mx_dtype)
-
-
-def store(path, arr, dtype):
-    _, np_bits = DTYPES[dtype]
-    if arr.dtype != BITS[np_bits]:
-        arr = arr.view(BITS[np_bits])
-    np.ascontiguousarray(np.asarray(arr)).tofile(path)
 
 
 def mark(what):

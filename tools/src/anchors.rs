@@ -260,7 +260,8 @@ pub const STREAM_BYTES: usize = 64 << 20;
 /// Where the anchors' scripts are and where their environment (`setup.sh`'s output) lives.
 #[derive(Clone, Debug)]
 pub struct Anchors {
-    /// The anchors folder (`tools/anchors`: `setup.sh`, `mlx_bench.py`, `mpi_bench.py`).
+    /// The anchors folder (`tools/anchors`: `setup.sh`, `mlx_bench.py`, `mpi_bench.py`,
+    /// and `sweep.py`, which the two scripts import).
     pub dir: PathBuf,
     /// What `setup.sh` made: `venv/` and `bin/`.
     pub env: PathBuf,
@@ -352,7 +353,7 @@ impl Anchors {
                 dir.display()
             )
         })?;
-        for script in ["setup.sh", "mlx_bench.py", "mpi_bench.py"] {
+        for script in ["setup.sh", "mlx_bench.py", "mpi_bench.py", "sweep.py"] {
             if !dir.join(script).is_file() {
                 return Err(format!(
                     "{} has no {script}: is it the anchors folder?",

@@ -64,24 +64,31 @@ impl Op {
     }
 }
 
-impl fmt::Display for Op {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+/// `Display` as the type's `name()`, and `FromStr` back from it (among `ALL`, surrounding
+/// white space ignored), for the sweep's enums; an unknown name is an error naming `what`
+/// and the `expected` names.
+macro_rules! by_name {
+    ($type:ty, $what:literal, $expected:literal) => {
+        impl fmt::Display for $type {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $type {
+            type Err = String;
+
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                <$type>::ALL
+                    .into_iter()
+                    .find(|v| v.name() == s.trim())
+                    .ok_or_else(|| format!("unknown {} {s:?}: expected {}", $what, $expected))
+            }
+        }
+    };
 }
 
-impl FromStr for Op {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Op::ALL
-            .into_iter()
-            .find(|op| op.name() == s.trim())
-            .ok_or_else(|| {
-                format!("unknown op {s:?}: expected all_sum, all_gather, sum_scatter or sendrecv")
-            })
-    }
-}
+by_name!(Op, "op", "all_sum, all_gather, sum_scatter or sendrecv");
 
 /// The reduction of an all-reduce (nccl-tests' `redop`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,22 +133,7 @@ impl RedOp {
     }
 }
 
-impl fmt::Display for RedOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for RedOp {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        RedOp::ALL
-            .into_iter()
-            .find(|op| op.name() == s.trim())
-            .ok_or_else(|| format!("unknown reduction {s:?}: expected sum, max or min"))
-    }
-}
+by_name!(RedOp, "reduction", "sum, max or min");
 
 /// Parses a dtype: MLX's name (`float32`, `bfloat16`, `complex64`, ...) or Rust's
 /// (`f32`, `bf16`, `u8`, ...).

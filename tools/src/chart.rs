@@ -529,7 +529,7 @@ pub fn write_chart(path: &Path, report: &Report) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::anchors::{AnchorPoint, AnchorRun, Limits, PingPong, Stream};
+    use crate::anchors::{AnchorPoint, AnchorRun};
     use crate::bench::Measurement;
     use crate::report::NuvecRun;
 
@@ -580,24 +580,7 @@ mod tests {
                     .collect(),
             }],
             mpi: vec![],
-            limits: Some(Limits {
-                pingpong: vec![PingPong {
-                    bytes: 4,
-                    iters: 100,
-                    rtt_median_us: 8.0,
-                    rtt_p10_us: 7.0,
-                    rtt_p90_us: 9.0,
-                    rtt_min_us: 6.0,
-                }],
-                stream: Some(Stream {
-                    bytes: 64 << 20,
-                    reps: 5,
-                    bidir: true,
-                    time_ms_median: 60.0,
-                    gbps_per_direction: 1.1,
-                    gbps_best: 1.4,
-                }),
-            }),
+            limits: Some(crate::report::tests::limits(60.0, 1.1)),
             comparison: vec![],
         }
     }

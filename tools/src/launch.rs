@@ -64,6 +64,9 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Every backend `nuvec launch` starts.
+    pub const ALL: [Backend; 3] = [Backend::Ring, Backend::Jaccl, Backend::JacclRing];
+
     /// The name as on the command line and in hostfiles.
     pub fn name(self) -> &'static str {
         match self {
@@ -74,20 +77,14 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl FromStr for Backend {
     type Err = PlanError;
 
     fn from_str(s: &str) -> Result<Self, PlanError> {
+        if let Some(backend) = Backend::ALL.into_iter().find(|b| b.name() == s) {
+            return Ok(backend);
+        }
         match s {
-            "ring" => Ok(Backend::Ring),
-            "jaccl" => Ok(Backend::Jaccl),
-            "jaccl-ring" => Ok(Backend::JacclRing),
             "mpi" | "nccl" => fail(format!(
                 "the {s} backend is started by mpirun or NCCL's own setup; nuvec launch \
                  starts ring, jaccl and jaccl-ring (use mlx.launch for {s})"
@@ -96,6 +93,12 @@ impl FromStr for Backend {
                 "unknown backend {other:?}: expected ring, jaccl or jaccl-ring"
             )),
         }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -736,9 +736,33 @@ fn op_order(op: Op) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::anchors::{AnchorPoint, PingPong, Stream};
+
+    /// Raw TCP limits for the tests: a 4 B round trip of 8 µs (7 to 9, at best 6), and a
+    /// 64 MiB bidirectional stream of `time_ms_median` at `gbps_per_direction` (1.4 at
+    /// best).
+    pub(crate) fn limits(time_ms_median: f64, gbps_per_direction: f64) -> Limits {
+        Limits {
+            pingpong: vec![PingPong {
+                bytes: 4,
+                iters: 1000,
+                rtt_median_us: 8.0,
+                rtt_p10_us: 7.0,
+                rtt_p90_us: 9.0,
+                rtt_min_us: 6.0,
+            }],
+            stream: Some(Stream {
+                bytes: 64 << 20,
+                reps: 20,
+                bidir: true,
+                time_ms_median,
+                gbps_per_direction,
+                gbps_best: 1.4,
+            }),
+        }
+    }
 
     fn measurement(
         op: Op,
@@ -797,24 +821,7 @@ mod tests {
                 points: vec![point(Op::AllSum, 4, 60.0, 0.00007)],
             }],
             mpi: vec![],
-            limits: Some(Limits {
-                pingpong: vec![PingPong {
-                    bytes: 4,
-                    iters: 1000,
-                    rtt_median_us: 8.0,
-                    rtt_p10_us: 7.0,
-                    rtt_p90_us: 9.0,
-                    rtt_min_us: 6.0,
-                }],
-                stream: Some(Stream {
-                    bytes: 64 << 20,
-                    reps: 20,
-                    bidir: true,
-                    time_ms_median: 64.0,
-                    gbps_per_direction: 1.0,
-                    gbps_best: 1.4,
-                }),
-            }),
+            limits: Some(limits(64.0, 1.0)),
             comparison: vec![],
         };
         report.compare();

@@ -34,6 +34,23 @@ use nuvec_distributed_engine::Group;
 /// [`free_ports`] for why its blocks suit tests.
 pub use crate::launch::free_port_block;
 
+/// Tests that each call one function with their own name and arguments:
+/// `test_cases!(check { name: a, b; ... })` makes `#[test] fn name() { check("name", a, b) }`
+/// for each line (attributes and doc comments before a line go on its test). For the
+/// tables of cases the multi-process tests run, one process group each.
+#[macro_export]
+macro_rules! test_cases {
+    ($check:path { $($(#[$meta:meta])* $name:ident: $($arg:expr),*;)* }) => {
+        $(
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                $check(stringify!($name), $($arg),*);
+            }
+        )*
+    };
+}
+
 /// What a rank prints when its body returned.
 pub const DONE: &str = "NUVEC-RANK-DONE";
 
@@ -44,6 +61,53 @@ pub const CHILD_VAR: &str = "NUVEC_TEST_CHILD";
 const MARKERS_VAR: &str = "NUVEC_TEST_MARKERS";
 
 // ---- Ports and hostfiles ---------------------------------------------------------------
+
+/// Two network namespaces joined by a veth pair, each end up (with the namespace's
+/// loopback) on its address of a /24; removed on drop (deleting a namespace deletes its
+/// end of the pair, and with it the other end). Needs root and iproute2.
+#[derive(Debug)]
+pub struct VethPair {
+    /// The namespaces.
+    pub netns: [String; 2],
+    /// The pair's ends, `veth[i]` in `netns[i]`.
+    pub veth: [String; 2],
+    /// Each end's address, 10.202.`subnet`.1 and .2.
+    pub addrs: [String; 2],
+}
+
+impl VethPair {
+    /// Makes namespaces `netns` joined by ends `veth` (MTU 1500) on 10.202.`subnet`.0/24.
+    pub fn new(netns: [String; 2], veth: [String; 2], subnet: u32) -> Self {
+        let pair = VethPair {
+            netns,
+            veth,
+            addrs: [1, 2].map(|h| format!("10.202.{subnet}.{h}")),
+        };
+        for n in &pair.netns {
+            ip(&["netns", "add", n]);
+        }
+        let [a, b] = &pair.veth;
+        ip(&["link", "add", a, "type", "veth", "peer", "name", b]);
+        for side in 0..2 {
+            let (ns, dev) = (&pair.netns[side], &pair.veth[side]);
+            ip(&["link", "set", dev, "netns", ns]);
+            let addr = format!("{}/24", pair.addrs[side]);
+            ip(&["-n", ns, "addr", "add", &addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "mtu", "1500"]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        pair
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        for n in &self.netns {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
 
 /// Runs `ip` (iproute2) with `args`, for tests that build network namespaces; panics with
 /// what it said when it fails.
@@ -139,16 +203,20 @@ exec sh -c "$*"
 /// Writes the stand-in `ssh` (see `FAKE_SSH`) into `dir` as an executable named `ssh`, and
 /// returns a `PATH` that finds it first.
 pub fn install_fake_ssh(dir: &Path) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let ssh = dir.join("ssh");
-    std::fs::write(&ssh, FAKE_SSH).expect("writing the stand-in ssh");
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755))
-        .expect("making the stand-in ssh executable");
+    write_executable(&dir.join("ssh"), FAKE_SSH);
     format!(
         "{}:{}",
         dir.display(),
         std::env::var("PATH").unwrap_or_default()
     )
+}
+
+/// Writes `text` to `path` and makes it executable (mode 755): a script for a test to run.
+pub fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("making {} executable: {e}", path.display()));
 }
 
 /// Writes an MLX ring hostfile (one list of `host:port` addresses per rank) into `dir` and
@@ -297,6 +365,91 @@ pub fn verbs_provider() -> &'static Path {
     })
 }
 
+/// Every variable JACCL reads at launch; the tests that start JACCL ranks remove them from
+/// a child unless the test sets one.
+pub const JACCL_LAUNCH_VARS: [&str; 10] = [
+    "MLX_HOSTFILE",
+    "MLX_RANK",
+    "JACCL_RANK",
+    "MLX_IBV_DEVICES",
+    "JACCL_IBV_DEVICES",
+    "MLX_JACCL_COORDINATOR",
+    "JACCL_COORDINATOR",
+    "MLX_JACCL_RING",
+    "JACCL_RING",
+    "NUVEC_JACCL_BUFFERS",
+];
+
+/// A full mesh's device file (MLX's `MLX_IBV_DEVICES` matrix, as JSON) of `size` ranks:
+/// rank `i` reaches rank `j` through `device(i, j)`.
+pub fn mesh_matrix(size: usize, device: impl Fn(usize, usize) -> String) -> String {
+    let cell = |i: usize, j: usize| {
+        if i == j {
+            "null".to_string()
+        } else {
+            format!("\"{}\"", device(i, j))
+        }
+    };
+    let row = |i: usize| (0..size).map(|j| cell(i, j)).collect::<Vec<_>>().join(", ");
+    let rows: Vec<String> = (0..size).map(|i| format!("[{}]", row(i))).collect();
+    format!("[{}]", rows.join(", "))
+}
+
+/// The device file (MLX's `MLX_IBV_DEVICES` matrix, as JSON) and the test verbs provider's
+/// device list of `size` ranks: a full mesh when `wires` is 0, where rank `i` reaches rank
+/// `j` through device `m{i}to{j}`; otherwise a ring of `wires` cables between neighbours,
+/// devices `r{i}to{j}c{k}`.
+pub fn verbs_layout(size: usize, wires: usize) -> (String, Vec<String>) {
+    let mut devices = Vec::new();
+    let rows: Vec<String> = (0..size)
+        .map(|i| {
+            let cells: Vec<String> = (0..size)
+                .map(|j| {
+                    let neighbour = j == (i + 1) % size || i == (j + 1) % size;
+                    if i == j || (wires > 0 && !neighbour) {
+                        return "null".to_string();
+                    }
+                    if wires == 0 {
+                        devices.push(format!("m{i}to{j}"));
+                        return format!("\"m{i}to{j}\"");
+                    }
+                    let names: Vec<String> = (0..wires)
+                        .map(|k| {
+                            devices.push(format!("r{i}to{j}c{k}"));
+                            format!("\"r{i}to{j}c{k}\"")
+                        })
+                        .collect();
+                    format!("[{}]", names.join(", "))
+                })
+                .collect();
+            format!("[{}]", cells.join(", "))
+        })
+        .collect();
+    (format!("[{}]", rows.join(", ")), devices)
+}
+
+/// Runs `f` once to warm up, then `rounds` more times, and returns how many heap
+/// allocations the calling thread made in those rounds, as `ffi`'s counting allocator
+/// counts them (the test binary must install it as its global allocator).
+pub fn steady_allocations(rounds: usize, mut f: impl FnMut()) -> u64 {
+    f();
+    let before = ffi::alloc::CountingAllocator::thread_allocations();
+    for _ in 0..rounds {
+        f();
+    }
+    ffi::alloc::CountingAllocator::thread_allocations() - before
+}
+
+/// CPU time of this process, from /proc (user + system, in clock ticks of 10 ms or less).
+#[cfg(target_os = "linux")]
+pub fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// The binary of example `name` of `package`, in the profile the tests run in. A `cargo
 /// test` of the package builds its examples before any test starts; a run filtered to one
 /// test target does not, and then this builds the one example (`cargo build -p package
@@ -310,6 +463,37 @@ pub fn example_binary(package: &str, name: &str) -> PathBuf {
     }
     assert!(path.exists(), "{} was not built", path.display());
     path
+}
+
+/// Runs example `name` of `package` with `args` as every rank of a group of `size` on
+/// loopback (for test `test`, two minutes at most); checks that every rank exited
+/// successfully and returns what each printed.
+pub fn run_example(
+    (package, name): (&str, &str),
+    args: &[&str],
+    size: usize,
+    test: &str,
+) -> Vec<RankOutput> {
+    let program = example_binary(package, name);
+    let rank_args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let outputs = Launch::new(size, 1)
+        .deadline(Duration::from_secs(120))
+        .command(move |_| {
+            let mut c = Command::new(&program);
+            c.args(&rank_args);
+            c
+        })
+        .spawn(test)
+        .finish();
+    for o in &outputs {
+        assert_eq!(
+            o.status.map(|s| s.success()),
+            Some(true),
+            "{name} {}: {o}",
+            args.join(" ")
+        );
+    }
+    outputs
 }
 
 /// The `nuvec` binary (`nuvec launch`) of the profile the tests run in, for tests that run
@@ -377,6 +561,32 @@ pub fn wait_for_parent() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// What `f` returned, and how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+/// In a rank started by [`Launch::start`]: marks "looping", then calls `collective` until
+/// it fails; reports the failure with the time since the last success
+/// ([`report_failure`]), marks "failed" and returns the error.
+pub fn until_failure(
+    mut collective: impl FnMut() -> nuvec_distributed_engine::Result<()>,
+) -> nuvec_distributed_engine::Error {
+    mark("looping");
+    let mut last_success = Instant::now();
+    let error = loop {
+        match collective() {
+            Ok(()) => last_success = Instant::now(),
+            Err(e) => break e,
+        }
+    };
+    report_failure(&error, last_success.elapsed());
+    mark("failed");
+    error
 }
 
 // ---- Outputs ---------------------------------------------------------------------------
@@ -545,6 +755,59 @@ pub struct Finished {
     pub took: Duration,
 }
 
+impl Finished {
+    /// Panics, with what it printed, unless it exited successfully; `what` names it.
+    pub fn assert_success(&self, what: &str) {
+        assert!(
+            self.status.success(),
+            "{what}: {}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+    }
+
+    /// Panics, with its stderr, unless it exited with `code` and said `says` on stderr.
+    pub fn assert_failed(&self, code: i32, says: &str) {
+        assert_eq!(self.status.code(), Some(code), "{}", self.stderr);
+        assert!(
+            self.stderr.contains(says),
+            "no {says:?} in stderr:\n{}",
+            self.stderr
+        );
+    }
+}
+
+/// Runs `program` with `args` under `nuvec launch -n size` on free ports, on `wire`
+/// (`--wire`; None leaves the ranks' default, MLX's, with `NUVEC_DISTRIBUTED_WIRE`
+/// removed from their environment); returns what the launch printed, once it exited (two
+/// minutes at most).
+pub fn launch_under_nuvec(
+    size: usize,
+    wire: Option<&str>,
+    program: &Path,
+    args: &[String],
+) -> Finished {
+    let port = free_port_block(size).expect("free ports").to_string();
+    let mut launch = Command::new(nuvec_binary());
+    launch.args(["launch", "-n", &size.to_string(), "-p", &port]);
+    if let Some(wire) = wire {
+        launch.args(["--wire", wire]);
+    }
+    launch
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .env_remove("NUVEC_DISTRIBUTED_WIRE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    finish(
+        launch.spawn().expect("starting nuvec launch"),
+        Duration::from_secs(120),
+    )
+}
+
 /// Waits for one `child` (its stdout and stderr piped); kills it and panics, with what it
 /// printed, if it runs past `deadline`.
 pub fn finish(child: Child, deadline: Duration) -> Finished {
@@ -565,6 +828,256 @@ pub fn finish(child: Child, deadline: Duration) -> Finished {
         stderr: output.stderr,
         took: start.elapsed(),
     }
+}
+
+// ---- Interop with MLX's Python ranks ----------------------------------------------------
+
+/// The variable naming the plan (a [`Plan`], as JSON) every rank of an interop ring runs.
+pub const INTEROP_PLAN_VAR: &str = "NUVEC_INTEROP_PLAN";
+
+/// The variable naming the directory where an interop rank writes its outputs.
+pub const INTEROP_OUT_VAR: &str = "NUVEC_INTEROP_OUT";
+
+/// What runs one rank of an interop ring: MLX's Python (the test's script under
+/// [`mlx_python`]) or this test binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankKind {
+    /// MLX, in Python.
+    Mlx,
+    /// This crate, in the test binary.
+    Rust,
+}
+
+impl RankKind {
+    /// The two alternating rings of `size` ranks: Rust ranks at the even positions, then at
+    /// the odd ones.
+    pub fn alternating(size: usize) -> [Vec<RankKind>; 2] {
+        [RankKind::Rust, RankKind::Mlx].map(|even| {
+            (0..size)
+                .map(|r| if r % 2 == 0 { even } else { even.other() })
+                .collect()
+        })
+    }
+
+    fn other(self) -> Self {
+        match self {
+            RankKind::Mlx => RankKind::Rust,
+            RankKind::Rust => RankKind::Mlx,
+        }
+    }
+}
+
+/// What every rank of an interop ring runs: the operations in order, with their inputs in
+/// `dir` (`in-RANK-OP.bin`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Plan<Op> {
+    /// Where the inputs are.
+    pub dir: PathBuf,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+impl<Op: serde::Serialize + Clone> Plan<Op> {
+    /// Writes the plan of `ops` on the inputs in `dir` to `dir/plan.json`; returns its path.
+    pub fn write(dir: &Path, ops: &[Op]) -> PathBuf {
+        let path = dir.join("plan.json");
+        let plan = Plan {
+            dir: dir.to_path_buf(),
+            ops: ops.to_vec(),
+        };
+        std::fs::write(&path, serde_json::to_vec(&plan).expect("JSON")).expect("writing the plan");
+        path
+    }
+}
+
+impl<Op: serde::de::DeserializeOwned> Plan<Op> {
+    /// Reads the plan at `path`.
+    pub fn read(path: &Path) -> Self {
+        serde_json::from_slice(&std::fs::read(path).expect("the plan")).expect("plan JSON")
+    }
+}
+
+/// Like [`as_rank`], for a Rust rank of an interop ring: `body` gets the plan's path and
+/// the output directory from the environment.
+pub fn as_interop_rank(name: &str, body: impl FnOnce(&Path, &Path)) -> bool {
+    as_rank(name, || {
+        let plan = std::env::var_os(INTEROP_PLAN_VAR).expect(INTEROP_PLAN_VAR);
+        let out = std::env::var_os(INTEROP_OUT_VAR).expect(INTEROP_OUT_VAR);
+        body(Path::new(&plan), Path::new(&out));
+    })
+}
+
+/// A work directory for an interop test's inputs, plan and outputs, named `prefix...`;
+/// removed when dropped, unless `NUVEC_INTEROP_KEEP` is set, which keeps it for inspection
+/// (and prints where it is).
+pub fn interop_work_dir(prefix: &str) -> tempfile::TempDir {
+    let keep = std::env::var_os("NUVEC_INTEROP_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .disable_cleanup(keep)
+        .tempdir()
+        .expect("a temporary directory");
+    if keep {
+        eprintln!("keeping {}", dir.path().display());
+    }
+    dir
+}
+
+/// Starts the ring `launch` describes with a rank of each of `kinds`: an MLX rank runs
+/// `script` under [`mlx_python`], a Rust rank this test, `test`. Returns what every rank
+/// printed, once each finished (panics, with their output, otherwise).
+pub fn run_kinds(test: &str, kinds: &[RankKind], script: &Path, launch: Launch) -> Vec<RankOutput> {
+    let python = mlx_python();
+    let (test_name, rank_kinds, script) = (test.to_string(), kinds.to_vec(), script.to_path_buf());
+    let outputs = launch
+        .command(move |rank| match rank_kinds[rank] {
+            RankKind::Mlx => {
+                let mut c = Command::new(&python);
+                c.arg(&script);
+                c
+            }
+            RankKind::Rust => this_test(&test_name),
+        })
+        .spawn(test)
+        .finish();
+    if !outputs.iter().all(RankOutput::finished) {
+        eprintln!("ring {kinds:?} did not finish");
+    }
+    assert_all_finished(&outputs);
+    outputs
+}
+
+/// Runs one ring of `kinds` (with `connections` per neighbour) over the plan at
+/// `plan_path`, each rank writing its outputs to `work/label`; returns that directory.
+pub fn run_interop_ring(
+    test: &str,
+    kinds: &[RankKind],
+    connections: usize,
+    script: &Path,
+    plan_path: &Path,
+    work: &Path,
+    label: &str,
+) -> PathBuf {
+    let out_dir = work.join(label);
+    std::fs::create_dir_all(&out_dir).expect("the ring's output directory");
+    let launch = Launch::new(kinds.len(), connections)
+        .timeout(60.0)
+        .deadline(Duration::from_secs(300))
+        .env(INTEROP_PLAN_VAR, &plan_path.to_string_lossy())
+        .env(INTEROP_OUT_VAR, &out_dir.to_string_lossy());
+    run_kinds(test, kinds, script, launch);
+    out_dir
+}
+
+// ---- Tracers (the probes' tests) -------------------------------------------------------
+
+/// Runs `command` to its end and returns its stdout; panics, with its stderr, when it
+/// cannot start (`what` says what it needs) or fails.
+pub fn stdout_of(command: &mut Command, what: &str) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether bpftrace can attach here, or why not: root, the tool, and tracefs (mounted at
+/// /sys/kernel/tracing when it is not there and can be).
+pub fn bpftrace_can_attach() -> Result<(), String> {
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("not root".into());
+    }
+    if Command::new("bpftrace").arg("--version").output().is_err() {
+        return Err("bpftrace is not installed (tools/test.sh installs it)".into());
+    }
+    if !Path::new("/sys/kernel/tracing/events").exists() {
+        let mounted = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status();
+        if !mounted.is_ok_and(|s| s.success()) {
+            return Err("tracefs is not mounted and cannot be".into());
+        }
+    }
+    Ok(())
+}
+
+/// bpftrace running a script, attached to one process by its id (attached by binary
+/// path, bpftrace 0.17 did not enable the probes' semaphores in processes started after
+/// it, for test binaries).
+#[derive(Debug)]
+pub struct Bpftrace {
+    child: Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// Drains its stderr on the side: bpftrace warns there about each probe site it skips,
+    /// many in a test binary, and a full pipe would stall it before it attaches.
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Bpftrace {
+    /// Starts bpftrace with `script` on process `pid`; returns once it says its probes are
+    /// in place ("Attaching N probes..."), and 200 ms more for them to take effect.
+    pub fn attach(pid: u32, script: &str) -> Self {
+        let mut child = Command::new("bpftrace")
+            .args(["-p", &pid.to_string(), "-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting bpftrace");
+        let mut stderr = child.stderr.take().expect("bpftrace's stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("bpftrace's stdout"));
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut stdout, &mut line).unwrap_or(0) > 0
+            && !line.contains("Attaching")
+        {
+            line.clear();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Stops it with SIGINT, on which bpftrace prints its maps and exits; returns how it
+    /// exited and what it printed (its stdout, then its stderr).
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let killed = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(killed.success(), "kill -INT bpftrace: {killed}");
+        let mut text = String::new();
+        self.stdout
+            .read_to_string(&mut text)
+            .expect("bpftrace's output");
+        let status = self.child.wait().expect("waiting for bpftrace");
+        let warnings = self.stderr.join().unwrap_or_default();
+        (status, format!("{text}\nbpftrace's stderr:\n{warnings}"))
+    }
+}
+
+/// The number a tracer printed on its line that starts with `label` (bpftrace prints a
+/// count map `@name` as "@name: N"), or 0 when there is no such line.
+pub fn traced_count(text: &str, label: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(label))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 // ---- Rings of processes ----------------------------------------------------------------
@@ -809,6 +1322,31 @@ impl Ranks {
         let pid = i32::try_from(child.id()).expect("a process id");
         kill(Pid::from_raw(pid), signal)
             .unwrap_or_else(|e| panic!("kill -{signal} {pid} (rank {rank}): {e}"));
+    }
+
+    /// Waits until every started rank has marked `what` (a minute at most each), then
+    /// `settle` more.
+    pub fn wait_all(&self, what: &str, settle: Duration) {
+        for (rank, _) in &self.children {
+            self.wait_for(*rank, what, Duration::from_secs(60));
+        }
+        std::thread::sleep(settle);
+    }
+
+    /// Sends `signal` ("KILL", "STOP", ...) to `victim` once every rank loops (see
+    /// [`until_failure`]): after every rank's "looping" mark and `settle` more. A stopped
+    /// victim never exits, so for "STOP" this waits until every other rank marked
+    /// "failed" (half a minute at most) and lets the victim go on (SIGCONT).
+    pub fn strike(&mut self, victim: usize, signal: &str, settle: Duration) {
+        self.wait_all("looping", settle);
+        self.signal(victim, signal);
+        if signal == "STOP" {
+            let others: Vec<usize> = self.children.iter().map(|(r, _)| *r).collect();
+            for r in others.into_iter().filter(|&r| r != victim) {
+                self.wait_for(r, "failed", Duration::from_secs(30));
+            }
+            self.signal(victim, "CONT");
+        }
     }
 
     /// Waits for every rank (killing those still running at the deadline) and returns

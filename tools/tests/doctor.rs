@@ -3,23 +3,34 @@
 //! host's, a port in use, an unreachable host); and, as root, two network namespaces
 //! joined by a veth pair, where it reports the link's round trip and a mismatched MTU.
 
+use std::ffi::{OsStr, OsString};
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nuvec_tools::testing::{free_port_block, install_fake_ssh, ip};
+use nuvec_tools::testing::{VethPair, free_port_block, install_fake_ssh, ip, write_executable};
 use serde_json::Value;
 
 const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
 
-/// Runs `nuvec doctor ARGS --json` with `path` as PATH; the remote side is this build.
-fn doctor(path: &str, args: &[&str]) -> (Output, Vec<Value>) {
-    let out = Command::new(NUVEC)
-        .arg("doctor")
+/// `nuvec doctor ARGS` with `path` as PATH, the stand-in ssh logging to `log` when given;
+/// the remote side is this build.
+fn doctor_command(path: &str, log: Option<&Path>, args: &[impl AsRef<OsStr>]) -> Command {
+    let mut c = Command::new(NUVEC);
+    c.arg("doctor")
         .args(args)
-        .args(["--json", "--remote-nuvec", NUVEC])
-        .env("PATH", path)
+        .args(["--remote-nuvec", NUVEC])
+        .env("PATH", path);
+    if let Some(log) = log {
+        c.env("FAKE_SSH_LOG", log);
+    }
+    c
+}
+
+/// Runs [`doctor_command`] with `--json`; returns its output and findings.
+fn doctor(path: &str, log: Option<&Path>, args: &[impl AsRef<OsStr>]) -> (Output, Vec<Value>) {
+    let out = doctor_command(path, log, args)
+        .arg("--json")
         .output()
         .expect("running nuvec doctor");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -34,6 +45,28 @@ fn doctor(path: &str, args: &[&str]) -> (Output, Vec<Value>) {
     (out, findings)
 }
 
+/// The arguments that check the hosts of `hostfile`, the ring from `port` on, and write
+/// the ring's address file to `written`.
+fn hostfile_args(hostfile: &Path, port: u16, written: &Path) -> [OsString; 6] {
+    [
+        "--hostfile".into(),
+        hostfile.into(),
+        "-p".into(),
+        port.to_string().into(),
+        "--write-hostfile".into(),
+        written.into(),
+    ]
+}
+
+/// A temporary directory with the stand-in ssh in it: the directory, the PATH that finds
+/// that ssh first, and the file it logs the hosts it is asked for to.
+fn with_fake_ssh() -> (tempfile::TempDir, String, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = install_fake_ssh(dir.path());
+    let log = dir.path().join("ssh.log");
+    (dir, path, log)
+}
+
 /// The findings of `check` on `subject`.
 fn rows<'a>(findings: &'a [Value], subject: &str, check: &str) -> Vec<&'a Value> {
     findings
@@ -42,16 +75,32 @@ fn rows<'a>(findings: &'a [Value], subject: &str, check: &str) -> Vec<&'a Value>
         .collect()
 }
 
-fn write_executable(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+/// The detail of the first finding of `check` on `subject`, which must have `verdict`.
+fn detail<'a>(findings: &'a [Value], subject: &str, check: &str, verdict: &str) -> &'a str {
+    let found = rows(findings, subject, check);
+    let first = found
+        .first()
+        .unwrap_or_else(|| panic!("no {check} finding on {subject}: {findings:?}"));
+    assert_eq!(first["verdict"], verdict, "{subject} {check}: {first}");
+    first["detail"].as_str().unwrap_or("")
+}
+
+/// A free block of `n` ports, its last one bound here (until the listener is dropped).
+/// Another test may take a port of a block between its check and this bind: it tries
+/// again.
+fn block_with_last_busy(n: u16) -> (u16, TcpListener) {
+    (0..20)
+        .find_map(|_| {
+            let port = free_port_block(usize::from(n)).ok()?;
+            let busy = TcpListener::bind(("127.0.0.1", port + n - 1)).ok()?;
+            Some((port, busy))
+        })
+        .unwrap_or_else(|| panic!("a free block of {n} ports, its last one bound here"))
 }
 
 #[test]
 fn loopback_hosts_pass_every_check_that_can_run_here() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = install_fake_ssh(dir.path());
-    let log = dir.path().join("ssh.log");
+    let (dir, path, log) = with_fake_ssh();
     let hostfile = dir.path().join("hosts.json");
     std::fs::write(
         &hostfile,
@@ -61,21 +110,8 @@ fn loopback_hosts_pass_every_check_that_can_run_here() {
     .unwrap();
     let port = free_port_block(3).unwrap();
     let written = dir.path().join("ring.json");
-    let out = Command::new(NUVEC)
-        .args(["doctor", "--hostfile"])
-        .arg(&hostfile)
-        .args([
-            "-p",
-            &port.to_string(),
-            "--remote-nuvec",
-            NUVEC,
-            "--write-hostfile",
-        ])
-        .arg(&written)
-        .env("PATH", &path)
-        .env("FAKE_SSH_LOG", &log)
-        .output()
-        .unwrap();
+    let args = hostfile_args(&hostfile, port, &written);
+    let out = doctor_command(&path, Some(&log), &args).output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -111,16 +147,9 @@ fn loopback_hosts_pass_every_check_that_can_run_here() {
     assert!(hosts.hosts.iter().all(|h| h.ips == ["127.0.0.1"]));
 
     // The same as JSON: no failure and no warning; only what needs macOS or RDMA skipped.
-    let port = free_port_block(3).unwrap();
-    let (out, findings) = doctor(
-        &path,
-        &[
-            "--hostfile",
-            hostfile.to_str().unwrap(),
-            "-p",
-            &port.to_string(),
-        ],
-    );
+    let port = free_port_block(3).unwrap().to_string();
+    let hostfile = hostfile.to_str().unwrap();
+    let (out, findings) = doctor(&path, None, &["--hostfile", hostfile, "-p", &port]);
     assert!(out.status.success());
     for f in &findings {
         match f["verdict"].as_str() {
@@ -166,63 +195,31 @@ fn a_foreign_address_a_busy_port_and_an_unreachable_host_fail_with_a_fix() {
             {"ssh": "down", "ips": ["127.0.0.1"]}, {"ssh": "h3", "ips": ["127.0.0.1"]}]"#,
     )
     .unwrap();
-    // Another test may take a port of a block between its check and this bind: try again.
-    let (port, busy) = (0..20)
-        .find_map(|_| {
-            let port = free_port_block(4).ok()?;
-            let busy = TcpListener::bind(("127.0.0.1", port + 3)).ok()?;
-            Some((port, busy))
-        })
-        .expect("a free block of four ports, its last one bound here");
+    let (port, busy) = block_with_last_busy(4);
     let written = dir.path().join("ring.json");
-    let (out, findings) = doctor(
-        &path,
-        &[
-            "--hostfile",
-            hostfile.to_str().unwrap(),
-            "-p",
-            &port.to_string(),
-            "--write-hostfile",
-            written.to_str().unwrap(),
-        ],
-    );
+    let (out, findings) = doctor(&path, None, &hostfile_args(&hostfile, port, &written));
     drop(busy);
     assert!(!out.status.success());
 
-    let address = rows(&findings, "1 (h1)", "address");
-    assert_eq!(address[0]["verdict"], "fail");
+    let address = detail(&findings, "1 (h1)", "address", "fail");
     assert!(
-        address[0]["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("192.0.2.1 is not an address of h1; it has 127.0.0.1 (lo)"),
-        "{}",
-        address[0]
+        address.starts_with("192.0.2.1 is not an address of h1; it has 127.0.0.1 (lo)"),
+        "{address}"
     );
     // Never contacted: no listener there, so no link into it.
     assert_eq!(rows(&findings, "0 -> 1", "link")[0]["verdict"], "skipped");
 
-    let ssh = rows(&findings, "2 (down)", "ssh");
-    assert_eq!(ssh[0]["verdict"], "fail");
+    let ssh = detail(&findings, "2 (down)", "ssh", "fail");
     assert!(
-        ssh[0]["detail"]
-            .as_str()
-            .unwrap()
-            .contains("ssh down failed (exit 255): ssh: connect to host down port 22"),
-        "{}",
-        ssh[0]
+        ssh.contains("ssh down failed (exit 255): ssh: connect to host down port 22"),
+        "{ssh}"
     );
     assert!(rows(&findings, "2 (down)", "port")[0]["verdict"] == "skipped");
 
-    let p = rows(&findings, "3 (h3)", "port");
-    assert_eq!(p[0]["verdict"], "fail");
+    let p = detail(&findings, "3 (h3)", "port", "fail");
     assert!(
-        p[0]["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{} on 127.0.0.1 is in use on h3", port + 3)),
-        "{}",
-        p[0]
+        p.starts_with(&format!("{} on 127.0.0.1 is in use on h3", port + 3)),
+        "{p}"
     );
     // The healthy pair still works: h3 reaches h0.
     assert_eq!(rows(&findings, "3 -> 0", "link")[0]["verdict"], "ok");
@@ -251,41 +248,17 @@ fn a_foreign_address_a_busy_port_and_an_unreachable_host_fail_with_a_fix() {
 /// file's, whatever -p says.
 #[test]
 fn a_ring_address_file_is_checked_with_its_own_hosts_and_ports() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = install_fake_ssh(dir.path());
-    let log = dir.path().join("ssh.log");
+    let (dir, path, log) = with_fake_ssh();
     let file = dir.path().join("ring.json");
-    let (port, busy) = (0..20)
-        .find_map(|_| {
-            let port = free_port_block(2).ok()?;
-            let busy = TcpListener::bind(("127.0.0.1", port + 1)).ok()?;
-            Some((port, busy))
-        })
-        .expect("a free block of two ports, its second bound here");
+    let (port, busy) = block_with_last_busy(2);
     std::fs::write(
         &file,
         format!(r#"[["127.0.0.1:{port}"], ["127.0.0.1:{}"]]"#, port + 1),
     )
     .unwrap();
     let run = || {
-        let out = Command::new(NUVEC)
-            .args([
-                "doctor",
-                "--json",
-                "--remote-nuvec",
-                NUVEC,
-                "-p",
-                "1",
-                "--hostfile",
-            ])
-            .arg(&file)
-            .env("PATH", &path)
-            .env("FAKE_SSH_LOG", &log)
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
-        (out, v["findings"].as_array().cloned().unwrap_or_default())
+        let file = file.to_str().unwrap();
+        doctor(&path, Some(&log), &["-p", "1", "--hostfile", file])
     };
 
     // Rank 1's port is taken: its port check fails naming it; rank 0's passes.
@@ -294,43 +267,22 @@ fn a_ring_address_file_is_checked_with_its_own_hosts_and_ports() {
     assert!(!out.status.success());
     for rank in 0..2 {
         let who = format!("{rank} (127.0.0.1)");
-        let ssh = rows(&findings, &who, "ssh");
-        assert_eq!(ssh[0]["verdict"], "ok", "{ssh:?}");
-        assert!(
-            ssh[0]["detail"].as_str().unwrap().starts_with("runs here"),
-            "{ssh:?}"
-        );
+        let ssh = detail(&findings, &who, "ssh", "ok");
+        assert!(ssh.starts_with("runs here"), "{ssh}");
     }
-    let p0 = rows(&findings, "0 (127.0.0.1)", "port");
-    assert_eq!(p0[0]["verdict"], "ok", "{p0:?}");
-    assert!(
-        p0[0]["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{port} is free")),
-        "{p0:?}"
-    );
-    let p1 = rows(&findings, "1 (127.0.0.1)", "port");
-    assert_eq!(p1[0]["verdict"], "fail", "{p1:?}");
-    assert!(
-        p1[0]["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{} on 127.0.0.1 is in use", port + 1)),
-        "{p1:?}"
-    );
+    let p0 = detail(&findings, "0 (127.0.0.1)", "port", "ok");
+    assert!(p0.starts_with(&format!("{port} is free")), "{p0}");
+    let p1 = detail(&findings, "1 (127.0.0.1)", "port", "fail");
+    let in_use = format!("{} on 127.0.0.1 is in use", port + 1);
+    assert!(p1.starts_with(&in_use), "{p1}");
 
     // Free again: every check that can run here passes, each link to the file's port.
     let (out, findings) = run();
     assert!(out.status.success(), "{findings:?}");
     for (from, to) in [(0, 1), (1, 0)] {
-        let link = rows(&findings, &format!("{from} -> {to}"), "link");
-        assert_eq!(link[0]["verdict"], "ok", "{link:?}");
+        let link = detail(&findings, &format!("{from} -> {to}"), "link", "ok");
         let at = format!("127.0.0.1:{}", port + to);
-        assert!(
-            link[0]["detail"].as_str().unwrap().contains(&at),
-            "{link:?}"
-        );
+        assert!(link.contains(&at), "{link}");
     }
     // Nothing went through ssh: no "host:port" was taken for a host name.
     assert!(!log.exists() || std::fs::read_to_string(&log).unwrap().is_empty());
@@ -372,66 +324,19 @@ fn bad_input_is_an_error_not_a_panic() {
 }
 
 /// Two namespaces joined by a veth pair, this test's own; removed on drop.
-struct Net {
-    names: [String; 2],
-    veth: [String; 2],
-    addrs: [String; 2],
-}
-
-impl Net {
-    fn new() -> Net {
-        let id = std::process::id();
-        let subnet = 1 + id % 250;
-        let net = Net {
-            names: [format!("nvdoc{id}a"), format!("nvdoc{id}b")],
-            veth: [format!("nvd{id}a"), format!("nvd{id}b")],
-            addrs: [format!("10.202.{subnet}.1"), format!("10.202.{subnet}.2")],
-        };
-        for n in &net.names {
-            ip(&["netns", "add", n]);
-        }
-        ip(&[
-            "link",
-            "add",
-            &net.veth[0],
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &net.veth[1],
-        ]);
-        for side in 0..2 {
-            let (ns, dev) = (&net.names[side], &net.veth[side]);
-            ip(&["link", "set", dev, "netns", ns]);
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/24", net.addrs[side]),
-                "dev",
-                dev,
-            ]);
-            ip(&["-n", ns, "link", "set", dev, "mtu", "1500"]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        net
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
+fn veth_pair() -> VethPair {
+    let id = std::process::id();
+    VethPair::new(
+        [format!("nvdoc{id}a"), format!("nvdoc{id}b")],
+        [format!("nvd{id}a"), format!("nvd{id}b")],
+        1 + id % 250,
+    )
 }
 
 #[test]
 #[ignore = "needs root and ip netns; tools/test.sh runs it when the machine allows it"]
 fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
-    let net = Net::new();
+    let net = veth_pair();
     let dir = tempfile::tempdir().unwrap();
     // An ssh that runs the command inside the namespace that holds the host's address.
     write_executable(
@@ -443,8 +348,8 @@ fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
              shift\nexec ip netns exec \"$ns\" sh -c \"$*\"\n",
             a = net.addrs[0],
             b = net.addrs[1],
-            na = net.names[0],
-            nb = net.names[1]
+            na = net.netns[0],
+            nb = net.netns[1]
         ),
     );
     let path = format!(
@@ -454,7 +359,7 @@ fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
     );
     let hosts = format!("{},{}", net.addrs[0], net.addrs[1]);
     let port = free_port_block(2).unwrap().to_string();
-    let (out, findings) = doctor(&path, &["--hosts", &hosts, "-p", &port]);
+    let (out, findings) = doctor(&path, None, &["--hosts", &hosts, "-p", &port]);
     assert!(out.status.success(), "{findings:#?}");
     let a = format!("0 ({})", net.addrs[0]);
     let address = rows(&findings, &a, "address");
@@ -485,7 +390,7 @@ fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
     // One end at 1400: the link still works, with a warning naming both MTUs.
     ip(&[
         "-n",
-        &net.names[0],
+        &net.netns[0],
         "link",
         "set",
         &net.veth[0],
@@ -493,7 +398,7 @@ fn netns_link_reports_round_trip_and_a_mismatched_mtu() {
         "1400",
     ]);
     let port = free_port_block(2).unwrap().to_string();
-    let (out, findings) = doctor(&path, &["--hosts", &hosts, "-p", &port]);
+    let (out, findings) = doctor(&path, None, &["--hosts", &hosts, "-p", &port]);
     assert!(
         out.status.success(),
         "a warning is not a failure: {findings:#?}"
@@ -517,21 +422,15 @@ fn a_jaccl_file_without_rdma_devices_is_a_clear_error() {
     let path = install_fake_ssh(dir.path());
     let port = free_port_block(1).unwrap().to_string();
     let jaccl = dir.path().join("jaccl.json");
-    let out = Command::new(NUVEC)
-        .args([
-            "doctor",
-            "--hosts",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--remote-nuvec",
-            NUVEC,
-        ])
-        .arg("--write-jaccl")
-        .arg(&jaccl)
-        .env("PATH", &path)
-        .output()
-        .unwrap();
+    let args = [
+        "--hosts",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "--write-jaccl",
+        jaccl.to_str().unwrap(),
+    ];
+    let out = doctor_command(&path, None, &args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // The checks themselves pass (a single host has no link to check)...

@@ -47,6 +47,14 @@ fn printed(text: &str, rank: usize, expected: &str) -> bool {
     rank_lines(text, rank).iter().any(|l| l.ends_with(expected))
 }
 
+/// Asserts that rank `rank` printed a line ending in `expected` (see [`printed`]).
+fn assert_printed(text: &str, rank: usize, expected: &str) {
+    assert!(
+        printed(text, rank, expected),
+        "no {expected:?} from rank {rank} in\n{text}"
+    );
+}
+
 /// The body of a Rust rank: forms the ring from MLX_HOSTFILE/MLX_RANK, all_sums
 /// rank + 1, and prints the result on stdout and a line on stderr.
 fn rust_rank() {
@@ -148,7 +156,7 @@ fn the_hostfile_is_mlx_launchs_and_env_and_cwd_reach_the_ranks() {
     ]);
     launch.env("PASSED", "from the launcher");
     let f = finish(launch.spawn().unwrap(), Duration::from_secs(120));
-    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    f.assert_success("nuvec launch");
     let hostfile = format!(
         "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
         port,
@@ -212,7 +220,7 @@ fn a_hostfile_for_jaccl_gives_the_device_file_and_coordinator() {
         "echo \"$FROM_HOSTFILE $MLX_JACCL_COORDINATOR $MLX_JACCL_RING ${MLX_HOSTFILE-none}\"; \
          cat \"$MLX_IBV_DEVICES\"",
     ]);
-    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    f.assert_success("nuvec launch");
     for rank in 0..2 {
         assert_eq!(
             rank_lines(&f.stdout, rank),
@@ -235,12 +243,9 @@ fn a_failing_rank_ends_the_others_and_is_named() {
         "-c",
         "if [ \"$MLX_RANK\" = 1 ]; then echo failing >&2; exit 3; fi; exec sleep 60",
     ]);
-    assert_eq!(f.status.code(), Some(3), "{}", f.stderr);
-    assert!(
-        f.stderr
-            .contains("rank 1 (127.0.0.1) failed: exit status: 3; ended ranks 0, 2"),
-        "{}",
-        f.stderr
+    f.assert_failed(
+        3,
+        "rank 1 (127.0.0.1) failed: exit status: 3; ended ranks 0, 2",
     );
     assert!(rank_lines(&f.stderr, 1).contains(&"failing"));
     assert!(f.took < Duration::from_secs(30), "took {:?}", f.took);
@@ -254,22 +259,12 @@ fn a_failing_rank_ends_the_others_and_is_named() {
         "-c",
         "trap '' TERM; if [ \"$MLX_RANK\" = 0 ]; then exit 5; fi; sleep 60",
     ]);
-    assert_eq!(f.status.code(), Some(5), "{}", f.stderr);
-    assert!(
-        f.stderr.contains("rank 0 (127.0.0.1) failed"),
-        "{}",
-        f.stderr
-    );
+    f.assert_failed(5, "rank 0 (127.0.0.1) failed");
     assert!(f.took < Duration::from_secs(30), "took {:?}", f.took);
 
     // A program that cannot be started is named with its rank; nothing is left running.
     let f = run(&["-n", "2", "--", "/nonexistent/program"]);
-    assert_eq!(f.status.code(), Some(127));
-    assert!(
-        f.stderr.contains("starting rank 0 (/nonexistent/program)"),
-        "{}",
-        f.stderr
-    );
+    f.assert_failed(127, "starting rank 0 (/nonexistent/program)");
 }
 
 #[test]
@@ -345,13 +340,7 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
         python.to_str().unwrap(),
         script.to_str().unwrap(),
     ]);
-    assert!(
-        f.status.success(),
-        "{}\n{}\n{}",
-        f.status,
-        f.stdout,
-        f.stderr
-    );
+    f.assert_success("nuvec launch");
     for rank in 0..3 {
         let expected = format!("RANK {rank} OF 3 SUM 6.0");
         assert!(
@@ -384,21 +373,10 @@ fn python_mlx_ranks_and_mixed_rings_run_under_nuvec_launch() {
         "-c",
         &body,
     ]);
-    assert!(
-        f.status.success(),
-        "{}\n{}\n{}",
-        f.status,
-        f.stdout,
-        f.stderr
-    );
-    assert!(printed(&f.stdout, 0, "RANK 0 OF 3 SUM 6.0"), "{}", f.stdout);
+    f.assert_success("nuvec launch");
+    assert_printed(&f.stdout, 0, "RANK 0 OF 3 SUM 6.0");
     for rank in 1..3 {
-        let expected = format!("RANK {rank} OF 3 SUM 6");
-        assert!(
-            printed(&f.stdout, rank, &expected),
-            "no {expected:?} in\n{}",
-            f.stdout
-        );
+        assert_printed(&f.stdout, rank, &format!("RANK {rank} OF 3 SUM 6"));
     }
 }
 
@@ -433,7 +411,7 @@ fn remote_ranks_run_their_script_through_ssh() {
         "-c",
         "echo \"$GREETING|$MLX_RANK\"; cat \"$MLX_HOSTFILE\"",
     ]);
-    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    f.assert_success("nuvec launch");
     let hostfile = r#"[["127.0.0.2:41000"], ["127.0.0.3:41001"]]"#;
     for rank in 0..2 {
         // The PID-file line the script prints first is not shown.
@@ -465,13 +443,7 @@ fn remote_ranks_run_their_script_through_ssh() {
         "-c",
         "if [ \"$MLX_RANK\" = 1 ]; then exit 4; fi; exec sleep 60",
     ]);
-    assert_eq!(f.status.code(), Some(4), "{}", f.stderr);
-    assert!(
-        f.stderr
-            .contains("rank 1 (127.0.0.3) failed: exit status: 4; ended rank 0"),
-        "{}",
-        f.stderr
-    );
+    f.assert_failed(4, "rank 1 (127.0.0.3) failed: exit status: 4; ended rank 0");
     assert!(f.took < Duration::from_secs(30));
     let pidfiles = std::fs::read_dir(&tmp)
         .unwrap()
@@ -493,7 +465,7 @@ fn standard_input_reaches_every_rank() {
     stdin.write_all(b"hello ranks\n").unwrap();
     drop(stdin);
     let f = finish(child, Duration::from_secs(60));
-    assert!(f.status.success(), "{}\n{}", f.status, f.stderr);
+    f.assert_success("nuvec launch");
     for rank in 0..3 {
         assert_eq!(
             rank_lines(&f.stdout, rank),
@@ -509,18 +481,14 @@ fn standard_input_reaches_every_rank() {
 /// and says that exit status 255 is likely ssh's, instead of a bare "exit status: 255".
 #[test]
 fn ssh_s_own_failure_is_shown() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // As real ssh does: its message unless LogLevel=QUIET silences it, then status 255.
-    let ssh = dir.path().join("ssh");
-    std::fs::write(
-        &ssh,
+    testing::write_executable(
+        &dir.path().join("ssh"),
         "#!/bin/sh\nquiet=no\nfor a; do [ \"$a\" = LogLevel=QUIET ] && quiet=yes; done\n\
          [ $quiet = no ] && echo 'ssh: connect to host 192.0.2.7 port 22: Connection refused' >&2\n\
          exit 255\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let path = format!(
         "{}:{}",
         dir.path().display(),
@@ -529,17 +497,12 @@ fn ssh_s_own_failure_is_shown() {
     let mut c = nuvec_launch(&["--hosts", "192.0.2.7", "--", "true"]);
     c.env("PATH", &path);
     let f = finish(c.spawn().unwrap(), Duration::from_secs(60));
-    assert_eq!(f.status.code(), Some(255), "{}", f.stderr);
-    assert!(
-        f.stderr
-            .contains("ssh: connect to host 192.0.2.7 port 22: Connection refused"),
-        "{}",
-        f.stderr
+    f.assert_failed(
+        255,
+        "ssh: connect to host 192.0.2.7 port 22: Connection refused",
     );
-    assert!(
-        f.stderr
-            .contains("rank 0 (192.0.2.7) failed: exit status: 255 (ssh's own failure"),
-        "{}",
-        f.stderr
+    f.assert_failed(
+        255,
+        "rank 0 (192.0.2.7) failed: exit status: 255 (ssh's own failure",
     );
 }

@@ -10,7 +10,7 @@ use rand::{RngCore, SeedableRng};
 
 use super::hello::CAP_SHARED_MEMORY;
 use super::hier::Path;
-use super::tests::{loopback_mesh, on_ranks};
+use super::tests::{loopback_mesh, on_ranks, recv_of_another_length};
 use super::{Formed, Native};
 use crate::comm::Communicator;
 use crate::comm::algorithm::SHM_ONE_SHOT_MAX;
@@ -54,10 +54,74 @@ pub(super) fn start(formed: Vec<Formed>, options: &Options) -> Vec<Native> {
     })
 }
 
-fn random(seed: u64, bytes: usize) -> Vec<u8> {
+pub(super) fn random(seed: u64, bytes: usize) -> Vec<u8> {
     let mut v = vec![0u8; bytes];
     StdRng::seed_from_u64(seed).fill_bytes(&mut v);
     v
+}
+
+/// Runs `all_reduce(op, dtype)` on `ranks`, rank r's data `inputs[r]`, and checks that
+/// every rank got `want`; `case` names the case in a failure.
+pub(super) fn check_all_reduce(
+    ranks: &[Native],
+    op: ReduceOp,
+    dtype: DType,
+    inputs: &[Vec<u8>],
+    want: &[u8],
+    case: &str,
+) {
+    let got = on_ranks(ranks, |c| {
+        let mut data = inputs[c.rank()].clone();
+        c.all_reduce(op, dtype, &mut data).map(|()| data)
+    });
+    for (r, got) in got.into_iter().enumerate() {
+        let got = got.unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(got == want, "{case} all_{op:?}: rank {r}");
+    }
+}
+
+/// Runs `all_gather` of `n` random bytes per rank on `ranks` and checks that every rank
+/// got them all in rank order; `case` names the case in a failure.
+pub(super) fn check_all_gather(ranks: &[Native], n: usize, case: &str) {
+    let size = ranks.len();
+    let inputs: Vec<Vec<u8>> = (0..size).map(|r| random(r as u64, n)).collect();
+    let got = on_ranks(ranks, |c| {
+        let mut out = vec![0u8; n * size];
+        c.all_gather(&inputs[c.rank()], &mut out).map(|()| out)
+    });
+    for got in got {
+        assert!(
+            got.expect("all_gather") == inputs.concat(),
+            "{case} all_gather x{n}"
+        );
+    }
+}
+
+/// Runs `sum_scatter` of `n` random f32 per rank and block on `ranks` and checks that
+/// rank r got block r of `sum(inputs)` (the element-wise sum every rank must compute);
+/// `case` names the case in a failure.
+pub(super) fn check_sum_scatter(
+    ranks: &[Native],
+    n: usize,
+    sum: impl Fn(&[Vec<u8>]) -> Vec<u8>,
+    case: &str,
+) {
+    let size = ranks.len();
+    let inputs: Vec<Vec<u8>> = (0..size)
+        .map(|r| random(77 + r as u64, n * size * 4))
+        .collect();
+    let want = sum(&inputs);
+    let got = on_ranks(ranks, |c| {
+        let mut out = vec![0u8; n * 4];
+        c.sum_scatter(DType::F32, &inputs[c.rank()], &mut out)
+            .map(|()| out)
+    });
+    for (r, got) in got.into_iter().enumerate() {
+        assert!(
+            got.expect("sum_scatter")[..] == want[r * n * 4..(r + 1) * n * 4],
+            "{case} sum_scatter x{n}: rank {r}"
+        );
+    }
 }
 
 /// The fold every rank must compute: rank order from rank 0, with the crate's kernel.
@@ -105,51 +169,21 @@ fn every_collective_on_shared_memory_folds_in_rank_order() {
                         inputs.iter_mut().flatten().for_each(|b| *b &= 1);
                     }
                     let want = fold(op, dtype, &inputs);
-                    let got = on_ranks(&ranks, |c| {
-                        let mut data = inputs[c.rank()].clone();
-                        c.all_reduce(op, dtype, &mut data).map(|()| data)
-                    });
-                    for (r, got) in got.into_iter().enumerate() {
-                        let got = got.unwrap_or_else(|e| panic!("P {size} {dtype} x{n}: {e}"));
-                        assert!(got == want, "P {size} all_{op:?} {dtype} x{n}: rank {r}");
-                    }
+                    let case = format!("P {size} {dtype} x{n}");
+                    check_all_reduce(&ranks, op, dtype, &inputs, &want, &case);
                 }
             }
         }
         for n in [0, 3, CHUNK + 5] {
-            let inputs: Vec<Vec<u8>> = (0..size).map(|r| random(r as u64, n)).collect();
-            let got = on_ranks(&ranks, |c| {
-                let mut out = vec![0u8; n * size];
-                c.all_gather(&inputs[c.rank()], &mut out).map(|()| out)
-            });
-            for got in got {
-                assert!(
-                    got.expect("all_gather") == inputs.concat(),
-                    "all_gather x{n}"
-                );
-            }
+            check_all_gather(&ranks, n, &format!("P {size}"));
         }
         for n in [0, 5, CHUNK / 4 + 3] {
-            let dtype = DType::F32;
-            let inputs: Vec<Vec<u8>> = (0..size)
-                .map(|r| random(77 + r as u64, n * size * 4))
-                .collect();
-            let got = on_ranks(&ranks, |c| {
-                let mut out = vec![0u8; n * 4];
-                c.sum_scatter(dtype, &inputs[c.rank()], &mut out)
-                    .map(|()| out)
-            });
-            for (r, got) in got.into_iter().enumerate() {
-                let blocks: Vec<Vec<u8>> = inputs
-                    .iter()
-                    .map(|x| x[r * n * 4..(r + 1) * n * 4].to_vec())
-                    .collect();
-                let want = fold(ReduceOp::Sum, dtype, &blocks);
-                assert!(
-                    got.expect("sum_scatter") == want,
-                    "sum_scatter x{n} rank {r}"
-                );
-            }
+            check_sum_scatter(
+                &ranks,
+                n,
+                |inputs| fold(ReduceOp::Sum, DType::F32, inputs),
+                &format!("P {size}"),
+            );
         }
         for result in on_ranks(&ranks, |c| c.barrier()) {
             result.expect("barrier");
@@ -222,6 +256,18 @@ fn a_close_from_another_thread_ends_a_wait_on_shared_memory() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// `read` of this rank's shared-memory link (the group must be on one segment).
+fn on_link<T>(c: &Native, read: impl FnOnce(&Link) -> T) -> T {
+    read(
+        c.state
+            .lock()
+            .expect("open")
+            .path
+            .flat()
+            .expect("on shared memory"),
+    )
 }
 
 /// The step this rank's link has published: a collective that went through shared memory
@@ -466,13 +512,7 @@ fn group_timeout(size: usize, timeout: Duration) -> Vec<Native> {
 }
 
 fn pieces_sent(c: &Native, dst: usize) -> u32 {
-    c.state
-        .lock()
-        .expect("open")
-        .path
-        .flat()
-        .expect("on shared memory")
-        .pieces_sent(dst)
+    on_link(c, |link| link.pieces_sent(dst))
 }
 
 /// Messages of every size around the slots' edges, in a ring shift (rank r sends to
@@ -656,35 +696,6 @@ fn a_send_against_an_all_sum_fails_both_ranks_naming_the_send() {
 #[test]
 fn a_recv_of_another_length_fails_the_receiver_and_then_the_sender_on_shared_memory() {
     for size in [2, 3] {
-        let ranks = group(size);
-        let dst = size - 1;
-        let expected = format!(
-            "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
-             of 12 bytes from rank 0"
-        );
-        // The receiver compares the headers and says what differs; the sender learns of
-        // the refusal from the receiver's answer, which carries the calls only.
-        let differs = format!("; the byte count differs (rank 0: 8, rank {dst}: 12)");
-        let got = on_ranks(&ranks, |c| match c.rank() {
-            0 => {
-                c.send(&[1; 8], dst).expect("first send");
-                c.send(&[1; 8], dst).expect("second send, not acknowledged");
-                c.barrier().expect_err("after a refused send")
-            }
-            r if r == dst => {
-                c.recv(&mut [0; 8], 0).expect("first recv");
-                c.recv(&mut [0; 12], 0)
-                    .expect_err("a recv of another length")
-            }
-            _ => c.barrier().expect_err("a barrier without the failed rank"),
-        });
-        for r in [0, dst] {
-            let expected = if r == dst {
-                format!("{expected}{differs}")
-            } else {
-                expected.clone()
-            };
-            assert_eq!(got[r].to_string(), expected, "rank {r} of {size}");
-        }
+        recv_of_another_length(&group(size));
     }
 }

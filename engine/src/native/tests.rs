@@ -306,6 +306,24 @@ fn both_nan(dtype: DType, a: &[u8], b: &[u8]) -> bool {
         .all(|(x, y)| x == y || (nan(x) && nan(y)))
 }
 
+/// Every all-reduce algorithm the native path has.
+const ALGORITHMS: [AllReduce; 3] = [
+    AllReduce::OneShot,
+    AllReduce::ScatterGather,
+    AllReduce::Ring,
+];
+
+/// Asserts that every rank's results (one entry per rank) are rank 0's, bit for bit.
+fn assert_every_rank_agrees(results: &[Vec<Vec<u8>>]) {
+    for (r, result) in results.iter().enumerate().skip(1) {
+        assert!(
+            *result == results[0],
+            "rank {r} differs from rank 0 at P = {}",
+            results.len()
+        );
+    }
+}
+
 #[test]
 fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
     for size in [2, 3] {
@@ -333,12 +351,7 @@ fn large_all_reduces_take_the_ring_and_agree_bit_for_bit() {
             }
             out
         });
-        for r in 1..size {
-            assert!(
-                results[r] == results[0],
-                "rank {r} differs from rank 0 at P = {size}"
-            );
-        }
+        assert_every_rank_agrees(&results);
     }
 }
 
@@ -418,7 +431,7 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
         let ranks = group(size, 2, Duration::from_secs(20));
         let mut plan = Vec::new();
         let mut case = 500;
-        for algorithm in algorithms {
+        for algorithm in ALGORITHMS {
             for count in [1, size, 3 * size + 1, 5000] {
                 for (op, dtype) in [
                     (ReduceOp::Max, DType::F32),
@@ -461,12 +474,7 @@ fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
             }
             out
         });
-        for r in 1..size {
-            assert!(
-                results[r] == results[0],
-                "rank {r} differs from rank 0 at P = {size}"
-            );
-        }
+        assert_every_rank_agrees(&results);
     }
 }
 
@@ -513,7 +521,7 @@ fn measure_the_algorithms() {
             16 << 20,
         ] {
             let iterations = (4usize << 20).div_ceil(bytes).clamp(5, 200);
-            for algorithm in algorithms {
+            for algorithm in ALGORITHMS {
                 let medians = on_ranks(&ranks, |comm| {
                     let mut data = vec![0u8; bytes];
                     let mut times = Vec::with_capacity(iterations);
@@ -744,6 +752,49 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
     }
 }
 
+/// Rank 0 sends 8 bytes twice to the last rank, which takes the first and refuses the
+/// second with a recv of 12; the other ranks call `barrier`. Checks that rank 0 and the
+/// last rank fail naming the mismatch (the last rank also what differs), and returns every
+/// rank's error and how long its calls took.
+pub(super) fn recv_of_another_length(ranks: &[Native]) -> Vec<(Error, Duration)> {
+    let size = ranks.len();
+    let dst = size - 1;
+    let expected = format!(
+        "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
+         of 12 bytes from rank 0"
+    );
+    let outcomes = on_ranks(ranks, |comm| {
+        let began = Instant::now();
+        let e = match comm.rank() {
+            0 => {
+                comm.send(&[1; 8], dst).expect("first send");
+                // Not acknowledged, so it returns; the next call learns of the refusal.
+                comm.send(&[1; 8], dst).expect("second send");
+                comm.barrier().expect_err("after a refused send")
+            }
+            r if r == dst => {
+                comm.recv(&mut [0; 8], 0).expect("first recv");
+                comm.recv(&mut [0; 12], 0)
+                    .expect_err("a recv of another length")
+            }
+            _ => comm
+                .barrier()
+                .expect_err("a barrier without the failed rank"),
+        };
+        (e, began.elapsed())
+    });
+    // The receiver compares the headers and says what differs; the sender learns of the
+    // refusal from the receiver's answer, which carries the calls only.
+    let differs = format!("; the byte count differs (rank 0: 8, rank {dst}: 12)");
+    assert_eq!(outcomes[0].0.to_string(), expected, "rank 0 of {size}");
+    assert_eq!(
+        outcomes[dst].0.to_string(),
+        format!("{expected}{differs}"),
+        "rank {dst} of {size}"
+    );
+    outcomes
+}
+
 /// A `send` returns before the receiver looks at it (it is not acknowledged); the
 /// receiver that refuses it fails at once, and answers, so the sender's next call fails
 /// with the same mismatch.
@@ -751,43 +802,7 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
 fn a_recv_of_another_length_fails_the_receiver_and_then_the_sender() {
     for size in [2, 3, 4] {
         let ranks = group(size, 1, Duration::from_secs(20));
-        let dst = size - 1;
-        let expected = format!(
-            "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
-             of 12 bytes from rank 0"
-        );
-        // The receiver compares the headers and says what differs; the sender learns of
-        // the refusal from the receiver's answer, which carries the calls only.
-        let differs = format!("; the byte count differs (rank 0: 8, rank {dst}: 12)");
-        let outcomes = on_ranks(&ranks, |comm| {
-            let began = Instant::now();
-            let e = match comm.rank() {
-                0 => {
-                    comm.send(&[1; 8], dst).expect("first send");
-                    // Not acknowledged, so it returns; the next call learns of the refusal.
-                    comm.send(&[1; 8], dst).expect("second send");
-                    comm.barrier().expect_err("after a refused send")
-                }
-                r if r == dst => {
-                    comm.recv(&mut [0; 8], 0).expect("first recv");
-                    comm.recv(&mut [0; 12], 0)
-                        .expect_err("a recv of another length")
-                }
-                _ => comm
-                    .barrier()
-                    .expect_err("a barrier without the failed rank"),
-            };
-            (e, began.elapsed())
-        });
-        for (rank, (e, took)) in outcomes.iter().enumerate() {
-            if rank == 0 || rank == dst {
-                let expected = if rank == dst {
-                    format!("{expected}{differs}")
-                } else {
-                    expected.clone()
-                };
-                assert_eq!(e.to_string(), expected, "rank {rank} of {size}");
-            }
+        for (rank, (e, took)) in recv_of_another_length(&ranks).iter().enumerate() {
             assert!(
                 *took < Duration::from_secs(2),
                 "rank {rank}: {e} after {took:?}"

@@ -16,42 +16,8 @@ import os
 import sys
 
 import mlx.core as mx
-import numpy as np
 
-# dtype name -> (MLX dtype, unsigned numpy type of the same width). Every array goes
-# through its raw bits both ways, so NaN payloads and signed zeros reach MLX untouched
-# (numpy float64 would otherwise be converted to MLX's default float32).
-DTYPES = {
-    "bool": (mx.bool_, np.bool_),
-    "uint8": (mx.uint8, np.uint8),
-    "uint16": (mx.uint16, np.uint16),
-    "uint32": (mx.uint32, np.uint32),
-    "uint64": (mx.uint64, np.uint64),
-    "int8": (mx.int8, np.uint8),
-    "int16": (mx.int16, np.uint16),
-    "int32": (mx.int32, np.uint32),
-    "int64": (mx.int64, np.uint64),
-    "float16": (mx.float16, np.uint16),
-    "bfloat16": (mx.bfloat16, np.uint16),
-    "float32": (mx.float32, np.uint32),
-    "float64": (mx.float64, np.uint64),
-    "complex64": (mx.complex64, np.uint64),
-}
-BITS = {np.bool_: mx.bool_, np.uint8: mx.uint8, np.uint16: mx.uint16, np.uint32: mx.uint32, np.uint64: mx.uint64}
-
-
-def load(path, dtype):
-    mx_dtype, np_bits = DTYPES[dtype]
-    host = np.fromfile(path, dtype=np.uint8).view(np_bits)
-    arr = mx.array(host, dtype=BITS[np_bits])
-    return arr if mx_dtype == BITS[np_bits] else arr.view(mx_dtype)
-
-
-def store(path, arr, dtype):
-    _, np_bits = DTYPES[dtype]
-    if arr.dtype != BITS[np_bits]:
-        arr = arr.view(BITS[np_bits])
-    np.asarray(arr).tofile(path)
+from mlx_bits import load, store
 
 
 def main():

@@ -145,11 +145,8 @@ pub fn ifconfig(text: &str) -> Vec<Interface> {
                 let Ok(ip) = addr.parse::<IpAddr>() else {
                     continue;
                 };
-                let prefix = rest
-                    .iter()
-                    .position(|&w| w == "netmask")
-                    .and_then(|i| rest.get(i + 1))
-                    .and_then(|m| netmask_prefix(m))
+                let prefix = after(rest, "netmask")
+                    .and_then(netmask_prefix)
                     .unwrap_or(32);
                 current.addrs.push((ip, prefix));
             }
@@ -159,10 +156,7 @@ pub fn ifconfig(text: &str) -> Vec<Interface> {
                 let Ok(ip) = addr.parse::<IpAddr>() else {
                     continue;
                 };
-                let prefix = rest
-                    .iter()
-                    .position(|&w| w == "prefixlen")
-                    .and_then(|i| rest.get(i + 1))
+                let prefix = after(rest, "prefixlen")
                     .and_then(|p| p.parse().ok())
                     .unwrap_or(128);
                 current.addrs.push((ip, prefix));
@@ -172,6 +166,12 @@ pub fn ifconfig(text: &str) -> Vec<Interface> {
         }
     }
     out
+}
+
+/// The word after `key` in `words`, if `key` is there and has one after it.
+fn after<'a>(words: &[&'a str], key: &str) -> Option<&'a str> {
+    let i = words.iter().position(|&w| w == key)?;
+    words.get(i + 1).copied()
 }
 
 /// A netmask as macOS (`0xffffff00`) or net-tools (`255.255.255.0`) prints it, as a

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Layout, run};
+use super::{Layout, run_ok};
 use crate::error::{Error, PeerOp};
 use crate::transport::rdma::emulated::{Fault, Network};
 
@@ -19,16 +19,38 @@ fn all_sum_once(g: &crate::group::Group) -> Outcome {
     (g.all_sum(&mut v).err(), start.elapsed())
 }
 
-fn outcomes(
+/// Rank `rank`'s error, which must name `peer`, and how long its call took.
+fn failure_naming(out: &[Outcome], rank: usize, peer: usize) -> (&Error, Duration) {
+    let (e, t) = &out[rank];
+    let e = e
+        .as_ref()
+        .unwrap_or_else(|| panic!("rank {rank} should fail"));
+    assert_eq!(e.peer(), Some(peer), "rank {rank}: {e}");
+    (e, *t)
+}
+
+/// Injects `fault` into the `message`-th message `from` sends on `connection`, runs
+/// [`all_sum_once`] on every rank of `layout` (with a 20 s timeout), and returns rank
+/// `rank`'s error, which must be an RDMA error of `op` naming `peer`, with every outcome.
+fn injected(
     layout: Layout,
-    net: &Network,
-    body: impl Fn(usize, crate::group::Group) -> Outcome + Sync,
-) -> Vec<Outcome> {
-    run(layout, net, body)
-        .into_iter()
-        .enumerate()
-        .map(|(rank, r)| r.unwrap_or_else(|e| panic!("rank {rank} did not form: {e}")))
-        .collect()
+    (from, connection, message, fault): (usize, usize, usize, Fault),
+    (rank, peer, op): (usize, usize, PeerOp),
+) -> (Error, Vec<Outcome>) {
+    let net = Network::new();
+    net.inject(from, connection, message, fault);
+    let mut out = run_ok(layout.timeout(Duration::from_secs(20)), &net, |_, g| {
+        all_sum_once(&g)
+    });
+    let e = out[rank]
+        .0
+        .take()
+        .unwrap_or_else(|| panic!("rank {rank} fails"));
+    assert!(
+        matches!(&e, Error::Rdma { peer: p, op: o, .. } if *p == peer && *o == op),
+        "rank {rank}: {e}"
+    );
+    (e, out)
 }
 
 #[test]
@@ -36,7 +58,7 @@ fn a_dropped_message_times_out_naming_its_sender() {
     let net = Network::new();
     // Rank 1's first message to rank 0 (mesh connection 0) is lost; rank 1 sees success.
     net.inject(1, 0, 0, Fault::Drop);
-    let out = outcomes(Layout::mesh(2).timeout(SHORT), &net, |rank, g| {
+    let out = run_ok(Layout::mesh(2).timeout(SHORT), &net, |rank, g| {
         let first = all_sum_once(&g);
         if rank == 1 {
             // Rank 1 finished (UC reports a lost message as sent). Had it gone on at once,
@@ -71,24 +93,10 @@ fn a_dropped_message_times_out_naming_its_sender() {
 
 #[test]
 fn a_failed_send_completion_names_the_peer_on_both_sides() {
-    let net = Network::new();
-    net.inject(1, 0, 0, Fault::SendError);
-    let out = outcomes(
-        Layout::mesh(2).timeout(Duration::from_secs(20)),
-        &net,
-        |_, g| all_sum_once(&g),
-    );
-    let e1 = out[1].0.as_ref().expect("rank 1 fails");
-    assert!(
-        matches!(
-            e1,
-            Error::Rdma {
-                peer: 0,
-                op: PeerOp::Send,
-                ..
-            }
-        ),
-        "rank 1: {e1}"
+    let (e1, out) = injected(
+        Layout::mesh(2),
+        (1, 0, 0, Fault::SendError),
+        (1, 0, PeerOp::Send),
     );
     assert!(e1.to_string().contains("injected send error"), "{e1}");
     // Rank 0 waited on rank 1's message; rank 1's failure notice (naming rank 0) tells it at
@@ -101,26 +109,12 @@ fn a_failed_send_completion_names_the_peer_on_both_sides() {
 
 #[test]
 fn a_failed_receive_completion_names_the_sender() {
-    let net = Network::new();
     // Ring of 3, one wire: rank 2's second message on its right wire (connection 1) fails
     // where rank 0 receives it.
-    net.inject(2, 1, 1, Fault::RecvError);
-    let out = outcomes(
-        Layout::ring(3, 1).timeout(Duration::from_secs(20)),
-        &net,
-        |_, g| all_sum_once(&g),
-    );
-    let e0 = out[0].0.as_ref().expect("rank 0 fails");
-    assert!(
-        matches!(
-            e0,
-            Error::Rdma {
-                peer: 2,
-                op: PeerOp::Receive,
-                ..
-            }
-        ),
-        "rank 0: {e0}"
+    let (_, out) = injected(
+        Layout::ring(3, 1),
+        (2, 1, 1, Fault::RecvError),
+        (0, 2, PeerOp::Receive),
     );
     for (rank, (e, t)) in out.iter().enumerate().skip(1) {
         let e = e
@@ -136,7 +130,7 @@ fn a_failed_receive_completion_names_the_sender() {
 #[test]
 fn a_lost_rank_is_named_by_every_survivor_in_a_mesh() {
     let net = Network::new();
-    let out = outcomes(
+    let out = run_ok(
         Layout::mesh(4).timeout(Duration::from_secs(30)),
         &net,
         |rank, g| {
@@ -154,12 +148,8 @@ fn a_lost_rank_is_named_by_every_survivor_in_a_mesh() {
         },
     );
     for rank in [0, 1, 3] {
-        let (e, t) = &out[rank];
-        let e = e
-            .as_ref()
-            .unwrap_or_else(|| panic!("rank {rank} should fail"));
-        assert_eq!(e.peer(), Some(2), "rank {rank}: {e}");
-        assert!(*t < Duration::from_secs(5), "rank {rank} took {t:?}");
+        let (e, t) = failure_naming(&out, rank, 2);
+        assert!(t < Duration::from_secs(5), "rank {rank} took {t:?}");
         if rank != 0 {
             assert!(
                 matches!(
@@ -182,7 +172,7 @@ fn a_lost_rank_is_named_by_every_survivor_in_a_mesh() {
 #[test]
 fn a_lost_rank_is_named_in_a_ring_within_the_timeout() {
     let net = Network::new();
-    let out = outcomes(Layout::ring(4, 2).timeout(SHORT), &net, |rank, g| {
+    let out = run_ok(Layout::ring(4, 2).timeout(SHORT), &net, |rank, g| {
         if rank == 2 {
             drop(g);
             return (None, Duration::ZERO);
@@ -192,12 +182,8 @@ fn a_lost_rank_is_named_in_a_ring_within_the_timeout() {
         (g.all_sum(&mut v).err(), start.elapsed())
     });
     for rank in [0, 1, 3] {
-        let (e, t) = &out[rank];
-        let e = e
-            .as_ref()
-            .unwrap_or_else(|| panic!("rank {rank} should fail"));
-        assert_eq!(e.peer(), Some(2), "rank {rank}: {e}");
-        assert!(*t < SHORT * 3, "rank {rank} took {t:?}");
+        let (_, t) = failure_naming(&out, rank, 2);
+        assert!(t < SHORT * 3, "rank {rank} took {t:?}");
     }
 }
 
@@ -205,7 +191,7 @@ fn a_lost_rank_is_named_in_a_ring_within_the_timeout() {
 #[test]
 fn a_silent_rank_is_named_when_the_timeout_expires() {
     let net = Network::new();
-    let out = outcomes(Layout::mesh(3).timeout(SHORT), &net, |rank, g| {
+    let out = run_ok(Layout::mesh(3).timeout(SHORT), &net, |rank, g| {
         if rank == 1 {
             std::thread::sleep(SHORT * 2);
             // By now the others gave up on it: it learns so from the side channel.
@@ -214,12 +200,8 @@ fn a_silent_rank_is_named_when_the_timeout_expires() {
         all_sum_once(&g)
     });
     for rank in [0, 2] {
-        let (e, t) = &out[rank];
-        let e = e
-            .as_ref()
-            .unwrap_or_else(|| panic!("rank {rank} should fail"));
-        assert_eq!(e.peer(), Some(1), "rank {rank}: {e}");
-        assert!(*t >= SHORT / 2 && *t < SHORT * 3, "rank {rank} took {t:?}");
+        let (_, t) = failure_naming(&out, rank, 1);
+        assert!(t >= SHORT / 2 && t < SHORT * 3, "rank {rank} took {t:?}");
     }
     let e1 = out[1].0.as_ref().expect("rank 1 learns the others gave up");
     assert!(e1.is_fatal(), "rank 1: {e1}");
@@ -229,7 +211,7 @@ fn a_silent_rank_is_named_when_the_timeout_expires() {
 #[test]
 fn health_names_a_rank_that_is_gone() {
     let net = Network::new();
-    let out = outcomes(Layout::mesh(3), &net, |rank, g| {
+    let out = run_ok(Layout::mesh(3), &net, |rank, g| {
         if rank == 2 {
             return (None, Duration::ZERO);
         }

@@ -149,12 +149,59 @@ fn mesh_all_gather(case: u32, size: usize, n: usize, classes: SizeClasses) -> Se
     out
 }
 
-fn left_conn(w: usize) -> usize {
-    w
+/// Wire `w`'s connection in direction `d`: 0 to the right neighbour (connections
+/// `wires..2 wires`), 1 to the left (`0..wires`).
+fn ring_conn(wires: usize, w: usize, d: usize) -> usize {
+    if d == 0 { wires + w } else { w }
 }
 
-fn right_conn(wires: usize, w: usize) -> usize {
-    wires + w
+/// The sends of a ring model: `each(r, w, d, frames)` pushes rank `r`'s frames on wire `w`
+/// (of the `active` first of `wires`) in direction `d` (of `dirs`).
+fn ring_sends(
+    size: usize,
+    wires: usize,
+    active: usize,
+    dirs: usize,
+    mut each: impl FnMut(usize, usize, usize, &mut Vec<Frame>),
+) -> Sends {
+    let mut out = Sends::new();
+    for r in 0..size {
+        for w in 0..active {
+            for d in 0..dirs {
+                each(r, w, d, out.entry((r, ring_conn(wires, w, d))).or_default());
+            }
+        }
+    }
+    out
+}
+
+/// Pushes `steps` frames of `size` bytes onto `frames`, frame f carrying the elements
+/// `data[base + from..base + to]`, `from = slice + f * per` and `to = limit.min(from + per)`
+/// (nothing once `from` reaches `limit`), as `encode` writes them.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call per model, named by its caller"
+)]
+fn push_steps<T>(
+    frames: &mut Vec<Frame>,
+    data: &[T],
+    base: usize,
+    (slice, limit): (usize, usize),
+    per: usize,
+    steps: usize,
+    size: usize,
+    encode: impl Fn(&[T]) -> Vec<u8>,
+) {
+    for f in 0..steps {
+        let from = slice + f * per;
+        let to = limit.min(from + per);
+        let valid = if to > from {
+            encode(&data[base + from..base + to])
+        } else {
+            Vec::new()
+        };
+        frames.push(Frame { size, valid });
+    }
 }
 
 /// Ring all-reduce of `count` i32: both passes, every frame, with the partial sums the
@@ -177,54 +224,42 @@ fn ring_all_reduce(
     let n = s / 4;
     let steps = spw.div_ceil(n);
     let total = sum_over(case, 0..size, count);
-    let mut out = Sends::new();
-    for r in 0..size {
-        for w in 0..active {
-            for d in 0..dirs {
-                let conn = if d == 0 {
-                    right_conn(wires, w)
-                } else {
-                    left_conn(w)
+    ring_sends(size, wires, active, dirs, |r, w, d, frames| {
+        let slice = d * active * spw + w * spw;
+        let slice_end = chunk.min((d + 1) * active * spw).min(slice + spw);
+        for pass in 0..2 {
+            for t in 0..size - 1 {
+                // Direction 0 flows right: at reduce step t rank r forwards chunk r-t
+                // holding ranks r-t..=r; direction 1 mirrors it. The gather pass
+                // forwards final chunks, starting with the one r completed.
+                let (c, partial): (usize, Vec<usize>) = match (pass, d) {
+                    (0, 0) => (
+                        (r + size - t) % size,
+                        (0..=t).map(|k| (r + size - k) % size).collect(),
+                    ),
+                    (0, _) => ((r + t) % size, (0..=t).map(|k| (r + k) % size).collect()),
+                    (_, 0) => ((r + 1 + size - t) % size, (0..size).collect()),
+                    (_, _) => ((r + size - 1 + t) % size, (0..size).collect()),
                 };
-                let slice = d * active * spw + w * spw;
-                let slice_end = chunk.min((d + 1) * active * spw).min(slice + spw);
-                let frames = out.entry((r, conn)).or_default();
-                for pass in 0..2 {
-                    for t in 0..size - 1 {
-                        // Direction 0 flows right: at reduce step t rank r forwards chunk r-t
-                        // holding ranks r-t..=r; direction 1 mirrors it. The gather pass
-                        // forwards final chunks, starting with the one r completed.
-                        let (c, partial): (usize, Vec<usize>) = match (pass, d) {
-                            (0, 0) => (
-                                (r + size - t) % size,
-                                (0..=t).map(|k| (r + size - k) % size).collect(),
-                            ),
-                            (0, _) => ((r + t) % size, (0..=t).map(|k| (r + k) % size).collect()),
-                            (_, 0) => ((r + 1 + size - t) % size, (0..size).collect()),
-                            (_, _) => ((r + size - 1 + t) % size, (0..size).collect()),
-                        };
-                        let values: Vec<i32> = if partial.len() == size {
-                            total.clone()
-                        } else {
-                            sum_over(case, partial.into_iter(), count)
-                        };
-                        let limit = slice_end.min(count.saturating_sub(c * chunk));
-                        for f in 0..steps {
-                            let from = slice + f * n;
-                            let to = limit.min(from + n);
-                            let valid = if to > from {
-                                bytes(&values[c * chunk + from..c * chunk + to])
-                            } else {
-                                Vec::new()
-                            };
-                            frames.push(Frame { size: s, valid });
-                        }
-                    }
-                }
+                let values: Vec<i32> = if partial.len() == size {
+                    total.clone()
+                } else {
+                    sum_over(case, partial.into_iter(), count)
+                };
+                let limit = slice_end.min(count.saturating_sub(c * chunk));
+                push_steps(
+                    frames,
+                    &values,
+                    c * chunk,
+                    (slice, limit),
+                    n,
+                    steps,
+                    s,
+                    bytes,
+                );
             }
         }
-    }
-    out
+    })
 }
 
 /// Ring sum_scatter of `c` i32 per rank.
@@ -238,48 +273,28 @@ fn ring_sum_scatter(case: u32, size: usize, wires: usize, c: usize, classes: Siz
     let s = message_size(spw * 4, classes);
     let n = s / 4;
     let steps = spw.div_ceil(n);
-    let mut out = Sends::new();
-    for r in 0..size {
-        for w in 0..active {
-            for d in 0..2 {
-                let conn = if d == 0 {
-                    right_conn(wires, w)
-                } else {
-                    left_conn(w)
-                };
-                let slice = d * active * spw + w * spw;
-                let slice_end = c.min((d + 1) * active * spw).min(slice + spw);
-                let frames = out.entry((r, conn)).or_default();
-                for t in 0..size - 1 {
-                    // Direction 0: chunk r-1-t, holding ranks r-t..=r; direction 1: chunk
-                    // r+1+t, holding ranks r..=r+t.
-                    let (chunk, ranks): (usize, Vec<usize>) = if d == 0 {
-                        (
-                            (r + 2 * size - 1 - t) % size,
-                            (0..=t).map(|k| (r + size - k) % size).collect(),
-                        )
-                    } else {
-                        (
-                            (r + 1 + t) % size,
-                            (0..=t).map(|k| (r + k) % size).collect(),
-                        )
-                    };
-                    let values = sum_over(case, ranks.into_iter(), c * size);
-                    for f in 0..steps {
-                        let from = slice + f * n;
-                        let to = slice_end.min(from + n);
-                        let valid = if to > from {
-                            bytes(&values[chunk * c + from..chunk * c + to])
-                        } else {
-                            Vec::new()
-                        };
-                        frames.push(Frame { size: s, valid });
-                    }
-                }
-            }
+    ring_sends(size, wires, active, 2, |r, w, d, frames| {
+        let slice = d * active * spw + w * spw;
+        let slice_end = c.min((d + 1) * active * spw).min(slice + spw);
+        for t in 0..size - 1 {
+            // Direction 0: chunk r-1-t, holding ranks r-t..=r; direction 1: chunk
+            // r+1+t, holding ranks r..=r+t.
+            let (chunk, ranks): (usize, Vec<usize>) = if d == 0 {
+                (
+                    (r + 2 * size - 1 - t) % size,
+                    (0..=t).map(|k| (r + size - k) % size).collect(),
+                )
+            } else {
+                (
+                    (r + 1 + t) % size,
+                    (0..=t).map(|k| (r + k) % size).collect(),
+                )
+            };
+            let values = sum_over(case, ranks.into_iter(), c * size);
+            let bounds = (slice, slice_end);
+            push_steps(frames, &values, chunk * c, bounds, n, steps, s, bytes);
         }
-    }
-    out
+    })
 }
 
 /// Ring all_gather of `n` i32 per rank, as this crate does it (MLX's message sequence; each
@@ -289,40 +304,20 @@ fn ring_all_gather(case: u32, size: usize, wires: usize, n: usize, classes: Size
     let npw = block.div_ceil(2 * wires);
     let s = message_size(npw, classes);
     let steps = npw.div_ceil(s);
-    let mut out = Sends::new();
-    for r in 0..size {
-        for w in 0..wires {
-            for d in 0..2 {
-                let conn = if d == 0 {
-                    right_conn(wires, w)
-                } else {
-                    left_conn(w)
-                };
-                let slice = d * wires * npw + w * npw;
-                let slice_end = block.min(slice + npw);
-                let frames = out.entry((r, conn)).or_default();
-                for t in 0..size - 1 {
-                    let owner = if d == 0 {
-                        (r + size - t) % size
-                    } else {
-                        (r + t) % size
-                    };
-                    let data = bytes(&input(case, owner, n));
-                    for f in 0..steps {
-                        let from = slice + f * s;
-                        let to = slice_end.min(from + s);
-                        let valid = if to > from {
-                            data[from..to].to_vec()
-                        } else {
-                            Vec::new()
-                        };
-                        frames.push(Frame { size: s, valid });
-                    }
-                }
-            }
+    ring_sends(size, wires, wires, 2, |r, w, d, frames| {
+        let slice = d * wires * npw + w * npw;
+        let slice_end = block.min(slice + npw);
+        for t in 0..size - 1 {
+            let owner = if d == 0 {
+                (r + size - t) % size
+            } else {
+                (r + t) % size
+            };
+            let data = bytes(&input(case, owner, n));
+            let bounds = (slice, slice_end);
+            push_steps(frames, &data, 0, bounds, s, steps, s, <[u8]>::to_vec);
         }
-    }
-    out
+    })
 }
 
 /// The queue pair at the other end of rank `r`'s connection `conn`.

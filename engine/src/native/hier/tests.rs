@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{RngCore, SeedableRng};
+use rand::RngCore;
 
 use super::super::hello::CAP_SHARED_MEMORY;
-use super::super::shm_tests::start;
+use super::super::shm_tests::{check_all_gather, check_all_reduce, check_sum_scatter, random, start};
 use super::super::tests::{loopback_mesh, on_ranks};
 use super::super::{Formed, Native};
 use super::*;
@@ -75,12 +74,6 @@ fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn random(seed: u64, bytes: usize) -> Vec<u8> {
-    let mut v = vec![0u8; bytes];
-    StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
-}
-
 /// The fold every rank must compute: inside each domain in rank order, then the
 /// domains' results in the order of their leaders.
 fn two_level(op: ReduceOp, dtype: DType, domains: &[Vec<usize>], inputs: &[Vec<u8>]) -> Vec<u8> {
@@ -145,48 +138,21 @@ fn every_collective_of_a_hierarchical_group_folds_inside_hosts_then_across() {
                     let inputs: Vec<Vec<u8>> =
                         (0..size).map(|r| random(case + r as u64, n * ds)).collect();
                     let want = two_level(op, dtype, &domains, &inputs);
-                    let got = on_ranks(&ranks, |c| {
-                        let mut data = inputs[c.rank()].clone();
-                        c.all_reduce(op, dtype, &mut data).map(|()| data)
-                    });
-                    for (r, got) in got.into_iter().enumerate() {
-                        let got = got.unwrap_or_else(|e| panic!("{hosts:?} {dtype} x{n}: {e}"));
-                        assert!(got == want, "{hosts:?} all_{op:?} {dtype} x{n}: rank {r}");
-                    }
+                    let case = format!("{hosts:?} {dtype} x{n}");
+                    check_all_reduce(&ranks, op, dtype, &inputs, &want, &case);
                 }
             }
         }
         for n in [0, 3, CHUNK / 2 + 5] {
-            let inputs: Vec<Vec<u8>> = (0..size).map(|r| random(r as u64, n)).collect();
-            let got = on_ranks(&ranks, |c| {
-                let mut out = vec![0u8; n * size];
-                c.all_gather(&inputs[c.rank()], &mut out).map(|()| out)
-            });
-            for got in got {
-                assert!(
-                    got.expect("all_gather") == inputs.concat(),
-                    "{hosts:?} all_gather x{n}"
-                );
-            }
+            check_all_gather(&ranks, n, &format!("{hosts:?}"));
         }
         for n in [0, 5, CHUNK / 8 + 3] {
-            let dtype = DType::F32;
-            let inputs: Vec<Vec<u8>> = (0..size)
-                .map(|r| random(77 + r as u64, n * size * 4))
-                .collect();
-            let want = two_level(ReduceOp::Sum, dtype, &domains, &inputs);
-            let got = on_ranks(&ranks, |c| {
-                let mut out = vec![0u8; n * 4];
-                c.sum_scatter(dtype, &inputs[c.rank()], &mut out)
-                    .map(|()| out)
-            });
-            for (r, got) in got.into_iter().enumerate() {
-                let got = got.expect("sum_scatter");
-                assert!(
-                    got[..] == want[r * n * 4..(r + 1) * n * 4],
-                    "{hosts:?} sum_scatter x{n}: rank {r}"
-                );
-            }
+            check_sum_scatter(
+                &ranks,
+                n,
+                |inputs| two_level(ReduceOp::Sum, DType::F32, &domains, inputs),
+                &format!("{hosts:?}"),
+            );
         }
         // The collectives that stay on TCP, and the barrier, between the others.
         for r in on_ranks(&ranks, |c| {

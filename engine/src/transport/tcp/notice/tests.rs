@@ -32,6 +32,36 @@ fn at(start: Instant, ms: u64) -> Instant {
     start + Duration::from_millis(ms)
 }
 
+/// An [`Inquiry`] of the test timeout `T`, started now, with its start.
+struct Probe {
+    inquiry: Inquiry,
+    t0: Instant,
+}
+
+impl Probe {
+    /// [`Inquiry::new`] of rank `me` of `size`, waiting on `neighbours`, `suspect` first.
+    fn new<const N: usize>(me: usize, size: usize, neighbours: [usize; N], suspect: usize) -> Self {
+        let t0 = Instant::now();
+        let inquiry = Inquiry::new(me, size, neighbours, suspect, t0, T);
+        Probe { inquiry, t0 }
+    }
+
+    /// The inquiry's verdict `ms` after its start.
+    fn verdict_at(&self, ms: u64) -> Option<Verdict> {
+        self.inquiry.verdict(at(self.t0, ms))
+    }
+
+    fn next_deadline(&self, now: Instant) -> Instant {
+        self.inquiry.next_deadline(now)
+    }
+
+    /// Asserts no verdict 1 ms after the start, and `stalled` named stalled `ms` after it.
+    fn assert_stalls(&self, stalled: usize, ms: u64) {
+        assert_eq!(self.verdict_at(1), None);
+        assert_eq!(self.verdict_at(ms), Some(Verdict::Stalled(stalled)));
+    }
+}
+
 #[test]
 fn the_grace_is_a_quarter_of_the_timeout_at_most_half_a_second() {
     assert_eq!(Inquiry::grace(T), Duration::from_millis(250));
@@ -42,91 +72,76 @@ fn the_grace_is_a_quarter_of_the_timeout_at_most_half_a_second() {
 #[test]
 fn a_silent_neighbour_is_stalled_once_the_grace_ends() {
     // Rank 1 of 4 waits on 0 and 2; 0 answers, 2 (the stopped one) never does.
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
-    q.urgent(0, Urgent::Alive);
-    assert_eq!(q.verdict(at(t0, 100)), None, "too early");
-    assert_eq!(q.next_deadline(at(t0, 100)), at(t0, 250));
-    assert_eq!(q.verdict(at(t0, 250)), Some(Verdict::Stalled(2)));
+    let mut q = Probe::new(1, 4, [0, 2], 0);
+    q.inquiry.urgent(0, Urgent::Alive);
+    assert_eq!(q.verdict_at(100), None, "too early");
+    assert_eq!(q.next_deadline(at(q.t0, 100)), at(q.t0, 250));
+    assert_eq!(q.verdict_at(250), Some(Verdict::Stalled(2)));
 }
 
 #[test]
 fn the_suspect_is_preferred_among_silent_neighbours() {
-    let t0 = Instant::now();
-    let q = Inquiry::new(1, 4, [0, 2], 2, t0, T);
-    assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(2)));
-    let q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
-    assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(0)));
+    let q = Probe::new(1, 4, [0, 2], 2);
+    assert_eq!(q.verdict_at(300), Some(Verdict::Stalled(2)));
+    let q = Probe::new(1, 4, [0, 2], 0);
+    assert_eq!(q.verdict_at(300), Some(Verdict::Stalled(0)));
 }
 
 #[test]
 fn when_every_neighbour_answers_a_notice_is_awaited_then_only_guessed() {
     // Rank 0 of 4 with rank 2 stopped: both neighbours are alive.
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(0, 4, [1, 3], 3, t0, T);
-    q.urgent(1, Urgent::Query);
-    q.urgent(3, Urgent::Alive);
-    assert_eq!(q.verdict(at(t0, 300)), None, "waits for a notice");
-    assert_eq!(q.next_deadline(at(t0, 300)), at(t0, 500));
-    assert_eq!(q.verdict(at(t0, 500)), Some(Verdict::Guess(3)));
+    let mut q = Probe::new(0, 4, [1, 3], 3);
+    q.inquiry.urgent(1, Urgent::Query);
+    q.inquiry.urgent(3, Urgent::Alive);
+    assert_eq!(q.verdict_at(300), None, "waits for a notice");
+    assert_eq!(q.next_deadline(at(q.t0, 300)), at(q.t0, 500));
+    assert_eq!(q.verdict_at(500), Some(Verdict::Guess(3)));
     // The notice of rank 3, next to the stopped rank, settles it.
-    q.urgent(3, Urgent::Notice(2));
-    assert_eq!(
-        q.verdict(at(t0, 300)),
-        Some(Verdict::Lost { lost: 2, via: 3 })
-    );
+    q.inquiry.urgent(3, Urgent::Notice(2));
+    assert_eq!(q.verdict_at(300), Some(Verdict::Lost { lost: 2, via: 3 }));
 }
 
 #[test]
 fn a_notice_naming_a_neighbour_heard_alive_is_ignored() {
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(1, 4, [0, 2], 2, t0, T);
-    q.urgent(2, Urgent::Alive);
-    q.urgent(0, Urgent::Notice(2));
-    assert_eq!(q.verdict(at(t0, 10)), None);
+    let mut q = Probe::new(1, 4, [0, 2], 2);
+    q.inquiry.urgent(2, Urgent::Alive);
+    q.inquiry.urgent(0, Urgent::Notice(2));
+    assert_eq!(q.verdict_at(10), None);
     // Nor may a notice name this rank or its sender.
-    q.urgent(0, Urgent::Notice(1));
-    q.urgent(0, Urgent::Notice(0));
-    assert_eq!(q.verdict(at(t0, 10)), None);
-    assert_eq!(q.verdict(at(t0, 600)), Some(Verdict::Guess(2)));
+    q.inquiry.urgent(0, Urgent::Notice(1));
+    q.inquiry.urgent(0, Urgent::Notice(0));
+    assert_eq!(q.verdict_at(10), None);
+    assert_eq!(q.verdict_at(600), Some(Verdict::Guess(2)));
 }
 
 #[test]
 fn a_notice_wins_over_a_silent_neighbour() {
     // Rank 1 hears from 0 that 2 was lost before its own grace ends.
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(1, 5, [0, 2], 2, t0, T);
-    q.urgent(0, Urgent::Notice(2));
-    assert_eq!(
-        q.verdict(at(t0, 1)),
-        Some(Verdict::Lost { lost: 2, via: 0 })
-    );
+    let mut q = Probe::new(1, 5, [0, 2], 2);
+    q.inquiry.urgent(0, Urgent::Notice(2));
+    assert_eq!(q.verdict_at(1), Some(Verdict::Lost { lost: 2, via: 0 }));
 }
 
 #[test]
 fn a_neighbour_that_closes_without_a_word_died_but_one_that_spoke_gave_up() {
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
-    q.closed(2);
-    assert_eq!(q.verdict(at(t0, 1)), Some(Verdict::Closed(2)));
-    let mut q = Inquiry::new(1, 4, [0, 2], 0, t0, T);
-    q.urgent(0, Urgent::Query);
-    q.closed(0);
-    assert_eq!(q.verdict(at(t0, 1)), None);
-    assert_eq!(q.verdict(at(t0, 300)), Some(Verdict::Stalled(2)));
+    let mut q = Probe::new(1, 4, [0, 2], 0);
+    q.inquiry.closed(2);
+    assert_eq!(q.verdict_at(1), Some(Verdict::Closed(2)));
+    let mut q = Probe::new(1, 4, [0, 2], 0);
+    q.inquiry.urgent(0, Urgent::Query);
+    q.inquiry.closed(0);
+    q.assert_stalls(2, 300);
 }
 
 #[test]
 fn two_ranks_and_strangers() {
     // At P = 2 both sides are the same neighbour; bytes from a rank not asked about
     // change nothing, and this rank is never its own neighbour.
-    let t0 = Instant::now();
-    let mut q = Inquiry::new(0, 2, [1, 1, 0], 1, t0, T);
-    assert_eq!(q.heard.len(), 1);
-    q.urgent(7, Urgent::Alive);
-    q.closed(7);
-    assert_eq!(q.verdict(at(t0, 1)), None);
-    assert_eq!(q.verdict(at(t0, 250)), Some(Verdict::Stalled(1)));
+    let mut q = Probe::new(0, 2, [1, 1, 0], 1);
+    assert_eq!(q.inquiry.heard.len(), 1);
+    q.inquiry.urgent(7, Urgent::Alive);
+    q.inquiry.closed(7);
+    q.assert_stalls(1, 250);
 }
 #[test]
 fn a_query_is_answered_while_answering_and_only_once() {
@@ -445,6 +460,15 @@ impl Net {
         Doing::Abandoning(verdict, self.now + ms(250))
     }
 
+    /// A ring of 4 ranks timing out at `T` plus their entry of `skew`, 1 ms of latency,
+    /// with rank `stopped` stopped, run for up to 5 s.
+    fn stopped(skew: &[Duration], stopped: usize) -> Net {
+        let mut net = Net::ring(4, T, skew, ms(1));
+        net.stop(stopped);
+        net.run(ms(5000));
+        net
+    }
+
     /// Runs in steps of 1 ms until every rank that is not stopped is gone, or `limit`.
     fn run(&mut self, limit: Duration) {
         while self.now < self.start + limit {
@@ -476,9 +500,7 @@ impl Net {
 #[test]
 fn a_stopped_rank_is_named_by_its_neighbours_and_by_notice_beyond() {
     // Rank 2 of 4 stops; the others time out within a few ms of each other.
-    let mut net = Net::ring(4, T, &[ms(7), ms(0), ms(0), ms(0)], ms(1));
-    net.stop(2);
-    net.run(ms(5000));
+    let net = Net::stopped(&[ms(7), ms(0), ms(0), ms(0)], 2);
     assert_eq!(net.verdict(1), Some(Verdict::Stalled(2)));
     assert_eq!(net.verdict(3), Some(Verdict::Stalled(2)));
     assert!(
@@ -511,9 +533,7 @@ fn a_notice_passed_on_can_beat_a_rank_s_own_grace() {
     // As above, but rank 3 times out 3 ms after rank 1: rank 1's notice reaches rank 0,
     // whose own notice reaches rank 3 before rank 3's grace ends. Rank 3 names the right
     // rank, through rank 0.
-    let mut net = Net::ring(4, T, &[ms(7), ms(0), ms(0), ms(3)], ms(1));
-    net.stop(2);
-    net.run(ms(5000));
+    let net = Net::stopped(&[ms(7), ms(0), ms(0), ms(3)], 2);
     assert_eq!(net.verdict(1), Some(Verdict::Stalled(2)));
     assert_eq!(net.verdict(3), Some(Verdict::Lost { lost: 2, via: 0 }));
     assert!(net.decided(3) < T + ms(3) + Inquiry::grace(T));
