@@ -4,7 +4,7 @@
 //! peer that goes away must each end it. `tools/test.sh` also reruns the matrix, fault,
 //! zero-allocation and interop tests with `NUVEC_DISTRIBUTED_IO=uring`.
 
-use nuvec_distributed_engine::{Error, IO_VAR, Io, Options, Backend, init_with};
+use nuvec_distributed_engine::{Backend, Error, IO_VAR, Io, Options, init_with};
 use nuvec_tools::testing;
 
 /// Two ranks (threads) with `options`: a small and a 16 MiB all_sum, an all_gather and a

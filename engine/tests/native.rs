@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed_engine::{Error, Group, Options, Backend};
+use nuvec_distributed_engine::{Backend, Error, Group, Options};
 use nuvec_tools::test_cases;
 use nuvec_tools::testing::{self, Launch, RankOutput, report_failure};
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use rand::RngCore;
 
 use super::super::hello::CAP_SHARED_MEMORY;
-use super::super::shm_tests::{check_all_gather, check_all_reduce, check_sum_scatter, random, start};
+use super::super::shm_tests::{
+    check_all_gather, check_all_reduce, check_sum_scatter, random, start,
+};
 use super::super::tests::{loopback_mesh, on_ranks};
 use super::super::{Formed, Native};
 use super::*;
