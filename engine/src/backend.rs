@@ -2,8 +2,6 @@
 //! `mx.distributed.init(strict, backend)` does, with MLX's per-backend cache.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use crate::config::env;
@@ -17,8 +15,12 @@ use crate::ring::Ring;
 
 pub use crate::config::env::{HOSTFILE_VAR, RANK_VAR};
 
-/// A distributed backend, named as in `mx.distributed.init(backend=...)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A distributed backend, named as in `mx.distributed.init(backend=...)`: `"any"`, `"ring"`
+/// or `"jaccl"` (its [`Display`](std::fmt::Display) and [`FromStr`](std::str::FromStr)).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", parse_err_ty = Error, parse_err_fn = unknown_backend)]
 #[non_exhaustive]
 pub enum Backend {
     /// The first backend whose launch environment is present: the ring, then JACCL.
@@ -31,34 +33,15 @@ pub enum Backend {
 
 impl Backend {
     /// MLX's name for the backend.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Backend::Any => "any",
-            Backend::Ring => "ring",
-            Backend::Jaccl => "jaccl",
-        }
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Backend {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "any" => Ok(Backend::Any),
-            "ring" => Ok(Backend::Ring),
-            "jaccl" => Ok(Backend::Jaccl),
-            other => Err(Error::invalid(format!(
-                "unknown backend {other:?}: expected \"any\", \"ring\" or \"jaccl\""
-            ))),
-        }
-    }
+fn unknown_backend(name: &str) -> Error {
+    Error::invalid(format!(
+        "unknown backend {name:?}: expected \"any\", \"ring\" or \"jaccl\""
+    ))
 }
 
 /// Whether `backend` can be used in this build on this machine: the ring always; JACCL when

@@ -101,7 +101,20 @@ pub struct Options {
 /// assert_eq!(Options::default().wire, Wire::Mlx);
 /// assert_eq!("native".parse::<Wire>(), Ok(Wire::Native));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = String, parse_err_fn = not_a_wire)]
 #[non_exhaustive]
 pub enum Wire {
     /// MLX's ring wire, byte for byte: ranks of `mx.distributed` and of this crate share one
@@ -118,30 +131,13 @@ pub enum Wire {
 impl Wire {
     /// The name [`WIRE_VAR`](crate::WIRE_VAR) takes: `"mlx"` or `"native"`.
     pub fn name(self) -> &'static str {
-        match self {
-            Wire::Mlx => "mlx",
-            Wire::Native => "native",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for Wire {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Wire {
-    type Err = String;
-
-    /// `"mlx"` or `"native"`, ignoring case and surrounding blanks.
-    fn from_str(text: &str) -> std::result::Result<Wire, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "mlx" => Ok(Wire::Mlx),
-            "native" => Ok(Wire::Native),
-            _ => Err(format!("{text:?} is not a wire: use \"mlx\" or \"native\"")),
-        }
-    }
+/// [`Wire`]'s `FromStr` error: `"mlx"` and `"native"` are its names, in any ASCII case.
+fn not_a_wire(text: &str) -> String {
+    format!("{text:?} is not a wire: use \"mlx\" or \"native\"")
 }
 
 /// The event loop that drives a ring's sockets.
@@ -153,7 +149,20 @@ impl std::str::FromStr for Wire {
 /// assert_eq!(Options::default().io(Io::Epoll).io, Io::Epoll);
 /// assert_eq!("uring".parse::<Io>(), Ok(Io::Uring));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = String, parse_err_fn = not_an_event_loop)]
 #[non_exhaustive]
 pub enum Io {
     /// [`IO_VAR`](crate::IO_VAR) if it is set, else the loop measured faster: epoll (kqueue off Linux),
@@ -164,6 +173,7 @@ pub enum Io {
     /// 1.20x and 1.16x on the native wire, and 1.2-1.7x with three or four ranks sharing
     /// two CPUs. Choose [`Io::Uring`] by name to use it.
     #[default]
+    #[strum(to_string = "auto", serialize = "")]
     Auto,
     /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
     Epoll,
@@ -177,40 +187,21 @@ pub enum Io {
     /// close alike. Forming a group fails, saying why, where the kernel refuses io_uring
     /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`): there is no silent
     /// fallback when it is asked for by name.
+    #[strum(to_string = "uring", serialize = "io_uring")]
     Uring,
 }
 
 impl Io {
     /// The name [`IO_VAR`](crate::IO_VAR) takes: `"auto"`, `"epoll"` or `"uring"`.
     pub fn name(self) -> &'static str {
-        match self {
-            Io::Auto => "auto",
-            Io::Epoll => "epoll",
-            Io::Uring => "uring",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for Io {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Io {
-    type Err = String;
-
-    /// `"auto"`, `"epoll"` or `"uring"` (also `"io_uring"`), ignoring case and blanks.
-    fn from_str(text: &str) -> std::result::Result<Io, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(Io::Auto),
-            "epoll" => Ok(Io::Epoll),
-            "uring" | "io_uring" => Ok(Io::Uring),
-            _ => Err(format!(
-                "{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\""
-            )),
-        }
-    }
+/// [`Io`]'s `FromStr` error: `"auto"` (or empty), `"epoll"` and `"uring"` (or `"io_uring"`)
+/// are its names, in any ASCII case.
+fn not_an_event_loop(text: &str) -> String {
+    format!("{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\"")
 }
 
 impl Default for Options {

@@ -220,7 +220,7 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
         options.spin = Duration::from_micros(micros);
     }
     if let Some(text) = value(vars, WIRE_VAR)? {
-        options.wire = text.parse().map_err(|reason| Error::Environment {
+        options.wire = text.trim().parse().map_err(|reason| Error::Environment {
             var: WIRE_VAR,
             reason,
         })?;
@@ -265,7 +265,7 @@ pub(crate) fn io(vars: Lookup<'_>, asked: Io) -> Result<Io> {
     }
     match value(vars, IO_VAR)? {
         None => Ok(Io::Auto),
-        Some(text) => text.parse().map_err(|reason| Error::Environment {
+        Some(text) => text.trim().parse().map_err(|reason| Error::Environment {
             var: IO_VAR,
             reason,
         }),
