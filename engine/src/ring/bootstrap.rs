@@ -701,12 +701,13 @@ impl<'a> Setup<'a> {
                 right_conns.push((stream, right, addr));
             }
         }
-        let mut transport = Connections::new(
+        let mut transport = Connections::mesh(
             self.poll,
             self.addrs.rank,
             self.addrs.size,
             left_conns,
             right_conns,
+            Vec::new(),
             &self.tuning.liveness,
         )
         .map_err(|e| Error::local("setting up the ring's connections", e))?;
