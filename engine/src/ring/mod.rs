@@ -83,8 +83,8 @@ impl Ring {
         debug_assert!(
             (0..topo.connections).all(|i| transport.left(i) == topo.left(i)
                 && transport.right(i) == topo.right(i)
-                && transport.conns()[topo.left(i)].peer == topo.left_rank()
-                && transport.conns()[topo.right(i)].peer == topo.right_rank())
+                && transport.conns()[topo.left(i)].peer == topo.neighbours().left()
+                && transport.conns()[topo.right(i)].peer == topo.neighbours().right())
         );
         // A close from another thread wakes a collective blocked on the poller. Should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
@@ -128,17 +128,22 @@ impl Ring {
                 bufs,
                 stages: &mut staging.lanes,
             };
-            match tcp::engine::run(
-                transport,
-                &mut machine,
-                (self.timeout, self.spin),
-                traced.context,
-                self.state.close_flag(),
-            ) {
-                Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
-                result => result,
-            }
+            self.drive(transport, &mut machine, traced.context)
         })
+    }
+
+    /// Runs `machine` over `transport` to its end; a fatal error fails the group.
+    fn drive(
+        &self,
+        transport: &mut Connections,
+        machine: &mut Lanes<'_, '_>,
+        context: Phase,
+    ) -> Result<()> {
+        let bounds = (self.timeout, self.spin);
+        match tcp::engine::run(transport, machine, bounds, context, self.state.close_flag()) {
+            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
+            result => result,
+        }
     }
 
     /// The ring as the lane planners see it.
@@ -410,16 +415,7 @@ impl Ring {
             },
             stages: &mut staging.lanes,
         };
-        match tcp::engine::run(
-            transport,
-            &mut machine,
-            (self.timeout, self.spin),
-            context,
-            self.state.close_flag(),
-        ) {
-            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
-            result => result,
-        }
+        self.drive(transport, &mut machine, context)
     }
 
     /// A broadcast pipelined rightwards around the ring from `root`, in chunks of
