@@ -377,8 +377,12 @@ fn blocks<const N: usize>(
 }
 
 /// [`reduce`], with the choice of declining AVX512-BF16 (so that tests can check the kernel
-/// used without it on a machine that has it).
-#[cfg(target_arch = "x86_64")]
+/// used without it on a machine that has it; aarch64 has no optional path to decline, and
+/// other architectures no kernels).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables)
+)]
 fn dispatch(
     level: Level,
     use_avx512bf16: bool,
@@ -388,62 +392,35 @@ fn dispatch(
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    let _ = use_avx512bf16;
     if !is_available(level) {
         return false;
     }
     match level {
+        #[cfg(target_arch = "x86_64")]
         Level::Avx2 => {
             // SAFETY: `is_available(Avx2)` just held, which runtime detection makes true only
             // when the CPU has AVX2, the one feature `reduce_avx2` is compiled for.
             unsafe { x86_64::reduce_avx2(semantics, op, elem, acc, inc) }
         }
+        #[cfg(target_arch = "x86_64")]
         Level::Avx512 => {
             // SAFETY: `is_available(Avx512)` just held, which runtime detection makes true
             // only when the CPU has AVX-512 F, BW and VL and the AVX2, FMA and F16C they
             // imply: every feature `reduce_avx512` is compiled for.
             unsafe { x86_64::reduce_avx512(use_avx512bf16, semantics, op, elem, acc, inc) }
         }
-        Level::Scalar | Level::Neon => false,
-    }
-}
-
-/// [`reduce`]; aarch64 has no optional path to decline.
-#[cfg(target_arch = "aarch64")]
-fn dispatch(
-    level: Level,
-    _use_avx512bf16: bool,
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
-    acc: &mut [u8],
-    inc: &[u8],
-) -> bool {
-    if !is_available(level) {
-        return false;
-    }
-    match level {
+        #[cfg(target_arch = "aarch64")]
         Level::Neon => {
             // SAFETY: `reduce_neon` is compiled for `neon`, which is part of the baseline of
             // every aarch64 target Rust has (`detect` offers `Neon` only where
             // `cfg!(target_feature = "neon")` holds, and `is_available` just held).
             unsafe { aarch64::reduce_neon(semantics, op, elem, acc, inc) }
         }
-        Level::Scalar | Level::Avx2 | Level::Avx512 => false,
+        // The scalar level, and the levels of other architectures (never available here).
+        _ => false,
     }
-}
-
-/// [`reduce`]: no kernels on other architectures.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn dispatch(
-    _level: Level,
-    _use_avx512bf16: bool,
-    _semantics: Semantics,
-    _op: Op,
-    _elem: Elem,
-    _acc: &mut [u8],
-    _inc: &[u8],
-) -> bool {
-    false
 }
 
 #[cfg(test)]
