@@ -146,6 +146,33 @@ impl Ring {
         }
     }
 
+    /// A send to (`Work::Send`, of `bufs.input`) or receive from (`Work::Recv`, into
+    /// `bufs.data`) neighbour `peer`, striped over the connections from the first one MLX
+    /// uses for it.
+    fn point_to_point(
+        &self,
+        work: Work,
+        peer: usize,
+        bufs: &mut Buffers<'_>,
+        traced: Traced,
+    ) -> Result<()> {
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        let topo = self.topology(state);
+        let sending = matches!(work, Work::Send);
+        let (first, len) = if sending {
+            (topo.send_first(peer), bufs.input.len())
+        } else {
+            (topo.recv_first(peer), bufs.data.len())
+        };
+        let Some(first) = first else {
+            let what = if sending { "send to" } else { "receive from" };
+            return Err(self.not_a_neighbour(what, peer));
+        };
+        protocol::plan_stripes(&mut state.lanes, &topo, work, first, len);
+        self.run(state, bufs, traced)
+    }
+
     /// The ring as the lane planners see it.
     fn topology(&self, state: &State) -> Topology {
         Topology {
@@ -229,37 +256,17 @@ impl Communicator for Ring {
     }
 
     fn send(&self, data: &[u8], dst: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let topo = self.topology(state);
-        let Some(first) = topo.send_first(dst) else {
-            return Err(self.not_a_neighbour("send to", dst));
+        let traced = Traced::bytes(Traced::SEND, Phase::Send, data.len());
+        let bufs = &mut Buffers {
+            data: &mut [],
+            input: data,
         };
-        protocol::plan_stripes(&mut state.lanes, &topo, Work::Send, first, data.len());
-        self.run(
-            state,
-            &mut Buffers {
-                data: &mut [],
-                input: data,
-            },
-            Traced::bytes(Traced::SEND, Phase::Send, data.len()),
-        )
+        self.point_to_point(Work::Send, dst, bufs, traced)
     }
 
     fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let topo = self.topology(state);
-        let Some(first) = topo.recv_first(src) else {
-            return Err(self.not_a_neighbour("receive from", src));
-        };
-        protocol::plan_stripes(&mut state.lanes, &topo, Work::Recv, first, data.len());
-        let len = data.len();
-        self.run(
-            state,
-            &mut Buffers { data, input: &[] },
-            Traced::bytes(Traced::RECV, Phase::Recv, len),
-        )
+        let traced = Traced::bytes(Traced::RECV, Phase::Recv, data.len());
+        self.point_to_point(Work::Recv, src, &mut Buffers { data, input: &[] }, traced)
     }
 
     fn barrier(&self) -> Result<()> {
