@@ -1058,13 +1058,8 @@ mod tests {
             // would write freed memory when the bytes below arrive (AddressSanitizer).
             let mut buf = vec![0u8; 64];
             let start = Instant::now();
-            let out = receive(
-                &mut ring,
-                a.as_fd(),
-                &mut buf,
-                start + Duration::from_millis(10),
-                |_| false,
-            );
+            let deadline = start + Duration::from_millis(10);
+            let out = receive(&mut ring, a.as_fd(), &mut buf, deadline, |_| false);
             assert!(out.received.is_none(), "nothing came: {:?}", out.received);
             assert!(out.sent.is_none());
             assert!(start.elapsed() >= Duration::from_millis(10));
@@ -1098,13 +1093,8 @@ mod tests {
         });
         let mut buf = vec![0u8; 64];
         let start = Instant::now();
-        let out = receive(
-            &mut ring,
-            a.as_fd(),
-            &mut buf,
-            start + Duration::from_secs(10),
-            |r| r.token == 9,
-        );
+        let deadline = start + Duration::from_secs(10);
+        let out = receive(&mut ring, a.as_fd(), &mut buf, deadline, |r| r.token == 9);
         drop(buf);
         assert!(out.received.is_none(), "{:?}", out.received);
         assert!(
