@@ -498,6 +498,72 @@ fn bound(connector: &[u8; Hello::LEN], acceptor: &[u8; Hello::LEN]) -> [u8; 32] 
     *h.finalize().as_bytes()
 }
 
+/// The [`Handshake`] of a side of the hello: its hello exchange until the peer's hello is
+/// checked, then, with a key, the key handshake (`auth`). `$blamed` gives the rank a
+/// rejection names from the peer's hello (the dialled rank is known, an accepted one is
+/// only claimed).
+macro_rules! hello_handshake {
+    ($side:ty, $blamed:expr) => {
+        impl Handshake for $side {
+            fn transmit(&self) -> &[u8] {
+                match &self.auth {
+                    Some(a) => a.transmit(),
+                    None => self.exchange.transmit(),
+                }
+            }
+
+            fn handle_sent(&mut self, n: usize) {
+                match &mut self.auth {
+                    Some(a) => a.handle_sent(n),
+                    None => {
+                        self.exchange.handle_sent(n);
+                        self.advance();
+                    }
+                }
+            }
+
+            fn wants(&self) -> usize {
+                match &self.auth {
+                    Some(a) => a.wants(),
+                    None => self.exchange.wants(),
+                }
+            }
+
+            fn handle_recv(&mut self, bytes: &[u8]) -> usize {
+                if let Some(a) = &mut self.auth {
+                    return a.handle_recv(bytes);
+                }
+                let (n, hello) = self.exchange.receive(bytes, None);
+                if let Some(hello) = hello {
+                    match self.check(&hello) {
+                        Ok(()) => self.exchange.peer = Some(hello),
+                        Err((fault, reason)) => {
+                            let blamed: Option<u32> = ($blamed)(&hello);
+                            self.exchange.outcome = reject(fault, blamed, reason);
+                        }
+                    }
+                    self.advance();
+                }
+                n
+            }
+
+            fn handle_closed(&mut self) {
+                match &mut self.auth {
+                    Some(a) => a.handle_closed(),
+                    None => self.exchange.closed(None),
+                }
+            }
+
+            fn outcome(&self) -> &Outcome {
+                match &self.auth {
+                    Some(a) => a.outcome(),
+                    None => &self.exchange.outcome,
+                }
+            }
+        }
+    };
+}
+
 /// The side that dialled: sends its hello, checks that the acceptor's comes from the rank
 /// and address dialled, then (with a key) runs [`auth::Connector`] bound to both hellos.
 #[derive(Debug)]
@@ -601,60 +667,7 @@ impl Connector {
     }
 }
 
-impl Handshake for Connector {
-    fn transmit(&self) -> &[u8] {
-        match &self.auth {
-            Some(a) => a.transmit(),
-            None => self.exchange.transmit(),
-        }
-    }
-
-    fn handle_sent(&mut self, n: usize) {
-        match &mut self.auth {
-            Some(a) => a.handle_sent(n),
-            None => {
-                self.exchange.handle_sent(n);
-                self.advance();
-            }
-        }
-    }
-
-    fn wants(&self) -> usize {
-        match &self.auth {
-            Some(a) => a.wants(),
-            None => self.exchange.wants(),
-        }
-    }
-
-    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        if let Some(a) = &mut self.auth {
-            return a.handle_recv(bytes);
-        }
-        let (n, hello) = self.exchange.receive(bytes, None);
-        if let Some(hello) = hello {
-            match self.check(&hello) {
-                Ok(()) => self.exchange.peer = Some(hello),
-                Err((fault, reason)) => self.exchange.outcome = reject(fault, None, reason),
-            }
-            self.advance();
-        }
-        n
-    }
-
-    fn handle_closed(&mut self) {
-        match &mut self.auth {
-            Some(a) => a.handle_closed(),
-            None => self.exchange.closed(None),
-        }
-    }
-
-    fn outcome(&self) -> &Outcome {
-        match &self.auth {
-            Some(a) => a.outcome(),
-            None => &self.exchange.outcome,
-        }
-    }
-}
+hello_handshake!(Connector, |_: &Hello| None);
 
 /// The connections an acceptor takes on one of its addresses: ring connection `slot` from
 /// the left neighbour, and on address 0 the mesh connections of the lower ranks that are
@@ -774,62 +787,7 @@ impl Acceptor {
     }
 }
 
-impl Handshake for Acceptor {
-    fn transmit(&self) -> &[u8] {
-        match &self.auth {
-            Some(a) => a.transmit(),
-            None => self.exchange.transmit(),
-        }
-    }
-
-    fn handle_sent(&mut self, n: usize) {
-        match &mut self.auth {
-            Some(a) => a.handle_sent(n),
-            None => {
-                self.exchange.handle_sent(n);
-                self.advance();
-            }
-        }
-    }
-
-    fn wants(&self) -> usize {
-        match &self.auth {
-            Some(a) => a.wants(),
-            None => self.exchange.wants(),
-        }
-    }
-
-    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        if let Some(a) = &mut self.auth {
-            return a.handle_recv(bytes);
-        }
-        let (n, hello) = self.exchange.receive(bytes, None);
-        if let Some(hello) = hello {
-            match self.check(&hello) {
-                Ok(()) => self.exchange.peer = Some(hello),
-                Err((fault, reason)) => {
-                    self.exchange.outcome = reject(fault, Some(hello.from), reason);
-                }
-            }
-            self.advance();
-        }
-        n
-    }
-
-    fn handle_closed(&mut self) {
-        match &mut self.auth {
-            Some(a) => a.handle_closed(),
-            None => self.exchange.closed(None),
-        }
-    }
-
-    fn outcome(&self) -> &Outcome {
-        match &self.auth {
-            Some(a) => a.outcome(),
-            None => &self.exchange.outcome,
-        }
-    }
-}
+hello_handshake!(Acceptor, |hello: &Hello| Some(hello.from));
 
 #[cfg(test)]
 mod tests {

@@ -360,9 +360,17 @@ impl Conn {
             return Ok(Transfer::Blocked);
         }
         let len = buf.len().min(MAX_IO_BYTES);
+        self.sent(|c| c.source.send(&mut c.stream, &buf[..len]))
+    }
+
+    /// Runs `send` (again when interrupted) and sorts what it returned: bytes moved, the
+    /// peer gone (a reset is remembered), or no room (the connection waits to be writable).
+    fn sent(
+        &mut self,
+        mut send: impl FnMut(&mut Self) -> io::Result<usize>,
+    ) -> io::Result<Transfer> {
         loop {
-            let written = self.source.send(&mut self.stream, &buf[..len]);
-            return match written {
+            return match send(self) {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) => Ok(Transfer::Moved(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -390,24 +398,7 @@ impl Conn {
             return Ok(Transfer::Blocked);
         }
         let body = &body[..body.len().min(MAX_IO_BYTES)];
-        loop {
-            let written = self.source.send_pair(&mut self.stream, head, body);
-            return match written {
-                Ok(0) => Ok(Transfer::Closed),
-                Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.writable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
-                Err(e) => Err(e),
-            };
-        }
+        self.sent(|c| c.source.send_pair(&mut c.stream, head, body))
     }
 
     /// Copies what the peer sent into `buf` without consuming it (non-blocking): the
