@@ -428,6 +428,21 @@ struct Exchange {
 }
 
 impl Exchange {
+    /// The peer's accepted hello and the key, once our hello is out and theirs accepted and
+    /// the authentication (`started` says whether it has) should start; without a key the
+    /// hellos were all there is, and the connection is established instead.
+    fn authentication(&mut self, started: bool, key: Option<Key>) -> Option<(Hello, Key)> {
+        if self.outcome != Outcome::Pending || started || self.sent < Hello::LEN {
+            return None;
+        }
+        let peer = self.peer?;
+        let Some(key) = key else {
+            self.outcome = Outcome::Established;
+            return None;
+        };
+        Some((peer, key))
+    }
+
     fn new(mine: &Hello) -> Exchange {
         Exchange {
             out: mine.encode(),
@@ -637,17 +652,7 @@ impl Connector {
 
     /// Starts the authentication once our hello is out and theirs accepted.
     fn advance(&mut self) {
-        if self.exchange.outcome != Outcome::Pending
-            || self.auth.is_some()
-            || self.exchange.sent < Hello::LEN
-        {
-            return;
-        }
-        let Some(peer) = self.exchange.peer else {
-            return;
-        };
-        let Some(key) = self.key else {
-            self.exchange.outcome = Outcome::Established;
+        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
             return;
         };
         let link = Link {
@@ -751,17 +756,7 @@ impl Acceptor {
     }
 
     fn advance(&mut self) {
-        if self.exchange.outcome != Outcome::Pending
-            || self.auth.is_some()
-            || self.exchange.sent < Hello::LEN
-        {
-            return;
-        }
-        let Some(peer) = self.exchange.peer else {
-            return;
-        };
-        let Some(key) = self.key else {
-            self.exchange.outcome = Outcome::Established;
+        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
             return;
         };
         let link = Link {
