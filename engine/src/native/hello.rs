@@ -755,11 +755,9 @@ impl Acceptor {
         Ok(())
     }
 
-    fn advance(&mut self) {
-        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
-            return;
-        };
-        let link = Link {
+    /// The connection the key handshake binds, as the connector `peer` names it.
+    fn link(&self, peer: &Hello) -> Link {
+        Link {
             size: self.expect.identity.size as usize,
             connector: peer.from as usize,
             acceptor: self.expect.me as usize,
@@ -767,9 +765,16 @@ impl Acceptor {
                 Kind::Ring(i) | Kind::Accepted(i) => i as usize,
                 Kind::Mesh => 0,
             },
+        }
+    }
+
+    /// Starts the authentication once our hello is out and theirs accepted.
+    fn advance(&mut self) {
+        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
+            return;
         };
         let bound = bound(&peer.encode(), &self.exchange.out);
-        match auth::Acceptor::new(Some(key), link) {
+        match auth::Acceptor::new(Some(key), self.link(&peer)) {
             Ok(a) => self.auth = Some(a.bind(bound)),
             Err(e) => {
                 self.exchange.outcome = reject(

@@ -276,17 +276,10 @@ impl Conn {
                     Ok(Transfer::Moved(n))
                 }
                 Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.readable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // A peer that dies with unread data in its buffers resets the connection.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) => Err(e),
+                Err(e) => match self.refused(e, |c| c.readable = false) {
+                    Some(transfer) => transfer,
+                    None => continue,
+                },
             };
         }
     }
@@ -364,7 +357,7 @@ impl Conn {
     }
 
     /// Runs `send` (again when interrupted) and sorts what it returned: bytes moved, the
-    /// peer gone (a reset is remembered), or no room (the connection waits to be writable).
+    /// peer gone, or no room (the connection waits to be writable); see [`Conn::refused`].
     fn sent(
         &mut self,
         mut send: impl FnMut(&mut Self) -> io::Result<usize>,
@@ -373,19 +366,32 @@ impl Conn {
             return match send(self) {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.writable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
-                Err(e) => Err(e),
+                Err(e) => match self.refused(e, |c| c.writable = false) {
+                    Some(transfer) => transfer,
+                    None => continue,
+                },
             };
         }
+    }
+
+    /// What a read or send that failed with `e` comes to: `None` to try again
+    /// (interrupted); nothing to read or no room yet (`blocked` clears that readiness); the
+    /// peer gone (a peer that dies with unread data in its buffers resets the connection,
+    /// which is remembered; a send after its close breaks the pipe); else the error.
+    fn refused(&mut self, e: io::Error, blocked: fn(&mut Self)) -> Option<io::Result<Transfer>> {
+        Some(match e.kind() {
+            io::ErrorKind::Interrupted => return None,
+            io::ErrorKind::WouldBlock => {
+                blocked(self);
+                Ok(Transfer::Blocked)
+            }
+            io::ErrorKind::ConnectionReset => {
+                self.reset = true;
+                Ok(Transfer::Closed)
+            }
+            io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+            _ => Err(e),
+        })
     }
 
     /// Writes what it can of `head` then `body` with one system call (the native wire's
