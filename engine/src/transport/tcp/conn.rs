@@ -125,31 +125,30 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
-        if self.first == FirstBytes::NativePeer {
+        // A peer whose first bytes showed it cannot speak with this rank: that, not the
+        // system call, is what to report.
+        let incompatible = match self.first {
+            FirstBytes::NativePeer => Some(format!(
+                "rank {} runs the native wire and this rank the MLX wire: the peer's first \
+                 bytes on this connection are its native hello; set the same {} (or \
+                 Options::wire) on every rank",
+                self.peer,
+                crate::config::env::WIRE_VAR
+            )),
+            FirstBytes::KeyedPeer => Some(format!(
+                "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
+                 this connection are its handshake; set the same key on every rank, or none",
+                self.peer,
+                auth::KEY_VAR
+            )),
+            FirstBytes::Checked | FirstBytes::Unchecked => None,
+        };
+        if let Some(reason) = incompatible {
             return Error::PeerIncompatible {
                 peer: self.peer,
                 addr: Some(self.addr),
                 context,
-                reason: format!(
-                    "rank {} runs the native wire and this rank the MLX wire: the peer's first \
-                     bytes on this connection are its native hello; set the same {} (or \
-                     Options::wire) on every rank",
-                    self.peer,
-                    crate::config::env::WIRE_VAR
-                ),
-            };
-        }
-        if self.first == FirstBytes::KeyedPeer {
-            return Error::PeerIncompatible {
-                peer: self.peer,
-                addr: Some(self.addr),
-                context,
-                reason: format!(
-                    "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
-                     this connection are its handshake; set the same key on every rank, or none",
-                    self.peer,
-                    auth::KEY_VAR
-                ),
+                reason,
             };
         }
         Error::Io {
