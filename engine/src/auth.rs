@@ -1018,6 +1018,24 @@ mod tests {
     };
     const SECRET: &str = "a shared secret of enough length";
 
+    /// A pair with the same key, the connector's hello read by the acceptor.
+    fn greeted() -> (Connector, Acceptor) {
+        let k = key(SECRET);
+        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
+        let hello = c.transmit().to_vec();
+        c.handle_sent(hello.len());
+        a.handle_recv(&hello);
+        (c, a)
+    }
+
+    /// The connector of a [`greeted`] pair once it has read the challenge and sent its proof.
+    fn proved() -> Connector {
+        let (mut c, a) = greeted();
+        c.handle_recv(a.transmit());
+        c.handle_sent(32);
+        c
+    }
+
     fn pair(ck: Option<Key>, ak: Option<Key>, expect: Link) -> (Connector, Acceptor) {
         (
             Connector::with_nonce(ck, LINK, [1; 32]).unwrap(),
@@ -1194,11 +1212,7 @@ mod tests {
 
     #[test]
     fn a_wrong_proof_alone_is_refused_and_the_connector_told() {
-        let k = key(SECRET);
-        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
-        let hello = c.transmit().to_vec();
-        c.handle_sent(hello.len());
-        a.handle_recv(&hello);
+        let (_, mut a) = greeted();
         a.handle_sent(Challenge::LEN);
         a.handle_recv(&[0; 32]);
         assert_eq!(a.transmit(), &[0]);
@@ -1210,12 +1224,7 @@ mod tests {
         a.handle_sent(1);
         assert_eq!(rejection(a.outcome()).fault, Fault::Keys);
         // The connector, on reading a zero verdict:
-        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
-        let hello = c.transmit().to_vec();
-        c.handle_sent(hello.len());
-        a.handle_recv(&hello);
-        c.handle_recv(a.transmit());
-        c.handle_sent(32);
+        let mut c = proved();
         c.handle_recv(&[0]);
         let r = rejection(c.outcome());
         assert_eq!(r.fault, Fault::Keys);
@@ -1228,13 +1237,7 @@ mod tests {
 
     #[test]
     fn a_verdict_that_is_not_a_verdict_is_the_peers_fault() {
-        let k = key(SECRET);
-        let (mut c, mut a) = pair(Some(k), Some(k), LINK);
-        let hello = c.transmit().to_vec();
-        c.handle_sent(hello.len());
-        a.handle_recv(&hello);
-        c.handle_recv(a.transmit());
-        c.handle_sent(32);
+        let mut c = proved();
         c.handle_recv(&[7]);
         assert_eq!(rejection(c.outcome()).fault, Fault::Peer);
     }

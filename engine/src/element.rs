@@ -7,7 +7,6 @@
 //! go through a byte buffer that is normalised to 0/1.
 
 use std::cell::RefCell;
-use std::fmt;
 
 use half::{bf16, f16};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -15,34 +14,47 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::error::Result;
 
 /// MLX's element types, with the byte width each has on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 #[non_exhaustive]
 pub enum DType {
     /// `bool`: one byte, 0 or 1.
     Bool,
     /// `u8`.
+    #[strum(serialize = "uint8")]
     U8,
     /// `u16`.
+    #[strum(serialize = "uint16")]
     U16,
     /// `u32`.
+    #[strum(serialize = "uint32")]
     U32,
     /// `u64`.
+    #[strum(serialize = "uint64")]
     U64,
     /// `i8`.
+    #[strum(serialize = "int8")]
     I8,
     /// `i16`.
+    #[strum(serialize = "int16")]
     I16,
     /// `i32`.
+    #[strum(serialize = "int32")]
     I32,
     /// `i64`.
+    #[strum(serialize = "int64")]
     I64,
     /// IEEE half precision.
+    #[strum(serialize = "float16")]
     F16,
     /// bfloat16.
+    #[strum(serialize = "bfloat16")]
     BF16,
     /// `f32`.
+    #[strum(serialize = "float32")]
     F32,
     /// `f64`.
+    #[strum(serialize = "float64")]
     F64,
     /// Two `f32`, real part first.
     Complex64,
@@ -78,29 +90,8 @@ impl DType {
     }
 
     /// MLX's name for the dtype (`mx.float32` is `"float32"`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::Bool => "bool",
-            DType::U8 => "uint8",
-            DType::U16 => "uint16",
-            DType::U32 => "uint32",
-            DType::U64 => "uint64",
-            DType::I8 => "int8",
-            DType::I16 => "int16",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-            DType::F16 => "float16",
-            DType::BF16 => "bfloat16",
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::Complex64 => "complex64",
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What this rank was doing with a peer when something went wrong.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display)]
+#[strum(serialize_all = "lowercase")]
 #[non_exhaustive]
 pub enum PeerOp {
     /// Opening a connection to the peer's listening address.
@@ -26,28 +27,21 @@ pub enum PeerOp {
     Receive,
 }
 
-impl fmt::Display for PeerOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PeerOp::Connect => "connect",
-            PeerOp::Accept => "accept",
-            PeerOp::Send => "send",
-            PeerOp::Receive => "receive",
-        })
-    }
-}
-
 /// The phase of a group's life an error happened in: forming it, one of its collectives, or a
 /// health check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum Phase {
     /// Forming a group on MLX's wire: listening, dialling, the handshake.
+    #[strum(serialize = "ring setup")]
     RingSetup,
     /// Forming a group on the native wire: listening, dialling, the hello, and the
     /// shared-memory segment where the ranks map one.
+    #[strum(serialize = "native setup")]
     NativeSetup,
     /// Forming a JACCL group: the side channel and the queue pairs.
+    #[strum(serialize = "jaccl setup")]
     JacclSetup,
     /// An `all_sum` (and `barrier`, which is one).
     AllSum,
@@ -68,33 +62,14 @@ pub enum Phase {
     /// An `all_to_all`.
     AllToAll,
     /// [`Group::health`](crate::Group::health).
+    #[strum(serialize = "health check")]
     HealthCheck,
 }
 
 impl Phase {
     /// The phase's name in messages: the collective's name as in MLX, or the setup step.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Phase::RingSetup => "ring setup",
-            Phase::NativeSetup => "native setup",
-            Phase::JacclSetup => "jaccl setup",
-            Phase::AllSum => "all_sum",
-            Phase::AllMax => "all_max",
-            Phase::AllMin => "all_min",
-            Phase::AllGather => "all_gather",
-            Phase::SumScatter => "sum_scatter",
-            Phase::Send => "send",
-            Phase::Recv => "recv",
-            Phase::Broadcast => "broadcast",
-            Phase::AllToAll => "all_to_all",
-            Phase::HealthCheck => "health check",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 

@@ -113,7 +113,19 @@ pub struct Options {
 /// assert_eq!(Backend::Native.to_string(), "native");
 /// # Ok::<(), nuvec_distributed_engine::Error>(())
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", parse_err_ty = Error, parse_err_fn = unknown_backend)]
 #[non_exhaustive]
 pub enum Backend {
     /// The first backend whose launch environment is present: the hostfile's (the ring, or
@@ -139,36 +151,16 @@ pub enum Backend {
 impl Backend {
     /// The backend's name: `"any"`, `"ring"`, `"native"` or `"jaccl"`, as
     /// [`Group::backend`](crate::Group::backend) reports a formed group's.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Backend::Any => "any",
-            Backend::Ring => "ring",
-            Backend::Native => "native",
-            Backend::Jaccl => "jaccl",
-        }
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Backend {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "any" => Ok(Backend::Any),
-            "ring" => Ok(Backend::Ring),
-            "native" => Ok(Backend::Native),
-            "jaccl" => Ok(Backend::Jaccl),
-            other => Err(Error::invalid(format!(
-                "unknown backend {other:?}: expected \"any\", \"ring\", \"native\" or \"jaccl\""
-            ))),
-        }
-    }
+/// [`Backend`]'s `FromStr` error, naming the valid choices.
+fn unknown_backend(name: &str) -> Error {
+    Error::invalid(format!(
+        "unknown backend {name:?}: expected \"any\", \"ring\", \"native\" or \"jaccl\""
+    ))
 }
 
 /// The event loop that drives a ring's sockets.
@@ -180,7 +172,20 @@ impl std::str::FromStr for Backend {
 /// assert_eq!(Options::default().io(Io::Epoll).io, Io::Epoll);
 /// assert_eq!("uring".parse::<Io>(), Ok(Io::Uring));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = String, parse_err_fn = not_an_event_loop)]
 #[non_exhaustive]
 pub enum Io {
     /// [`IO_VAR`](crate::IO_VAR) if it is set, else the loop measured faster: epoll (kqueue off Linux),
@@ -191,6 +196,7 @@ pub enum Io {
     /// 1.20x and 1.16x on the native wire, and 1.2-1.7x with three or four ranks sharing
     /// two CPUs. Choose [`Io::Uring`] by name to use it.
     #[default]
+    #[strum(to_string = "auto", serialize = "")]
     Auto,
     /// Readiness through the operating system's poller (epoll on Linux, kqueue on macOS).
     Epoll,
@@ -204,40 +210,21 @@ pub enum Io {
     /// close alike. Forming a group fails, saying why, where the kernel refuses io_uring
     /// (not Linux, `ENOSYS`, `EPERM`, `kernel.io_uring_disabled`): there is no silent
     /// fallback when it is asked for by name.
+    #[strum(to_string = "uring", serialize = "io_uring")]
     Uring,
 }
 
 impl Io {
     /// The name [`IO_VAR`](crate::IO_VAR) takes: `"auto"`, `"epoll"` or `"uring"`.
     pub fn name(self) -> &'static str {
-        match self {
-            Io::Auto => "auto",
-            Io::Epoll => "epoll",
-            Io::Uring => "uring",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for Io {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Io {
-    type Err = String;
-
-    /// `"auto"`, `"epoll"` or `"uring"` (also `"io_uring"`), ignoring case and blanks.
-    fn from_str(text: &str) -> std::result::Result<Io, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(Io::Auto),
-            "epoll" => Ok(Io::Epoll),
-            "uring" | "io_uring" => Ok(Io::Uring),
-            _ => Err(format!(
-                "{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\""
-            )),
-        }
-    }
+/// [`Io`]'s `FromStr` error: `"auto"` (or empty), `"epoll"` and `"uring"` (or `"io_uring"`)
+/// are its names, in any ASCII case.
+fn not_an_event_loop(text: &str) -> String {
+    format!("{text:?} is not an event loop: use \"auto\", \"epoll\" or \"uring\"")
 }
 
 impl Default for Options {

@@ -131,6 +131,38 @@ pub fn lend<'env, R>(
     f(&lender)
 }
 
+/// What both loans have alike: their length, giving the bytes back when dropped, and a
+/// `Debug` that shows the length only (not the borrowed bytes).
+macro_rules! loan_common {
+    ($loan:ident) => {
+        impl $loan {
+            /// How many bytes are lent.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether the loan holds no bytes.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+        }
+
+        impl Drop for $loan {
+            fn drop(&mut self) {
+                self.ledger.give_back();
+            }
+        }
+
+        impl fmt::Debug for $loan {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($loan))
+                    .field("len", &self.len)
+                    .finish()
+            }
+        }
+    };
+}
+
 /// Bytes lent for writing by [`Lender::lend_mut`]; gives them back when dropped.
 pub struct LoanMut {
     ptr: NonNull<u8>,
@@ -152,29 +184,9 @@ impl LoanMut {
         // only one made from the loan at a time.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
-
-    /// How many bytes are lent.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the loan holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
-impl Drop for LoanMut {
-    fn drop(&mut self) {
-        self.ledger.give_back();
-    }
-}
-
-impl fmt::Debug for LoanMut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoanMut").field("len", &self.len).finish()
-    }
-}
+loan_common!(LoanMut);
 
 /// Bytes lent for reading by [`Lender::lend`]; gives them back when dropped.
 pub struct Loan {
@@ -195,29 +207,9 @@ impl Loan {
         // `'scope` end while this loan exists, so the memory is live and unwritten.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
-
-    /// How many bytes are lent.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the loan holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
-impl Drop for Loan {
-    fn drop(&mut self) {
-        self.ledger.give_back();
-    }
-}
-
-impl fmt::Debug for Loan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Loan").field("len", &self.len).finish()
-    }
-}
+loan_common!(Loan);
 
 #[cfg(test)]
 mod tests {

@@ -47,14 +47,15 @@ pub fn recv_urgent_byte(socket: BorrowedFd<'_>) -> io::Result<Option<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
 
     use super::*;
 
-    fn pair() -> (TcpStream, TcpStream) {
+    /// Two ends of a loopback TCP connection (also for `uring`'s tests).
+    pub(crate) fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b, _) = listener.accept().unwrap();

@@ -54,22 +54,30 @@ pub fn register() {
     }
 }
 
-/// A collective begins.
-#[inline(always)]
-pub fn collective_start(op: u8, dtype: u8, bytes: u64, ranks: u64) {
-    #[cfg(feature = "probes")]
-    nuvec::collective_start!(|| (op, dtype, bytes, ranks));
-    #[cfg(not(feature = "probes"))]
-    let _ = (op, dtype, bytes, ranks);
+/// Defines a probe's function: with the feature it fires the probe with the arguments given
+/// after `=>`, without it it only takes its arguments (and is inlined away).
+macro_rules! probe {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => ($($fired:expr),*)) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name($($arg: $ty),*) {
+            #[cfg(feature = "probes")]
+            nuvec::$name!(|| ($($fired),*));
+            #[cfg(not(feature = "probes"))]
+            let _ = ($($arg),*);
+        }
+    };
 }
 
-/// A collective ends.
-#[inline(always)]
-pub fn collective_done(op: u8, dtype: u8, bytes: u64, ranks: u64, duration_ns: u64, ok: bool) {
-    #[cfg(feature = "probes")]
-    nuvec::collective_done!(|| (op, dtype, bytes, ranks, duration_ns, u8::from(ok)));
-    #[cfg(not(feature = "probes"))]
-    let _ = (op, dtype, bytes, ranks, duration_ns, ok);
+probe! {
+    /// A collective begins.
+    collective_start(op: u8, dtype: u8, bytes: u64, ranks: u64) => (op, dtype, bytes, ranks)
+}
+
+probe! {
+    /// A collective ends.
+    collective_done(op: u8, dtype: u8, bytes: u64, ranks: u64, duration_ns: u64, ok: bool)
+        => (op, dtype, bytes, ranks, duration_ns, u8::from(ok))
 }
 
 /// Runs `collective` between [`collective_start`] and [`collective_done`], timing it only in
@@ -90,38 +98,23 @@ pub fn collective<E>(
     result
 }
 
-/// A ring step's send to `peer` finished.
-#[inline(always)]
-pub fn send_step(peer: u64, step: u64, bytes: u64) {
-    #[cfg(feature = "probes")]
-    nuvec::send_step!(|| (peer, step, bytes));
-    #[cfg(not(feature = "probes"))]
-    let _ = (peer, step, bytes);
+probe! {
+    /// A ring step's send to `peer` finished.
+    send_step(peer: u64, step: u64, bytes: u64) => (peer, step, bytes)
 }
 
-/// A ring step's receive from `peer` finished.
-#[inline(always)]
-pub fn recv_step(peer: u64, step: u64, bytes: u64) {
-    #[cfg(feature = "probes")]
-    nuvec::recv_step!(|| (peer, step, bytes));
-    #[cfg(not(feature = "probes"))]
-    let _ = (peer, step, bytes);
+probe! {
+    /// A ring step's receive from `peer` finished.
+    recv_step(peer: u64, step: u64, bytes: u64) => (peer, step, bytes)
 }
 
-/// Forming a group ended.
-#[inline(always)]
-pub fn connect_done(rank: u64, ranks: u64, connections: u64, duration_ns: u64, ok: bool) {
-    #[cfg(feature = "probes")]
-    nuvec::connect_done!(|| (rank, ranks, connections, duration_ns, u8::from(ok)));
-    #[cfg(not(feature = "probes"))]
-    let _ = (rank, ranks, connections, duration_ns, ok);
+probe! {
+    /// Forming a group ended.
+    connect_done(rank: u64, ranks: u64, connections: u64, duration_ns: u64, ok: bool)
+        => (rank, ranks, connections, duration_ns, u8::from(ok))
 }
 
-/// A group failed.
-#[inline(always)]
-pub fn error(peer: u64, kind: u8) {
-    #[cfg(feature = "probes")]
-    nuvec::error!(|| (peer, kind));
-    #[cfg(not(feature = "probes"))]
-    let _ = (peer, kind);
+probe! {
+    /// A group failed.
+    error(peer: u64, kind: u8) => (peer, kind)
 }

@@ -805,16 +805,22 @@ pub fn refuse_setup_on_this_thread() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
 
     use super::*;
+    use crate::net::tests::pair;
 
-    fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (b, _) = listener.accept().unwrap();
-        (a, b)
+    /// Receives from `fd` into `buf` by an exchange that sends nothing, until `deadline` or
+    /// until `stop` takes a readiness report.
+    fn receive(
+        ring: &mut Ring,
+        fd: BorrowedFd<'_>,
+        buf: &mut [u8],
+        deadline: Instant,
+        stop: impl FnMut(&Readiness) -> bool,
+    ) -> Exchanged {
+        ring.exchange(None, Some((fd, buf)), Some(deadline), stop)
+            .unwrap()
     }
 
     fn ring() -> Ring {
@@ -1019,9 +1025,7 @@ mod tests {
             let mut got = Vec::new();
             loop {
                 let received = if urgent.is_none() {
-                    let out = ring
-                        .exchange(None, Some((a.as_fd(), &mut buf)), Some(deadline), |_| false)
-                        .unwrap();
+                    let out = receive(&mut ring, a.as_fd(), &mut buf, deadline, |_| false);
                     urgent = out.urgent;
                     out.received
                 } else {
@@ -1054,14 +1058,8 @@ mod tests {
             // would write freed memory when the bytes below arrive (AddressSanitizer).
             let mut buf = vec![0u8; 64];
             let start = Instant::now();
-            let out = ring
-                .exchange(
-                    None,
-                    Some((a.as_fd(), &mut buf)),
-                    Some(start + Duration::from_millis(10)),
-                    |_| false,
-                )
-                .unwrap();
+            let deadline = start + Duration::from_millis(10);
+            let out = receive(&mut ring, a.as_fd(), &mut buf, deadline, |_| false);
             assert!(out.received.is_none(), "nothing came: {:?}", out.received);
             assert!(out.sent.is_none());
             assert!(start.elapsed() >= Duration::from_millis(10));
@@ -1071,14 +1069,13 @@ mod tests {
         let mut b = _b;
         b.write_all(b"late").unwrap();
         let mut buf = [0u8; 8];
-        let out = ring
-            .exchange(
-                None,
-                Some((a.as_fd(), &mut buf)),
-                Some(Instant::now() + Duration::from_secs(10)),
-                |_| false,
-            )
-            .unwrap();
+        let out = receive(
+            &mut ring,
+            a.as_fd(),
+            &mut buf,
+            Instant::now() + Duration::from_secs(10),
+            |_| false,
+        );
         let (n, _) = out.received.unwrap().unwrap();
         assert_eq!(&buf[..n], b"late");
     }
@@ -1096,14 +1093,8 @@ mod tests {
         });
         let mut buf = vec![0u8; 64];
         let start = Instant::now();
-        let out = ring
-            .exchange(
-                None,
-                Some((a.as_fd(), &mut buf)),
-                Some(start + Duration::from_secs(10)),
-                |r| r.token == 9,
-            )
-            .unwrap();
+        let deadline = start + Duration::from_secs(10);
+        let out = receive(&mut ring, a.as_fd(), &mut buf, deadline, |r| r.token == 9);
         drop(buf);
         assert!(out.received.is_none(), "{:?}", out.received);
         assert!(

@@ -19,7 +19,6 @@
 //!   terminal (unless `COLUMNS=` was given), then the backend's variables; entries whose name
 //!   is not letters, digits and `_` are skipped with a warning; `MLX_RANK` comes last.
 
-use std::fmt;
 use std::io;
 use std::net::{IpAddr, TcpListener};
 use std::str::FromStr;
@@ -51,7 +50,18 @@ fn fail<T>(message: impl Into<String>) -> Result<T, PlanError> {
 }
 
 /// The distributed backends `nuvec launch` prepares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    Serialize,
+    strum::Display,
+    strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Backend {
     /// MLX's TCP ring: a hostfile of `ip:port` lists.
     Ring,
@@ -69,11 +79,7 @@ impl Backend {
 
     /// The name as on the command line and in hostfiles.
     pub fn name(self) -> &'static str {
-        match self {
-            Backend::Ring => "ring",
-            Backend::Jaccl => "jaccl",
-            Backend::JacclRing => "jaccl-ring",
-        }
+        self.into()
     }
 }
 
@@ -93,12 +99,6 @@ impl FromStr for Backend {
                 "unknown backend {other:?}: expected ring, jaccl or jaccl-ring"
             )),
         }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -216,16 +216,13 @@ mod tests {
                 [(0, 25), (300, 25)]
             );
             assert!(points.iter().all(|p| p.wrong == 0), "{points:?}");
-            if group.rank() == 0 {
-                // The early rank cannot finish before the late one arrives: its time is at
-                // least the delay, less how much later it left the barrier (a few µs).
-                assert!(
-                    points
-                        .iter()
-                        .all(|p| p.excess_median_us > -(p.delay_us as f64) / 2.0 - 1.0),
-                    "{points:?}"
-                );
-            }
+            // Timings are the benchmark's to report, not a test's to assert: under load the
+            // early rank may leave the barrier after the late one has finished spinning.
+            assert!(
+                points
+                    .iter()
+                    .all(|p| p.cpu_us >= 0.0 && p.excess_p90_us >= p.excess_median_us)
+            );
             Ok(())
         });
     }

@@ -1,11 +1,10 @@
 //! What carries a group's messages to each peer: the answer every backend gives to
 //! [`Communicator::transport`](super::Communicator::transport).
 
-use std::fmt;
-
 /// What carries a group's messages between this rank and a peer, as the group negotiated
 /// it when it formed ([`Group::transport`](crate::Group::transport)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 #[non_exhaustive]
 pub enum Transport {
     /// No link: the peer is this rank itself.
@@ -18,6 +17,7 @@ pub enum Transport {
     /// group over several hosts, the peers on this host: the group collectives' data
     /// between them go through the host's segment, while send/recv, broadcast and
     /// all_to_all stay on TCP.
+    #[strum(serialize = "shared memory")]
     SharedMemory,
     /// RDMA (the JACCL backend).
     Rdma,
@@ -28,18 +28,6 @@ pub enum Transport {
 impl Transport {
     /// A short name: `local`, `tcp`, `shared memory`, `rdma`, `unknown`.
     pub fn name(self) -> &'static str {
-        match self {
-            Transport::Local => "local",
-            Transport::Tcp => "tcp",
-            Transport::SharedMemory => "shared memory",
-            Transport::Rdma => "rdma",
-            Transport::Unknown => "unknown",
-        }
-    }
-}
-
-impl fmt::Display for Transport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        self.into()
     }
 }

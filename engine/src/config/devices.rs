@@ -11,6 +11,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::json_kind as kind;
+
 use crate::error::{Error, Result};
 
 /// One cell of a device file as written: how one rank reaches another.
@@ -134,17 +136,4 @@ pub(crate) fn parse(text: &str, source: &Path) -> Result<Vec<Vec<Vec<String>>>> 
         cells.push(names_row);
     }
     Ok(cells)
-}
-
-/// A JSON value's kind, for messages.
-#[cfg_attr(not(feature = "jaccl"), allow(dead_code))] // read by the jaccl backend and tests
-fn kind(value: &Value) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("the boolean {b}"),
-        Value::Number(n) => format!("the number {n}"),
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
-    }
 }

@@ -284,7 +284,7 @@ pub(crate) fn io(vars: Lookup<'_>, asked: Io) -> Result<Io> {
     }
     match value(vars, IO_VAR)? {
         None => Ok(Io::Auto),
-        Some(text) => text.parse().map_err(|reason| Error::Environment {
+        Some(text) => text.trim().parse().map_err(|reason| Error::Environment {
             var: IO_VAR,
             reason,
         }),

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::json_kind as kind;
+
 use crate::error::{Error, Result};
 
 /// What one rank needs from the hostfile.
@@ -175,17 +177,6 @@ pub fn parse(text: &str) -> std::result::Result<Vec<Vec<String>>, String> {
                 .collect()
         })
         .collect()
-}
-
-fn kind(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("the boolean {b}"),
-        Value::Number(n) => format!("the number {n}"),
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-    }
 }
 
 /// Checks the per-rank lists and resolves the addresses `rank` uses. `origin` names the

@@ -14,6 +14,19 @@ pub mod hostfile;
 #[cfg(test)]
 mod tests;
 
+/// A JSON value's kind, for messages about the hostfile and the device file.
+fn json_kind(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
 /// Appends `s` as a JSON string the way Python's `json.dumps` writes it by default
 /// (`ensure_ascii`): `"` and `\` escaped, `\b \f \n \r \t` in short form, every other
 /// character outside printable ASCII (DEL included) as `\uXXXX` UTF-16 units, lowercase hex.

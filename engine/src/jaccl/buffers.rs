@@ -67,77 +67,60 @@ pub(crate) struct BufferPlan {
 }
 
 impl BufferPlan {
-    /// The buffers of rank `rank` in a mesh of `size` ranks.
+    /// The buffers of rank `rank` in a mesh of `size` ranks. Per (class, slot) tile: one
+    /// buffer per rank (this rank's own goes to every peer, a peer's to that peer), then two
+    /// per rank (none for this rank).
     pub(crate) fn mesh(rank: usize, size: usize, classes: SizeClasses) -> BufferPlan {
-        let tile = 3 * size;
-        let used: Vec<Class> = classes.used().collect();
-        let mut buffers = Vec::with_capacity(CLASSES * PIPELINE * tile);
-        for k in 0..CLASSES {
-            let class = Class(k as u8);
-            let on = used.contains(&class);
-            for _slot in 0..PIPELINE {
-                let peers: Vec<usize> = (0..size).filter(|&p| p != rank).collect();
-                for j in 0..size {
-                    let conns = match (on, j == rank) {
-                        (false, _) => Vec::new(),
-                        (true, true) => peers.clone(),
-                        (true, false) => vec![j],
-                    };
-                    buffers.push(BufferSpec {
-                        bytes: class.bytes(),
-                        conns,
-                    });
-                }
-                for j in 0..2 * size {
-                    let peer = j % size;
-                    let conns = if on && peer != rank {
-                        vec![peer]
-                    } else {
-                        Vec::new()
-                    };
-                    buffers.push(BufferSpec {
-                        bytes: class.bytes(),
-                        conns,
-                    });
-                }
+        let peers: Vec<usize> = (0..size).filter(|&p| p != rank).collect();
+        BufferPlan::tiled(Shape::Mesh { rank, size }, 3 * size, classes, |j| {
+            if j == rank {
+                peers.clone()
+            } else if j < size {
+                vec![j]
+            } else if (j - size) % size != rank {
+                vec![(j - size) % size]
+            } else {
+                Vec::new()
             }
-        }
-        BufferPlan {
-            shape: Shape::Mesh { rank, size },
-            tile,
-            buffers,
-        }
+        })
     }
 
-    /// The buffers of a rank in a ring with `wires` wires per neighbour.
+    /// The buffers of a rank in a ring with `wires` wires per neighbour. Per (class, slot)
+    /// tile: send buffers, then receive buffers, each indexed by direction * wires + wire.
     pub(crate) fn ring(wires: usize, classes: SizeClasses) -> BufferPlan {
-        let tile = 4 * wires;
+        BufferPlan::tiled(Shape::Ring { wires }, 4 * wires, classes, |j| {
+            let recv = j >= 2 * wires;
+            let (dir, wire) = ((j % (2 * wires)) / wires, j % wires);
+            // Direction 0 sends right and receives left; direction 1 the reverse.
+            match (dir, recv) {
+                (0, false) | (1, true) => vec![wires + wire],
+                _ => vec![wire],
+            }
+        })
+    }
+
+    /// A tile of `tile` buffers per class and pipeline slot, in that order; buffer `j` of a
+    /// tile of a used class reaches the connections `conns(j)`, and of an unused one none.
+    fn tiled(
+        shape: Shape,
+        tile: usize,
+        classes: SizeClasses,
+        conns: impl Fn(usize) -> Vec<usize>,
+    ) -> BufferPlan {
         let used: Vec<Class> = classes.used().collect();
         let mut buffers = Vec::with_capacity(CLASSES * PIPELINE * tile);
         for k in 0..CLASSES {
             let class = Class(k as u8);
             let on = used.contains(&class);
             for _slot in 0..PIPELINE {
-                // Send buffers, then receive buffers, each indexed by direction * wires + wire.
-                for recv in [false, true] {
-                    for j in 0..2 * wires {
-                        let (dir, wire) = (j / wires, j % wires);
-                        // Direction 0 sends right and receives left; direction 1 the reverse.
-                        let conn = match (dir, recv) {
-                            (0, false) | (1, true) => wires + wire,
-                            _ => wire,
-                        };
-                        let conns = if on { vec![conn] } else { Vec::new() };
-                        buffers.push(BufferSpec {
-                            bytes: class.bytes(),
-                            conns,
-                        });
-                    }
-                }
+                buffers.extend((0..tile).map(|j| BufferSpec {
+                    bytes: class.bytes(),
+                    conns: if on { conns(j) } else { Vec::new() },
+                }));
             }
         }
         BufferPlan {
-            shape: Shape::Ring { wires },
+            shape,
             tile,
             buffers,
         }

@@ -428,6 +428,21 @@ struct Exchange {
 }
 
 impl Exchange {
+    /// The peer's accepted hello and the key, once our hello is out and theirs accepted and
+    /// the authentication (`started` says whether it has) should start; without a key the
+    /// hellos were all there is, and the connection is established instead.
+    fn authentication(&mut self, started: bool, key: Option<Key>) -> Option<(Hello, Key)> {
+        if self.outcome != Outcome::Pending || started || self.sent < Hello::LEN {
+            return None;
+        }
+        let peer = self.peer?;
+        let Some(key) = key else {
+            self.outcome = Outcome::Established;
+            return None;
+        };
+        Some((peer, key))
+    }
+
     fn new(mine: &Hello) -> Exchange {
         Exchange {
             out: mine.encode(),
@@ -496,6 +511,72 @@ fn bound(connector: &[u8; Hello::LEN], acceptor: &[u8; Hello::LEN]) -> [u8; 32] 
     h.update(connector);
     h.update(acceptor);
     *h.finalize().as_bytes()
+}
+
+/// The [`Handshake`] of a side of the hello: its hello exchange until the peer's hello is
+/// checked, then, with a key, the key handshake (`auth`). `$blamed` gives the rank a
+/// rejection names from the peer's hello (the dialled rank is known, an accepted one is
+/// only claimed).
+macro_rules! hello_handshake {
+    ($side:ty, $blamed:expr) => {
+        impl Handshake for $side {
+            fn transmit(&self) -> &[u8] {
+                match &self.auth {
+                    Some(a) => a.transmit(),
+                    None => self.exchange.transmit(),
+                }
+            }
+
+            fn handle_sent(&mut self, n: usize) {
+                match &mut self.auth {
+                    Some(a) => a.handle_sent(n),
+                    None => {
+                        self.exchange.handle_sent(n);
+                        self.advance();
+                    }
+                }
+            }
+
+            fn wants(&self) -> usize {
+                match &self.auth {
+                    Some(a) => a.wants(),
+                    None => self.exchange.wants(),
+                }
+            }
+
+            fn handle_recv(&mut self, bytes: &[u8]) -> usize {
+                if let Some(a) = &mut self.auth {
+                    return a.handle_recv(bytes);
+                }
+                let (n, hello) = self.exchange.receive(bytes, None);
+                if let Some(hello) = hello {
+                    match self.check(&hello) {
+                        Ok(()) => self.exchange.peer = Some(hello),
+                        Err((fault, reason)) => {
+                            let blamed: Option<u32> = ($blamed)(&hello);
+                            self.exchange.outcome = reject(fault, blamed, reason);
+                        }
+                    }
+                    self.advance();
+                }
+                n
+            }
+
+            fn handle_closed(&mut self) {
+                match &mut self.auth {
+                    Some(a) => a.handle_closed(),
+                    None => self.exchange.closed(None),
+                }
+            }
+
+            fn outcome(&self) -> &Outcome {
+                match &self.auth {
+                    Some(a) => a.outcome(),
+                    None => &self.exchange.outcome,
+                }
+            }
+        }
+    };
 }
 
 /// The side that dialled: sends its hello, checks that the acceptor's comes from the rank
@@ -571,17 +652,7 @@ impl Connector {
 
     /// Starts the authentication once our hello is out and theirs accepted.
     fn advance(&mut self) {
-        if self.exchange.outcome != Outcome::Pending
-            || self.auth.is_some()
-            || self.exchange.sent < Hello::LEN
-        {
-            return;
-        }
-        let Some(peer) = self.exchange.peer else {
-            return;
-        };
-        let Some(key) = self.key else {
-            self.exchange.outcome = Outcome::Established;
+        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
             return;
         };
         let link = Link {
@@ -601,60 +672,7 @@ impl Connector {
     }
 }
 
-impl Handshake for Connector {
-    fn transmit(&self) -> &[u8] {
-        match &self.auth {
-            Some(a) => a.transmit(),
-            None => self.exchange.transmit(),
-        }
-    }
-
-    fn handle_sent(&mut self, n: usize) {
-        match &mut self.auth {
-            Some(a) => a.handle_sent(n),
-            None => {
-                self.exchange.handle_sent(n);
-                self.advance();
-            }
-        }
-    }
-
-    fn wants(&self) -> usize {
-        match &self.auth {
-            Some(a) => a.wants(),
-            None => self.exchange.wants(),
-        }
-    }
-
-    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        if let Some(a) = &mut self.auth {
-            return a.handle_recv(bytes);
-        }
-        let (n, hello) = self.exchange.receive(bytes, None);
-        if let Some(hello) = hello {
-            match self.check(&hello) {
-                Ok(()) => self.exchange.peer = Some(hello),
-                Err((fault, reason)) => self.exchange.outcome = reject(fault, None, reason),
-            }
-            self.advance();
-        }
-        n
-    }
-
-    fn handle_closed(&mut self) {
-        match &mut self.auth {
-            Some(a) => a.handle_closed(),
-            None => self.exchange.closed(None),
-        }
-    }
-
-    fn outcome(&self) -> &Outcome {
-        match &self.auth {
-            Some(a) => a.outcome(),
-            None => &self.exchange.outcome,
-        }
-    }
-}
+hello_handshake!(Connector, |_: &Hello| None);
 
 /// The connections an acceptor takes on one of its addresses: ring connection `slot` from
 /// the left neighbour, and on address 0 the mesh connections of the lower ranks that are
@@ -737,21 +755,9 @@ impl Acceptor {
         Ok(())
     }
 
-    fn advance(&mut self) {
-        if self.exchange.outcome != Outcome::Pending
-            || self.auth.is_some()
-            || self.exchange.sent < Hello::LEN
-        {
-            return;
-        }
-        let Some(peer) = self.exchange.peer else {
-            return;
-        };
-        let Some(key) = self.key else {
-            self.exchange.outcome = Outcome::Established;
-            return;
-        };
-        let link = Link {
+    /// The connection the key handshake binds, as the connector `peer` names it.
+    fn link(&self, peer: &Hello) -> Link {
+        Link {
             size: self.expect.identity.size as usize,
             connector: peer.from as usize,
             acceptor: self.expect.me as usize,
@@ -759,9 +765,16 @@ impl Acceptor {
                 Kind::Ring(i) | Kind::Accepted(i) => i as usize,
                 Kind::Mesh => 0,
             },
+        }
+    }
+
+    /// Starts the authentication once our hello is out and theirs accepted.
+    fn advance(&mut self) {
+        let Some((peer, key)) = self.exchange.authentication(self.auth.is_some(), self.key) else {
+            return;
         };
         let bound = bound(&peer.encode(), &self.exchange.out);
-        match auth::Acceptor::new(Some(key), link) {
+        match auth::Acceptor::new(Some(key), self.link(&peer)) {
             Ok(a) => self.auth = Some(a.bind(bound)),
             Err(e) => {
                 self.exchange.outcome = reject(
@@ -774,62 +787,7 @@ impl Acceptor {
     }
 }
 
-impl Handshake for Acceptor {
-    fn transmit(&self) -> &[u8] {
-        match &self.auth {
-            Some(a) => a.transmit(),
-            None => self.exchange.transmit(),
-        }
-    }
-
-    fn handle_sent(&mut self, n: usize) {
-        match &mut self.auth {
-            Some(a) => a.handle_sent(n),
-            None => {
-                self.exchange.handle_sent(n);
-                self.advance();
-            }
-        }
-    }
-
-    fn wants(&self) -> usize {
-        match &self.auth {
-            Some(a) => a.wants(),
-            None => self.exchange.wants(),
-        }
-    }
-
-    fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        if let Some(a) = &mut self.auth {
-            return a.handle_recv(bytes);
-        }
-        let (n, hello) = self.exchange.receive(bytes, None);
-        if let Some(hello) = hello {
-            match self.check(&hello) {
-                Ok(()) => self.exchange.peer = Some(hello),
-                Err((fault, reason)) => {
-                    self.exchange.outcome = reject(fault, Some(hello.from), reason);
-                }
-            }
-            self.advance();
-        }
-        n
-    }
-
-    fn handle_closed(&mut self) {
-        match &mut self.auth {
-            Some(a) => a.handle_closed(),
-            None => self.exchange.closed(None),
-        }
-    }
-
-    fn outcome(&self) -> &Outcome {
-        match &self.auth {
-            Some(a) => a.outcome(),
-            None => &self.exchange.outcome,
-        }
-    }
-}
+hello_handshake!(Acceptor, |hello: &Hello| Some(hello.from));
 
 #[cfg(test)]
 mod tests {

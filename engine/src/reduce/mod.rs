@@ -12,9 +12,6 @@
 //! sum's payload where its software path, and this crate, produce `0x7FC0`; NaN payloads
 //! aside the sums are identical.
 
-use std::fmt;
-use std::str::FromStr;
-
 use half::{bf16, f16};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -27,8 +24,10 @@ pub(crate) mod scalar;
 
 pub(crate) use scalar::Semantics;
 
-/// A reduction: what `all_sum`, `all_max` and `all_min` compute.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A reduction: what `all_sum`, `all_max` and `all_min` compute, named `"sum"`, `"max"` and
+/// `"min"` (its [`Display`](std::fmt::Display) and [`FromStr`](std::str::FromStr)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString)]
+#[strum(serialize_all = "lowercase", parse_err_ty = Error, parse_err_fn = unknown_reduction)]
 pub enum ReduceOp {
     /// Element-wise sum.
     Sum,
@@ -43,7 +42,7 @@ impl ReduceOp {
     pub const ALL: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
 
     /// The collective's name: `"all_sum"`, `"all_max"`, `"all_min"`.
-    pub const fn collective(self) -> &'static str {
+    pub fn collective(self) -> &'static str {
         self.phase().name()
     }
 
@@ -57,29 +56,10 @@ impl ReduceOp {
     }
 }
 
-impl fmt::Display for ReduceOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-        })
-    }
-}
-
-impl FromStr for ReduceOp {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "sum" => Ok(ReduceOp::Sum),
-            "max" => Ok(ReduceOp::Max),
-            "min" => Ok(ReduceOp::Min),
-            other => Err(Error::invalid(format!(
-                "unknown reduction {other:?}: expected \"sum\", \"max\" or \"min\""
-            ))),
-        }
-    }
+fn unknown_reduction(name: &str) -> Error {
+    Error::invalid(format!(
+        "unknown reduction {name:?}: expected \"sum\", \"max\" or \"min\""
+    ))
 }
 
 /// Folds `incoming` into `acc` element by element with MLX's ring semantics:
@@ -305,10 +285,10 @@ mod tests {
     #[test]
     fn with_jaccl_a_nan_on_either_side_lets_the_incoming_value_win() {
         use ReduceOp::{Max, Min};
-        assert_eq!(jaccl_f32(Max, f32::NAN, 1.0), 1.0);
-        assert!(jaccl_f32(Max, 1.0, f32::NAN).is_nan());
-        assert_eq!(jaccl_f32(Min, f32::NAN, 1.0), 1.0);
-        assert!(jaccl_f32(Min, 1.0, f32::NAN).is_nan());
+        for op in [Max, Min] {
+            assert_eq!(jaccl_f32(op, f32::NAN, 1.0), 1.0, "{op}");
+            assert!(jaccl_f32(op, 1.0, f32::NAN).is_nan(), "{op}");
+        }
         // The ring keeps the accumulator in both cases.
         let mut ring = [1.0f32];
         reduce_into(Max, DType::F32, ring.as_mut_bytes(), [f32::NAN].as_bytes());

@@ -202,12 +202,4 @@ mod tests {
         assert!(complex_max(RING, m, p).re.is_sign_negative());
         assert!(complex_max(JACCL, m, p).re.is_sign_positive());
     }
-
-    #[test]
-    fn bools_or_and() {
-        assert_eq!(bool_or(0, 5), 1);
-        assert_eq!(bool_or(0, 0), 0);
-        assert_eq!(bool_and(3, 1), 1);
-        assert_eq!(bool_and(1, 0), 0);
-    }
 }

@@ -462,6 +462,15 @@ impl<'a> Setup<'a> {
         retries.chain(settling.filter(|_| self.key.is_none())).min()
     }
 
+    /// Registers a connection being formed for reads and writes under `token`; `what` names
+    /// the step in the error.
+    fn register(&self, stream: &mut TcpStream, token: Token, what: &str) -> Result<()> {
+        self.poll
+            .registry()
+            .register(stream, token, Interest::READABLE | Interest::WRITABLE)
+            .map_err(|e| Error::local(what, e))
+    }
+
     /// Starts the outgoing connections whose retry time has come.
     fn start_due_dials(&mut self) -> Result<()> {
         let now = Instant::now();
@@ -471,14 +480,8 @@ impl<'a> Setup<'a> {
             }
             match tcp::dial(self.addrs.right[i], &self.tuning) {
                 Ok(mut stream) => {
-                    self.poll
-                        .registry()
-                        .register(
-                            &mut stream,
-                            bootstrap::dial_token(i),
-                            Interest::READABLE | Interest::WRITABLE,
-                        )
-                        .map_err(|e| Error::local("registering a connection", e))?;
+                    let token = bootstrap::dial_token(i);
+                    self.register(&mut stream, token, "registering a connection")?;
                     self.dials[i] = Dial::Connecting(stream);
                 }
                 Err(e) => self.retry(i, e),
@@ -590,14 +593,8 @@ impl<'a> Setup<'a> {
                 return Ok(());
             };
             let id = self.candidates.len();
-            self.poll
-                .registry()
-                .register(
-                    &mut stream,
-                    bootstrap::candidate_token(id),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .map_err(|e| Error::local("registering an accepted connection", e))?;
+            let token = bootstrap::candidate_token(id);
+            self.register(&mut stream, token, "registering an accepted connection")?;
             let expect = Link {
                 size: self.addrs.size,
                 connector: self.addrs.left_rank(),
@@ -701,12 +698,13 @@ impl<'a> Setup<'a> {
                 right_conns.push((stream, right, addr));
             }
         }
-        let mut transport = Connections::new(
+        let mut transport = Connections::mesh(
             self.poll,
             self.addrs.rank,
             self.addrs.size,
             left_conns,
             right_conns,
+            Vec::new(),
             &self.tuning.liveness,
         )
         .map_err(|e| Error::local("setting up the ring's connections", e))?;

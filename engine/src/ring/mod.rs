@@ -83,8 +83,8 @@ impl Ring {
         debug_assert!(
             (0..topo.connections).all(|i| transport.left(i) == topo.left(i)
                 && transport.right(i) == topo.right(i)
-                && transport.conns()[topo.left(i)].peer == topo.left_rank()
-                && transport.conns()[topo.right(i)].peer == topo.right_rank())
+                && transport.conns()[topo.left(i)].peer == topo.neighbours().left()
+                && transport.conns()[topo.right(i)].peer == topo.neighbours().right())
         );
         // A close from another thread wakes a collective blocked on the poller. Should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
@@ -128,17 +128,49 @@ impl Ring {
                 bufs,
                 stages: &mut staging.lanes,
             };
-            match tcp::engine::run(
-                transport,
-                &mut machine,
-                (self.timeout, self.spin),
-                traced.context,
-                self.state.close_flag(),
-            ) {
-                Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
-                result => result,
-            }
+            self.drive(transport, &mut machine, traced.context)
         })
+    }
+
+    /// Runs `machine` over `transport` to its end; a fatal error fails the group.
+    fn drive(
+        &self,
+        transport: &mut Connections,
+        machine: &mut Lanes<'_, '_>,
+        context: Phase,
+    ) -> Result<()> {
+        let bounds = (self.timeout, self.spin);
+        match tcp::engine::run(transport, machine, bounds, context, self.state.close_flag()) {
+            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
+            result => result,
+        }
+    }
+
+    /// A send to (`Work::Send`, of `bufs.input`) or receive from (`Work::Recv`, into
+    /// `bufs.data`) neighbour `peer`, striped over the connections from the first one MLX
+    /// uses for it.
+    fn point_to_point(
+        &self,
+        work: Work,
+        peer: usize,
+        bufs: &mut Buffers<'_>,
+        traced: Traced,
+    ) -> Result<()> {
+        let mut state = self.lock()?;
+        let state = &mut *state;
+        let topo = self.topology(state);
+        let sending = matches!(work, Work::Send);
+        let (first, len) = if sending {
+            (topo.send_first(peer), bufs.input.len())
+        } else {
+            (topo.recv_first(peer), bufs.data.len())
+        };
+        let Some(first) = first else {
+            let what = if sending { "send to" } else { "receive from" };
+            return Err(self.not_a_neighbour(what, peer));
+        };
+        protocol::plan_stripes(&mut state.lanes, &topo, work, first, len);
+        self.run(state, bufs, traced)
     }
 
     /// The ring as the lane planners see it.
@@ -224,37 +256,17 @@ impl Communicator for Ring {
     }
 
     fn send(&self, data: &[u8], dst: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let topo = self.topology(state);
-        let Some(first) = topo.send_first(dst) else {
-            return Err(self.not_a_neighbour("send to", dst));
+        let traced = Traced::bytes(Traced::SEND, Phase::Send, data.len());
+        let bufs = &mut Buffers {
+            data: &mut [],
+            input: data,
         };
-        protocol::plan_stripes(&mut state.lanes, &topo, Work::Send, first, data.len());
-        self.run(
-            state,
-            &mut Buffers {
-                data: &mut [],
-                input: data,
-            },
-            Traced::bytes(Traced::SEND, Phase::Send, data.len()),
-        )
+        self.point_to_point(Work::Send, dst, bufs, traced)
     }
 
     fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let topo = self.topology(state);
-        let Some(first) = topo.recv_first(src) else {
-            return Err(self.not_a_neighbour("receive from", src));
-        };
-        protocol::plan_stripes(&mut state.lanes, &topo, Work::Recv, first, data.len());
-        let len = data.len();
-        self.run(
-            state,
-            &mut Buffers { data, input: &[] },
-            Traced::bytes(Traced::RECV, Phase::Recv, len),
-        )
+        let traced = Traced::bytes(Traced::RECV, Phase::Recv, data.len());
+        self.point_to_point(Work::Recv, src, &mut Buffers { data, input: &[] }, traced)
     }
 
     fn barrier(&self) -> Result<()> {
@@ -410,16 +422,7 @@ impl Ring {
             },
             stages: &mut staging.lanes,
         };
-        match tcp::engine::run(
-            transport,
-            &mut machine,
-            (self.timeout, self.spin),
-            context,
-            self.state.close_flag(),
-        ) {
-            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
-            result => result,
-        }
+        self.drive(transport, &mut machine, context)
     }
 
     /// A broadcast pipelined rightwards around the ring from `root`, in chunks of

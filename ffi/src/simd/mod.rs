@@ -21,8 +21,6 @@
 //! the one level is NEON: its `f16` conversions are base ARMv8.0 instructions, so there is
 //! no optional feature to detect (see `aarch64.rs`).
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::OnceLock;
 
 pub mod portable;
@@ -37,8 +35,13 @@ mod x86_64;
 /// A level above the detected one, or of another architecture, leaves the detected level.
 pub const SIMD_VAR: &str = "NUVEC_DISTRIBUTED_SIMD";
 
-/// An instruction set the kernels are compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// An instruction set the kernels are compiled for, named by [`Level::name`]; `FromStr`
+/// takes a name in any ASCII case.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = String, parse_err_fn = not_a_level)]
 pub enum Level {
     /// No SIMD kernels: [`reduce`] always returns `false` and the caller's scalar code runs.
     Scalar,
@@ -55,35 +58,14 @@ impl Level {
     pub const ALL: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Neon];
 
     /// The name [`SIMD_VAR`] uses: `"scalar"`, `"avx2"`, `"avx512"` or `"neon"`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Level::Scalar => "scalar",
-            Level::Avx2 => "avx2",
-            Level::Avx512 => "avx512",
-            Level::Neon => "neon",
-        }
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Level {
-    type Err = String;
-
-    /// Parses a level's [name](Level::name), ignoring ASCII case and surrounding whitespace.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let wanted = s.trim();
-        Level::ALL
-            .into_iter()
-            .find(|level| level.name().eq_ignore_ascii_case(wanted))
-            .ok_or_else(|| {
-                format!("{s:?} is not a SIMD level: expected scalar, avx2, avx512 or neon")
-            })
-    }
+/// [`Level`]'s `FromStr` error.
+fn not_a_level(s: &str) -> String {
+    format!("{s:?} is not a SIMD level: expected scalar, avx2, avx512 or neon")
 }
 
 /// Whose rule `max` and `min` of floating-point values follow: which operand survives when
@@ -306,7 +288,7 @@ pub fn parse_request(value: &str) -> Result<Option<Level>, String> {
             "{value:?} is empty: name a level (scalar, avx2, avx512, neon) or unset it"
         ));
     }
-    value.parse().map(Some)
+    value.trim().parse().map(Some)
 }
 
 /// The level [`SIMD_VAR`] asks for, read from the environment now; `None` when unset.
@@ -395,8 +377,12 @@ fn blocks<const N: usize>(
 }
 
 /// [`reduce`], with the choice of declining AVX512-BF16 (so that tests can check the kernel
-/// used without it on a machine that has it).
-#[cfg(target_arch = "x86_64")]
+/// used without it on a machine that has it; aarch64 has no optional path to decline, and
+/// other architectures no kernels).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables)
+)]
 fn dispatch(
     level: Level,
     use_avx512bf16: bool,
@@ -406,62 +392,35 @@ fn dispatch(
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    let _ = use_avx512bf16;
     if !is_available(level) {
         return false;
     }
     match level {
+        #[cfg(target_arch = "x86_64")]
         Level::Avx2 => {
             // SAFETY: `is_available(Avx2)` just held, which runtime detection makes true only
             // when the CPU has AVX2, the one feature `reduce_avx2` is compiled for.
             unsafe { x86_64::reduce_avx2(semantics, op, elem, acc, inc) }
         }
+        #[cfg(target_arch = "x86_64")]
         Level::Avx512 => {
             // SAFETY: `is_available(Avx512)` just held, which runtime detection makes true
             // only when the CPU has AVX-512 F, BW and VL and the AVX2, FMA and F16C they
             // imply: every feature `reduce_avx512` is compiled for.
             unsafe { x86_64::reduce_avx512(use_avx512bf16, semantics, op, elem, acc, inc) }
         }
-        Level::Scalar | Level::Neon => false,
-    }
-}
-
-/// [`reduce`]; aarch64 has no optional path to decline.
-#[cfg(target_arch = "aarch64")]
-fn dispatch(
-    level: Level,
-    _use_avx512bf16: bool,
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
-    acc: &mut [u8],
-    inc: &[u8],
-) -> bool {
-    if !is_available(level) {
-        return false;
-    }
-    match level {
+        #[cfg(target_arch = "aarch64")]
         Level::Neon => {
             // SAFETY: `reduce_neon` is compiled for `neon`, which is part of the baseline of
             // every aarch64 target Rust has (`detect` offers `Neon` only where
             // `cfg!(target_feature = "neon")` holds, and `is_available` just held).
             unsafe { aarch64::reduce_neon(semantics, op, elem, acc, inc) }
         }
-        Level::Scalar | Level::Avx2 | Level::Avx512 => false,
+        // The scalar level, and the levels of other architectures (never available here).
+        _ => false,
     }
-}
-
-/// [`reduce`]: no kernels on other architectures.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn dispatch(
-    _level: Level,
-    _use_avx512bf16: bool,
-    _semantics: Semantics,
-    _op: Op,
-    _elem: Elem,
-    _acc: &mut [u8],
-    _inc: &[u8],
-) -> bool {
-    false
 }
 
 #[cfg(test)]
@@ -469,13 +428,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_parse_by_name_in_any_case() {
+    fn levels_parse_by_name_in_any_case_and_requests_ignore_blanks() {
         for level in Level::ALL {
             assert_eq!(level.name().parse::<Level>(), Ok(level));
-            assert_eq!(
-                format!(" {} ", level.name().to_uppercase()).parse::<Level>(),
-                Ok(level)
-            );
+            assert_eq!(level.name().to_uppercase().parse::<Level>(), Ok(level));
+            let padded = format!(" {} ", level.name().to_uppercase());
+            assert_eq!(parse_request(&padded), Ok(Some(level)));
         }
         let err = "sse2".parse::<Level>().unwrap_err();
         assert!(err.contains("\"sse2\"") && err.contains("avx512"), "{err}");

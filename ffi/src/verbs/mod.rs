@@ -922,15 +922,7 @@ impl Connection {
     /// The buffer is not registered with this connection, every slot is in use, or the
     /// library refused the request; the buffer comes back in the error.
     pub fn post_send(&mut self, buffer: Arc<FrameBuffer>, wr_id: u64) -> Result<(), PostError> {
-        let mut sge = match self.sge(&buffer) {
-            Ok(sge) => sge,
-            Err(error) => return Err(PostError { error, buffer }),
-        };
-        let slot = self.take_slot(InFlight {
-            wr_id,
-            buffer,
-            is_recv: false,
-        })?;
+        let (mut sge, slot) = self.hold(buffer, wr_id, false)?;
         let mut wr = sys::ibv_send_wr::send(slot as u64, &mut sge);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         let post = self.post_send_fn();
@@ -939,10 +931,7 @@ impl Connection {
         // only the address and key, which point into the buffer held in `slots[slot]` until
         // its completion is polled).
         let rc = unsafe { post(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(self.unpost(slot, rc));
-        }
-        Ok(())
+        self.posted(slot, rc)
     }
 
     /// Posts a receive into the whole of `buffer`, which must be the only reference: the
@@ -962,15 +951,7 @@ impl Connection {
                 buffer,
             });
         }
-        let mut sge = match self.sge(&buffer) {
-            Ok(sge) => sge,
-            Err(error) => return Err(PostError { error, buffer }),
-        };
-        let slot = self.take_slot(InFlight {
-            wr_id,
-            buffer,
-            is_recv: true,
-        })?;
+        let (mut sge, slot) = self.hold(buffer, wr_id, true)?;
         let mut wr = sys::ibv_recv_wr {
             wr_id: slot as u64,
             next: std::ptr::null_mut(),
@@ -983,10 +964,36 @@ impl Connection {
         // `slots[slot]` until the completion is polled, so nothing reads or frees it while
         // the hardware writes.
         let rc = unsafe { post(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(self.unpost(slot, rc));
+        self.posted(slot, rc)
+    }
+
+    /// The scatter-gather entry of `buffer` and the slot that holds the buffer until its
+    /// completion is polled; on error the buffer comes back.
+    fn hold(
+        &mut self,
+        buffer: Arc<FrameBuffer>,
+        wr_id: u64,
+        is_recv: bool,
+    ) -> Result<(sys::ibv_sge, usize), PostError> {
+        let sge = match self.sge(&buffer) {
+            Ok(sge) => sge,
+            Err(error) => return Err(PostError { error, buffer }),
+        };
+        let slot = self.take_slot(InFlight {
+            wr_id,
+            buffer,
+            is_recv,
+        })?;
+        Ok((sge, slot))
+    }
+
+    /// The result of a post the library answered with `rc`: refused (non-zero) frees `slot`
+    /// and returns its buffer in the error.
+    fn posted(&mut self, slot: usize, rc: c_int) -> Result<(), PostError> {
+        match rc {
+            0 => Ok(()),
+            _ => Err(self.unpost(slot, rc)),
         }
-        Ok(())
     }
 
     /// The descriptor of this connection's completion channel, readable once an armed

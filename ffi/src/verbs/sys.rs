@@ -27,6 +27,11 @@
 //! `ffi/tests/verbs_layout.rs`, which compiles a C probe against the platform's header (the
 //! SDK's, through `xcrun`, on macOS) and compares every size and offset; until it has run on
 //! a Mac, the macOS layout is unverified. Only the library's name is per platform.
+//!
+//! The test provider (`ffi/verbs-provider/src/abi.rs`) transcribes the same header a second
+//! time on purpose rather than sharing these declarations: a mistake made once would
+//! otherwise be on both sides of every test and go unseen. Its unit test compares the two
+//! sets of offsets.
 
 #![allow(non_camel_case_types)]
 

@@ -31,6 +31,7 @@
 use super::schedule::{self, Direction, Layout, Pass};
 use super::staging::LaneStage;
 use crate::comm::machine::{Machine, Receive, Transmit};
+use crate::comm::neighbours::Neighbours;
 use crate::element::DType;
 use crate::error::PeerOp;
 use crate::reduce::{ReduceOp, reduce_into};
@@ -73,14 +74,9 @@ pub(crate) struct Topology {
 }
 
 impl Topology {
-    /// The left neighbour's rank.
-    pub(crate) fn left_rank(&self) -> usize {
-        (self.rank + self.size - 1) % self.size
-    }
-
-    /// The right neighbour's rank.
-    pub(crate) fn right_rank(&self) -> usize {
-        (self.rank + 1) % self.size
+    /// The neighbours' ranks.
+    pub(crate) fn neighbours(&self) -> Neighbours {
+        Neighbours::new(self.rank, self.size)
     }
 
     /// Index of connection `i` to the left neighbour.
@@ -96,9 +92,9 @@ impl Topology {
     /// The rank at the other end of connection `index`.
     pub(crate) fn peer(&self, index: usize) -> usize {
         if index < self.connections {
-            self.left_rank()
+            self.neighbours().left()
         } else {
-            self.right_rank()
+            self.neighbours().right()
         }
     }
 
@@ -114,9 +110,9 @@ impl Topology {
     /// right neighbour first, so with two ranks a send goes out on the connections this
     /// rank opened and arrives on the peer's accepted ones.
     pub(crate) fn send_first(&self, dst: usize) -> Option<usize> {
-        if dst == self.right_rank() {
+        if dst == self.neighbours().right() {
             Some(self.right(0))
-        } else if dst == self.left_rank() {
+        } else if dst == self.neighbours().left() {
             Some(self.left(0))
         } else {
             None
@@ -125,9 +121,9 @@ impl Topology {
 
     /// The first connection of a `recv` from `src`: the mirror of [`Topology::send_first`].
     pub(crate) fn recv_first(&self, src: usize) -> Option<usize> {
-        if src == self.left_rank() {
+        if src == self.neighbours().left() {
             Some(self.left(0))
-        } else if src == self.right_rank() {
+        } else if src == self.neighbours().right() {
             Some(self.right(0))
         } else {
             None

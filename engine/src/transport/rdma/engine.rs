@@ -37,7 +37,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::fabric::{BufId, Completion, Fabric};
+use super::fabric::{BufId, Completion, Fabric, FabricResult};
 use crate::comm::progress::{self, Activity, Drive, Spin};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
@@ -110,19 +110,20 @@ impl<'a> Cx<'a> {
     /// Posts a SEND of buffer `buf` on `conn`, tagged `tag` (32 bits, handed back with its
     /// completion).
     pub(crate) fn post_send(&mut self, conn: usize, buf: BufId, tag: u64) -> Result<()> {
-        self.fabric
-            .post_send(conn, buf, tag)
-            .map_err(|r| self.rdma_error(conn, PeerOp::Send, r))?;
-        self.activity.posted(conn, PeerOp::Send);
-        Ok(())
+        let posted = self.fabric.post_send(conn, buf, tag);
+        self.posted(conn, PeerOp::Send, posted)
     }
 
     /// Posts a receive into buffer `buf` on `conn`, tagged `tag`.
     pub(crate) fn post_recv(&mut self, conn: usize, buf: BufId, tag: u64) -> Result<()> {
-        self.fabric
-            .post_recv(conn, buf, tag)
-            .map_err(|r| self.rdma_error(conn, PeerOp::Receive, r))?;
-        self.activity.posted(conn, PeerOp::Receive);
+        let posted = self.fabric.post_recv(conn, buf, tag);
+        self.posted(conn, PeerOp::Receive, posted)
+    }
+
+    /// Counts a work request the fabric took on `conn`, or names the peer it failed for.
+    fn posted(&mut self, conn: usize, op: PeerOp, posted: FabricResult<()>) -> Result<()> {
+        posted.map_err(|r| self.rdma_error(conn, op, r))?;
+        self.activity.posted(conn, op);
         Ok(())
     }
 

@@ -662,7 +662,8 @@ mod tests {
         let poll = mio::Poll::new().expect("a poller");
         let liveness = crate::transport::tcp::socket::Liveness::default();
         let mut transport =
-            Transport::new(poll, 0, size, Vec::new(), Vec::new(), &liveness).expect("no conns");
+            Transport::mesh(poll, 0, size, Vec::new(), Vec::new(), Vec::new(), &liveness)
+                .expect("no conns");
         let closed = CloseFlag::default();
         let call = Same([7; HEADER_BYTES]);
         let spin = Spin {

@@ -125,31 +125,30 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
-        if self.first == FirstBytes::NativePeer {
+        // A peer whose first bytes showed it cannot speak with this rank: that, not the
+        // system call, is what to report.
+        let incompatible = match self.first {
+            FirstBytes::NativePeer => Some(format!(
+                "rank {} runs the native wire and this rank the MLX wire: the peer's first \
+                 bytes on this connection are its native hello; set the same {} (or \
+                 Options::backend) on every rank",
+                self.peer,
+                crate::config::env::WIRE_VAR
+            )),
+            FirstBytes::KeyedPeer => Some(format!(
+                "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
+                 this connection are its handshake; set the same key on every rank, or none",
+                self.peer,
+                auth::KEY_VAR
+            )),
+            FirstBytes::Checked | FirstBytes::Unchecked => None,
+        };
+        if let Some(reason) = incompatible {
             return Error::PeerIncompatible {
                 peer: self.peer,
                 addr: Some(self.addr),
                 context,
-                reason: format!(
-                    "rank {} runs the native wire and this rank the MLX wire: the peer's first \
-                     bytes on this connection are its native hello; set the same {} (or \
-                     Options::backend) on every rank",
-                    self.peer,
-                    crate::config::env::WIRE_VAR
-                ),
-            };
-        }
-        if self.first == FirstBytes::KeyedPeer {
-            return Error::PeerIncompatible {
-                peer: self.peer,
-                addr: Some(self.addr),
-                context,
-                reason: format!(
-                    "rank {} has a key ({}) and this rank has none: the peer's first bytes on \
-                     this connection are its handshake; set the same key on every rank, or none",
-                    self.peer,
-                    auth::KEY_VAR
-                ),
+                reason,
             };
         }
         Error::Io {
@@ -276,17 +275,10 @@ impl Conn {
                     Ok(Transfer::Moved(n))
                 }
                 Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.readable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // A peer that dies with unread data in its buffers resets the connection.
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) => Err(e),
+                Err(e) => match self.refused(e, |c| c.readable = false) {
+                    Some(transfer) => transfer,
+                    None => continue,
+                },
             };
         }
     }
@@ -360,24 +352,45 @@ impl Conn {
             return Ok(Transfer::Blocked);
         }
         let len = buf.len().min(MAX_IO_BYTES);
+        self.sent(|c| c.source.send(&mut c.stream, &buf[..len]))
+    }
+
+    /// Runs `send` (again when interrupted) and sorts what it returned: bytes moved, the
+    /// peer gone, or no room (the connection waits to be writable); see [`Conn::refused`].
+    fn sent(
+        &mut self,
+        mut send: impl FnMut(&mut Self) -> io::Result<usize>,
+    ) -> io::Result<Transfer> {
         loop {
-            let written = self.source.send(&mut self.stream, &buf[..len]);
-            return match written {
+            return match send(self) {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.writable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
-                Err(e) => Err(e),
+                Err(e) => match self.refused(e, |c| c.writable = false) {
+                    Some(transfer) => transfer,
+                    None => continue,
+                },
             };
         }
+    }
+
+    /// What a read or send that failed with `e` comes to: `None` to try again
+    /// (interrupted); nothing to read or no room yet (`blocked` clears that readiness); the
+    /// peer gone (a peer that dies with unread data in its buffers resets the connection,
+    /// which is remembered; a send after its close breaks the pipe); else the error.
+    fn refused(&mut self, e: io::Error, blocked: fn(&mut Self)) -> Option<io::Result<Transfer>> {
+        Some(match e.kind() {
+            io::ErrorKind::Interrupted => return None,
+            io::ErrorKind::WouldBlock => {
+                blocked(self);
+                Ok(Transfer::Blocked)
+            }
+            io::ErrorKind::ConnectionReset => {
+                self.reset = true;
+                Ok(Transfer::Closed)
+            }
+            io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
+            _ => Err(e),
+        })
     }
 
     /// Writes what it can of `head` then `body` with one system call (the native wire's
@@ -390,24 +403,7 @@ impl Conn {
             return Ok(Transfer::Blocked);
         }
         let body = &body[..body.len().min(MAX_IO_BYTES)];
-        loop {
-            let written = self.source.send_pair(&mut self.stream, head, body);
-            return match written {
-                Ok(0) => Ok(Transfer::Closed),
-                Ok(n) => Ok(Transfer::Moved(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.writable = false;
-                    Ok(Transfer::Blocked)
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    self.reset = true;
-                    Ok(Transfer::Closed)
-                }
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(Transfer::Closed),
-                Err(e) => Err(e),
-            };
-        }
+        self.sent(|c| c.source.send_pair(&mut c.stream, head, body))
     }
 
     /// Copies what the peer sent into `buf` without consuming it (non-blocking): the

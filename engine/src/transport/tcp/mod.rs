@@ -106,21 +106,10 @@ pub(crate) struct Connections {
 impl Connections {
     /// Takes over the connections of rank `me` in a formed ring of `ranks`: `left[i]` was
     /// accepted on our address `i`, `right[i]` was opened to the right neighbour's address
-    /// `i`. Each is tuned with `liveness` (see [`socket::tune_established`]).
-    pub(crate) fn new(
-        poll: mio::Poll,
-        me: usize,
-        ranks: usize,
-        left: Vec<(TcpStream, usize, SocketAddr)>,
-        right: Vec<(TcpStream, usize, SocketAddr)>,
-        liveness: &socket::Liveness,
-    ) -> io::Result<Self> {
-        Self::mesh(poll, me, ranks, left, right, Vec::new(), liveness)
-    }
-
-    /// As [`Connections::new`], plus one connection to each rank that is not a neighbour
-    /// (the native wire's mesh): `others` holds them in increasing order of peer rank, and
-    /// they follow the neighbours' connections, from index `2C` on.
+    /// `i`. The native wire's mesh adds one connection to each rank that is not a neighbour:
+    /// `others` holds them in increasing order of peer rank (empty for a plain ring), and
+    /// they follow the neighbours' connections, from index `2C` on. Each is tuned with
+    /// `liveness` (see [`socket::tune_established`]).
     pub(crate) fn mesh(
         poll: mio::Poll,
         me: usize,

@@ -184,6 +184,15 @@ mod imp {
 mod imp {
     use super::*;
 
+    /// Methods of `Shared`, whose type has no values: none of them can be called.
+    macro_rules! uninhabited {
+        ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {$(
+            pub(crate) fn $name(&self, $(_: $ty),*) $(-> $ret)? {
+                match *self {}
+            }
+        )*};
+    }
+
     /// What a step did (no values off Linux: there is no step).
     #[derive(Debug)]
     pub(crate) struct Stepped {
@@ -204,61 +213,18 @@ mod imp {
             ))
         }
 
-        pub(crate) fn recv(
-            &self,
-            _fd: BorrowedFd<'_>,
-            _buf: &mut [u8],
-        ) -> io::Result<(usize, bool)> {
-            match *self {}
-        }
-
-        pub(crate) fn send(&self, _fd: BorrowedFd<'_>, _buf: &[u8]) -> io::Result<usize> {
-            match *self {}
-        }
-
-        pub(crate) fn take_ready(&self, _each: impl FnMut(Ready)) {
-            match *self {}
-        }
-
-        pub(crate) fn exchange(
-            &self,
-            _send: Option<(BorrowedFd<'_>, &[u8])>,
-            _recv: Option<(BorrowedFd<'_>, &mut [u8])>,
-            _deadline: Instant,
-            _stop: (u32, Spin, bool),
-        ) -> io::Result<Stepped> {
-            match *self {}
-        }
-
-        pub(crate) fn send_pair(
-            &self,
-            _fd: BorrowedFd<'_>,
-            _head: &[u8],
-            _body: &[u8],
-        ) -> io::Result<usize> {
-            match *self {}
-        }
-
-        pub(crate) fn take_urgent(&self, _token: u32) -> bool {
-            match *self {}
-        }
-
-        pub(crate) fn poll(
-            &self,
-            _fd: BorrowedFd<'_>,
-            _token: u32,
-            _events: u32,
-            _multishot: bool,
-        ) -> io::Result<()> {
-            match *self {}
-        }
-
-        pub(crate) fn wait(
-            &self,
-            _timeout: Option<Duration>,
-            _each: impl FnMut(Ready),
-        ) -> io::Result<()> {
-            match *self {}
+        uninhabited! {
+            fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)>;
+            fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize>;
+            fn take_ready(each: impl FnMut(Ready));
+            fn exchange(
+                send: Option<(BorrowedFd<'_>, &[u8])>, recv: Option<(BorrowedFd<'_>, &mut [u8])>,
+                deadline: Instant, stop: (u32, Spin, bool)
+            ) -> io::Result<Stepped>;
+            fn send_pair(fd: BorrowedFd<'_>, head: &[u8], body: &[u8]) -> io::Result<usize>;
+            fn take_urgent(token: u32) -> bool;
+            fn poll(fd: BorrowedFd<'_>, token: u32, events: u32, multishot: bool) -> io::Result<()>;
+            fn wait(timeout: Option<Duration>, each: impl FnMut(Ready)) -> io::Result<()>;
         }
     }
 }
