@@ -431,28 +431,18 @@ impl Hier {
 
     /// An error of the leaders' exchange with leader indices turned into global ranks
     /// (connections name global ranks already).
-    fn global(&self, error: Error) -> Error {
+    fn global(&self, mut error: Error) -> Error {
         let at = |i: usize| self.leaders.get(i).copied().unwrap_or(i);
         match error {
             Error::Mismatch {
-                seq,
-                point_to_point,
-                rank: _,
-                call,
-                peer,
-                peer_call,
-                differs,
-                context,
-            } => Error::Mismatch {
-                seq,
-                point_to_point,
-                rank: self.rank,
-                call,
-                peer: at(peer),
-                peer_call,
-                differs,
-                context,
-            },
+                ref mut rank,
+                ref mut peer,
+                ..
+            } => {
+                *rank = self.rank;
+                *peer = at(*peer);
+                error
+            }
             Error::PeerMisbehaved {
                 peer,
                 addr: None,

@@ -315,44 +315,18 @@ impl Native {
                 call.phase(),
                 self.state.close_flag(),
             );
-            let result = match result {
-                Err(Error::Mismatch {
-                    seq,
-                    point_to_point,
-                    rank,
-                    call: mine,
-                    peer,
-                    peer_call,
-                    differs,
-                    context,
-                }) => {
-                    let mine = if mine.is_empty() {
-                        refused_send(sent, sent_len, seq, peer)
-                    } else {
-                        if let Some(src) = call.recv_from
-                            && exchange.refused().is_some()
-                        {
-                            // Tell the sender, which is not waiting for an answer (see
-                            // `header`): best effort, before the group fails and closes.
-                            transport.assume_ready();
-                            let rejection = call.rejection().encode();
-                            let _ = transport.conn(transport.send_conn(src)).write(&rejection);
-                        }
-                        mine
-                    };
-                    Err(Error::Mismatch {
-                        seq,
-                        point_to_point,
-                        rank,
-                        call: mine,
-                        peer,
-                        peer_call,
-                        differs,
-                        context,
-                    })
-                }
-                result => result,
-            };
+            if let Err(Error::Mismatch { call: mine, .. }) = &result
+                && !mine.is_empty()
+                && let Some(src) = call.recv_from
+                && exchange.refused().is_some()
+            {
+                // Tell the sender, which is not waiting for an answer (see `header`): best
+                // effort, before the group fails and closes.
+                transport.assume_ready();
+                let rejection = call.rejection().encode();
+                let _ = transport.conn(transport.send_conn(src)).write(&rejection);
+            }
+            let result = result.map_err(|e| name_refused_send(sent, sent_len, e));
             self.settle(transport, result)
         })
     }
@@ -622,33 +596,18 @@ fn refused_send(sent: &[u32], sent_len: &[u64], seq: u64, peer: usize) -> String
 
 /// `error`, with this rank's call named if it is a mismatch about a refused send (whose
 /// check leaves the call empty; see `header`).
-fn name_refused_send(sent: &[u32], sent_len: &[u64], error: Error) -> Error {
-    match error {
-        Error::Mismatch {
-            seq,
-            point_to_point,
-            rank,
-            call,
-            peer,
-            peer_call,
-            differs,
-            context,
-        } => Error::Mismatch {
-            call: if call.is_empty() {
-                refused_send(sent, sent_len, seq, peer)
-            } else {
-                call
-            },
-            seq,
-            point_to_point,
-            rank,
-            peer,
-            peer_call,
-            differs,
-            context,
-        },
-        error => error,
+fn name_refused_send(sent: &[u32], sent_len: &[u64], mut error: Error) -> Error {
+    if let Error::Mismatch {
+        seq,
+        peer,
+        ref mut call,
+        ..
+    } = error
+        && call.is_empty()
+    {
+        *call = refused_send(sent, sent_len, seq, peer);
     }
+    error
 }
 
 impl Communicator for Native {

@@ -1026,6 +1026,43 @@ fn simulate_live(
     outcome
 }
 
+/// Runs the all-reduce that `setup` starts on each rank's exchange (of `count` elements of
+/// `op`, `dtype`) under the simulator, cut into pieces of at most `max` bytes from `seed`,
+/// and checks that every rank holds rank 0's bits and that they equal `reference`'s, NaN
+/// sums matching NaN sums (see `first_difference`).
+fn all_reduce_gives(
+    size: usize,
+    (op, dtype): (ReduceOp, DType),
+    count: usize,
+    (seed, max): (u64, usize),
+    reference: fn(ReduceOp, DType, &[Vec<u8>]) -> Vec<u8>,
+    setup: impl Fn(&mut Exchange, usize, &Call),
+) -> Result<(), TestCaseError> {
+    let bytes = count * dtype.size();
+    let inputs: Vec<_> = (0..size).map(|r| input(seed, r, dtype, bytes)).collect();
+    let mut data = inputs.clone();
+    let call = Call::group(7, Kind::AllReduce(op, dtype), count as u64);
+    let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
+    for (r, x) in xs.iter_mut().enumerate() {
+        setup(x, r, &call);
+    }
+    let none: Vec<Vec<u8>> = vec![Vec::new(); size];
+    let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+    prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
+    let want = reference(op, dtype, &inputs);
+    for (r, d) in data.iter().enumerate() {
+        prop_assert!(
+            *d == data[0],
+            "rank {} of {}: other bits than rank 0's",
+            r,
+            size
+        );
+        let at = first_difference(op, dtype, d, &want);
+        prop_assert!(at.is_none(), "rank {} of {}: element {:?}", r, size, at);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -1042,30 +1079,16 @@ proptest! {
         max in 1usize..64,
     ) {
         let op = ReduceOp::ALL[op];
-        let bytes = count * dtype.size();
-        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, dtype, bytes)).collect();
-        let mut data = inputs.clone();
-        let call = Call::group(7, Kind::AllReduce(op, dtype), count as u64);
-        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
-        for (r, x) in xs.iter_mut().enumerate() {
+        // A NaN sum's payload is the compiler's choice: at opt-level 1 the scalar reference
+        // kept another rank's than the kernel (complex64), so NaNs match NaNs in
+        // `all_reduce_gives`; every rank holding the same bits is checked there.
+        all_reduce_gives(size, (op, dtype), count, (seed, max), reference, |x, r, call| {
             if scatter {
-                x.scatter_gather(&Direct, r, size, &call, (op, dtype), count);
+                x.scatter_gather(&Direct, r, size, call, (op, dtype), count);
             } else {
-                x.one_shot(&Direct, r, size, &call, (op, dtype), bytes);
+                x.one_shot(&Direct, r, size, call, (op, dtype), count * dtype.size());
             }
-        }
-        let none: Vec<Vec<u8>> = vec![Vec::new(); size];
-        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
-        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
-        let want = reference(op, dtype, &inputs);
-        for (r, d) in data.iter().enumerate() {
-            prop_assert!(*d == data[0], "rank {} of {}: other bits than rank 0's", r, size);
-            // A NaN sum's payload is the compiler's choice: at opt-level 1 the scalar
-            // reference kept another rank's than the kernel (complex64), so NaNs match
-            // NaNs here; every rank holding the same bits is checked above.
-            let at = first_difference(op, dtype, d, &want);
-            prop_assert!(at.is_none(), "rank {} of {}: element {:?}", r, size, at);
-        }
+        })?;
     }
 
     /// Recursive doubling and halving-doubling, cut into arbitrary pieces, give the tree
@@ -1083,28 +1106,13 @@ proptest! {
         max in 1usize..96,
     ) {
         let op = ReduceOp::ALL[op];
-        let bytes = count * dtype.size();
-        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, dtype, bytes)).collect();
-        let mut data = inputs.clone();
-        let call = Call::group(9, Kind::AllReduce(op, dtype), count as u64);
-        let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
-        for (r, x) in xs.iter_mut().enumerate() {
+        all_reduce_gives(size, (op, dtype), count, (seed, max), tree_reference, |x, r, call| {
             if halving {
-                x.halving_doubling(&Direct, r, size, &call, (op, dtype), count);
+                x.halving_doubling(&Direct, r, size, call, (op, dtype), count);
             } else {
-                x.recursive_doubling(&Direct, r, size, &call, (op, dtype), bytes);
+                x.recursive_doubling(&Direct, r, size, call, (op, dtype), count * dtype.size());
             }
-        }
-        let none: Vec<Vec<u8>> = vec![Vec::new(); size];
-        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
-        prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
-        let want = tree_reference(op, dtype, &inputs);
-        for (r, d) in data.iter().enumerate() {
-            prop_assert!(*d == data[0], "rank {} of {}: other bits than rank 0's", r, size);
-            // NaN sums match NaN sums, as in `direct_all_reduces_give_the_rank_order_fold`.
-            let at = first_difference(op, dtype, d, &want);
-            prop_assert!(at.is_none(), "rank {} of {}: element {:?}", r, size, at);
-        }
+        })?;
     }
 
     /// The recursive-doubling barrier: with every rank present every rank finishes; with
