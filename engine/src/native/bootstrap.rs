@@ -11,12 +11,23 @@
 //! listens on all its addresses at once, dials concurrently and retries refused
 //! connections quickly until the deadline.
 //!
-//! Every rank speaks first on every connection, so a peer that is not native is named as
-//! soon as its first bytes arrive (see [`super::hello`]) and setup fails at once; a peer
-//! that sends nothing is named at the deadline, with that as the likely cause. A client
-//! that connects and closes before its hello (a port scanner) is passed over. One that
-//! sends data instead of a hello fails setup at once, as an MLX rank does: whoever can
-//! reach a forming group's ports can abort it that way, but cannot join it.
+//! Every rank speaks first on every connection, so a rank this one dialled that is not
+//! native is named as soon as its first bytes arrive (see [`super::hello`]) and setup fails
+//! at once; one that sends nothing is named at the deadline, with that as the likely cause.
+//!
+//! An accepted client, though, may be anyone who can reach the port. One whose first bytes
+//! are not a hello (data, zeros, a scanner's close, a truncated or broken hello), that sends
+//! no whole hello within [`HELLO_DEADLINE`], or that sends a hello of this group and then
+//! fails the key's proof (a replay) is a stranger: it is dropped, logged, counted for the
+//! error at the deadline, and the address keeps waiting for the real peer. At most
+//! [`MAX_PENDING`] accepted clients wait for their hello at once; beyond that the oldest
+//! is dropped, so a flood costs bounded memory and descriptors, and a real peer that
+//! arrives after it is kept. No allocation depends on what a client sends: a hello is 88
+//! bytes into a fixed buffer, and the key's messages are fixed-size too. A client that
+//! sends a hello of another version or wire, or a well-formed hello of another group, size,
+//! key or rank, is taken for a misconfigured rank and fails setup at once, naming what
+//! differs; whoever can reach a forming group's ports can abort it that way, but cannot
+//! join it with a key.
 
 use std::io;
 use std::net::SocketAddr;
@@ -37,6 +48,61 @@ use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
 const CONTEXT: Phase = Phase::NativeSetup;
+
+/// How long an accepted client may take to complete its hello (and, with a key, the
+/// proof) before it is dropped as a stranger. A rank sends its hello as soon as it is
+/// connected, and the key's exchange is two round trips more, so a real peer needs
+/// milliseconds even on a loaded host; the margin keeps a peer stalled by its scheduler.
+pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The most accepted clients waiting for their hello at once; beyond it the oldest is
+/// dropped. A group expects at most `size - 1 + connections` on a rank, far fewer.
+pub(crate) const MAX_PENDING: usize = 64;
+
+/// How many dropped strangers the error at the deadline names by address.
+const STRANGERS_NAMED: usize = 3;
+
+/// The strangers dropped while forming, for the error at the deadline.
+#[derive(Debug, Default)]
+struct Strangers {
+    /// How many were dropped.
+    count: usize,
+    /// The first few: where each came from and why it was dropped.
+    first: Vec<(SocketAddr, String)>,
+}
+
+impl Strangers {
+    fn record(&mut self, from: SocketAddr, why: String) {
+        self.count += 1;
+        if self.first.len() < STRANGERS_NAMED {
+            self.first.push((from, why));
+        }
+    }
+
+    /// "dropped 5 connections that were not this group's ranks: from A (why), from B
+    /// (why), from C (why) and 2 more", or `None` if none was dropped.
+    fn summary(&self) -> Option<String> {
+        if self.count == 0 {
+            return None;
+        }
+        let named: Vec<String> = self
+            .first
+            .iter()
+            .map(|(from, why)| format!("from {from} ({why})"))
+            .collect();
+        let more = self.count - self.first.len();
+        Some(format!(
+            "dropped {} connection(s) that were not this group's ranks: {}{}",
+            self.count,
+            named.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
 
 /// What a peer that sends nothing is most likely, for the timeout's error.
 fn silent_peer(timeout: Duration) -> String {
@@ -99,6 +165,75 @@ fn refusal(fault: Fault, peer: usize, addr: Option<SocketAddr>, reason: String) 
     }
 }
 
+/// The error at the deadline with what came instead of the peers: `strangers` appended to
+/// its reason. A plain timeout becomes a timed-out I/O error of the same peer and step, so
+/// that it can carry the sentence; its fault is the same (the peer failed to come).
+fn with_strangers(error: Error, strangers: &str) -> Error {
+    match error {
+        Error::PeerIncompatible {
+            peer,
+            addr,
+            context,
+            reason,
+        } => Error::PeerIncompatible {
+            peer,
+            addr,
+            context,
+            reason: format!("{reason}; {strangers}"),
+        },
+        Error::Auth {
+            peer,
+            addr,
+            context,
+            reason,
+        } => Error::Auth {
+            peer,
+            addr,
+            context,
+            reason: format!("{reason}; {strangers}"),
+        },
+        Error::Io {
+            peer,
+            addr,
+            op,
+            context,
+            source,
+        } => Error::Io {
+            peer,
+            addr,
+            op,
+            context,
+            source: std::sync::Arc::new(io::Error::new(
+                source.kind(),
+                format!("{source}; {strangers}"),
+            )),
+        },
+        Error::Timeout {
+            peer,
+            addr,
+            op,
+            context,
+            after,
+        } => Error::Io {
+            peer,
+            addr,
+            op,
+            context,
+            source: std::sync::Arc::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                match op {
+                    PeerOp::Accept => format!(
+                        "no connection from rank {peer} completed its hello within {after:?}; \
+                         {strangers}"
+                    ),
+                    _ => format!("{op} timed out after {after:?}; {strangers}"),
+                },
+            )),
+        },
+        other => other,
+    }
+}
+
 /// Where an outgoing connection goes.
 #[derive(Clone, Copy, Debug)]
 struct Target {
@@ -125,6 +260,8 @@ struct Candidate {
     /// The listening address (index) it arrived on.
     slot: usize,
     from: SocketAddr,
+    /// When it was accepted: it is dropped at [`HELLO_DEADLINE`] after.
+    arrived: Instant,
     acceptor: Box<hello::Acceptor>,
 }
 
@@ -159,8 +296,8 @@ struct Setup<'a> {
     mesh_in: Vec<Option<(TcpStream, Peer)>>,
     /// Ranks that must dial this one's first address for the mesh.
     mesh_from: Vec<usize>,
-    /// The last client passed over on each address, for the error at the deadline.
-    passed_over: Vec<Option<(SocketAddr, String)>>,
+    /// Accepted clients dropped as strangers, for the error at the deadline.
+    strangers: Strangers,
     /// A failure that ends setup at once.
     failure: Option<Error>,
 }
@@ -247,7 +384,7 @@ impl<'a> Setup<'a> {
             ring_in: (0..c).map(|_| None).collect(),
             mesh_in: (0..size).map(|_| None).collect(),
             mesh_from,
-            passed_over: vec![None; c],
+            strangers: Strangers::default(),
             failure: None,
         })
     }
@@ -453,7 +590,16 @@ impl<'a> Setup<'a> {
             let Some((mut stream, from)) = accepted else {
                 return Ok(());
             };
-            let id = self.candidates.len();
+            self.make_room();
+            // A freed id is reused, so that the list stays as long as the most clients
+            // ever pending at once, not as long as all that ever came.
+            let id = match self.candidates.iter().position(Option::is_none) {
+                Some(free) => free,
+                None => {
+                    self.candidates.push(None);
+                    self.candidates.len() - 1
+                }
+            };
             self.poll
                 .registry()
                 .register(
@@ -463,14 +609,78 @@ impl<'a> Setup<'a> {
                 )
                 .map_err(|e| Error::local("registering an accepted connection", e))?;
             let acceptor = hello::Acceptor::new(self.expect.clone(), self.key, slot as u32);
-            self.candidates.push(Some(Candidate {
+            self.candidates[id] = Some(Candidate {
                 stream,
                 slot,
                 from,
+                arrived: Instant::now(),
                 acceptor: Box::new(acceptor),
-            }));
+            });
             self.progress_candidate(id);
         }
+    }
+
+    /// Drops the oldest pending clients while [`MAX_PENDING`] or more wait, so that one
+    /// more fits.
+    fn make_room(&mut self) {
+        while self.candidates.iter().flatten().count() >= MAX_PENDING {
+            let oldest = self
+                .candidates
+                .iter()
+                .enumerate()
+                .filter_map(|(id, c)| c.as_ref().map(|c| (c.arrived, id)))
+                .min();
+            let Some((_, id)) = oldest else {
+                return;
+            };
+            self.drop_stranger(
+                id,
+                format!("it was the oldest of {MAX_PENDING} clients waiting for their hello"),
+            );
+        }
+    }
+
+    /// Drops the pending clients that have not completed their hello within
+    /// [`HELLO_DEADLINE`].
+    fn expire_silent(&mut self) {
+        let now = Instant::now();
+        for id in 0..self.candidates.len() {
+            let overdue = self.candidates[id]
+                .as_ref()
+                .is_some_and(|c| now.saturating_duration_since(c.arrived) >= HELLO_DEADLINE);
+            if overdue {
+                self.drop_stranger(
+                    id,
+                    format!("it did not complete a hello within {HELLO_DEADLINE:?}"),
+                );
+            }
+        }
+    }
+
+    /// When the next pending client's hello deadline passes, if any waits.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.candidates
+            .iter()
+            .flatten()
+            .map(|c| c.arrived + HELLO_DEADLINE)
+            .min()
+    }
+
+    /// Closes pending client `id` as a stranger: logs it and counts it for the error at
+    /// the deadline. Its address keeps waiting for the real peer.
+    fn drop_stranger(&mut self, id: usize, why: String) {
+        let Some(mut c) = self.candidates.get_mut(id).and_then(Option::take) else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        verbose!(
+            self.addrs.rank,
+            "dropped a client from {} on {}, which is not a rank of this group ({why}); still \
+             waiting for the real peer",
+            c.from,
+            self.addrs.listen[c.slot]
+        );
+        self.strangers.record(c.from, why);
     }
 
     /// Who a client on address `slot` most likely is, before its hello says: the left
@@ -503,6 +713,11 @@ impl<'a> Setup<'a> {
         let said = candidate.acceptor.peer_hello().copied();
         if outcome == Outcome::Pending {
             return;
+        }
+        if let Outcome::Rejected(r) = &outcome
+            && candidate.acceptor.is_stranger()
+        {
+            return self.drop_stranger(id, r.reason.clone());
         }
         let Some(mut c) = self.candidates[id].take() else {
             return;
@@ -537,6 +752,7 @@ impl<'a> Setup<'a> {
                     }
                 }
             }
+            // A rank of another version, wire or group (strangers were dropped above).
             Outcome::Rejected(r) => {
                 let who = match r.claimed {
                     Some(rank) => format!("rank {rank} (connecting from {})", c.from),
@@ -548,15 +764,9 @@ impl<'a> Setup<'a> {
                     self.addrs.listen[c.slot],
                     r.reason
                 );
-                if r.fault == Fault::Peer && r.claimed.is_none() {
-                    // A scanner, or a client that broke off before saying who it is: pass
-                    // over it, and mention it if the mesh does not form.
-                    self.passed_over[c.slot] = Some((c.from, format!("{who} {}", r.reason)));
-                } else {
-                    let peer = r.claimed.unwrap_or(self.addrs.left_rank());
-                    let reason = format!("{who} {}", r.reason);
-                    self.fail(refusal(r.fault, peer, Some(c.from), reason));
-                }
+                let peer = r.claimed.unwrap_or(self.addrs.left_rank());
+                let reason = format!("{who} {}", r.reason);
+                self.fail(refusal(r.fault, peer, Some(c.from), reason));
             }
         }
     }
@@ -673,7 +883,7 @@ impl<'a> Setup<'a> {
                 },
             };
         }
-        // A connection that arrived and said nothing.
+        // A connection that arrived and said nothing: an MLX rank's, most likely.
         if let Some(c) = self
             .candidates
             .iter()
@@ -694,32 +904,19 @@ impl<'a> Setup<'a> {
             .iter()
             .copied()
             .find(|&r| self.mesh_in[r].is_none());
-        // The peer's own address for the error (`peer_addr`), and this rank's that it did
-        // not reach (`slot`), where a client may have been passed over.
-        let (peer, slot, peer_addr) = match (missing_ring, missing_mesh) {
-            (Some(i), _) => (self.addrs.left_rank(), i, i),
-            (None, Some(r)) => (r, 0, 0),
-            (None, None) => (self.addrs.left_rank(), 0, 0),
+        // The peer's own address for the error: its address `i` for ring connection `i`,
+        // its first for the mesh.
+        let (peer, peer_addr) = match (missing_ring, missing_mesh) {
+            (Some(i), _) => (self.addrs.left_rank(), i),
+            (None, Some(r)) => (r, 0),
+            (None, None) => (self.addrs.left_rank(), 0),
         };
-        let listen = self.addrs.listen.get(slot).copied();
-        match self.passed_over.get_mut(slot).and_then(Option::take) {
-            Some((from, why)) => Error::PeerMisbehaved {
-                peer,
-                addr: Some(from),
-                context: CONTEXT,
-                reason: format!(
-                    "{why}; no connection from rank {peer} completed its hello at {} within \
-                     {timeout:?}",
-                    listen.map_or_else(String::new, |a| a.to_string())
-                ),
-            },
-            None => Error::Timeout {
-                peer,
-                addr: self.addrs.resolved(peer, peer_addr),
-                op: PeerOp::Accept,
-                context: CONTEXT,
-                after: timeout,
-            },
+        Error::Timeout {
+            peer,
+            addr: self.addrs.resolved(peer, peer_addr),
+            op: PeerOp::Accept,
+            context: CONTEXT,
+            after: timeout,
         }
     }
 }
@@ -734,6 +931,8 @@ impl Formation for Setup<'_> {
     }
 
     fn start_due_dials(&mut self) -> Result<()> {
+        // Called on every turn of the loop: the place to drop clients past their deadline.
+        self.expire_silent();
         Setup::start_due_dials(self)
     }
 
@@ -751,17 +950,26 @@ impl Formation for Setup<'_> {
     fn report(&self, elapsed: Duration, timeout: Duration) {
         verbose!(
             info: self.addrs.rank,
-            "still forming the native mesh after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}",
-            self.waiting_for()
+            "still forming the native mesh after {elapsed:.1?} (the timeout is {timeout:?}); waiting for {}{}",
+            self.waiting_for(),
+            self.strangers.summary().map_or_else(String::new, |s| format!("; {s}"))
         );
     }
 
     fn give_up(self, timeout: Duration) -> Error {
-        self.timed_out(timeout)
+        let strangers = self.strangers.summary();
+        let error = self.timed_out(timeout);
+        match strangers {
+            Some(s) => with_strangers(error, &s),
+            None => error,
+        }
     }
 
     fn next_retry(&self) -> Option<Instant> {
-        Setup::next_retry(self)
+        match (Setup::next_retry(self), self.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn accept(&mut self, i: usize) -> Result<()> {

@@ -424,6 +424,8 @@ struct Exchange {
     got: usize,
     /// The peer's hello, once read and accepted.
     peer: Option<Hello>,
+    /// Why the peer's bytes were not a hello, once they showed it.
+    malformed: Option<Malformed>,
     outcome: Outcome,
 }
 
@@ -450,6 +452,7 @@ impl Exchange {
             inbuf: [0; Hello::LEN],
             got: 0,
             peer: None,
+            malformed: None,
             outcome: Outcome::Pending,
         }
     }
@@ -488,6 +491,7 @@ impl Exchange {
         match result {
             Ok(hello) => (n, hello),
             Err(m) => {
+                self.malformed = Some(m);
                 self.outcome = reject(m.fault(), claimed, m.to_string());
                 (n, None)
             }
@@ -726,6 +730,30 @@ impl Acceptor {
     /// The connector's hello, once read and accepted: who it is and which connection.
     pub(crate) fn peer_hello(&self) -> Option<&Hello> {
         self.exchange.peer.as_ref()
+    }
+
+    /// Whether a rejected client is a stranger rather than a rank: its first bytes were not
+    /// the magic of a hello (data, zeros, a scanner's close, a truncated hello), or began a
+    /// hello of this version that is broken (reserved bytes, connection kind), or it sent a
+    /// hello of this group and then failed to prove the key (a replay: the proof is bound
+    /// to both hellos and this rank's fresh challenge). A rank of another version or wire
+    /// (the magic, then another version byte) and a well-formed hello of another group,
+    /// size, key or rank are not strangers: those are misconfigured ranks, named at once.
+    ///
+    /// A rank holding another key differs in the group identity, which is checked before
+    /// any proof, so a proof that fails after that check is never a misconfigured rank.
+    pub(crate) fn is_stranger(&self) -> bool {
+        let Outcome::Rejected(r) = self.outcome() else {
+            return false;
+        };
+        if self.auth.is_some() {
+            return true;
+        }
+        r.claimed.is_none()
+            && !matches!(
+                self.exchange.malformed,
+                Some(Malformed::Version(_) | Malformed::MlxUnkeyed | Malformed::MlxKeyed)
+            )
     }
 
     fn check(&self, hello: &Hello) -> Result<(), (Fault, String)> {
@@ -1161,6 +1189,51 @@ mod tests {
         assert_eq!(c.outcome(), &Outcome::Pending);
         c.handle_recv(b"X");
         assert_eq!(rejection(c.outcome()).fault, Fault::Incompatible);
+    }
+
+    #[test]
+    fn an_acceptor_tells_strangers_from_misconfigured_ranks() {
+        let k = key(SECRET);
+        // Not a hello: data, zeros, a broken hello of this version, a close.
+        let mut broken = sample().encode();
+        broken[9] = 1;
+        for bytes in [&2.0f32.to_le_bytes()[..], &[0; 64], &broken] {
+            let (_, mut a) = ring_pair(None, None);
+            a.handle_recv(bytes);
+            assert!(a.is_stranger(), "{bytes:?}: {:?}", a.outcome());
+        }
+        let (_, mut a) = ring_pair(None, None);
+        a.handle_recv(b"nu");
+        assert!(!a.is_stranger(), "pending");
+        a.handle_closed();
+        assert!(a.is_stranger());
+        // Another version or wire: a misconfigured rank.
+        for bytes in [&b"nuvecRNG\x03"[..], &auth::NO_KEY, b"nuvecRNG\x01"] {
+            let (_, mut a) = ring_pair(None, None);
+            a.handle_recv(bytes);
+            assert!(!a.is_stranger(), "{bytes:?}: {:?}", a.outcome());
+        }
+        // A well-formed hello of another group: a misconfigured rank.
+        let mut other = expect(0, 4, None);
+        other.identity.group[0] ^= 1;
+        let mut c = Connector::new(expect(3, 4, None), None, 0, Kind::Ring(1));
+        let mut a = Acceptor::new(other, None, 1);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        assert!(!a.is_stranger(), "{:?}", a.outcome());
+        // This group's hello replayed, then bytes that are no answer to this challenge.
+        let (c, mut a) = ring_pair(Some(&k), Some(&k));
+        let n = a.transmit().len();
+        a.handle_sent(n);
+        assert_eq!(a.handle_recv(c.transmit()), Hello::LEN);
+        let n = a.transmit().len();
+        a.handle_sent(n);
+        for _ in 0..1000 {
+            if a.wants() == 0 {
+                break;
+            }
+            a.handle_recv(&[0xAB]);
+        }
+        assert!(a.is_stranger(), "{:?}", a.outcome());
     }
 
     #[test]
