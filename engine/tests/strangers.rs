@@ -236,3 +236,28 @@ fn native_timeout_names_the_dropped_strangers() {
         );
     }
 }
+
+#[test]
+fn native_pending_clients_are_capped_oldest_first() {
+    // 70 silent clients, and rank 1 never comes: 64 may wait for their hello, so the six
+    // oldest are dropped to make room, and the error at the deadline counts them.
+    let nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
+    let at: SocketAddr = nodes[0][0].parse().unwrap();
+    let nodes0 = nodes.clone();
+    let rank0 = thread::spawn(move || {
+        let options = options(Backend::Native, false, Duration::from_secs(2));
+        match init_with(&nodes0, 0, &options) {
+            Ok(_) => panic!("formed without rank 1"),
+            Err(e) => e,
+        }
+    });
+    let held: Vec<TcpStream> = (0..70).map(|_| connect(at)).collect();
+    let text = rank0.join().unwrap().to_string();
+    assert!(
+        text.contains("dropped 6 connection(s) that were not this group's ranks: from 127.0.0.1:")
+            && text.contains("it was the oldest of 64 clients waiting for their hello")
+            && text.contains(" and 3 more"),
+        "{text}"
+    );
+    drop(held);
+}
