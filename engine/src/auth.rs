@@ -163,6 +163,20 @@ impl Key {
     pub(crate) fn tag(&self, data: &[u8]) -> [u8; 32] {
         *blake3::keyed_hash(&self.0, data).as_bytes()
     }
+
+    /// A key for another purpose, derived from this key and `parts` with BLAKE3's key
+    /// derivation under `context` (globally unique, one per purpose and format version; the
+    /// native wire's record keys use it). Each part goes in after its length, so two lists
+    /// of parts never give the same input.
+    pub(crate) fn derive(&self, context: &str, parts: &[&[u8]]) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_derive_key(context);
+        h.update(&self.0);
+        for part in parts {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        *h.finalize().as_bytes()
+    }
 }
 
 /// The connector's opening message.

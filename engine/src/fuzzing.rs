@@ -1,7 +1,8 @@
 //! Entry points for the fuzz targets in `fuzz/` and for replaying their corpus in
 //! `cargo test`: every parser of bytes that come from outside the process (the hostfile,
-//! the MLX wire's keyed handshake, and the native wire's hello and collective header, in
-//! `native`). Not part of the API; hidden from the docs.
+//! the MLX wire's keyed handshake, the native wire's hello and collective header, in
+//! `native`, and its sealed records, in `record`). Not part of the API; hidden from the
+//! docs.
 
 use crate::auth::{
     Acceptor, Challenge, Connector, Greeting, Handshake, Hello, Key, Link, MAGIC, Outcome, Secret,
@@ -10,8 +11,10 @@ use crate::auth::{
 use crate::config::hostfile;
 
 mod native;
+mod record;
 
 pub use native::{Ended, native_header, native_hello, seeds};
+pub use record::native_record;
 
 /// Parses `data` as a hostfile and checks it for every rank it could describe. Must never
 /// panic, whatever the bytes.

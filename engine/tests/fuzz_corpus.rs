@@ -59,6 +59,31 @@ fn native_header_inputs_never_panic() {
     });
 }
 
+#[test]
+fn native_record_inputs_never_panic() {
+    replay("native_record", |d| {
+        nuvec_distributed_engine::fuzzing::native_record(d);
+    });
+}
+
+/// Each record seed opens the records it should and no more: an honest stream all of its
+/// records, a wrong one only those before what is wrong.
+#[test]
+fn the_record_seeds_open_what_they_should() {
+    use nuvec_distributed_engine::fuzzing;
+    let seeds = fuzzing::seeds("native_record");
+    assert!(seeds.len() > 8, "{} seeds", seeds.len());
+    for (name, bytes) in seeds {
+        let expected = match name {
+            "honest" => 4,
+            n if n.ends_with("-after-two") => 2,
+            n if n.ends_with("-after-one") => 1,
+            _ => 0,
+        };
+        assert_eq!(fuzzing::native_record(&bytes), expected, "{name}");
+    }
+}
+
 /// Each native seed reaches what it is for: the valid hellos are taken by the one side
 /// they are for, every other hello by none; the matching headers complete their
 /// collective, the others are refused or wait for more.
@@ -100,7 +125,7 @@ fn the_native_seeds_reach_what_they_are_for() {
 fn the_native_seeds_are_what_this_build_encodes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
     let write = std::env::var_os("NUVEC_WRITE_SEEDS").is_some();
-    for target in ["native_hello", "native_header"] {
+    for target in ["native_hello", "native_header", "native_record"] {
         let seeds = nuvec_distributed_engine::fuzzing::seeds(target);
         assert!(seeds.len() > 10, "{target}: {} seeds", seeds.len());
         for (name, bytes) in seeds {
@@ -194,7 +219,7 @@ fn random_side_channel_set_ups_never_panic() {
     assert!(whole > 100, "only {whole} random set-ups got through");
 }
 
-/// The same for the native hello and header: random bytes, and random edits of each seed
+/// The same for the native hello, header and records: random bytes, and random edits of each seed
 /// (a byte changed, the input cut short), from a fixed seed.
 #[test]
 fn random_native_inputs_never_panic() {
@@ -208,6 +233,7 @@ fn random_native_inputs_never_panic() {
             (|d| _ = fuzzing::native_hello(d)) as fn(&[u8]),
         ),
         ("native_header", |d| _ = fuzzing::native_header(d)),
+        ("native_record", |d| _ = fuzzing::native_record(d)),
     ] {
         let seeds = fuzzing::seeds(target);
         for _ in 0..1000 {

@@ -553,14 +553,16 @@ fn run_collective(selector: u8, stream: &[u8]) -> Ended {
 
 // ---- Seeds -----------------------------------------------------------------------------
 
-/// The seeds of the native targets (`native_hello`, `native_header`), by file name, as
-/// this build encodes them: every kind of hello and header the wire has, and the edge
-/// cases around them. `fuzz/seeds/<target>/` holds them, and `tests/fuzz_corpus.rs`
+/// The seeds of the native targets (`native_hello`, `native_header`, `native_record`), by
+/// file name, as this build encodes them: every kind of hello and header the wire has, a
+/// stream of sealed records and each way one can be wrong, and the edge cases around
+/// them. `fuzz/seeds/<target>/` holds them, and `tests/fuzz_corpus.rs`
 /// checks that it still does, so that they pin the wire's bytes too.
 pub fn seeds(target: &str) -> Vec<(&'static str, Vec<u8>)> {
     match target {
         "native_hello" => hello_seeds(),
         "native_header" => header_seeds(),
+        "native_record" => super::record::seeds(),
         _ => Vec::new(),
     }
 }

@@ -3,6 +3,8 @@
 //! - [`socket`]: listening, dialling, every socket option;
 //! - [`conn`]: one connection (reads, writes, urgent bytes, the first-bytes check);
 //! - [`notice`]: failure notices and inquiries, the rules without I/O;
+//! - [`seal`]: sealed records for keyed connections (encrypted, authenticated, numbered),
+//!   the rules without I/O;
 //! - [`sys`]: the driver seam (epoll/kqueue or io_uring) behind one type;
 //! - [`bootstrap`]: forming the connections (listen, dial with backoff, accept, the loop),
 //!   parameterised by a handshake;
@@ -28,6 +30,7 @@ pub(crate) mod bootstrap;
 pub(crate) mod conn;
 pub(crate) mod engine;
 pub(crate) mod notice;
+pub(crate) mod seal;
 pub(crate) mod socket;
 mod sys;
 

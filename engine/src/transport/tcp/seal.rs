@@ -1,0 +1,824 @@
+//! Sealed records: the bytes of a keyed connection, encrypted and authenticated in records,
+//! so that a byte altered, injected, replayed, reordered or cut off on the way fails the
+//! call instead of reaching the caller. Sans-IO: [`Sealer`] and [`Opener`] own no socket;
+//! the caller moves the records.
+//!
+//! A record on the wire is
+//!
+//! | field | bytes | what |
+//! |---|---|---|
+//! | length | 4 | the plaintext's length `n`, little-endian, at most [`MAX_PLAINTEXT`] |
+//! | ciphertext | `n` | the plaintext, encrypted |
+//! | tag | 16 | Poly1305's tag over the ciphertext, with the length as associated data |
+//!
+//! Each direction of a connection has its own key, derived with BLAKE3's key derivation
+//! from the group's [`Key`], both handshake nonces (the connector's and the acceptor's, new
+//! on every connection) and the direction ([`keys`]): a record of one connection opens on
+//! no other, and one sent back to its sender (reflected) does not open either. The cipher's
+//! 96-bit nonce is the record's number on its direction, counted from 0 by both sides and
+//! never sent: a record replayed, dropped or moved to another place has the wrong number
+//! and fails its tag. A direction refuses a record number past `u64::MAX - 1` rather than
+//! reuse one ([`RecordError::Exhausted`]).
+//!
+//! The cipher is ChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`), chosen over
+//! AES-256-GCM (`aes-gcm`) by measurement (engine/tests/ciphers.rs, release, this x86-64 of
+//! two shared cores with AES-NI, CLMUL and AVX2, three runs): with those instructions
+//! AES-256-GCM seals and opens 16 and 64 KiB records at 0.50-0.67 GB/s, ChaCha20-Poly1305 at
+//! 0.41-0.61 GB/s; on the crates' portable code (`--cfg aes_force_soft
+//! --cfg polyval_force_soft --cfg chacha20_force_soft --cfg poly1305_force_soft`)
+//! AES-256-GCM falls to 0.04-0.05 GB/s and ChaCha20-Poly1305 to 0.15-0.24 GB/s. The portable
+//! code is what Apple's aarch64 gets by default: `aes` 0.8 and `polyval` 0.6 use ARMv8's
+//! AES and PMULL instructions only when built with `--cfg aes_armv8 --cfg polyval_armv8`
+//! in RUSTFLAGS (their docs), which a project that depends on this crate does not set, and
+//! `chacha20` 0.9 uses NEON only with `--cfg chacha20_force_neon`. So ChaCha20-Poly1305
+//! is within the runs' spread of AES-256-GCM where AES has hardware, and 3 to 5 times
+//! faster where it has none.
+//!
+//! The opener verifies a whole record before it decrypts a byte of it
+//! (`decrypt_in_place_detached` checks the tag first), so a record that fails leaves its
+//! ciphertext where it was and yields no plaintext. A receiver that stages each record
+//! before it writes the plaintext to the caller's buffer, or folds it into a reduction,
+//! therefore passes on no unverified byte; records of at most [`MAX_PLAINTEXT`] bytes let
+//! a reduction fold each one as it arrives.
+
+use std::fmt;
+
+use chacha20poly1305::ChaCha20Poly1305;
+use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+
+use crate::auth::Key;
+use crate::error::{Error, PeerOp, Phase};
+
+/// The bytes of a record's length field.
+pub(crate) const LEN_BYTES: usize = 4;
+
+/// The bytes of a record's tag.
+pub(crate) const TAG_BYTES: usize = 16;
+
+/// The bytes a record adds to its plaintext.
+pub(crate) const OVERHEAD: usize = LEN_BYTES + TAG_BYTES;
+
+/// The most plaintext one record carries. An opener refuses a length field above it before
+/// it waits for the record's bytes, so a forged length cannot make it buffer more.
+pub(crate) const MAX_PLAINTEXT: usize = 64 << 10;
+
+/// The longest record on the wire.
+pub(crate) const MAX_RECORD: usize = MAX_PLAINTEXT + OVERHEAD;
+
+/// BLAKE3 `derive_key` context of the record keys: globally unique, fixed for this format.
+const KEY_CONTEXT: &str = "nuvec-distributed 2026-12-05 native wire record keys v1";
+
+/// Which end of a connection a side is: the one that dialled, or the one that accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The rank that opened the connection and sent the handshake's hello.
+    Connector,
+    /// The rank that accepted it.
+    Acceptor,
+}
+
+/// One direction of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// From the connector to the acceptor.
+    ToAcceptor,
+    /// From the acceptor to the connector.
+    ToConnector,
+}
+
+impl Direction {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Direction::ToAcceptor => b"connector to acceptor",
+            Direction::ToConnector => b"acceptor to connector",
+        }
+    }
+}
+
+/// The key of one direction of the connection whose handshake exchanged these nonces.
+pub(crate) fn keys(
+    key: &Key,
+    connector_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+    direction: Direction,
+) -> [u8; 32] {
+    key.derive(
+        KEY_CONTEXT,
+        &[connector_nonce, acceptor_nonce, direction.label()],
+    )
+}
+
+/// The sealer and the opener of `side`'s end of the connection to `peer` whose handshake
+/// exchanged these nonces: it seals towards the other side and opens what the other side
+/// sealed.
+pub(crate) fn pair(
+    key: &Key,
+    side: Side,
+    connector_nonce: &[u8; 32],
+    acceptor_nonce: &[u8; 32],
+    peer: usize,
+) -> (Sealer, Opener) {
+    let (out, inward) = match side {
+        Side::Connector => (Direction::ToAcceptor, Direction::ToConnector),
+        Side::Acceptor => (Direction::ToConnector, Direction::ToAcceptor),
+    };
+    (
+        Sealer::new(keys(key, connector_nonce, acceptor_nonce, out), peer),
+        Opener::new(keys(key, connector_nonce, acceptor_nonce, inward), peer),
+    )
+}
+
+/// Why a record could not be sealed or opened. Each names the peer at the other end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RecordError {
+    /// The record's tag did not verify: its bytes are not those the peer sealed as this
+    /// record (changed on the way, or sent by someone without the key, or an earlier record
+    /// again, or one out of its place, or another connection's or direction's).
+    Forged {
+        /// The peer the record came from.
+        peer: usize,
+        /// The record's number on its direction.
+        record: u64,
+    },
+    /// The record's length field is above [`MAX_PLAINTEXT`]: no sealer writes that, so it
+    /// was altered or the bytes are not a record.
+    TooLong {
+        /// The peer the record came from.
+        peer: usize,
+        /// The length the field gives.
+        announced: usize,
+    },
+    /// The stream ended inside a record.
+    Truncated {
+        /// The peer the record came from.
+        peer: usize,
+        /// The bytes of the record that arrived.
+        have: usize,
+        /// The bytes the whole record has (as far as its length field was read).
+        need: usize,
+    },
+    /// A direction used up its record numbers (2^64 - 1 records).
+    Exhausted {
+        /// The peer at the other end.
+        peer: usize,
+    },
+    /// The caller asked to seal more than [`MAX_PLAINTEXT`] bytes in one record, or gave
+    /// a buffer of the wrong size: a bug in the caller.
+    Misuse {
+        /// The peer the record was for.
+        peer: usize,
+        /// What was wrong.
+        what: String,
+    },
+    /// The opener failed earlier and refuses everything after.
+    Failed(Box<RecordError>),
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Forged { peer, record } => write!(
+                f,
+                "the record from rank {peer} failed authentication (altered, injected, \
+                 replayed or reordered): record {record} of the connection"
+            ),
+            RecordError::TooLong { peer, announced } => write!(
+                f,
+                "the record from rank {peer} announces {announced} bytes, above the cap of \
+                 {MAX_PLAINTEXT}: altered on the way, or not a record"
+            ),
+            RecordError::Truncated { peer, have, need } => write!(
+                f,
+                "the connection from rank {peer} ended {have} bytes into a record of {need}: \
+                 the record was truncated"
+            ),
+            RecordError::Exhausted { peer } => write!(
+                f,
+                "the connection with rank {peer} used up its 2^64 - 1 record numbers; form \
+                 a new group to go on"
+            ),
+            RecordError::Misuse { peer, what } => {
+                write!(f, "sealing a record for rank {peer}: {what}")
+            }
+            RecordError::Failed(first) => write!(f, "{first} (earlier on this connection)"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+impl RecordError {
+    /// The peer the error names.
+    pub(crate) fn peer(&self) -> usize {
+        match self {
+            RecordError::Forged { peer, .. }
+            | RecordError::TooLong { peer, .. }
+            | RecordError::Truncated { peer, .. }
+            | RecordError::Exhausted { peer }
+            | RecordError::Misuse { peer, .. } => *peer,
+            RecordError::Failed(first) => first.peer(),
+        }
+    }
+
+    /// The error a call made during `context` fails with: bytes that do not authenticate
+    /// are an authentication failure naming the peer; a stream cut inside a record is the
+    /// peer closing mid-message (a crash looks the same, and no unverified byte was passed
+    /// on); used-up record numbers are a local limit; misuse is a bug here.
+    pub(crate) fn into_error(self, context: Phase) -> Error {
+        let peer = self.peer();
+        match self {
+            RecordError::Failed(first) => first.into_error(context),
+            RecordError::Truncated { .. } => Error::Closed {
+                peer,
+                op: PeerOp::Receive,
+                context,
+            },
+            RecordError::Exhausted { .. } => Error::local(
+                self.to_string(),
+                std::io::Error::other("record numbers used up"),
+            ),
+            RecordError::Misuse { .. } => Error::Bug {
+                context,
+                what: self.to_string(),
+            },
+            RecordError::Forged { .. } | RecordError::TooLong { .. } => Error::Auth {
+                peer,
+                addr: None,
+                context,
+                reason: self.to_string(),
+            },
+        }
+    }
+}
+
+/// The cipher's nonce for record `number`: its 64-bit number, little-endian, after four
+/// zero bytes. Each direction has its own key, so the numbers alone never repeat a nonce.
+fn nonce(number: u64) -> chacha20poly1305::Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&number.to_le_bytes());
+    n.into()
+}
+
+/// Seals one direction's records, numbering them from 0.
+pub(crate) struct Sealer {
+    cipher: ChaCha20Poly1305,
+    next: u64,
+    peer: usize,
+}
+
+impl fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sealer")
+            .field("next", &self.next)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sealer {
+    /// A sealer under `key` (one direction's, from [`keys`]) for records to `peer`.
+    pub(crate) fn new(key: [u8; 32], peer: usize) -> Sealer {
+        Sealer {
+            cipher: ChaCha20Poly1305::new(&key.into()),
+            next: 0,
+            peer,
+        }
+    }
+
+    /// Seals the record laid out in `record`: [`LEN_BYTES`] bytes for the length, the
+    /// plaintext, then [`TAG_BYTES`] bytes for the tag. Writes the length and the tag and
+    /// encrypts the plaintext in place.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError::Misuse`] if `record` is shorter than [`OVERHEAD`] or its plaintext
+    /// longer than [`MAX_PLAINTEXT`]; [`RecordError::Exhausted`] once the direction's
+    /// record numbers are used up.
+    pub(crate) fn seal_in_place(&mut self, record: &mut [u8]) -> Result<(), RecordError> {
+        let peer = self.peer;
+        let Some(len) = record.len().checked_sub(OVERHEAD) else {
+            return Err(RecordError::Misuse {
+                peer,
+                what: format!(
+                    "a record buffer of {} bytes, shorter than a record's {OVERHEAD} bytes of \
+                     length and tag",
+                    record.len()
+                ),
+            });
+        };
+        let length = u32::try_from(len)
+            .ok()
+            .filter(|_| len <= MAX_PLAINTEXT)
+            .ok_or_else(|| RecordError::Misuse {
+                peer,
+                what: format!("{len} bytes in one record, above the cap of {MAX_PLAINTEXT}"),
+            })?;
+        if self.next == u64::MAX {
+            return Err(RecordError::Exhausted { peer });
+        }
+        let (head, rest) = record.split_at_mut(LEN_BYTES);
+        let (body, tag) = rest.split_at_mut(len);
+        head.copy_from_slice(&length.to_le_bytes());
+        let sealed = self
+            .cipher
+            .encrypt_in_place_detached(&nonce(self.next), head, body)
+            .map_err(|_| RecordError::Misuse {
+                peer,
+                what: format!("the cipher refused a record of {len} bytes"),
+            })?;
+        tag.copy_from_slice(&sealed);
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Seals `plaintext` as one record at the start of `out`, and returns the record's
+    /// length (`plaintext.len() + OVERHEAD`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Sealer::seal_in_place`], and [`RecordError::Misuse`] if `out` is too short.
+    pub(crate) fn seal(&mut self, plaintext: &[u8], out: &mut [u8]) -> Result<usize, RecordError> {
+        let total = plaintext.len().saturating_add(OVERHEAD);
+        let Some(record) = out.get_mut(..total) else {
+            return Err(RecordError::Misuse {
+                peer: self.peer,
+                what: format!(
+                    "a record of {total} bytes does not fit the {} bytes given",
+                    out.len()
+                ),
+            });
+        };
+        record[LEN_BYTES..total - TAG_BYTES].copy_from_slice(plaintext);
+        self.seal_in_place(record)?;
+        Ok(total)
+    }
+}
+
+/// What the front of the bytes given to [`Opener::open`] holds.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Opened<'a> {
+    /// A whole record that authenticated: its plaintext (decrypted in place) and how many
+    /// bytes of the input the record took.
+    Record {
+        plaintext: &'a mut [u8],
+        consumed: usize,
+    },
+    /// Not yet a whole record: the input must hold this many bytes (at least the length
+    /// field, then the whole record) before the next call can open it.
+    Needs(usize),
+}
+
+/// Opens one direction's records, in order, numbering them from 0 as the sealer did.
+pub(crate) struct Opener {
+    cipher: ChaCha20Poly1305,
+    next: u64,
+    peer: usize,
+    failed: Option<RecordError>,
+}
+
+impl fmt::Debug for Opener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opener")
+            .field("next", &self.next)
+            .field("peer", &self.peer)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Opener {
+    /// An opener under `key` (one direction's, from [`keys`]) for records from `peer`.
+    pub(crate) fn new(key: [u8; 32], peer: usize) -> Opener {
+        Opener {
+            cipher: ChaCha20Poly1305::new(&key.into()),
+            next: 0,
+            peer,
+            failed: None,
+        }
+    }
+
+    /// Opens the record at the front of `bytes` in place, when all of it is there. A record
+    /// that fails leaves `bytes` as they were and the opener refusing every record after.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError::TooLong`] for a length field above [`MAX_PLAINTEXT`] (as soon as
+    /// the field is there), [`RecordError::Forged`] for a record whose tag does not verify,
+    /// [`RecordError::Exhausted`] once the record numbers are used up, and
+    /// [`RecordError::Failed`] after any of these.
+    pub(crate) fn open<'a>(&mut self, bytes: &'a mut [u8]) -> Result<Opened<'a>, RecordError> {
+        if let Some(first) = &self.failed {
+            return Err(RecordError::Failed(Box::new(first.clone())));
+        }
+        let Some(field) = bytes.first_chunk::<LEN_BYTES>() else {
+            return Ok(Opened::Needs(LEN_BYTES));
+        };
+        let len = u32::from_le_bytes(*field) as usize;
+        if len > MAX_PLAINTEXT {
+            return Err(self.fail(RecordError::TooLong {
+                peer: self.peer,
+                announced: len,
+            }));
+        }
+        let total = len + OVERHEAD;
+        let Some(record) = bytes.get_mut(..total) else {
+            return Ok(Opened::Needs(total));
+        };
+        if self.next == u64::MAX {
+            return Err(self.fail(RecordError::Exhausted { peer: self.peer }));
+        }
+        let (head, rest) = record.split_at_mut(LEN_BYTES);
+        let (body, tag) = rest.split_at_mut(len);
+        let tag: &[u8; TAG_BYTES] = (&*tag).try_into().map_err(|_| RecordError::Misuse {
+            peer: self.peer,
+            what: "a tag of the wrong size".into(),
+        })?;
+        if self
+            .cipher
+            .decrypt_in_place_detached(&nonce(self.next), head, body, tag.into())
+            .is_err()
+        {
+            return Err(self.fail(RecordError::Forged {
+                peer: self.peer,
+                record: self.next,
+            }));
+        }
+        self.next += 1;
+        Ok(Opened::Record {
+            plaintext: body,
+            consumed: total,
+        })
+    }
+
+    /// The stream ended with `buffered` bytes that [`Opener::open`] had not taken: an
+    /// error if they are the start of a record, since its end will never come.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError::Truncated`] if `buffered` is not 0 (and the opener's earlier error,
+    /// if it had one).
+    pub(crate) fn closed(&mut self, buffered: &[u8]) -> Result<(), RecordError> {
+        if let Some(first) = &self.failed {
+            return Err(RecordError::Failed(Box::new(first.clone())));
+        }
+        if buffered.is_empty() {
+            return Ok(());
+        }
+        let need = match buffered.first_chunk::<LEN_BYTES>() {
+            Some(field) => (u32::from_le_bytes(*field) as usize).saturating_add(OVERHEAD),
+            None => LEN_BYTES,
+        };
+        Err(self.fail(RecordError::Truncated {
+            peer: self.peer,
+            have: buffered.len(),
+            need,
+        }))
+    }
+
+    /// Records `error` as the opener's first failure and returns it.
+    fn fail(&mut self, error: RecordError) -> RecordError {
+        self.failed = Some(error.clone());
+        error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Secret;
+
+    const CONNECTOR_NONCE: [u8; 32] = [1; 32];
+    const ACCEPTOR_NONCE: [u8; 32] = [2; 32];
+
+    fn key() -> Key {
+        Secret::new(b"a test key of at least 16 bytes")
+            .key()
+            .unwrap()
+    }
+
+    /// Rank 1's end (the connector) and rank 2's end (the acceptor) of one connection:
+    /// (connector's sealer, connector's opener, acceptor's sealer, acceptor's opener).
+    fn ends() -> (Sealer, Opener, Sealer, Opener) {
+        let (cs, co) = pair(
+            &key(),
+            Side::Connector,
+            &CONNECTOR_NONCE,
+            &ACCEPTOR_NONCE,
+            2,
+        );
+        let (as_, ao) = pair(&key(), Side::Acceptor, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, 1);
+        (cs, co, as_, ao)
+    }
+
+    fn sealed(sealer: &mut Sealer, plaintext: &[u8]) -> Vec<u8> {
+        let mut out = vec![0; plaintext.len() + OVERHEAD];
+        let n = sealer.seal(plaintext, &mut out).unwrap();
+        assert_eq!(n, out.len());
+        out
+    }
+
+    /// Opens every record in `stream`, and the plaintexts in order; the first error ends it.
+    fn open_all(opener: &mut Opener, stream: &[u8]) -> Result<Vec<Vec<u8>>, RecordError> {
+        let mut stream = stream.to_vec();
+        let mut at = 0;
+        let mut out = Vec::new();
+        loop {
+            match opener.open(&mut stream[at..])? {
+                Opened::Record {
+                    plaintext,
+                    consumed,
+                } => {
+                    out.push(plaintext.to_vec());
+                    at += consumed;
+                }
+                Opened::Needs(_) => {
+                    opener.closed(&stream[at..])?;
+                    return Ok(out);
+                }
+            }
+        }
+    }
+
+    fn messages() -> Vec<Vec<u8>> {
+        vec![
+            b"header".to_vec(),
+            Vec::new(),
+            (0..MAX_PLAINTEXT).map(|i| (i * 7) as u8).collect(),
+            vec![0xab; 1000],
+        ]
+    }
+
+    #[test]
+    fn records_round_trip_in_both_directions() {
+        let (mut cs, mut co, mut as_, mut ao) = ends();
+        let stream: Vec<u8> = messages().iter().flat_map(|m| sealed(&mut cs, m)).collect();
+        assert_eq!(open_all(&mut ao, &stream).unwrap(), messages());
+        let back: Vec<u8> = messages()
+            .iter()
+            .flat_map(|m| sealed(&mut as_, m))
+            .collect();
+        assert_eq!(open_all(&mut co, &back).unwrap(), messages());
+    }
+
+    #[test]
+    fn the_plaintext_does_not_appear_on_the_wire() {
+        let (mut cs, ..) = ends();
+        let record = sealed(&mut cs, &[0x42; 256]);
+        assert!(!record.windows(16).any(|w| w == [0x42; 16]));
+    }
+
+    #[test]
+    fn a_record_arriving_in_pieces_opens_once_whole() {
+        let (mut cs, _, _, mut ao) = ends();
+        let mut record = sealed(&mut cs, b"in pieces");
+        let total = record.len();
+        for have in 0..total {
+            let needs = if have < LEN_BYTES { LEN_BYTES } else { total };
+            assert_eq!(ao.open(&mut record[..have]).unwrap(), Opened::Needs(needs));
+        }
+        match ao.open(&mut record).unwrap() {
+            Opened::Record {
+                plaintext,
+                consumed,
+            } => assert_eq!((&*plaintext, consumed), (&b"in pieces"[..], total)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn flipping_any_byte_fails_and_yields_nothing() {
+        let (mut cs, ..) = ends();
+        let record = sealed(&mut cs, b"sixteen bytes!!!");
+        for at in 0..record.len() {
+            // 0x10 of the length's first byte makes it 0: a record of the wrong bytes.
+            for bit in [0x01, 0x10, 0x80] {
+                let (_, _, _, mut ao) = ends();
+                let mut altered = record.clone();
+                altered[at] ^= bit;
+                let before = altered.clone();
+                let err = match ao.open(&mut altered) {
+                    Err(e) => e,
+                    // A length made longer waits for bytes that the closed stream never
+                    // brings.
+                    Ok(Opened::Needs(_)) => ao.closed(&altered).unwrap_err(),
+                    Ok(Opened::Record { .. }) => panic!("byte {at} ^ {bit:#x} opened"),
+                };
+                assert!(
+                    matches!(
+                        err,
+                        RecordError::Forged { peer: 1, record: 0 }
+                            | RecordError::TooLong { peer: 1, .. }
+                            | RecordError::Truncated { peer: 1, .. }
+                    ),
+                    "byte {at} ^ {bit:#x}: {err:?}"
+                );
+                assert_eq!(altered, before, "byte {at}: bytes changed by a failed open");
+            }
+        }
+    }
+
+    #[test]
+    fn the_error_names_the_peer_and_what_happened() {
+        let (mut cs, _, _, mut ao) = ends();
+        let mut record = sealed(&mut cs, b"data");
+        record[LEN_BYTES] ^= 1;
+        let err = ao.open(&mut record).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the record from rank 1 failed authentication (altered, injected, replayed or \
+             reordered): record 0 of the connection"
+        );
+        let err = err.into_error(Phase::AllSum);
+        assert_eq!(err.peer(), Some(1));
+        assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+        assert!(err.to_string().contains("failed authentication"), "{err}");
+    }
+
+    #[test]
+    fn after_a_failure_the_opener_refuses_everything() {
+        let (mut cs, _, _, mut ao) = ends();
+        let mut good = sealed(&mut cs, b"good");
+        let mut bad = good.clone();
+        bad[LEN_BYTES] ^= 1;
+        ao.open(&mut bad).unwrap_err();
+        let err = ao.open(&mut good).unwrap_err();
+        assert!(matches!(err, RecordError::Failed(_)), "{err:?}");
+        assert_eq!(err.peer(), 1);
+        assert!(ao.closed(&[]).is_err());
+    }
+
+    #[test]
+    fn a_replayed_record_fails() {
+        let (mut cs, _, _, mut ao) = ends();
+        let first = sealed(&mut cs, b"first");
+        let stream = [first.clone(), first].concat();
+        let err = open_all(&mut ao, &stream).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 1, record: 1 });
+    }
+
+    #[test]
+    fn reordered_records_fail() {
+        let (mut cs, _, _, mut ao) = ends();
+        let first = sealed(&mut cs, b"first");
+        let second = sealed(&mut cs, b"secnd");
+        let err = open_all(&mut ao, &[second, first].concat()).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 1, record: 0 });
+    }
+
+    #[test]
+    fn a_dropped_record_fails_the_next() {
+        let (mut cs, _, _, mut ao) = ends();
+        let first = sealed(&mut cs, b"first");
+        let _dropped = sealed(&mut cs, b"secnd");
+        let third = sealed(&mut cs, b"third");
+        let err = open_all(&mut ao, &[first, third].concat()).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 1, record: 1 });
+    }
+
+    #[test]
+    fn an_injected_record_fails() {
+        // Sealed under another key: someone without the group's key.
+        let other = Secret::new(b"another key of at least 16 bytes")
+            .key()
+            .unwrap();
+        let (mut forger, ..) = pair(
+            &other,
+            Side::Connector,
+            &CONNECTOR_NONCE,
+            &ACCEPTOR_NONCE,
+            2,
+        );
+        let (_, _, _, mut ao) = ends();
+        let err = open_all(&mut ao, &sealed(&mut forger, b"evil")).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 1, record: 0 });
+    }
+
+    #[test]
+    fn truncation_is_detected_at_every_cut() {
+        let (mut cs, ..) = ends();
+        let stream = [sealed(&mut cs, b"one"), sealed(&mut cs, b"two")].concat();
+        let first_end = 3 + OVERHEAD;
+        for cut in 1..stream.len() {
+            let (_, _, _, mut ao) = ends();
+            let result = open_all(&mut ao, &stream[..cut]);
+            if cut == first_end {
+                // A cut between records leaves whole records: the caller, which expected
+                // more, sees the connection close.
+                assert_eq!(result.unwrap(), vec![b"one".to_vec()]);
+                continue;
+            }
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, RecordError::Truncated { peer: 1, .. }),
+                "cut at {cut}: {err:?}"
+            );
+            let closed = err.into_error(Phase::Recv);
+            assert!(
+                matches!(closed, Error::Closed { peer: 1, .. }),
+                "{closed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_reflected_to_its_sender_fails() {
+        let (mut cs, mut co, ..) = ends();
+        let err = open_all(&mut co, &sealed(&mut cs, b"echo")).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 2, record: 0 });
+    }
+
+    #[test]
+    fn keys_differ_by_direction_nonce_and_key() {
+        let k = key();
+        let base = keys(&k, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, Direction::ToAcceptor);
+        let other = Secret::new(b"another key of at least 16 bytes")
+            .key()
+            .unwrap();
+        let others = [
+            keys(
+                &k,
+                &CONNECTOR_NONCE,
+                &ACCEPTOR_NONCE,
+                Direction::ToConnector,
+            ),
+            keys(&k, &[3; 32], &ACCEPTOR_NONCE, Direction::ToAcceptor),
+            keys(&k, &CONNECTOR_NONCE, &[3; 32], Direction::ToAcceptor),
+            // The nonces swapped: a connection whose roles are the other way round.
+            keys(&k, &ACCEPTOR_NONCE, &CONNECTOR_NONCE, Direction::ToAcceptor),
+            keys(
+                &other,
+                &CONNECTOR_NONCE,
+                &ACCEPTOR_NONCE,
+                Direction::ToAcceptor,
+            ),
+        ];
+        for (i, o) in others.iter().enumerate() {
+            assert_ne!(&base, o, "variant {i}");
+        }
+        // Deterministic: both ends derive the same key.
+        assert_eq!(
+            base,
+            keys(&k, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, Direction::ToAcceptor)
+        );
+    }
+
+    #[test]
+    fn a_record_of_another_connection_fails() {
+        let (mut cs, ..) = ends();
+        let record = sealed(&mut cs, b"elsewhere");
+        let (_, mut ao) = pair(&key(), Side::Acceptor, &CONNECTOR_NONCE, &[9; 32], 1);
+        let err = open_all(&mut ao, &record).unwrap_err();
+        assert_eq!(err, RecordError::Forged { peer: 1, record: 0 });
+    }
+
+    #[test]
+    fn a_length_above_the_cap_fails_before_waiting() {
+        let (_, _, _, mut ao) = ends();
+        let mut field = u32::try_from(MAX_PLAINTEXT + 1)
+            .unwrap()
+            .to_le_bytes()
+            .to_vec();
+        let err = ao.open(&mut field).unwrap_err();
+        assert_eq!(
+            err,
+            RecordError::TooLong {
+                peer: 1,
+                announced: MAX_PLAINTEXT + 1
+            }
+        );
+        assert!(matches!(err.into_error(Phase::AllSum), Error::Auth { .. }));
+    }
+
+    #[test]
+    fn sealing_above_the_cap_or_into_too_little_room_is_refused() {
+        let (mut cs, ..) = ends();
+        let mut out = vec![0; MAX_RECORD + 1];
+        let err = cs.seal(&[0; MAX_PLAINTEXT + 1], &mut out).unwrap_err();
+        assert!(
+            matches!(err, RecordError::Misuse { peer: 2, .. }),
+            "{err:?}"
+        );
+        let err = cs.seal(b"abc", &mut [0; 3 + OVERHEAD - 1]).unwrap_err();
+        assert!(matches!(err, RecordError::Misuse { .. }), "{err:?}");
+        let err = cs.seal_in_place(&mut [0; OVERHEAD - 1]).unwrap_err();
+        assert!(matches!(err, RecordError::Misuse { .. }), "{err:?}");
+        assert!(matches!(err.into_error(Phase::Send), Error::Bug { .. }));
+        // None of these used a record number: the next record still opens as record 0.
+        let (_, _, _, mut ao) = ends();
+        assert_eq!(open_all(&mut ao, &sealed(&mut cs, b"ok")).unwrap(), [b"ok"]);
+    }
+
+    #[test]
+    fn used_up_record_numbers_are_an_error_not_a_reuse() {
+        let (mut cs, _, _, mut ao) = ends();
+        cs.next = u64::MAX - 1;
+        ao.next = u64::MAX - 1;
+        let last = sealed(&mut cs, b"last");
+        assert_eq!(open_all(&mut ao, &last).unwrap(), [b"last"]);
+        let err = cs.seal(b"more", &mut [0; 4 + OVERHEAD]).unwrap_err();
+        assert_eq!(err, RecordError::Exhausted { peer: 2 });
+        let err = ao.open(&mut last.clone()).unwrap_err();
+        assert_eq!(err, RecordError::Exhausted { peer: 1 });
+        assert!(matches!(err.into_error(Phase::AllSum), Error::Local { .. }));
+    }
+}
