@@ -248,6 +248,61 @@ pub(crate) fn broadcast(ranks: usize, bytes: usize) -> Broadcast {
     }
 }
 
+/// What one link kind costs, for [`predict_us`]: a time per round of messages (the hop's
+/// latency, α), a CPU time per message a rank sends and receives, and a bandwidth (β).
+///
+/// No constants are calibrated yet and no choice in this module reads the model: the
+/// table above is what the native wire takes.
+#[allow(dead_code)] // read by the tests only until the constants are measured
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LinkCost {
+    /// Latency per round (µs).
+    pub alpha_us: f64,
+    /// Send plus receive overhead per message (µs).
+    pub cpu_us: f64,
+    /// Bytes per µs one rank moves.
+    pub bytes_per_us: f64,
+}
+
+/// Rounds, messages per rank and bytes per rank sent by an all-reduce of `bytes` among
+/// `ranks` ranks (at least 1) by `algorithm`, from the schedules in `native::protocol`.
+/// Ranks past the largest power of two (log2 P rounded down) cost the log-round algorithms
+/// one round before and one after. The ring's header round counts as one round and one message.
+#[allow(dead_code)] // read by the tests only until the constants are measured
+pub(crate) fn all_reduce_shape(
+    algorithm: AllReduce,
+    ranks: usize,
+    bytes: usize,
+) -> (usize, usize, usize) {
+    let p = ranks.max(1);
+    let log2 = p.ilog2() as usize;
+    let extra = if p.is_power_of_two() { 0 } else { 2 };
+    let share = bytes.div_ceil(p);
+    let halves = share.saturating_mul(2 * (p - 1));
+    match algorithm {
+        AllReduce::OneShot => (1, p - 1, (p - 1).saturating_mul(bytes)),
+        AllReduce::ScatterGather => (2, 2 * (p - 1), halves),
+        AllReduce::Ring => (2 * (p - 1) + 1, 2 * (p - 1) + 1, halves),
+        AllReduce::RecursiveDoubling => (
+            log2 + extra,
+            log2 + extra,
+            (log2 + extra).saturating_mul(bytes),
+        ),
+        AllReduce::HalvingDoubling => (
+            2 * log2 + extra,
+            2 * log2 + extra,
+            halves.saturating_add(extra.saturating_mul(bytes)),
+        ),
+    }
+}
+
+/// Predicted time (µs) of `rounds` rounds, `messages` messages and `bytes` bytes per rank
+/// over a link costing `cost`: rounds·α + messages·cpu + bytes/β.
+#[allow(dead_code)] // read by the tests only until the constants are measured
+pub(crate) fn predict_us(cost: LinkCost, rounds: usize, messages: usize, bytes: usize) -> f64 {
+    rounds as f64 * cost.alpha_us + messages as f64 * cost.cpu_us + bytes as f64 / cost.bytes_per_us
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,5 +419,36 @@ mod tests {
         assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
         assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
         assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);
+    }
+
+    #[test]
+    fn the_model_s_shapes() {
+        let cost = LinkCost {
+            alpha_us: 10.0,
+            cpu_us: 1.0,
+            bytes_per_us: 1000.0,
+        };
+        for ranks in 1..=1024 {
+            for algorithm in [
+                AllReduce::OneShot,
+                AllReduce::ScatterGather,
+                AllReduce::Ring,
+                AllReduce::RecursiveDoubling,
+                AllReduce::HalvingDoubling,
+            ] {
+                let a = all_reduce_shape(algorithm, ranks, 4);
+                assert_eq!(a, all_reduce_shape(algorithm, ranks, 4));
+                assert!(predict_us(cost, a.0, a.1, a.2).is_finite());
+            }
+        }
+        assert_eq!(
+            all_reduce_shape(AllReduce::RecursiveDoubling, 16, 4),
+            (4, 4, 16)
+        );
+        assert_eq!(
+            all_reduce_shape(AllReduce::RecursiveDoubling, 12, 4),
+            (5, 5, 20)
+        );
+        assert_eq!(all_reduce_shape(AllReduce::OneShot, 2, 8), (1, 1, 8));
     }
 }
