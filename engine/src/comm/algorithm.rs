@@ -119,7 +119,7 @@
 //! | algorithm | rounds | messages per rank | bytes | folded |
 //! |---|---|---|---|---|
 //! | one-shot | 1 | P - 1 | (P - 1) n | (P - 1) n |
-//! | scatter-gather | 2 | 2 (P - 1) | 2 (P - 1) n / P | (P - 1) n / P |
+//! | scatter-gather | 2 | 2 (P - 1) | 2 (P - 1) n / P (shared memory: + n / P, the folded share copied back) | (P - 1) n / P |
 //! | ring | barrier's + 2 (P - 1) | barrier's + 2 (P - 1) | 2 (P - 1) n / P | none: a chunk folds while the next is on the wire |
 //! | recursive doubling | L + x | L + x | (L + x) n | L n (+ n) |
 //! | halving-doubling | 2 L + x | 2 L + x | 2 (pof2 - 1) n / pof2 + x n | (pof2 - 1) n / pof2 (+ n) |
@@ -172,15 +172,23 @@
 //!
 //! # Where the model and the measurements part
 //!
-//! The model's argmin differs from measured rows, which is why they stay. At P = 5 and 6 it
-//! takes the one-shot for tiny vectors (one round of P - 1 messages against recursive
-//! doubling's P - 1 rounds of one) and scatter-gather for middling ones, where the loaded
-//! measurements above put recursive doubling and halving-doubling ahead; at P = 12, 64 KiB
-//! it takes scatter-gather (halving-doubling's hand-in and hand-out move the whole vector
-//! twice); at P = 3 and 4 the idle run put recursive doubling ahead of the one-shot at
-//! 4 B to 64 KiB (P = 3, 8 KiB: 16.5 against 23.9 µs), which no split of the P = 2
-//! constants reproduces. Those measurements had more rank threads than cores, which the
-//! model does not price; from 13 ranks nothing was measured and the model decides.
+//! The model's argmin would change measured rows, so they stay as they are (`nuvec plan
+//! --link network`, which has no measured rows, shows the model alone). Over loopback:
+//! at P = 2 it takes the ring from 32 KiB, where the one-shot and scatter-gather measured
+//! ahead up to 1 MiB (idle, 64 KiB: 19.4 and 18.7 µs, the ring 22.1); at P = 3 the one-shot
+//! up to 8 KiB, where recursive doubling measured ahead (idle, 8 KiB: 16.5 against
+//! 23.9 µs), and the ring from 64 KiB; at P = 4 recursive doubling up to 8 KiB, as the idle
+//! run has it (4 B: 15.4 µs against the one-shot's 27.5) but not the loaded one the rows
+//! rest on; at P = 5 and 6 the one-shot and scatter-gather where the loaded run put
+//! recursive doubling and halving-doubling ahead; at P = 12, 32 to 128 KiB,
+//! scatter-gather (halving-doubling's hand-in and hand-out move the whole vector twice).
+//! Its ring crossing is lower than measured at every P: β is the 4 MiB ring's, which
+//! overstates what middling vectors cost while they stay in cache (P = 2, 256 KiB
+//! one-shot: 60 µs measured, 168 predicted). And the loaded runs had more rank threads
+//! than cores, which the model does not price. From 13 ranks over TCP and 4 in shared
+//! memory nothing was measured, and the model decides. In shared memory the model agrees
+//! with the rows at P = 2 (the one-shot at every size) and moves P = 3's crossing from
+//! 32 KiB down to between 2 and 4 KiB.
 
 use super::Transport;
 
@@ -695,7 +703,8 @@ pub(crate) fn all_reduce_shape(
         AllReduce::ScatterGather => Shape {
             rounds: 2,
             messages: others.saturating_mul(2),
-            bytes: 2.0 * (p - 1.0) * share,
+            // In shared memory, the folded share is also copied back into the segment.
+            bytes: 2.0 * (p - 1.0) * share + if link == Link::Shm { share } else { 0.0 },
             folded: (p - 1.0) * share,
         },
         AllReduce::Ring => {
