@@ -429,6 +429,7 @@ fn broadcast_on(link: Link, ranks: usize, bytes: usize) -> Broadcast {
 )]
 #[strum(serialize_all = "lowercase", ascii_case_insensitive)]
 #[strum(parse_err_ty = String, parse_err_fn = not_a_link)]
+#[non_exhaustive]
 pub enum Link {
     /// TCP between ranks on one host. The native wire prices every TCP group as this: a
     /// group cannot tell loopback from a network, and these constants are the measured
@@ -513,6 +514,7 @@ pub(crate) const SHM_COST: LinkCost = LinkCost {
     Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString, strum::IntoStaticStr,
 )]
 #[strum(serialize_all = "snake_case")]
+#[non_exhaustive]
 pub enum Collective {
     /// all_sum, all_max, all_min.
     AllReduce,
@@ -537,6 +539,7 @@ impl Collective {
 /// What the native wire does for one collective: the algorithm it takes and the model's
 /// account of it for the busiest rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Plan {
     /// The algorithm: `one_shot`, `scatter_gather`, `ring`, `recursive_doubling`,
     /// `halving_doubling` or `direct`.
