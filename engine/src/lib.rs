@@ -211,6 +211,8 @@ pub use backend::{
     HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
 };
 pub use comm::Communicator;
+// The cost model behind the native wire's choice of algorithm, for `nuvec plan`.
+pub use comm::algorithm::{Collective, Link, LinkCost, Plan, plan};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, Fault, PeerOp, Phase, Result};
 pub use group::{

@@ -2,7 +2,8 @@
 //!
 //! `nuvec launch -n 2 -- PROGRAM ARGS` starts two ranks on this machine as `mlx.launch`
 //! would (the same ring address file, `MLX_HOSTFILE` and `MLX_RANK`), `nuvec bench -n 2` measures
-//! collectives across local ranks started the same way.
+//! collectives across local ranks started the same way, and `nuvec plan -n 16` prints the
+//! algorithm the native wire takes for each collective and size, with the cost model's account.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nuvec_distributed_engine::Backend as Wire;
 use nuvec_distributed_engine::DType;
+use nuvec_distributed_engine::{Collective, Link, plan as engine_plan};
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
@@ -40,6 +42,9 @@ enum Command {
     Bench(BenchArgs),
     /// Check hosts before a launch: ssh, addresses, ports, links, MTU, Thunderbolt, RDMA.
     Doctor(DoctorArgs),
+    /// Print the algorithm the native wire takes for each collective and size, with its
+    /// rounds, messages per rank and the cost model's predicted time.
+    Plan(PlanArgs),
     /// Fault injection rounds (tools/chaos.sh): rings of 3 to 5 local ranks, one killed,
     /// stopped, cut off or late in each round; checks who the survivors blame.
     #[command(hide = true)]
@@ -47,6 +52,40 @@ enum Command {
     /// Internal: one rank of a chaos round.
     #[command(hide = true)]
     ChaosRank(ChaosRankArgs),
+}
+
+/// `nuvec plan`.
+#[derive(Args)]
+#[command(
+    after_help = "Each row: the collective, its bytes (an all_gather's: the whole output; a \
+                  barrier has none), the algorithm the native wire takes, its rounds, the \
+                  messages the busiest rank sends and the model's time. Up to the measured \
+                  rank counts (P = 2 to 12 over TCP on loopback, 2 and 3 in shared memory) \
+                  the algorithm is the measured table's; past them, and for --link network, \
+                  the model's cheapest. The native wire prices every TCP group as loopback \
+                  (a group cannot tell loopback from a network); --link network shows what \
+                  the model would pick with the network's estimated constants."
+)]
+struct PlanArgs {
+    /// Ranks in the group.
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(1..))]
+    ranks: u32,
+    /// Bytes per collective, comma-separated; suffixes K and M (binary) allowed.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size,
+          default_value = "4,64,1K,8K,64K,256K,1M,16M,64M")]
+    sizes: Vec<usize>,
+    /// The link the model prices: loopback, network (an estimate) or shm.
+    #[arg(long, default_value = "loopback", value_parser = parse_link)]
+    link: Link,
+    /// Print a JSON list of objects (collective, bytes, ranks, link, algorithm, rounds,
+    /// messages_per_rank, predicted_us) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--link`'s values: `loopback`, `network` or `shm`.
+fn parse_link(s: &str) -> Result<Link, String> {
+    s.trim().parse()
 }
 
 /// `nuvec chaos [N]`.
@@ -284,6 +323,7 @@ fn main() -> ExitCode {
         Command::Bench(args) if args.worker => bench_worker(&args),
         Command::Bench(args) => bench_launch(&args),
         Command::Doctor(args) => doctor::main(&args),
+        Command::Plan(args) => plan(&args),
         Command::Chaos(args) => chaos(&args),
         Command::ChaosRank(args) => ExitCode::from(chaos::rank(&chaos::RankPlan {
             seed: args.seed,
@@ -291,6 +331,86 @@ fn main() -> ExitCode {
             late: args.late_at.zip(args.late_ms.map(Duration::from_millis)),
         })),
     }
+}
+
+/// One row of `nuvec plan --json`.
+#[derive(serde::Serialize)]
+struct PlanRow {
+    collective: &'static str,
+    bytes: u64,
+    ranks: usize,
+    link: &'static str,
+    algorithm: &'static str,
+    rounds: usize,
+    messages_per_rank: usize,
+    predicted_us: f64,
+}
+
+/// The rows of `nuvec plan`: every collective at every size (the barrier once, with no
+/// bytes).
+fn plan_rows(args: &PlanArgs) -> Vec<PlanRow> {
+    let ranks = args.ranks as usize;
+    let mut rows = Vec::new();
+    for collective in Collective::ALL {
+        let sizes: Vec<u64> = if collective == Collective::Barrier {
+            vec![0]
+        } else {
+            args.sizes.iter().map(|&b| b as u64).collect()
+        };
+        for bytes in sizes {
+            let p = engine_plan(collective, args.link, ranks, bytes);
+            rows.push(PlanRow {
+                collective: collective.into(),
+                bytes,
+                ranks,
+                link: args.link.into(),
+                algorithm: p.algorithm,
+                rounds: p.rounds,
+                messages_per_rank: p.messages_per_rank,
+                predicted_us: p.predicted_us,
+            });
+        }
+    }
+    rows
+}
+
+fn plan(args: &PlanArgs) -> ExitCode {
+    let rows = plan_rows(args);
+    if args.json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("nuvec plan: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let cost = args.link.cost();
+    let source = if args.link == Link::Network {
+        "an estimate (10 GbE between hosts), not a measurement"
+    } else {
+        "measured at P = 2 on a 2-core VM"
+    };
+    println!("# {} ranks, link {}: {source}", args.ranks, args.link);
+    println!(
+        "# α {:.2} µs per round, {:.2} µs CPU per message, {:.2} GB/s, folding {:.2} GB/s",
+        cost.alpha_us,
+        cost.cpu_us,
+        cost.bytes_per_us / 1000.0,
+        cost.fold_bytes_per_us / 1000.0
+    );
+    println!(
+        "# {:<11} {:>12}  {:<19} {:>6} {:>14} {:>15}",
+        "collective", "bytes", "algorithm", "rounds", "messages/rank", "predicted (µs)"
+    );
+    for r in &rows {
+        println!(
+            "  {:<11} {:>12}  {:<19} {:>6} {:>14} {:>15.1}",
+            r.collective, r.bytes, r.algorithm, r.rounds, r.messages_per_rank, r.predicted_us
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn chaos(args: &ChaosArgs) -> ExitCode {

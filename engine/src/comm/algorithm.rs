@@ -11,20 +11,28 @@
 //! | all-reduce | TCP | 2 | up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
 //! | all-reduce | TCP | 3, 4 | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
 //! | all-reduce | TCP | up to 4 | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
-//! | all-reduce | TCP | 5 or more | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
-//! | all-reduce | TCP | 5 or more | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
-//! | all-reduce | TCP | any | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
+//! | all-reduce | TCP | 5 to 12 | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
+//! | all-reduce | TCP | 5 to 12 | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
+//! | all-reduce | TCP | up to 12 | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
 //! | all-reduce | shared memory | 2 | any | [`AllReduce::OneShot`] |
-//! | all-reduce | shared memory | 3 or more | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
-//! | all-reduce | shared memory | 3 or more | larger | [`AllReduce::ScatterGather`] |
+//! | all-reduce | shared memory | 3 | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
+//! | all-reduce | shared memory | 3 | larger | [`AllReduce::ScatterGather`] |
 //! | broadcast | TCP | 2 | any | [`Broadcast::Direct`] |
-//! | broadcast | TCP | 3 or more | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
-//! | broadcast | TCP | 3 or more | larger | [`Broadcast::ScatterGather`] |
+//! | broadcast | TCP | 3 to 12 | up to [`BROADCAST_DIRECT_MAX`] | [`Broadcast::Direct`] |
+//! | broadcast | TCP | 3 to 12 | larger | [`Broadcast::ScatterGather`] |
 //! | all_gather | TCP | up to 4 | any | [`AllGather::Direct`] |
-//! | all_gather | TCP | 5 or more | output up to [`TCP_RING_MIN`] | [`AllGather::RecursiveDoubling`] |
-//! | all_gather | TCP | 5 or more | larger | [`AllGather::Direct`] |
+//! | all_gather | TCP | 5 to 12 | output up to [`TCP_RING_MIN`] | [`AllGather::RecursiveDoubling`] |
+//! | all_gather | TCP | 5 to 12 | larger | [`AllGather::Direct`] |
 //! | barrier | TCP | up to 4 | - | [`Barrier::Direct`] |
-//! | barrier | TCP | 5 or more | - | [`Barrier::RecursiveDoubling`] |
+//! | barrier | TCP | 5 to 12 | - | [`Barrier::RecursiveDoubling`] |
+//! | any | TCP | 13 or more | any | the cost model's cheapest, priced as [`Link::Loopback`] |
+//! | all-reduce | shared memory | 4 or more | any | the cost model's cheapest, priced as [`Link::Shm`] |
+//!
+//! The rows up to 12 ranks over TCP ([`TCP_MEASURED_MAX_RANKS`]) and 3 in shared memory
+//! ([`SHM_MEASURED_MAX_RANKS`]) are the measured ones (the sections below); past them the
+//! cost model ([`plan`], the last sections) decides. The model's argmin would change
+//! measured rows (see "Where the model and the measurements part"), so they stay as they
+//! are.
 //!
 //! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
 //! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
@@ -98,11 +106,95 @@
 //! so only the order is worth anything): P = 2, three runs: one-shot 23.8 / 27.6 / 34.3 ms
 //! (2.81 / 2.43 / 1.96 GB/s bus), by shares 30.6 / 31.6 / 45.8 ms (2.20 / 2.12 / 1.47
 //! GB/s); P = 3: one-shot 66.6 ms (1.34 GB/s), by shares 52.0 ms (1.72 GB/s).
+//!
+//! # The cost model
+//!
+//! Past the measured rows, an algorithm costs the busiest rank
+//! `rounds · α + messages · CPU + bytes / β + folded / γ` ([`LinkCost`]): the rounds of
+//! messages one after another (a round's messages travel at once), the messages it sends
+//! (a header alone counts), the bytes on its path and the bytes it folds. Per algorithm,
+//! with `L = log2 pof2` (`pof2` the largest power of two not above P), `x = 2` for P not a
+//! power of two (the hand-in and hand-out rounds) and 0 otherwise, `n` the bytes:
+//!
+//! | algorithm | rounds | messages per rank | bytes | folded |
+//! |---|---|---|---|---|
+//! | one-shot | 1 | P - 1 | (P - 1) n | (P - 1) n |
+//! | scatter-gather | 2 | 2 (P - 1) | 2 (P - 1) n / P (shared memory: + n / P, the folded share copied back) | (P - 1) n / P |
+//! | ring | barrier's + 2 (P - 1) | barrier's + 2 (P - 1) | 2 (P - 1) n / P | none: a chunk folds while the next is on the wire |
+//! | recursive doubling | L + x | L + x | (L + x) n | L n (+ n) |
+//! | halving-doubling | 2 L + x | 2 L + x | 2 (pof2 - 1) n / pof2 + x n | (pof2 - 1) n / pof2 (+ n) |
+//! | barrier, direct | 1 | P - 1 | - | - |
+//! | barrier, recursive doubling | L + x | L + x | - | - |
+//! | all_gather, direct | 1 | P - 1 | (P - 1) n / P | - |
+//! | all_gather, recursive doubling | L + x | L + x | (pof2 - 1) n / pof2 (+ n / P + n) | - |
+//! | broadcast, direct | 1 | P - 1 | (P - 1) n | - |
+//! | broadcast, scatter-gather | 2 | 2 P - 3 | n + (P - 2) n / (P - 1) | - |
+//!
+//! (all_gather's `n`: its whole output; "(+ ...)": for P not a power of two.) With fewer
+//! elements than ranks only the one-shot and recursive doubling are candidates (the others
+//! need an element per rank); in shared memory, the one-shot and scatter-gather. The
+//! cheapest wins, the first in the order above of equals; the choice depends only on the
+//! link kind, the ranks and the bytes, which every rank of a group agrees on, so every
+//! rank takes the same algorithm.
+//!
+//! # The model's constants
+//!
+//! | link | α (µs per round) | CPU (µs per message) | β (GB/s) | γ, folding (GB/s) |
+//! |---|---|---|---|---|
+//! | [`Link::Loopback`] ([`LOOPBACK_COST`]) | 1.0 | 2.0 | 2.5 | 4.4 |
+//! | [`Link::Shm`] ([`SHM_COST`]) | 0.2 | 0.15 | 10 | 10 |
+//! | [`Link::Network`] ([`NETWORK_COST`]) | 40 | 2.0 | 1.1 | 4.4 |
+//!
+//! Loopback and shared memory: P = 2 on the 2-core VM of the tables above, idle (load
+//! below 0.05 CPUs), from
+//! `NUVEC_MEASURE_RANKS=2,3,4 cargo test --release -p nuvec-distributed-engine --lib
+//! measure_the_algorithms -- --ignored --nocapture` and `nuvec bench -n 2,3 --wire native
+//! --sizes 4,8K,1M,64M` (over TCP with `NUVEC_DISTRIBUTED_SHM=0`, five runs each). Over
+//! TCP, α + CPU = 3 µs is the 4 B one-shot (2.95 µs; 2.92 to 3.18 in the bench); β is the
+//! 4 MiB ring's (1674 µs), γ the 4 MiB one-shot's excess over it (2618 µs: 944 µs for
+//! 4 MiB folded). At P = 2 every algorithm has as many rounds as messages, so the split of
+//! the 3 µs between α and CPU is not measured there; it leans to the CPU because at P = 3
+//! and 4 the message count, not the rounds, drives the times (P = 4, 4 B: recursive
+//! doubling, 2 rounds of 1 message, 15.4 µs; one-shot, 1 round of 3, 27.5 µs). In shared
+//! memory, α + CPU = 0.35 µs is the 4 B one-shot (0.36 to 0.39 µs), and β = γ from the
+//! 64 MiB one-shot (13.0 to 14.0 ms for 64 MiB written and 64 MiB folded; the split
+//! between them is not measured either). The network's are an estimate, not a
+//! measurement: 10 GbE between Macs, α 30 to 50 µs, 1.1 GB/s, with loopback's CPU and
+//! folding (the same kind of host).
+//!
+//! The model against the P = 2 measurements it was fitted to, loopback (µs, predicted /
+//! measured): 4 B one-shot 3.0 / 2.95; 8 KiB one-shot 8.1 / 5.6 to 7.7; 1 MiB ring 428 /
+//! 193 to 352; 4 MiB ring 1687 / 1674; 64 MiB ring 26 852 / 30 047 to 31 485. Shared
+//! memory: 4 B 0.35 / 0.36 to 0.39; 8 KiB 2.0 / 2.3; 1 MiB 210 / 151 to 188; 64 MiB
+//! 13 422 / 12 998 to 13 989. At P = 3 and 4 on this VM the ranks outnumber the cores and
+//! the measured times are 2 to 5 times the model's (4 B one-shot at P = 3: 15.4 µs, the
+//! model 5.0): the model prices ranks that each have a core.
+//!
+//! # Where the model and the measurements part
+//!
+//! The model's argmin would change measured rows, so they stay as they are (`nuvec plan
+//! --link network`, which has no measured rows, shows the model alone). Over loopback:
+//! at P = 2 it takes the ring from 32 KiB, where the one-shot and scatter-gather measured
+//! ahead up to 1 MiB (idle, 64 KiB: 19.4 and 18.7 µs, the ring 22.1); at P = 3 the one-shot
+//! up to 8 KiB, where recursive doubling measured ahead (idle, 8 KiB: 16.5 against
+//! 23.9 µs), and the ring from 64 KiB; at P = 4 recursive doubling up to 8 KiB, as the idle
+//! run has it (4 B: 15.4 µs against the one-shot's 27.5) but not the loaded one the rows
+//! rest on; at P = 5 and 6 the one-shot and scatter-gather where the loaded run put
+//! recursive doubling and halving-doubling ahead; at P = 12, 32 to 128 KiB,
+//! scatter-gather (halving-doubling's hand-in and hand-out move the whole vector twice).
+//! Its ring crossing is lower than measured at every P: β is the 4 MiB ring's, which
+//! overstates what middling vectors cost while they stay in cache (P = 2, 256 KiB
+//! one-shot: 60 µs measured, 168 predicted). And the loaded runs had more rank threads
+//! than cores, which the model does not price. From 13 ranks over TCP and 4 in shared
+//! memory nothing was measured, and the model decides. In shared memory the model agrees
+//! with the rows at P = 2 (the one-shot at every size) and moves P = 3's crossing from
+//! 32 KiB down to between 2 and 4 KiB.
 
 use super::Transport;
 
 /// How an all-reduce goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum AllReduce {
     /// One hop: every rank hands its whole vector to every other and folds all of them.
     OneShot,
@@ -123,7 +215,8 @@ pub(crate) enum AllReduce {
 }
 
 /// How an all_gather goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum AllGather {
     /// One round: every rank sends its block to every other.
     Direct,
@@ -134,7 +227,8 @@ pub(crate) enum AllGather {
 }
 
 /// How a barrier goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum Barrier {
     /// One round: every rank sends its header to every other.
     Direct,
@@ -144,7 +238,8 @@ pub(crate) enum Barrier {
 }
 
 /// How a broadcast goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum Broadcast {
     /// The root sends the whole vector to every rank.
     Direct,
@@ -182,12 +277,21 @@ pub(crate) const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 /// docs).
 pub(crate) const LOG_ROUNDS_MIN_RANKS: usize = 5;
 
-/// Whether `ranks` ranks over `link` take the log-round algorithms.
+/// The most ranks whose rows were measured over TCP on loopback (P = 2 to 12, the tables in
+/// the module docs): up to here the rows above choose, past here the cost model.
+pub(crate) const TCP_MEASURED_MAX_RANKS: usize = 12;
+
+/// The most ranks whose rows were measured in shared memory (P = 2 and 3): up to here the
+/// rows above choose, past here the cost model.
+pub(crate) const SHM_MEASURED_MAX_RANKS: usize = 3;
+
+/// Whether `ranks` ranks over TCP take the log-round algorithms by the measured rows.
 fn log_rounds(link: Transport, ranks: usize) -> bool {
     link != Transport::SharedMemory && ranks >= LOG_ROUNDS_MIN_RANKS
 }
 
-/// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks.
+/// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks, by
+/// the measured rows.
 pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     match (link, ranks) {
         (Transport::SharedMemory, 2) => usize::MAX,
@@ -197,13 +301,47 @@ pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     }
 }
 
+/// The link kind the model prices a [`Transport`] as: shared memory as [`Link::Shm`], and
+/// every other (TCP, which a group cannot tell apart between loopback and a network, and
+/// the transports that take the TCP rows) as [`Link::Loopback`], the kind the TCP rows
+/// and constants were measured on.
+fn link_of(transport: Transport) -> Link {
+    if transport == Transport::SharedMemory {
+        Link::Shm
+    } else {
+        Link::Loopback
+    }
+}
+
+/// Whether the measured rows choose for `ranks` ranks over `link` (the model otherwise).
+fn measured(link: Link, ranks: usize) -> bool {
+    match link {
+        Link::Loopback => ranks <= TCP_MEASURED_MAX_RANKS,
+        Link::Shm => ranks <= SHM_MEASURED_MAX_RANKS,
+        Link::Network => false,
+    }
+}
+
 /// How an all-reduce of `bytes` (`elems` elements) goes over `link` among `ranks` ranks.
 ///
 /// A pure function of what every rank agreed when the group formed (the link, the ranks)
 /// and of the call (its length), so every rank picks the same.
 pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usize) -> AllReduce {
-    let small = bytes <= one_shot_max(link, ranks) || elems < ranks;
-    if log_rounds(link, ranks) {
+    all_reduce_on(link_of(link), ranks, bytes, elems)
+}
+
+fn all_reduce_on(link: Link, ranks: usize, bytes: usize, elems: usize) -> AllReduce {
+    if !measured(link, ranks) {
+        return cheapest(link, all_reduce_candidates(link, ranks, elems), |a| {
+            all_reduce_shape(a, link, ranks, bytes as f64)
+        });
+    }
+    let transport = match link {
+        Link::Shm => Transport::SharedMemory,
+        Link::Loopback | Link::Network => Transport::Tcp,
+    };
+    let small = bytes <= one_shot_max(transport, ranks) || elems < ranks;
+    if log_rounds(transport, ranks) {
         if small {
             AllReduce::RecursiveDoubling
         } else if bytes < TCP_RING_MIN {
@@ -213,17 +351,34 @@ pub(crate) fn all_reduce(link: Transport, ranks: usize, bytes: usize, elems: usi
         }
     } else if small {
         AllReduce::OneShot
-    } else if link == Transport::SharedMemory || bytes < TCP_RING_MIN {
+    } else if link == Link::Shm || bytes < TCP_RING_MIN {
         AllReduce::ScatterGather
     } else {
         AllReduce::Ring
     }
 }
 
+/// Whether an all-reduce of `bytes` among `ranks` ranks in shared memory goes one-shot
+/// (every rank folds every chunk whole) rather than by shares.
+pub(crate) fn shm_one_shot(ranks: usize, bytes: usize) -> bool {
+    all_reduce(Transport::SharedMemory, ranks, bytes, bytes) == AllReduce::OneShot
+}
+
 /// How an all_gather of `bytes` of output (every rank's block) goes over `link` among
 /// `ranks` ranks (shared memory has its own).
 pub(crate) fn all_gather(link: Transport, ranks: usize, bytes: usize) -> AllGather {
-    if log_rounds(link, ranks) && bytes <= TCP_RING_MIN {
+    all_gather_on(link_of(link), ranks, bytes)
+}
+
+fn all_gather_on(link: Link, ranks: usize, bytes: usize) -> AllGather {
+    if link == Link::Shm {
+        AllGather::Direct
+    } else if !measured(link, ranks) {
+        let candidates = [AllGather::Direct, AllGather::RecursiveDoubling];
+        cheapest(link, candidates, |a| {
+            all_gather_shape(a, ranks, bytes as f64)
+        })
+    } else if log_rounds(Transport::Tcp, ranks) && bytes <= TCP_RING_MIN {
         AllGather::RecursiveDoubling
     } else {
         AllGather::Direct
@@ -232,7 +387,16 @@ pub(crate) fn all_gather(link: Transport, ranks: usize, bytes: usize) -> AllGath
 
 /// How a barrier goes over `link` among `ranks` ranks (shared memory has its own).
 pub(crate) fn barrier(link: Transport, ranks: usize) -> Barrier {
-    if log_rounds(link, ranks) {
+    barrier_on(link_of(link), ranks)
+}
+
+fn barrier_on(link: Link, ranks: usize) -> Barrier {
+    if link == Link::Shm {
+        Barrier::Direct
+    } else if !measured(link, ranks) {
+        let candidates = [Barrier::Direct, Barrier::RecursiveDoubling];
+        cheapest(link, candidates, |a| barrier_shape(a, ranks))
+    } else if log_rounds(Transport::Tcp, ranks) {
         Barrier::RecursiveDoubling
     } else {
         Barrier::Direct
@@ -241,10 +405,399 @@ pub(crate) fn barrier(link: Transport, ranks: usize) -> Barrier {
 
 /// How a broadcast of `bytes` goes among `ranks` ranks over TCP.
 pub(crate) fn broadcast(ranks: usize, bytes: usize) -> Broadcast {
-    if ranks <= 2 || bytes <= BROADCAST_DIRECT_MAX {
+    broadcast_on(Link::Loopback, ranks, bytes)
+}
+
+fn broadcast_on(link: Link, ranks: usize, bytes: usize) -> Broadcast {
+    if !measured(link, ranks) {
+        let candidates = [Broadcast::Direct, Broadcast::ScatterGather];
+        cheapest(link, candidates, |a| {
+            broadcast_shape(a, ranks, bytes as f64)
+        })
+    } else if ranks <= 2 || bytes <= BROADCAST_DIRECT_MAX {
         Broadcast::Direct
     } else {
         Broadcast::ScatterGather
+    }
+}
+
+// The cost model.
+
+/// A kind of link, as the cost model prices it (see [`Link::cost`] and [`plan`]).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[strum(parse_err_ty = String, parse_err_fn = not_a_link)]
+#[non_exhaustive]
+pub enum Link {
+    /// TCP between ranks on one host. The native wire prices every TCP group as this: a
+    /// group cannot tell loopback from a network, and these constants are the measured
+    /// ones.
+    Loopback,
+    /// TCP between hosts. An estimate, not a measurement (10 GbE between Macs).
+    Network,
+    /// A shared-memory segment between ranks on one host.
+    Shm,
+}
+
+/// [`Link`]'s `FromStr` error.
+fn not_a_link(text: &str) -> String {
+    format!("{text:?} is not a link: use \"loopback\", \"network\" or \"shm\"")
+}
+
+impl Link {
+    /// Every link kind, in the order `nuvec plan` lists them.
+    pub const ALL: [Link; 3] = [Link::Loopback, Link::Network, Link::Shm];
+
+    /// The model's constants for this kind of link (see the module docs of
+    /// `comm::algorithm` for where each comes from).
+    pub fn cost(self) -> LinkCost {
+        match self {
+            Link::Loopback => LOOPBACK_COST,
+            Link::Network => NETWORK_COST,
+            Link::Shm => SHM_COST,
+        }
+    }
+}
+
+/// What a link costs in the model: a rank's time for a collective is
+/// `rounds * alpha_us + messages * cpu_us + bytes / bytes_per_us + folded / fold_bytes_per_us`,
+/// with the rounds, messages sent, bytes on its path and bytes it folds of the busiest
+/// rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Latency per round (α, µs): a round's messages travel at once, so a rank waits one
+    /// hop per round.
+    pub alpha_us: f64,
+    /// CPU per message a rank sends (µs): the system calls and header checks at both ends.
+    pub cpu_us: f64,
+    /// Bandwidth (β, bytes per µs: MB/s) of the bytes on the busiest rank's path.
+    pub bytes_per_us: f64,
+    /// Bytes per µs a rank folds (the reduction kernel, with its copies out of staging).
+    pub fold_bytes_per_us: f64,
+}
+
+/// Loopback TCP, calibrated at P = 2 on this repository's 2-core VM, idle (see the module
+/// docs): α + CPU = 3 µs from the 4 B one-shot (2.95 µs), bandwidth from the 4 MiB ring
+/// (1674 µs: 2.5 GB/s), folding from the 4 MiB one-shot's excess over the ring (944 µs for
+/// 4 MiB folded: 4.4 GB/s).
+pub(crate) const LOOPBACK_COST: LinkCost = LinkCost {
+    alpha_us: 1.0,
+    cpu_us: 2.0,
+    bytes_per_us: 2500.0,
+    fold_bytes_per_us: 4400.0,
+};
+
+/// 10 GbE between hosts: an estimate, not a measurement. α = 40 µs (30 to 50 µs between
+/// Macs), 1.1 GB/s; the CPU per message and the folding are loopback's (the same kind of
+/// host).
+pub(crate) const NETWORK_COST: LinkCost = LinkCost {
+    alpha_us: 40.0,
+    cpu_us: 2.0,
+    bytes_per_us: 1100.0,
+    fold_bytes_per_us: 4400.0,
+};
+
+/// Shared memory, calibrated at P = 2 on the same VM, idle (see the module docs): α + CPU =
+/// 0.35 µs from the 4 B one-shot (0.36 to 0.39 µs), and copying and folding at 10 GB/s
+/// each from the 64 MiB one-shot (13.0 to 14.0 ms for 64 MiB written and 64 MiB folded).
+pub(crate) const SHM_COST: LinkCost = LinkCost {
+    alpha_us: 0.2,
+    cpu_us: 0.15,
+    bytes_per_us: 10_000.0,
+    fold_bytes_per_us: 10_000.0,
+};
+
+/// A collective the model plans.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::EnumString, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "snake_case")]
+#[non_exhaustive]
+pub enum Collective {
+    /// all_sum, all_max, all_min.
+    AllReduce,
+    /// all_gather (its bytes: the whole output, every rank's block).
+    AllGather,
+    /// barrier (no bytes).
+    Barrier,
+    /// broadcast.
+    Broadcast,
+}
+
+impl Collective {
+    /// Every collective the model plans, in the order `nuvec plan` lists them.
+    pub const ALL: [Collective; 4] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::Barrier,
+        Collective::Broadcast,
+    ];
+}
+
+/// What the native wire does for one collective: the algorithm it takes and the model's
+/// account of it for the busiest rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Plan {
+    /// The algorithm: `one_shot`, `scatter_gather`, `ring`, `recursive_doubling`,
+    /// `halving_doubling` or `direct`.
+    pub algorithm: &'static str,
+    /// Rounds of messages, one after another.
+    pub rounds: usize,
+    /// Messages the busiest rank sends (a header alone counts).
+    pub messages_per_rank: usize,
+    /// The model's time (µs).
+    pub predicted_us: f64,
+}
+
+/// The algorithm the native wire takes for `collective` over `bytes` among `ranks` ranks
+/// on `link`, with its rounds, messages per rank and predicted time.
+///
+/// Up to the measured rank counts (P = 2 to 12 over TCP on loopback, 2 and 3 in shared
+/// memory) that is the measured rows' choice; past them, and for [`Link::Network`], the
+/// model's cheapest algorithm (ties go to the simpler one). It depends only on its
+/// arguments, so every rank of a group picks the same. An all-reduce is planned for
+/// float32 elements (`bytes / 4` of them); a rank count of 0 is taken as 1, which sends
+/// nothing.
+///
+/// ```
+/// use nuvec_distributed_engine::{Collective, Link, plan};
+///
+/// let p = plan(Collective::AllReduce, Link::Loopback, 16, 4);
+/// assert_eq!(p.algorithm, "recursive_doubling");
+/// assert_eq!((p.rounds, p.messages_per_rank), (4, 4));
+/// assert!(p.predicted_us > 0.0);
+/// ```
+pub fn plan(collective: Collective, link: Link, ranks: usize, bytes: u64) -> Plan {
+    let ranks = ranks.max(1);
+    let n = usize::try_from(bytes).unwrap_or(usize::MAX);
+    let nf = bytes as f64;
+    let (algorithm, shape): (&'static str, Shape) = match collective {
+        Collective::AllReduce => {
+            let a = all_reduce_on(link, ranks, n, n / 4);
+            (a.into(), all_reduce_shape(a, link, ranks, nf))
+        }
+        Collective::AllGather => {
+            let a = all_gather_on(link, ranks, n);
+            (a.into(), all_gather_shape(a, ranks, nf))
+        }
+        Collective::Barrier => {
+            let a = barrier_on(link, ranks);
+            (a.into(), barrier_shape(a, ranks))
+        }
+        Collective::Broadcast => {
+            let a = broadcast_on(link, ranks, n);
+            (a.into(), broadcast_shape(a, ranks, nf))
+        }
+    };
+    Plan {
+        algorithm,
+        rounds: shape.rounds,
+        messages_per_rank: shape.messages,
+        predicted_us: shape.predict_us(link.cost()),
+    }
+}
+
+/// The busiest rank's part of a collective: rounds, messages it sends, bytes on its path
+/// (sent, or received where a partner's sends come before its own) and bytes it folds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Shape {
+    pub rounds: usize,
+    pub messages: usize,
+    pub bytes: f64,
+    pub folded: f64,
+}
+
+impl Shape {
+    /// Nothing: a group of one rank.
+    const NONE: Shape = Shape {
+        rounds: 0,
+        messages: 0,
+        bytes: 0.0,
+        folded: 0.0,
+    };
+
+    /// This, then `next`.
+    fn then(self, next: Shape) -> Shape {
+        Shape {
+            rounds: self.rounds.saturating_add(next.rounds),
+            messages: self.messages.saturating_add(next.messages),
+            bytes: self.bytes + next.bytes,
+            folded: self.folded + next.folded,
+        }
+    }
+
+    /// The model's time (µs) over a link costing `cost`.
+    pub(crate) fn predict_us(self, cost: LinkCost) -> f64 {
+        self.rounds as f64 * cost.alpha_us
+            + self.messages as f64 * cost.cpu_us
+            + self.bytes / cost.bytes_per_us
+            + self.folded / cost.fold_bytes_per_us
+    }
+}
+
+/// Recursive doubling's dimensions at `ranks` (at least 2): log2 of the largest power of
+/// two `pof2` not above it, `pof2`, and the rounds the ranks past it add (a hand-in before,
+/// a hand-out after; see `native::protocol`'s `Doubling`).
+fn doubling(ranks: usize) -> (usize, f64, usize) {
+    let log2 = ranks.ilog2() as usize;
+    let extra = if ranks.is_power_of_two() { 0 } else { 2 };
+    (log2, (1u64 << log2) as f64, extra)
+}
+
+/// The algorithms an all-reduce over `link` may take among `ranks` ranks: with fewer
+/// elements than ranks, those that need no element per rank.
+fn all_reduce_candidates(link: Link, ranks: usize, elems: usize) -> &'static [AllReduce] {
+    use AllReduce::{HalvingDoubling, OneShot, RecursiveDoubling, Ring, ScatterGather};
+    match (link, elems < ranks) {
+        (Link::Shm, true) => &[OneShot],
+        (Link::Shm, false) => &[OneShot, ScatterGather],
+        (_, true) => &[OneShot, RecursiveDoubling],
+        (_, false) => &[
+            OneShot,
+            ScatterGather,
+            RecursiveDoubling,
+            HalvingDoubling,
+            Ring,
+        ],
+    }
+}
+
+/// Of `candidates`, the one whose `shape` the model prices lowest over `link`; the first
+/// of equals.
+fn cheapest<A: Copy>(link: Link, candidates: impl AsRef<[A]>, shape: impl Fn(A) -> Shape) -> A {
+    let cost = link.cost();
+    let mut best: Option<(A, f64)> = None;
+    for &a in candidates.as_ref() {
+        let t = shape(a).predict_us(cost);
+        if best.is_none_or(|(_, b)| t < b) {
+            best = Some((a, t));
+        }
+    }
+    best.map_or(candidates.as_ref()[0], |(a, _)| a)
+}
+
+/// An all-reduce of `bytes` among `ranks` ranks by `algorithm` (`native::protocol`'s
+/// schedules; the ring's is MLX's, after a barrier by `link`'s choice). The ring folds a
+/// chunk while the next is on the wire, so its folding costs no time here.
+pub(crate) fn all_reduce_shape(
+    algorithm: AllReduce,
+    link: Link,
+    ranks: usize,
+    bytes: f64,
+) -> Shape {
+    if ranks <= 1 {
+        return Shape::NONE;
+    }
+    let p = ranks as f64;
+    let others = ranks - 1;
+    let share = bytes / p;
+    let (log2, pof2, extra) = doubling(ranks);
+    let handed = if extra > 0 { bytes } else { 0.0 };
+    match algorithm {
+        AllReduce::OneShot => Shape {
+            rounds: 1,
+            messages: others,
+            bytes: (p - 1.0) * bytes,
+            folded: (p - 1.0) * bytes,
+        },
+        AllReduce::ScatterGather => Shape {
+            rounds: 2,
+            messages: others.saturating_mul(2),
+            // In shared memory, the folded share is also copied back into the segment.
+            bytes: 2.0 * (p - 1.0) * share + if link == Link::Shm { share } else { 0.0 },
+            folded: (p - 1.0) * share,
+        },
+        AllReduce::Ring => {
+            let barrier = barrier_shape(barrier_on(link, ranks), ranks);
+            barrier.then(Shape {
+                rounds: others.saturating_mul(2),
+                messages: others.saturating_mul(2),
+                bytes: 2.0 * (p - 1.0) * share,
+                folded: 0.0,
+            })
+        }
+        AllReduce::RecursiveDoubling => Shape {
+            rounds: log2 + extra,
+            messages: log2 + extra,
+            bytes: (log2 + extra) as f64 * bytes,
+            folded: log2 as f64 * bytes + handed,
+        },
+        AllReduce::HalvingDoubling => Shape {
+            rounds: 2 * log2 + extra,
+            messages: 2 * log2 + extra,
+            bytes: 2.0 * (pof2 - 1.0) / pof2 * bytes + extra as f64 * bytes,
+            folded: (pof2 - 1.0) / pof2 * bytes + handed,
+        },
+    }
+}
+
+/// An all_gather of `bytes` of output among `ranks` ranks by `algorithm`.
+pub(crate) fn all_gather_shape(algorithm: AllGather, ranks: usize, bytes: f64) -> Shape {
+    if ranks <= 1 {
+        return Shape::NONE;
+    }
+    let p = ranks as f64;
+    let block = bytes / p;
+    let (log2, pof2, extra) = doubling(ranks);
+    match algorithm {
+        AllGather::Direct => Shape {
+            rounds: 1,
+            messages: ranks - 1,
+            bytes: (p - 1.0) * block,
+            folded: 0.0,
+        },
+        AllGather::RecursiveDoubling => Shape {
+            rounds: log2 + extra,
+            messages: log2 + extra,
+            // A hand-in's block and the whole output handed back, for P not a power of two.
+            bytes: (pof2 - 1.0) / pof2 * bytes + if extra > 0 { block + bytes } else { 0.0 },
+            folded: 0.0,
+        },
+    }
+}
+
+/// A barrier among `ranks` ranks by `algorithm`: headers only.
+pub(crate) fn barrier_shape(algorithm: Barrier, ranks: usize) -> Shape {
+    if ranks <= 1 {
+        return Shape::NONE;
+    }
+    let (log2, _, extra) = doubling(ranks);
+    let (rounds, messages) = match algorithm {
+        Barrier::Direct => (1, ranks - 1),
+        Barrier::RecursiveDoubling => (log2 + extra, log2 + extra),
+    };
+    Shape {
+        rounds,
+        messages,
+        ..Shape::NONE
+    }
+}
+
+/// A broadcast of `bytes` among `ranks` ranks by `algorithm`: the bytes of the root's sends,
+/// and for the scatter, of a rank's all-gather of the other blocks after them.
+pub(crate) fn broadcast_shape(algorithm: Broadcast, ranks: usize, bytes: f64) -> Shape {
+    if ranks <= 1 {
+        return Shape::NONE;
+    }
+    let p = ranks as f64;
+    match algorithm {
+        Broadcast::Direct => Shape {
+            rounds: 1,
+            messages: ranks - 1,
+            bytes: (p - 1.0) * bytes,
+            folded: 0.0,
+        },
+        Broadcast::ScatterGather => Shape {
+            rounds: 2,
+            // A rank other than the root: a header to every peer, then its block to every
+            // rank but the root.
+            messages: (ranks - 1).saturating_add(ranks - 2),
+            bytes: bytes + (p - 2.0) * bytes / (p - 1.0),
+            folded: 0.0,
+        },
     }
 }
 
@@ -306,13 +859,9 @@ mod tests {
                 (4 << 10) + 1,
                 HalvingDoubling,
             ),
-            (
-                Transport::Tcp,
-                16,
-                (1 << 20) - 4,
-                (1 << 18) - 1,
-                HalvingDoubling,
-            ),
+            // Past the measured rows, the model: halving-doubling's folding at P = 16
+            // outweighs the ring's 26 more rounds from about 366 KiB.
+            (Transport::Tcp, 16, 256 << 10, 64 << 10, HalvingDoubling),
             (Transport::Tcp, 16, 1 << 20, 1 << 18, Ring),
             (Transport::Rdma, 8, 4, 1, RecursiveDoubling),
             (Transport::SharedMemory, 8, 4, 1, OneShot),
@@ -352,7 +901,9 @@ mod tests {
             (Transport::Tcp, 4, 64 << 10, AllGather::Direct),
             (Transport::Tcp, 5, 0, AllGather::RecursiveDoubling),
             (Transport::Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
-            (Transport::Tcp, 16, (1 << 20) + 16, AllGather::Direct),
+            (Transport::Tcp, 12, (1 << 20) + 12, AllGather::Direct),
+            // P = 20: the hand-out of the whole output outweighs 14 fewer messages.
+            (Transport::Tcp, 20, 1 << 20, AllGather::Direct),
             (Transport::SharedMemory, 16, 64, AllGather::Direct),
         ] {
             assert_eq!(
@@ -364,5 +915,109 @@ mod tests {
         assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
         assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
         assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);
+    }
+
+    const ALL_REDUCES: [AllReduce; 5] = [
+        AllReduce::OneShot,
+        AllReduce::ScatterGather,
+        AllReduce::Ring,
+        AllReduce::RecursiveDoubling,
+        AllReduce::HalvingDoubling,
+    ];
+
+    #[test]
+    fn the_model_s_shapes() {
+        let rd = |p| all_reduce_shape(AllReduce::RecursiveDoubling, Link::Loopback, p, 4.0);
+        assert_eq!((rd(16).rounds, rd(16).messages), (4, 4));
+        assert_eq!((rd(12).rounds, rd(12).messages), (5, 5));
+        let hd = all_reduce_shape(AllReduce::HalvingDoubling, Link::Loopback, 16, 64.0);
+        assert_eq!((hd.rounds, hd.messages, hd.bytes), (8, 8, 120.0));
+        let one = all_reduce_shape(AllReduce::OneShot, Link::Loopback, 2, 8.0);
+        assert_eq!((one.rounds, one.messages, one.bytes), (1, 1, 8.0));
+        // The ring at P = 2: a direct barrier's round, then 2 steps.
+        let ring = all_reduce_shape(AllReduce::Ring, Link::Loopback, 2, 8.0);
+        assert_eq!((ring.rounds, ring.messages, ring.folded), (3, 3, 0.0));
+        for a in ALL_REDUCES {
+            assert_eq!(all_reduce_shape(a, Link::Loopback, 1, 1e12), Shape::NONE);
+        }
+    }
+
+    #[test]
+    fn small_all_sums_past_the_measured_rows_take_few_rounds_and_messages() {
+        let p16 = plan(Collective::AllReduce, Link::Loopback, 16, 4);
+        assert!(p16.rounds <= 4 && p16.messages_per_rank <= 4, "{p16:?}");
+        let p12 = plan(Collective::AllReduce, Link::Loopback, 12, 4);
+        assert!(p12.rounds <= 5, "{p12:?}");
+        let mid = plan(Collective::AllReduce, Link::Loopback, 16, 64 << 10);
+        assert!(mid.messages_per_rank <= 8, "{mid:?}");
+        // The same answer every time it is asked.
+        for _ in 0..3 {
+            assert_eq!(plan(Collective::AllReduce, Link::Loopback, 16, 4), p16);
+            assert_eq!(
+                plan(Collective::AllReduce, Link::Loopback, 16, 64 << 10),
+                mid
+            );
+        }
+    }
+
+    #[test]
+    fn past_the_measured_rows_the_choice_is_the_model_s_cheapest() {
+        for link in Link::ALL {
+            let cost = link.cost();
+            let first = match link {
+                Link::Loopback => TCP_MEASURED_MAX_RANKS + 1,
+                Link::Shm => SHM_MEASURED_MAX_RANKS + 1,
+                Link::Network => 2,
+            };
+            for ranks in (first..=40).chain([64, 100, 128, 1000, 1024]) {
+                for bytes in [4usize, 64, 4 << 10, 64 << 10, 1 << 20, 64 << 20] {
+                    let elems = bytes / 4;
+                    let chosen = all_reduce_on(link, ranks, bytes, elems);
+                    let t = |a| all_reduce_shape(a, link, ranks, bytes as f64).predict_us(cost);
+                    for &a in all_reduce_candidates(link, ranks, elems) {
+                        assert!(
+                            t(chosen) <= t(a),
+                            "{link}, P = {ranks}, {bytes} B: {chosen:?} ({} µs) over {a:?} ({} µs)",
+                            t(chosen),
+                            t(a)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_plan_is_finite_for_any_ranks_and_bytes() {
+        let sizes = [0u64, 1, 4, 1 << 10, 64 << 10, 1 << 20, 1 << 30, 1 << 40];
+        for link in Link::ALL {
+            for collective in Collective::ALL {
+                for ranks in 0..=1024 {
+                    for bytes in sizes {
+                        let p = plan(collective, link, ranks, bytes);
+                        assert!(
+                            p.predicted_us.is_finite() && p.predicted_us >= 0.0,
+                            "{collective} {link} P = {ranks} {bytes} B: {p:?}"
+                        );
+                        assert!(p.rounds <= 2 * ranks.max(1) + 20, "{p:?}");
+                        if ranks <= 1 {
+                            assert_eq!((p.rounds, p.messages_per_rank), (0, 0));
+                        }
+                    }
+                }
+            }
+        }
+        let huge = plan(Collective::AllReduce, Link::Network, usize::MAX, u64::MAX);
+        assert!(huge.predicted_us.is_finite(), "{huge:?}");
+    }
+
+    #[test]
+    fn link_names_parse() {
+        for link in Link::ALL {
+            assert_eq!(link.to_string().parse::<Link>(), Ok(link));
+        }
+        assert_eq!("SHM".parse::<Link>(), Ok(Link::Shm));
+        let err = "tcp".parse::<Link>().unwrap_err();
+        assert!(err.contains("loopback"), "{err}");
     }
 }

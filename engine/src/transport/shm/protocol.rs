@@ -88,7 +88,6 @@ use super::p2p::{Channel, Channels, SLOTS};
 #[cfg(doc)]
 use super::segment::CHUNK;
 use super::segment::Layout;
-use crate::comm::Transport;
 use crate::comm::algorithm;
 use crate::comm::part;
 use crate::element::DType;
@@ -99,7 +98,7 @@ use crate::reduce::ReduceOp;
 /// every chunk whole) rather than by shares (see the module docs): the choice of
 /// `comm::algorithm`'s table for shared memory.
 pub(crate) fn one_shot(size: usize, bytes: usize) -> bool {
-    bytes <= algorithm::one_shot_max(Transport::SharedMemory, size)
+    algorithm::shm_one_shot(size, bytes)
 }
 
 /// How many pieces `0..total` is cut into, at most `per` each: at least one (empty for

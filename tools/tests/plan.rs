@@ -1,0 +1,106 @@
+//! `nuvec plan`: its JSON keys and the cost model's limits on small all-reduces past the
+//! measured rows (at most log2 P rounds and messages per rank, plus the hand-in and
+//! hand-out of P not a power of two).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
+
+/// Runs `nuvec plan ARGS --json` and returns its rows.
+fn plan(args: &[&str]) -> Vec<Value> {
+    let out = Command::new(NUVEC)
+        .arg("plan")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("running nuvec plan");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}:\n{stdout}"));
+    rows.as_array().expect("a list").clone()
+}
+
+/// The all-reduce row of `bytes` among `rows`.
+fn all_reduce(rows: &[Value], bytes: u64) -> &Value {
+    rows.iter()
+        .find(|r| r["collective"] == "all_reduce" && r["bytes"] == bytes)
+        .unwrap_or_else(|| panic!("no all_reduce row of {bytes} bytes in {rows:?}"))
+}
+
+#[test]
+fn json_rows_have_exactly_the_documented_keys() {
+    let rows = plan(&["-n", "16", "--sizes", "4,64K", "--link", "loopback"]);
+    // all_reduce, all_gather and broadcast at two sizes, the barrier once.
+    assert_eq!(rows.len(), 7, "{rows:?}");
+    let mut want = [
+        "algorithm",
+        "bytes",
+        "collective",
+        "link",
+        "messages_per_rank",
+        "predicted_us",
+        "ranks",
+        "rounds",
+    ];
+    want.sort_unstable();
+    for row in &rows {
+        let mut keys: Vec<&str> = row
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, want, "{row}");
+        assert_eq!(row["ranks"], 16);
+        assert_eq!(row["link"], "loopback");
+        assert!(
+            row["predicted_us"].as_f64().is_some_and(|t| t > 0.0),
+            "{row}"
+        );
+    }
+    let barriers: Vec<_> = rows
+        .iter()
+        .filter(|r| r["collective"] == "barrier")
+        .collect();
+    assert_eq!(barriers.len(), 1);
+    assert_eq!(barriers[0]["bytes"], 0);
+}
+
+#[test]
+fn small_all_reduces_take_few_rounds_and_messages_at_p16_and_p12() {
+    let p16 = plan(&["-n", "16", "--sizes", "4,64K", "--link", "loopback"]);
+    let tiny = all_reduce(&p16, 4);
+    assert!(tiny["rounds"].as_u64().is_some_and(|n| n <= 4), "{tiny}");
+    assert!(
+        tiny["messages_per_rank"].as_u64().is_some_and(|n| n <= 4),
+        "{tiny}"
+    );
+    let mid = all_reduce(&p16, 64 << 10);
+    assert!(
+        mid["messages_per_rank"].as_u64().is_some_and(|n| n <= 8),
+        "{mid}"
+    );
+    let p12 = plan(&["-n", "12", "--sizes", "4"]);
+    let tiny = all_reduce(&p12, 4);
+    assert_eq!(tiny["link"], "loopback", "the default link");
+    assert!(tiny["rounds"].as_u64().is_some_and(|n| n <= 5), "{tiny}");
+}
+
+#[test]
+fn a_link_that_does_not_exist_is_refused_by_name() {
+    let out = Command::new(NUVEC)
+        .args(["plan", "-n", "4", "--link", "infiniband"])
+        .output()
+        .expect("running nuvec plan");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("loopback"), "{stderr}");
+}
