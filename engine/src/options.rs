@@ -80,8 +80,8 @@ pub struct Options {
     /// at most 2 ms, while such waits are at least half of them; else 10 µs. A rank whose
     /// peer reaches each collective ~1 ms after it (a sharded model's layers) keeps
     /// spinning through the wait, and one whose calls come 100 ms apart spins 10 µs per
-    /// call. `Some(Duration::ZERO)` never spins (lowest CPU use: a wait yields the CPU and
-    /// sleeps at once). Retries yield the CPU after the first 10 µs, and from the start
+    /// call. `Some(Duration::ZERO)` never spins (lowest CPU use: a wait sleeps in the
+    /// kernel at once). Retries yield the CPU after the first 10 µs, and from the start
     /// when the hostfile puts more ranks on this host than it has CPUs. An idle group
     /// never spins, and spinning counts against [`Options::timeout`]: it ends at the
     /// deadline however long it is set.

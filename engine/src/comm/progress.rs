@@ -103,6 +103,10 @@ impl WaitPolicy {
     }
 
     /// A policy that always spins as `spin` says.
+    #[cfg_attr(
+        not(any(test, feature = "jaccl")),
+        allow(dead_code, reason = "only JACCL and tests fix a spin this way")
+    )]
     pub(crate) const fn fixed(spin: Spin) -> WaitPolicy {
         WaitPolicy {
             eager: spin.eager,
