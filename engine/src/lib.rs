@@ -154,7 +154,7 @@
 //! | `NUVEC_DISTRIBUTED_KEY` | [`init`] | [`Options::key`] |
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
-//! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | [`Options::spin`], in microseconds |
+//! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | fixes [`Options::spin`], in microseconds (`0`: never spin; unset: learned) |
 //! | `NUVEC_DISTRIBUTED_WIRE` | [`init`] | [`Options::backend`]: `mlx` (default, [`Backend::Ring`]) or `native` ([`Backend::Native`]) |
 //! | `NUVEC_DISTRIBUTED_IO` | [`init`], [`init_with`] | when [`Options::io`] is [`Io::Auto`]: the event loop, `epoll` or `uring` (Linux; an error if the kernel refuses it) |
 //! | `NUVEC_DISTRIBUTED_SIMD` | every reduction | lowers the SIMD level: `scalar`, `avx2`, `avx512`, `neon` |

@@ -34,7 +34,7 @@ pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
 ///
 /// // The defaults, then only what differs, by builder or by field.
 /// let mut options = Options::default().timeout(Duration::from_secs(5));
-/// options.spin = Duration::ZERO;
+/// options.spin = Some(Duration::ZERO);
 /// assert_eq!(options.timeout, Duration::from_secs(5));
 /// assert_eq!(options.backend, Backend::Ring);
 /// let group = init_with(&[vec!["127.0.0.1:0".into()]], 0, &options)?;
@@ -70,13 +70,22 @@ pub struct Options {
     /// it turns autotuning off for those sockets.
     pub socket_buffer: Option<usize>,
     /// How long a collective that is waiting for a peer keeps retrying before it sleeps in
-    /// the kernel. Default 50 µs: waking a thread that slept costs ~100 µs on the VMs this
-    /// was measured on, against a ~10 µs round trip. Retries yield the CPU after the first
-    /// 10 µs, and from the start when the hostfile puts more ranks on this host than it has
-    /// CPUs. Zero never spins (lowest CPU use); longer suits ranks that often arrive at a
-    /// collective at slightly different times. An idle group never spins, and spinning
-    /// counts against [`Options::timeout`]: it ends at the deadline however long it is set.
-    pub spin: Duration,
+    /// the kernel: `None` (the default) to learn it, `Some` to fix it
+    /// ([`SPIN_VAR`](crate::SPIN_VAR), in microseconds, for [`init`](crate::init)).
+    ///
+    /// Waking a thread that slept costs ~100 µs on the VMs this was measured on, against a
+    /// ~10 µs round trip, so a wait the spin covers is that much shorter, and one it does
+    /// not cover costs the whole spin in CPU. Learned, the budget follows the group's last
+    /// 32 waits: the 90th percentile of those up to 2 ms, plus a quarter, at least 10 µs and
+    /// at most 2 ms, while such waits are at least half of them; else 10 µs. A rank whose
+    /// peer reaches each collective ~1 ms after it (a sharded model's layers) keeps
+    /// spinning through the wait, and one whose calls come 100 ms apart spins 10 µs per
+    /// call. `Some(Duration::ZERO)` never spins (lowest CPU use: a wait sleeps in the
+    /// kernel at once). Retries yield the CPU after the first 10 µs, and from the start
+    /// when the hostfile puts more ranks on this host than it has CPUs. An idle group
+    /// never spins, and spinning counts against [`Options::timeout`]: it ends at the
+    /// deadline however long it is set.
+    pub spin: Option<Duration>,
     /// Which backend [`init_with`](crate::init_with) forms over its addresses:
     /// [`Backend::Ring`] (the default, MLX's wire) or [`Backend::Native`]
     /// ([`WIRE_VAR`](crate::WIRE_VAR) `native` for [`init`](crate::init)). `Any` is the
@@ -233,7 +242,7 @@ impl Default for Options {
             timeout: Duration::from_secs(30),
             tcp_congestion: None,
             socket_buffer: None,
-            spin: Duration::from_micros(50),
+            spin: None,
             backend: Backend::Ring,
             shared_memory: true,
             io: Io::Auto,
@@ -364,7 +373,8 @@ impl Options {
         self
     }
 
-    /// Sets how long a waiting collective retries before it sleeps (see [`Options::spin`]).
+    /// Sets how long a waiting collective retries before it sleeps: a fixed time, or `None`
+    /// to learn it from the group's waits, the default (see [`Options::spin`]).
     ///
     /// # Examples
     ///
@@ -374,11 +384,13 @@ impl Options {
     ///
     /// // Never spin: the lowest CPU use, for ranks that share cores with other work.
     /// let options = Options::default().spin(Duration::ZERO);
-    /// assert_eq!(options.spin, Duration::ZERO);
-    /// assert_eq!(Options::default().spin, Duration::from_micros(50));
+    /// assert_eq!(options.spin, Some(Duration::ZERO));
+    /// // Learned, the default.
+    /// assert_eq!(Options::default().spin, None);
+    /// assert_eq!(options.spin(None).spin, None);
     /// ```
-    pub fn spin(mut self, spin: Duration) -> Self {
-        self.spin = spin;
+    pub fn spin(mut self, spin: impl Into<Option<Duration>>) -> Self {
+        self.spin = spin.into();
         self
     }
 
@@ -451,7 +463,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::comm::progress::Spin;
+    use crate::comm::progress::WaitPolicy;
     use crate::config::env::{self, KEY_VAR};
     use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 
@@ -469,7 +481,7 @@ mod tests {
     fn any_options() -> impl Strategy<Value = Options> {
         (
             any_duration(),
-            any_duration(),
+            prop::option::of(any_duration()),
             prop::option::of(prop_oneof![Just(0usize), Just(usize::MAX), any::<usize>()]),
             prop::option::of(prop_oneof![
                 Just(String::new()),
@@ -599,7 +611,7 @@ mod tests {
         let tuning = SocketTuning::from_options(options);
         let now = Instant::now();
         prop_assert!(deadline(now, options.timeout) >= now);
-        let _ = Spin::for_local_ranks(options.spin, 4);
+        let _ = WaitPolicy::for_local_ranks(options.spin, 4).spin();
         if let Ok(listener) = tcp::listen("127.0.0.1:0".parse().unwrap(), &tuning) {
             let addr = listener.local_addr().unwrap();
             let stream = tcp::dial(addr, &tuning);

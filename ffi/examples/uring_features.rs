@@ -451,9 +451,9 @@ mod linux {
         /// The stream's size.
         const STREAM: usize = 64 << 20;
         /// The driver's wait before it sleeps in the kernel, as a rank that has a CPU of its
-        /// own has it (`Options::spin`'s default and `Spin::for_local_ranks`): watch the
-        /// completion queue without yielding for `EAGER`, yielding on every look after that,
-        /// and sleep after `TOTAL`.
+        /// own has it (the learned `Options::spin`'s first budget, as
+        /// `WaitPolicy::for_local_ranks` makes it): watch the completion queue without
+        /// yielding for `EAGER`, yielding on every look after that, and sleep after `TOTAL`.
         const EAGER: Duration = Duration::from_micros(10);
         const TOTAL: Duration = Duration::from_micros(50);
         /// The provided buffer ring's group id.

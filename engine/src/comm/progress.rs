@@ -7,7 +7,9 @@
 //! [`progress`] repeats: ask the driver to move what it can ([`Drive::advance`]); if
 //! nothing moved, retry for [`Spin::total`] (without giving the CPU away for the first
 //! [`Spin::eager`], with a spin-loop hint between retries, yielding it on every retry after
-//! that), then block in [`Drive::wait`].
+//! that), then block in [`Drive::wait`]. The group's [`WaitPolicy`] sets the spin for each
+//! collective, fixed or learned from how long its recent collectives waited
+//! ([`LearnedSpin`]), and is told how long this one did.
 //! The deadline is `timeout` after the last time anything moved, and moves forward whenever
 //! something does: the timeout bounds silence, not the collective's duration. When it
 //! passes, [`Drive::stalled`] makes the error.
@@ -42,7 +44,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, PeerOp, Result};
 
-/// How a collective that cannot move waits before it blocks.
+/// How one wait of a collective that cannot move spins before it blocks: what a
+/// [`WaitPolicy`] decides for the next collective.
 ///
 /// Waking a thread that sleeps on another CPU costs ~100 µs on the 2-vCPU VMs this was
 /// measured on, against a ~10 µs round trip, so a collective first retries its transfers
@@ -56,20 +59,171 @@ pub(crate) struct Spin {
     pub(crate) eager: Duration,
 }
 
-impl Spin {
+/// How long a rank that has a CPU of its own retries without yielding.
+const EAGER: Duration = Duration::from_micros(10);
+
+/// A group's wait policy: how long its collectives spin before they block, fixed
+/// ([`Options::spin`](crate::Options::spin) set, `NUVEC_DISTRIBUTED_SPIN_US`) or learned
+/// from the group's own recent waits ([`LearnedSpin`], the default).
+///
+/// One per transport a group waits on (a hierarchical group has one for its shared memory
+/// and one for its TCP links), kept with the group's state: [`progress`] asks it for the
+/// [`Spin`] of each collective and tells it how long that collective waited.
+#[derive(Clone, Debug)]
+pub(crate) struct WaitPolicy {
+    /// How long to retry without yielding (at most the budget).
+    eager: Duration,
+    budget: Budget,
+}
+
+#[derive(Clone, Debug)]
+enum Budget {
+    Fixed(Duration),
+    Learned(LearnedSpin),
+}
+
+impl WaitPolicy {
     /// The policy for a rank that shares this machine with `local_ranks` ranks (itself
-    /// included): eager only if every rank can have a CPU of its own.
-    pub(crate) fn for_local_ranks(total: Duration, local_ranks: usize) -> Spin {
+    /// included): eager only if every rank can have a CPU of its own; `fixed` the spin
+    /// budget, or `None` to learn it.
+    pub(crate) fn for_local_ranks(fixed: Option<Duration>, local_ranks: usize) -> WaitPolicy {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         let eager = if local_ranks <= cpus {
-            Duration::from_micros(10)
+            EAGER
         } else {
             Duration::ZERO
         };
+        WaitPolicy {
+            eager,
+            budget: match fixed {
+                Some(total) => Budget::Fixed(total),
+                None => Budget::Learned(LearnedSpin::new()),
+            },
+        }
+    }
+
+    /// A policy that always spins as `spin` says.
+    #[cfg_attr(
+        not(any(test, feature = "jaccl")),
+        allow(dead_code, reason = "only JACCL and tests fix a spin this way")
+    )]
+    pub(crate) const fn fixed(spin: Spin) -> WaitPolicy {
+        WaitPolicy {
+            eager: spin.eager,
+            budget: Budget::Fixed(spin.total),
+        }
+    }
+
+    /// How the next collective spins.
+    pub(crate) fn spin(&self) -> Spin {
+        let total = match &self.budget {
+            Budget::Fixed(total) => *total,
+            Budget::Learned(learned) => learned.budget(),
+        };
         Spin {
             total,
-            eager: eager.min(total),
+            eager: self.eager.min(total),
         }
+    }
+
+    /// A collective completed after waiting `waited` for its peers at most (its longest
+    /// stretch in which nothing moved).
+    pub(crate) fn record(&mut self, waited: Duration) {
+        if let Budget::Learned(learned) = &mut self.budget {
+            learned.record(waited);
+        }
+    }
+}
+
+/// A spin budget learned from a group's last [`LearnedSpin::WINDOW`] waits.
+///
+/// A spin pays off when the peer's data arrives before the spin ends (the ~100 µs wake-up
+/// is saved) and costs its whole length in CPU when it does not. So the budget covers the
+/// waits a spin can reach: of the recorded waits up to [`LearnedSpin::CAP`], the 90th
+/// percentile plus a quarter (waits near it vary by a few percent), at least
+/// [`LearnedSpin::FLOOR`] and at most the cap, as long as such waits are at least half of
+/// the window; otherwise (a group idle between calls, or whose peers are late by more than
+/// the cap) the floor. A rank whose peer finishes a layer ~1 ms later than it stays hot
+/// (it spins ~1.25 ms and sees the data at once), and a server whose calls come 100 ms
+/// apart spins only the floor: 10 µs per call.
+///
+/// Samples are kept as nanoseconds in a fixed ring (no allocation per call) and the budget
+/// is recomputed after every [`LearnedSpin::RELEARN`] waits (each of the first ones, so a
+/// new group adapts at once): one selection over 32 numbers, out of the path of most
+/// calls.
+#[derive(Clone, Debug)]
+pub(crate) struct LearnedSpin {
+    /// The last waits, ns (saturating at `u32::MAX`, 4.3 s: far beyond the cap).
+    samples: [u32; LearnedSpin::WINDOW],
+    /// How many of `samples` hold waits (up to the window).
+    filled: usize,
+    /// Where the next wait goes.
+    next: usize,
+    /// Waits recorded since the budget was last computed.
+    fresh: usize,
+    budget: Duration,
+}
+
+impl LearnedSpin {
+    /// How many waits the budget is learned from.
+    pub(crate) const WINDOW: usize = 32;
+    /// The least budget: a peer that answers within a round trip is always caught hot.
+    pub(crate) const FLOOR: Duration = Duration::from_micros(10);
+    /// The most budget: longer waits block in the kernel, where a wake-up costs ~100 µs,
+    /// 5% of this or less.
+    pub(crate) const CAP: Duration = Duration::from_millis(2);
+    /// The budget before any wait is recorded: the fixed default this policy replaced.
+    pub(crate) const INITIAL: Duration = Duration::from_micros(50);
+    /// The budget is recomputed after this many waits.
+    pub(crate) const RELEARN: usize = 8;
+
+    pub(crate) fn new() -> LearnedSpin {
+        LearnedSpin {
+            samples: [0; LearnedSpin::WINDOW],
+            filled: 0,
+            next: 0,
+            fresh: 0,
+            budget: LearnedSpin::INITIAL,
+        }
+    }
+
+    /// The budget of the next wait.
+    pub(crate) fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// A wait of `waited` completed.
+    pub(crate) fn record(&mut self, waited: Duration) {
+        let ns = u32::try_from(waited.as_nanos()).unwrap_or(u32::MAX);
+        self.samples[self.next] = ns;
+        self.next = (self.next + 1) % LearnedSpin::WINDOW;
+        self.filled = (self.filled + 1).min(LearnedSpin::WINDOW);
+        self.fresh += 1;
+        if self.filled <= LearnedSpin::RELEARN || self.fresh >= LearnedSpin::RELEARN {
+            self.budget = Self::learn(&self.samples[..self.filled]);
+            self.fresh = 0;
+        }
+    }
+
+    /// The budget for these waits, ns (see the type's docs).
+    fn learn(samples: &[u32]) -> Duration {
+        let cap = u32::try_from(LearnedSpin::CAP.as_nanos()).unwrap_or(u32::MAX);
+        let mut reach = [0u32; LearnedSpin::WINDOW];
+        let mut n = 0;
+        for &s in samples.iter().filter(|&&s| s <= cap) {
+            if let Some(slot) = reach.get_mut(n) {
+                *slot = s;
+                n += 1;
+            }
+        }
+        if n == 0 || n * 2 < samples.len() {
+            return LearnedSpin::FLOOR;
+        }
+        // The 90th percentile: the sample with ceil(0.9 n) samples at or below it.
+        let at = (n * 9).div_ceil(10) - 1;
+        let (_, &mut p90, _) = reach[..n].select_nth_unstable(at);
+        let budget = Duration::from_nanos(u64::from(p90) + u64::from(p90 / 4));
+        budget.clamp(LearnedSpin::FLOOR, LearnedSpin::CAP)
     }
 }
 
@@ -115,10 +269,25 @@ pub(crate) trait Drive {
 /// for `timeout`, or its `aborted` error as soon as the group is closed from another thread
 /// (checked on every round: after each pass, spin retry and wake-up). A collective whose
 /// bytes all moved returns `Ok` even if the close came meanwhile.
-pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) -> Result<()> {
+pub(crate) fn progress<D: Drive>(
+    driver: &mut D,
+    timeout: Duration,
+    policy: &mut WaitPolicy,
+) -> Result<()> {
+    let spin = policy.spin();
+    // The current stretch in which nothing moved: when it began, and when it was last
+    // seen still idle (its end, to within one retry or wake-up).
     let mut idle_since: Option<Instant> = None;
+    let mut idle_seen = Instant::now();
+    // The longest stretch so far: how long this collective waited for its peers, what
+    // the policy learns from.
+    let mut longest = Duration::ZERO;
     loop {
         if driver.finished() {
+            if let Some(since) = idle_since {
+                longest = longest.max(idle_seen.saturating_duration_since(since));
+            }
+            policy.record(longest);
             return Ok(());
         }
         if let Some(aborted) = driver.aborted() {
@@ -127,11 +296,14 @@ pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) 
         if driver.advance()? {
             // Only a pass that moved nothing may block: a lane advanced earlier in this
             // pass may have become ready since.
-            idle_since = None;
+            if let Some(since) = idle_since.take() {
+                longest = longest.max(idle_seen.saturating_duration_since(since));
+            }
             continue;
         }
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
+        idle_seen = now;
         let idle = now - since;
         // Spinning is part of the silence the timeout bounds: it ends at the deadline
         // however long `spin.total` is.
@@ -157,6 +329,9 @@ pub(crate) fn progress<D: Drive>(driver: &mut D, timeout: Duration, spin: Spin) 
             // A close that woke the wait at the deadline is still a close, not a stall.
             return Err(driver.aborted().unwrap_or_else(|| driver.stalled(timeout)));
         }
+        // Woken: the stretch lasted at least until now (one clock read per wake-up, which
+        // costs far more).
+        idle_seen = Instant::now();
     }
 }
 
@@ -376,22 +551,25 @@ mod tests {
         })
     }
 
-    const NO_SPIN: Spin = Spin {
-        total: Duration::ZERO,
-        eager: Duration::ZERO,
-    };
+    /// A policy that never spins.
+    fn no_spin() -> WaitPolicy {
+        WaitPolicy::fixed(Spin {
+            total: Duration::ZERO,
+            eager: Duration::ZERO,
+        })
+    }
 
     #[test]
     fn a_collective_that_keeps_moving_finishes_without_waiting() {
         let mut f = Fake::new(vec![true; 5], 5);
-        progress(&mut f, Duration::from_secs(5), NO_SPIN).unwrap();
+        progress(&mut f, Duration::from_secs(5), &mut no_spin()).unwrap();
         assert_eq!((f.calls, f.waits), (5, 0));
     }
 
     #[test]
     fn a_finished_collective_does_not_advance() {
         let mut f = Fake::new(vec![], 0);
-        progress(&mut f, Duration::from_secs(5), NO_SPIN).unwrap();
+        progress(&mut f, Duration::from_secs(5), &mut no_spin()).unwrap();
         assert_eq!(f.calls, 0);
     }
 
@@ -403,7 +581,7 @@ mod tests {
             total: Duration::from_secs(5),
             eager: Duration::from_secs(5),
         };
-        progress(&mut f, Duration::from_secs(5), spin).unwrap();
+        progress(&mut f, Duration::from_secs(5), &mut WaitPolicy::fixed(spin)).unwrap();
         assert_eq!((f.calls, f.waits), (5, 0), "it spun instead of waiting");
     }
 
@@ -420,7 +598,7 @@ mod tests {
         f.activity.completed(1, PeerOp::Receive);
         let timeout = Duration::from_millis(50);
         let start = Instant::now();
-        let e = progress(&mut f, timeout, NO_SPIN).unwrap_err();
+        let e = progress(&mut f, timeout, &mut no_spin()).unwrap_err();
         let took = start.elapsed();
         assert!(
             matches!(
@@ -448,7 +626,7 @@ mod tests {
         f.activity.posted(0, PeerOp::Receive);
         let timeout = Duration::from_millis(100);
         let start = Instant::now();
-        progress(&mut f, timeout, NO_SPIN).unwrap();
+        progress(&mut f, timeout, &mut no_spin()).unwrap();
         assert!(start.elapsed() > timeout, "too fast to show anything");
         assert_eq!(f.moved, 12);
     }
@@ -461,7 +639,7 @@ mod tests {
         f.activity.posted(1, PeerOp::Send);
         let timeout = Duration::from_millis(40);
         let start = Instant::now();
-        let e = progress(&mut f, timeout, NO_SPIN).unwrap_err();
+        let e = progress(&mut f, timeout, &mut no_spin()).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -492,7 +670,7 @@ mod tests {
             };
             let timeout = Duration::from_millis(20);
             let start = Instant::now();
-            let e = progress(&mut f, timeout, spin).unwrap_err();
+            let e = progress(&mut f, timeout, &mut WaitPolicy::fixed(spin)).unwrap_err();
             let took = start.elapsed();
             assert!(matches!(e, Error::Timeout { peer: 4, .. }), "{e}");
             assert_eq!(f.waits, 0);
@@ -508,7 +686,7 @@ mod tests {
         let mut f = Fake::new(vec![true, false, true], 2);
         f.nap = Some(Duration::from_millis(1));
         f.activity.posted(0, PeerOp::Receive);
-        progress(&mut f, Duration::MAX, NO_SPIN).unwrap();
+        progress(&mut f, Duration::MAX, &mut no_spin()).unwrap();
         assert_eq!(f.waits, 1);
     }
 
@@ -523,7 +701,12 @@ mod tests {
         };
         let closer = close_later(&f, Duration::from_millis(50));
         let start = Instant::now();
-        let e = progress(&mut f, Duration::from_secs(20), spin).unwrap_err();
+        let e = progress(
+            &mut f,
+            Duration::from_secs(20),
+            &mut WaitPolicy::fixed(spin),
+        )
+        .unwrap_err();
         closer.join().unwrap();
         assert!(matches!(e, Error::Aborted { .. }), "{e}");
         assert!(
@@ -541,7 +724,7 @@ mod tests {
         f.activity.posted(0, PeerOp::Receive);
         let closer = close_later(&f, Duration::from_millis(50));
         let start = Instant::now();
-        let e = progress(&mut f, Duration::from_secs(20), NO_SPIN).unwrap_err();
+        let e = progress(&mut f, Duration::from_secs(20), &mut no_spin()).unwrap_err();
         closer.join().unwrap();
         assert!(matches!(e, Error::Aborted { .. }), "{e}");
         assert!(
@@ -563,7 +746,7 @@ mod tests {
         let mut f = Fake::new(vec![], 1);
         f.activity.posted(0, PeerOp::Receive);
         let closer = close_later(&f, Duration::from_millis(10));
-        let e = progress(&mut f, Duration::from_millis(300), NO_SPIN).unwrap_err();
+        let e = progress(&mut f, Duration::from_millis(300), &mut no_spin()).unwrap_err();
         closer.join().unwrap();
         assert!(matches!(e, Error::Aborted { .. }), "{e}");
     }
@@ -572,15 +755,187 @@ mod tests {
     fn a_closed_group_moves_nothing_but_a_finished_collective_stands() {
         let mut f = Fake::new(vec![true], 1);
         f.closed.store(true, std::sync::atomic::Ordering::Release);
-        let e = progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap_err();
+        let e = progress(&mut f, Duration::from_secs(1), &mut no_spin()).unwrap_err();
         assert!(matches!(e, Error::Aborted { .. }), "{e}");
         assert_eq!(f.calls, 0, "nothing is moved after the close");
 
         // Once every byte moved, the result stands, closed or not.
         let mut f = Fake::new(vec![true], 1);
-        progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap();
+        progress(&mut f, Duration::from_secs(1), &mut no_spin()).unwrap();
         f.closed.store(true, std::sync::atomic::Ordering::Release);
-        progress(&mut f, Duration::from_secs(1), NO_SPIN).unwrap();
+        progress(&mut f, Duration::from_secs(1), &mut no_spin()).unwrap();
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+    const US: Duration = Duration::from_micros(1);
+
+    /// A learned budget after `waits`, recorded in order.
+    fn learned(waits: impl IntoIterator<Item = Duration>) -> Duration {
+        let mut l = LearnedSpin::new();
+        for w in waits {
+            l.record(w);
+        }
+        l.budget()
+    }
+
+    #[test]
+    fn a_new_group_starts_from_the_former_default() {
+        assert_eq!(LearnedSpin::new().budget(), LearnedSpin::INITIAL);
+        assert_eq!(LearnedSpin::INITIAL, 50 * US);
+    }
+
+    #[test]
+    fn peers_a_millisecond_late_keep_the_rank_spinning() {
+        let budget = learned(std::iter::repeat_n(MS, 32));
+        assert!(budget >= MS, "{budget:?}");
+        assert!(budget <= LearnedSpin::CAP, "{budget:?}");
+        // As between sharded layers: a lockstep barrier (a few µs) before each late call.
+        let layers = (0..32).map(|i| if i % 2 == 0 { 4 * US } else { MS + 30 * US });
+        assert!(learned(layers) >= MS + 30 * US);
+    }
+
+    #[test]
+    fn an_idle_server_spins_only_the_floor_from_its_first_wait() {
+        let mut l = LearnedSpin::new();
+        l.record(100 * MS);
+        assert_eq!(l.budget(), LearnedSpin::FLOOR);
+        for _ in 0..100 {
+            l.record(100 * MS);
+            assert_eq!(l.budget(), LearnedSpin::FLOOR);
+        }
+        // A barrier between the idle calls, answered at once, changes nothing.
+        let alternating = (0..64).map(|i| if i % 2 == 0 { 100 * MS } else { 3 * US });
+        assert_eq!(learned(alternating), LearnedSpin::FLOOR);
+    }
+
+    #[test]
+    fn lockstep_waits_spin_the_floor() {
+        assert_eq!(learned([Duration::ZERO; 40]), LearnedSpin::FLOOR);
+        assert_eq!(learned([2 * US; 40]), LearnedSpin::FLOOR);
+        // 30 µs waits (a TCP round trip): spun through, with a quarter to spare.
+        assert_eq!(learned([30 * US; 40]), 30 * US + 30 * US / 4);
+    }
+
+    #[test]
+    fn mixed_waits_follow_those_a_spin_can_reach() {
+        // Mostly 1 ms with a few idle gaps: the 1 ms waits stay hot.
+        let mostly_late = (0..32).map(|i| if i % 8 == 0 { 100 * MS } else { MS });
+        assert!(learned(mostly_late) >= MS);
+        // Half and half: still worth it (a gap wastes at most the cap, 2% of 100 ms).
+        let half = (0..32).map(|i| if i % 2 == 0 { 100 * MS } else { MS });
+        assert!(learned(half) >= MS);
+        // Mostly gaps: the floor.
+        let mostly_idle = (0..32).map(|i| if i % 4 == 0 { MS } else { 100 * MS });
+        assert_eq!(learned(mostly_idle), LearnedSpin::FLOOR);
+        // The 90th percentile, not the largest: one 1.5 ms outlier in 32 waits of 100 µs.
+        let outlier = (0..32).map(|i| if i == 7 { 1500 * US } else { 100 * US });
+        assert_eq!(learned(outlier), 125 * US);
+    }
+
+    #[test]
+    fn the_budget_stops_at_the_cap() {
+        assert_eq!(learned([1900 * US; 32]), LearnedSpin::CAP);
+        assert_eq!(learned([LearnedSpin::CAP; 32]), LearnedSpin::CAP);
+        // Beyond the cap no spin catches the data: the floor, not the cap.
+        assert_eq!(learned([3 * MS; 32]), LearnedSpin::FLOOR);
+        assert_eq!(learned([Duration::MAX; 40]), LearnedSpin::FLOOR);
+    }
+
+    #[test]
+    fn the_window_forgets_old_waits() {
+        let idle_then_busy = std::iter::repeat_n(100 * MS, 32).chain(std::iter::repeat_n(MS, 32));
+        assert!(learned(idle_then_busy) >= MS);
+        let busy_then_idle = std::iter::repeat_n(MS, 32).chain(std::iter::repeat_n(100 * MS, 32));
+        assert_eq!(learned(busy_then_idle), LearnedSpin::FLOOR);
+    }
+
+    #[test]
+    fn a_fixed_policy_ignores_waits_and_zero_never_spins() {
+        for fixed in [Duration::ZERO, 7 * US, 3 * MS, Duration::MAX] {
+            let mut p = WaitPolicy::for_local_ranks(Some(fixed), 1);
+            for _ in 0..40 {
+                p.record(MS);
+            }
+            let spin = p.spin();
+            assert_eq!(spin.total, fixed);
+            assert!(spin.eager <= fixed && spin.eager <= EAGER, "{spin:?}");
+        }
+        let never = WaitPolicy::for_local_ranks(Some(Duration::ZERO), 1).spin();
+        assert_eq!((never.total, never.eager), (Duration::ZERO, Duration::ZERO));
+        // More ranks than CPUs: never eager, learned or fixed.
+        let crowded = WaitPolicy::for_local_ranks(None, usize::MAX).spin();
+        assert_eq!(crowded.eager, Duration::ZERO);
+        assert_eq!(crowded.total, LearnedSpin::INITIAL);
+    }
+
+    /// A collective that moves once `wait` was called `wakes` times, each nap `nap` long.
+    struct Late {
+        waits: usize,
+        wakes: usize,
+        nap: Duration,
+        done: bool,
+    }
+
+    impl Drive for Late {
+        fn advance(&mut self) -> Result<bool> {
+            self.done = self.waits >= self.wakes;
+            Ok(self.done)
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+        fn wait(&mut self, _until: Instant) -> Result<bool> {
+            std::thread::sleep(self.nap);
+            self.waits += 1;
+            Ok(true)
+        }
+        fn stalled(&mut self, _timeout: Duration) -> Error {
+            Error::invalid("never stalls")
+        }
+        fn aborted(&self) -> Option<Error> {
+            None
+        }
+    }
+
+    /// The waits a learned policy holds, oldest first.
+    fn samples(p: &WaitPolicy) -> Vec<u32> {
+        match &p.budget {
+            Budget::Learned(l) => l.samples[..l.filled].to_vec(),
+            Budget::Fixed(_) => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn progress_teaches_the_policy_each_collectives_wait() {
+        let mut p = WaitPolicy::for_local_ranks(None, 1);
+        // A collective that never waits teaches a zero wait.
+        let mut now = Late {
+            waits: 0,
+            wakes: 0,
+            nap: Duration::ZERO,
+            done: false,
+        };
+        progress(&mut now, Duration::from_secs(5), &mut p).unwrap();
+        // One that moves only after two naps of 3 ms each waited at least 6 ms: beyond the
+        // cap, so the next collective spins the floor.
+        let mut late = Late {
+            waits: 0,
+            wakes: 2,
+            nap: 3 * MS,
+            done: false,
+        };
+        progress(&mut late, Duration::from_secs(5), &mut p).unwrap();
+        let seen = samples(&p);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[0], 0);
+        assert!(u128::from(seen[1]) >= (6 * MS).as_nanos(), "{seen:?}");
+        // Half the waits beyond the cap is still half within reach: the zero wait's floor.
+        assert_eq!(p.spin().total, LearnedSpin::FLOOR);
+        // A failed collective teaches nothing.
+        let mut silent = Fake::new(vec![], 1);
+        silent.activity.posted(0, PeerOp::Receive);
+        progress(&mut silent, 20 * MS, &mut p).unwrap_err();
+        assert_eq!(samples(&p).len(), 2);
     }
 
     #[test]

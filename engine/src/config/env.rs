@@ -31,7 +31,8 @@ pub const TCP_CONGESTION_VAR: &str = "NUVEC_DISTRIBUTED_TCP_CONGESTION";
 /// The variable [`init`](crate::init) reads [`Options::socket_buffer`] from, in bytes.
 pub const SOCKET_BUFFER_VAR: &str = "NUVEC_DISTRIBUTED_SOCKET_BUFFER";
 
-/// The variable [`init`](crate::init) reads [`Options::spin`] from, in microseconds.
+/// The variable that fixes [`Options::spin`] for [`init`](crate::init), in whole
+/// microseconds: `0` never spins; unset, the spin is learned from the group's waits.
 pub const SPIN_VAR: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 
 /// The variable that turns the hostfile's backend native for [`init`](crate::init): `mlx`
@@ -217,9 +218,12 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
     if let Some(text) = value(vars, SPIN_VAR)? {
         let micros = text.trim().parse::<u64>().map_err(|_| Error::Environment {
             var: SPIN_VAR,
-            reason: format!("{text:?} is not a whole number of microseconds"),
+            reason: format!(
+                "{text:?} is not a whole number of microseconds (0 never spins; unset it to \
+                 learn the spin from the group's waits)"
+            ),
         })?;
-        options.spin = Duration::from_micros(micros);
+        options.spin = Some(Duration::from_micros(micros));
     }
     if let Some(text) = value(vars, WIRE_VAR)? {
         options.backend = wire(&text)?;

@@ -118,7 +118,7 @@ fn the_launchers_ring_hostfile_and_variables_read_back() {
 
                     let options = env::options(&lookup(&vars)).unwrap();
                     assert_eq!(options.timeout, Duration::from_millis(2500), "{case}");
-                    assert_eq!(options.spin, Duration::from_micros(17), "{case}");
+                    assert_eq!(options.spin, Some(Duration::from_micros(17)), "{case}");
                     assert_eq!(options.socket_buffer, Some(65536), "{case}");
                     assert_eq!(options.tcp_congestion.as_deref(), Some("cubic"), "{case}");
                     assert!(options.key.is_some(), "{case}");
@@ -277,6 +277,28 @@ fn shm_turns_shared_memory_on_and_off() {
             env::options(&lookup(&vars)).unwrap().shared_memory,
             on,
             "{value:?}"
+        );
+    }
+}
+
+#[test]
+fn the_spin_variable_fixes_the_spin_and_unset_learns_it() {
+    assert_eq!(env::options(&lookup(&from_pairs(&[]))).unwrap().spin, None);
+    for (value, micros) in [("0", 0), (" 250 ", 250), ("18446744073709551615", u64::MAX)] {
+        let vars = from_pairs(&[(env::SPIN_VAR, value)]);
+        assert_eq!(
+            env::options(&lookup(&vars)).unwrap().spin,
+            Some(Duration::from_micros(micros)),
+            "{value:?}"
+        );
+    }
+    for bad in ["-1", "1e3", "fast", "18446744073709551616"] {
+        let vars = from_pairs(&[(env::SPIN_VAR, bad)]);
+        let (var, text) = env_error(env::options(&lookup(&vars)).unwrap_err());
+        assert_eq!(var, env::SPIN_VAR, "{bad:?}");
+        assert!(
+            text.contains(bad) && text.contains("0 never spins"),
+            "{text}"
         );
     }
 }

@@ -27,7 +27,7 @@ use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, 
 use super::{mesh, ring};
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
-use crate::comm::progress::{Activity, Spin};
+use crate::comm::progress::{Activity, Spin, WaitPolicy};
 use crate::comm::state::Guarded;
 use crate::comm::trace::Traced;
 use crate::element::DType;
@@ -89,6 +89,8 @@ struct State<F> {
     plan: BufferPlan,
     staging: MmapMut,
     activity: Activity,
+    /// How collectives wait: the set-up's spin, fixed.
+    spin: WaitPolicy,
     /// Storage reused by every collective, so that none allocates once warm (as the TCP
     /// ring keeps its lanes): the engine's, and the ring's machines.
     scratch: Scratch,
@@ -104,7 +106,6 @@ pub(crate) struct Jaccl<F> {
     kind: Kind,
     classes: SizeClasses,
     timeout: Duration,
-    spin: Spin,
     peers: Vec<usize>,
     /// The ranks whose set-up records carry no nuvec mark: MLX's (see `bootstrap`).
     mlx_ranks: Vec<usize>,
@@ -280,7 +281,6 @@ impl<F: Fabric> Jaccl<F> {
             kind,
             classes: setup.classes,
             timeout: setup.timeout,
-            spin: setup.spin,
             peers,
             mlx_ranks,
             mlx_all_gather: setup.mlx_all_gather,
@@ -290,6 +290,7 @@ impl<F: Fabric> Jaccl<F> {
                 plan,
                 staging,
                 activity: Activity::default(),
+                spin: WaitPolicy::fixed(setup.spin),
                 scratch: Scratch::new(conns, CQ_ENTRIES as usize),
                 wires: Vec::new(),
                 scatter: Vec::new(),
@@ -317,6 +318,7 @@ impl<F: Fabric> Jaccl<F> {
             plan,
             staging,
             activity,
+            spin,
             scratch,
             ..
         } = state;
@@ -336,7 +338,7 @@ impl<F: Fabric> Jaccl<F> {
             machines,
             side,
             self.timeout,
-            self.spin,
+            spin,
             scratch,
             self.state.close_flag(),
         );

@@ -66,7 +66,7 @@
 use std::time::{Duration, Instant};
 
 use crate::comm::algorithm::{self, AllReduce};
-use crate::comm::progress::Spin;
+use crate::comm::progress::WaitPolicy;
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::native::header::{Call, HEADER_BYTES, Header};
@@ -148,7 +148,7 @@ pub(crate) fn setup(
     offered: bool,
     group: &[u8; 32],
     timeout: Duration,
-    spin: Spin,
+    spin: WaitPolicy,
 ) -> Result<Path> {
     let size = hosts.len();
     if size < 2 || !offered {
@@ -164,7 +164,7 @@ pub(crate) fn setup(
     let mine = &cands[d];
     let local = mine.iter().position(|&r| r == rank).unwrap_or(0);
     let link = if mine.len() >= 2 {
-        Link::establish(transport, (mine, local), group, timeout, spin)?
+        Link::establish(transport, (mine, local), group, timeout, spin.clone())?
     } else {
         None
     };
@@ -291,7 +291,8 @@ pub(crate) struct Hier {
     packed: Vec<u8>,
 
     timeout: Duration,
-    spin: Spin,
+    /// The leaders' TCP links' wait policy.
+    spin: WaitPolicy,
 }
 
 impl Hier {
@@ -299,7 +300,7 @@ impl Hier {
         rank: usize,
         domains: Vec<Vec<usize>>,
         link: Option<Link>,
-        (timeout, spin): (Duration, Spin),
+        (timeout, spin): (Duration, WaitPolicy),
     ) -> Hier {
         let leaders: Vec<usize> = domains.iter().filter_map(|c| c.first().copied()).collect();
         let mine = domains.iter().position(|c| c.contains(&rank)).unwrap_or(0);
@@ -409,7 +410,7 @@ impl Hier {
             watch.transport,
             &mut self.exchange,
             &mut mem,
-            (self.timeout, self.spin),
+            (self.timeout, &mut self.spin),
             watch.context,
             watch.closed,
         );

@@ -104,7 +104,7 @@ use protocol::{Exchange, Exchanging, Memory, Routes};
 use crate::comm::Communicator;
 use crate::comm::Transport;
 use crate::comm::algorithm::{self, AllGather, AllReduce, Barrier, Broadcast};
-use crate::comm::progress::Spin;
+use crate::comm::progress::WaitPolicy;
 use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
 use crate::comm::ring::staging::Staging;
 use crate::comm::state::Guarded;
@@ -131,7 +131,6 @@ pub(crate) struct Native {
     rank: usize,
     size: usize,
     timeout: Duration,
-    spin: Spin,
     /// For each rank, whether the group's collectives reach it through shared memory
     /// (what `transport` reports): every rank on a single-host segment, this host's ranks
     /// in a hierarchical group.
@@ -141,6 +140,8 @@ pub(crate) struct Native {
 
 struct State {
     transport: Connections,
+    /// How collectives on `transport` wait (the shared-memory link keeps its own).
+    spin: WaitPolicy,
     exchange: Exchange,
     /// Staging for the direct algorithms; grows to the largest collective and stays.
     stage: Vec<u8>,
@@ -226,7 +227,7 @@ impl Native {
         let offered = peers
             .iter()
             .all(|p| p.capabilities & hello::CAP_SHARED_MEMORY != 0);
-        let spin = Spin::for_local_ranks(options.spin, local_ranks);
+        let spin = WaitPolicy::for_local_ranks(options.spin, local_ranks);
         // Every rank sees every hello, so all decide alike (see `hier`).
         let hosts: Vec<[u8; 16]> = peers.iter().map(|p| p.host).collect();
         let path = hier::setup(
@@ -235,7 +236,7 @@ impl Native {
             offered,
             &group,
             options.timeout,
-            spin,
+            spin.clone(),
         )?;
         let links = match &path {
             Path::Flat(link) if link.locked() => "shared memory (locked)",
@@ -264,10 +265,10 @@ impl Native {
             rank,
             size,
             timeout: options.timeout,
-            spin,
             shared,
             state: Guarded::new(State {
                 transport,
+                spin,
                 exchange: Exchange::default(),
                 stage: Vec::new(),
                 lanes: Vec::new(),
@@ -295,6 +296,7 @@ impl Native {
     fn run(&self, state: &mut State, call: &Call, data: &mut [u8], input: &[u8]) -> Result<()> {
         let State {
             transport,
+            spin,
             exchange,
             stage,
             sent,
@@ -311,7 +313,7 @@ impl Native {
                 transport,
                 exchange,
                 &mut mem,
-                (self.timeout, self.spin),
+                (self.timeout, spin),
                 call.phase(),
                 self.state.close_flag(),
             );
@@ -558,6 +560,7 @@ impl Native {
         lanes::plan_all_reduce(&mut state.lanes, &topo, op, dtype, elems);
         let State {
             transport,
+            spin,
             lanes,
             ring_stage,
             ..
@@ -575,7 +578,7 @@ impl Native {
                 bufs: &mut Buffers { data, input: &[] },
                 stages: &mut ring_stage.lanes,
             },
-            (self.timeout, self.spin),
+            (self.timeout, spin),
             call.phase(),
             self.state.close_flag(),
         );
@@ -862,7 +865,7 @@ pub(crate) fn run_exchange(
     transport: &mut Connections,
     exchange: &mut Exchange,
     mem: &mut Memory<'_>,
-    (timeout, spin): (std::time::Duration, Spin),
+    (timeout, spin): (std::time::Duration, &mut WaitPolicy),
     context: Phase,
     closed: &crate::comm::state::CloseFlag,
 ) -> Result<()> {

@@ -14,7 +14,7 @@ use super::tests::{loopback_mesh, on_ranks, recv_of_another_length};
 use super::{Formed, Native};
 use crate::comm::Communicator;
 use crate::comm::algorithm::SHM_ONE_SHOT_MAX;
-use crate::comm::progress::Spin;
+use crate::comm::progress::WaitPolicy;
 use crate::element::DType;
 use crate::options::Options;
 use crate::reduce::{ReduceOp, reduce_into};
@@ -217,7 +217,7 @@ fn a_failed_setup_leaves_no_segment() {
         formed.next().expect("rank 0"),
         formed.next().expect("rank 1"),
     );
-    let spin = Spin::for_local_ranks(Duration::from_micros(50), 2);
+    let spin = WaitPolicy::for_local_ranks(None, 2);
     std::thread::scope(|s| {
         let creator = s.spawn(move || {
             Link::establish(&mut zero.transport, (&[0, 1], 0), &group, timeout, spin).map(|_| ())

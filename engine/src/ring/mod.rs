@@ -16,7 +16,7 @@ pub(crate) mod bootstrap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::comm::progress::Spin;
+use crate::comm::progress::WaitPolicy;
 use crate::comm::ring::{protocol, schedule, staging};
 use protocol::{Buffers, Lane, Lanes, Topology, Work};
 use schedule::SMALL_PAD_BYTES;
@@ -44,12 +44,13 @@ pub(crate) struct Ring {
     rank: usize,
     size: usize,
     timeout: Duration,
-    spin: Spin,
     state: Guarded<State>,
 }
 
 struct State {
     transport: Connections,
+    /// How collectives on `transport` wait.
+    spin: WaitPolicy,
     staging: Staging,
     /// The lanes of the collective in flight; kept so their storage is reused.
     lanes: Vec<Lane>,
@@ -93,9 +94,9 @@ impl Ring {
             rank: addrs.rank,
             size: addrs.size,
             timeout,
-            spin: Spin::for_local_ranks(options.spin, addrs.local_ranks),
             state: Guarded::new(State {
                 transport,
+                spin: WaitPolicy::for_local_ranks(options.spin, addrs.local_ranks),
                 staging,
                 lanes: Vec::new(),
             })
@@ -119,6 +120,7 @@ impl Ring {
     fn run(&self, state: &mut State, bufs: &mut Buffers<'_>, traced: Traced) -> Result<()> {
         let State {
             transport,
+            spin,
             staging,
             lanes,
         } = state;
@@ -128,18 +130,18 @@ impl Ring {
                 bufs,
                 stages: &mut staging.lanes,
             };
-            self.drive(transport, &mut machine, traced.context)
+            self.drive((transport, spin), &mut machine, traced.context)
         })
     }
 
     /// Runs `machine` over `transport` to its end; a fatal error fails the group.
     fn drive(
         &self,
-        transport: &mut Connections,
+        (transport, spin): (&mut Connections, &mut WaitPolicy),
         machine: &mut Lanes<'_, '_>,
         context: Phase,
     ) -> Result<()> {
-        let bounds = (self.timeout, self.spin);
+        let bounds = (self.timeout, spin);
         match tcp::engine::run(transport, machine, bounds, context, self.state.close_flag()) {
             Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
             result => result,
@@ -411,6 +413,7 @@ impl Ring {
         protocol::plan_shift(&mut state.lanes, &topo, input.len(), output.len());
         let State {
             transport,
+            spin,
             staging,
             lanes,
         } = state;
@@ -422,7 +425,7 @@ impl Ring {
             },
             stages: &mut staging.lanes,
         };
-        self.drive(transport, &mut machine, context)
+        self.drive((transport, spin), &mut machine, context)
     }
 
     /// A broadcast pipelined rightwards around the ring from `root`, in chunks of

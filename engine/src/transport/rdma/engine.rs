@@ -38,7 +38,7 @@
 use std::time::{Duration, Instant};
 
 use super::fabric::{BufId, Completion, Fabric, FabricResult};
-use crate::comm::progress::{self, Activity, Drive, Spin};
+use crate::comm::progress::{self, Activity, Drive, Spin, WaitPolicy};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
@@ -250,7 +250,7 @@ pub(crate) fn run<W: ?Sized, M: Machine<W>>(
     machines: &mut [M],
     live: &mut dyn Liveness,
     timeout: Duration,
-    spin: Spin,
+    spin: &mut WaitPolicy,
     scratch: &mut Scratch,
     closed: &CloseFlag,
 ) -> Result<()> {

@@ -51,7 +51,7 @@ use segment::{Layout, Segment};
 #[cfg(test)]
 pub(crate) use segment::{OFFER_BYTES, segment_path};
 
-use crate::comm::progress::Spin;
+use crate::comm::progress::WaitPolicy;
 use crate::comm::state::CloseFlag;
 use crate::element::DType;
 use crate::error::Result;
@@ -63,7 +63,8 @@ use crate::transport::tcp::Connections as Transport;
 pub(crate) struct Link {
     seg: Segment,
     steps: Steps,
-    spin: Spin,
+    /// The segment's own wait policy (a hierarchical group's TCP links have another).
+    spin: WaitPolicy,
     timeout: Duration,
 }
 
@@ -82,7 +83,7 @@ impl Link {
         (ranks, me): (&[usize], usize),
         group: &[u8; 32],
         timeout: Duration,
-        spin: Spin,
+        spin: WaitPolicy,
     ) -> Result<Option<Link>> {
         let size = ranks.len();
         let layout = Layout::new(size, CHUNK, p2p::bytes(size));
@@ -118,14 +119,13 @@ impl Link {
         mem: Memory<'_>,
         watch: &mut Watch<'_>,
     ) -> Result<()> {
-        let limits = (self.timeout, self.spin);
         run(
             &self.seg,
             &mut self.steps,
             (collective, call),
             mem,
             watch,
-            limits,
+            (self.timeout, &mut self.spin),
         )
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::{Connections, STEP_SEND_BYTES};
 use crate::comm::machine::Machine;
-use crate::comm::progress::{Drive, Spin, Wait, blame, progress};
+use crate::comm::progress::{Drive, Spin, Wait, WaitPolicy, blame, progress};
 use crate::comm::state::CloseFlag;
 use crate::error::{Error, PeerOp, Phase, Result};
 
@@ -295,7 +295,7 @@ impl<M: Machine> Drive for Collective<'_, M> {
 pub(crate) fn run<M: Machine>(
     conns: &mut Connections,
     machine: &mut M,
-    (timeout, spin): (Duration, Spin),
+    (timeout, policy): (Duration, &mut WaitPolicy),
     context: Phase,
     closed: &CloseFlag,
 ) -> Result<()> {
@@ -309,9 +309,9 @@ pub(crate) fn run<M: Machine>(
         silence: Silence {
             since: Instant::now(),
         },
-        spin,
+        spin: policy.spin(),
     };
-    progress(&mut collective, timeout, spin)
+    progress(&mut collective, timeout, policy)
 }
 
 #[cfg(test)]
