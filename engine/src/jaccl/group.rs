@@ -24,6 +24,7 @@ use super::bootstrap::{self, Records, SideChannel};
 use super::buffers::{BufferPlan, Mem};
 use super::config::{MLX_ALL_GATHER_VAR, MlxAllGather};
 use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, SizeClasses};
+use super::machine::{Algorithm, Counted};
 use super::{mesh, ring};
 use crate::comm::Communicator;
 use crate::comm::neighbours::Neighbours;
@@ -94,9 +95,9 @@ struct State<F> {
     /// Storage reused by every collective, so that none allocates once warm (as the TCP
     /// ring keeps its lanes): the engine's, and the ring's machines.
     scratch: Scratch,
-    wires: Vec<ring::Wire>,
-    scatter: Vec<ring::ScatterWire>,
-    stripes: Vec<ring::Stripe>,
+    wires: Vec<Counted<ring::Wire>>,
+    scatter: Vec<Counted<ring::ScatterWire>>,
+    stripes: Vec<Counted<ring::Stripe>>,
 }
 
 /// One rank's end of a JACCL group over fabric `F`.
@@ -352,6 +353,17 @@ impl<F: Fabric> Jaccl<F> {
         }
     }
 
+    /// Runs one mesh algorithm, as [`Jaccl::run`] does.
+    fn run_one<A: Algorithm>(
+        &self,
+        state: &mut State<F>,
+        algorithm: A,
+        mem: (&mut [u8], Option<&[u8]>),
+        context: Phase,
+    ) -> Result<()> {
+        self.run(state, &mut [Counted::new(algorithm)], mem, context)
+    }
+
     /// Runs the ring machines kept in the vector `pick` chooses, after `fill` set them up
     /// for this collective; the vector returns to the state whatever the outcome.
     fn run_kept<M: for<'m> Machine<Mem<'m>>>(
@@ -438,21 +450,15 @@ impl<F: Fabric> Jaccl<F> {
                 let chunk = count / size;
                 if chunk > 0 {
                     let shard = rank * chunk * es;
-                    let mut scatter = [mesh::SumScatter::new(
-                        rank,
-                        size,
-                        classes,
-                        (op, dtype),
-                        shard,
-                        chunk,
-                    )];
-                    self.run(&mut state, &mut scatter, (&mut *data, None), context)?;
-                    let mut gather = [mesh::AllGather::new(rank, size, classes, chunk * es)];
-                    self.run(&mut state, &mut gather, (&mut *data, None), context)?;
+                    let scatter =
+                        mesh::SumScatter::new(rank, size, classes, (op, dtype), shard, chunk);
+                    self.run_one(&mut state, scatter, (&mut *data, None), context)?;
+                    let gather = mesh::AllGather::new(rank, size, classes, chunk * es);
+                    self.run_one(&mut state, gather, (&mut *data, None), context)?;
                 }
                 let base = chunk * size;
                 if base < count {
-                    let mut tail = [mesh::AllReduce::new(
+                    let tail = mesh::AllReduce::new(
                         rank,
                         size,
                         classes,
@@ -460,16 +466,14 @@ impl<F: Fabric> Jaccl<F> {
                         dtype,
                         base * es,
                         count - base,
-                    )];
-                    self.run(&mut state, &mut tail, (data, None), context)?;
+                    );
+                    self.run_one(&mut state, tail, (data, None), context)?;
                 }
                 Ok(())
             }
             Kind::Mesh => {
-                let mut all = [mesh::AllReduce::new(
-                    rank, size, classes, op, dtype, 0, count,
-                )];
-                self.run(&mut state, &mut all, (data, None), context)
+                let all = mesh::AllReduce::new(rank, size, classes, op, dtype, 0, count);
+                self.run_one(&mut state, all, (data, None), context)
             }
             Kind::Ring { wires } => self.run_kept(
                 &mut state,
@@ -519,8 +523,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             let mem = (output, None);
             match self.kind {
                 Kind::Mesh => {
-                    let mut m = [mesh::AllGather::new(self.rank, self.size, self.classes, n)];
-                    self.run(&mut state, &mut m, mem, CONTEXT)
+                    let m = mesh::AllGather::new(self.rank, self.size, self.classes, n);
+                    self.run_one(&mut state, m, mem, CONTEXT)
                 }
                 Kind::Ring { wires } => {
                     self.run_kept(
@@ -558,15 +562,15 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
             let mem = (output, Some(input));
             match self.kind {
                 Kind::Mesh => {
-                    let mut m = [mesh::SumScatter::new(
+                    let m = mesh::SumScatter::new(
                         self.rank,
                         self.size,
                         self.classes,
                         (ReduceOp::Sum, dtype),
                         0,
                         chunk,
-                    )];
-                    self.run(&mut state, &mut m, mem, CONTEXT)
+                    );
+                    self.run_one(&mut state, m, mem, CONTEXT)
                 }
                 Kind::Ring { wires } => self.run_kept(
                     &mut state,
@@ -592,8 +596,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     if data.is_empty() {
                         return Ok(());
                     }
-                    let mut m = [mesh::Send::new(dst, self.classes, data.len())];
-                    self.run(&mut state, &mut m, mem, Phase::Send)
+                    let m = mesh::Send::new(dst, self.classes, data.len());
+                    self.run_one(&mut state, m, mem, Phase::Send)
                 }
                 Kind::Ring { wires } => {
                     self.check_neighbour("send to", dst)?;
@@ -625,8 +629,8 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
                     if len == 0 {
                         return Ok(());
                     }
-                    let mut m = [mesh::Recv::new(src, self.classes, len)];
-                    self.run(&mut state, &mut m, mem, Phase::Recv)
+                    let m = mesh::Recv::new(src, self.classes, len);
+                    self.run_one(&mut state, m, mem, Phase::Recv)
                 }
                 Kind::Ring { wires } => {
                     self.check_neighbour("receive from", src)?;

@@ -26,10 +26,10 @@
 
 use super::buffers::{BufferPlan, Mem};
 use super::frames::{Class, MESH_MAX_RANKS, PIPELINE, SizeClasses, WorkTag};
+use super::machine::{Algorithm, Done, Post};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
-use crate::transport::rdma::engine::{Cx, Machine};
 
 /// MLX uses the scatter-gather all-reduce above this many bytes when there are more than two
 /// ranks.
@@ -40,36 +40,43 @@ pub(crate) fn uses_scatter_gather(size: usize, bytes: usize) -> bool {
     size > 2 && bytes > SCATTER_GATHER_ABOVE
 }
 
-/// Posts receives from every peer into slot `slot`'s receive buffers.
-fn post_recv_all(
-    cx: &mut Cx<'_>,
-    plan: &BufferPlan,
+/// Where a collective's frames go: every rank but this one (connection `p` leads to rank
+/// `p`), in buffers of one size class.
+#[derive(Clone, Copy, Debug)]
+struct Fanout {
     rank: usize,
     size: usize,
     class: Class,
-    slot: usize,
-) -> Result<()> {
-    for p in (0..size).filter(|&p| p != rank) {
-        let buf = plan.mesh_recv(class, slot, p);
-        cx.post_recv(p, buf, WorkTag::recv(slot, p).encode())?;
-    }
-    Ok(())
 }
 
-/// Posts this rank's send buffer of slot `slot` to every peer.
-fn post_send_all(
-    cx: &mut Cx<'_>,
-    plan: &BufferPlan,
-    rank: usize,
-    size: usize,
-    class: Class,
-    slot: usize,
-) -> Result<()> {
-    let buf = plan.mesh_send(class, slot);
-    for p in (0..size).filter(|&p| p != rank) {
-        cx.post_send(p, buf, WorkTag::send(slot, p).encode())?;
+impl Fanout {
+    /// The peers, in rank order.
+    fn peers(self) -> impl Iterator<Item = usize> {
+        (0..self.size).filter(move |&p| p != self.rank)
     }
-    Ok(())
+
+    /// Whether connection `conn` leads to a peer.
+    fn owns(self, conn: usize) -> bool {
+        conn != self.rank && conn < self.size
+    }
+
+    /// Posts receives from every peer into slot `slot`'s receive buffers.
+    fn post_recv_all(self, cx: &mut Post<'_, '_>, plan: &BufferPlan, slot: usize) -> Result<()> {
+        for p in self.peers() {
+            let buf = plan.mesh_recv(self.class, slot, p);
+            cx.post_recv(p, buf, WorkTag::recv(slot, p))?;
+        }
+        Ok(())
+    }
+
+    /// Posts this rank's send buffer of slot `slot` to every peer.
+    fn post_send_all(self, cx: &mut Post<'_, '_>, plan: &BufferPlan, slot: usize) -> Result<()> {
+        let buf = plan.mesh_send(self.class, slot);
+        for p in self.peers() {
+            cx.post_send(p, buf, WorkTag::send(slot, p))?;
+        }
+        Ok(())
+    }
 }
 
 /// The first peer's connection, for filling the shared send buffer (errors name it).
@@ -105,12 +112,10 @@ impl SlotSends {
 
 /// The fully connected all-reduce of `count` elements at byte `base` of the data.
 pub(crate) struct AllReduce {
-    rank: usize,
-    size: usize,
+    fanout: Fanout,
     op: ReduceOp,
     dtype: DType,
     base: usize,
-    class: Class,
     /// Elements per message.
     n: usize,
     total: usize,
@@ -123,8 +128,6 @@ pub(crate) struct AllReduce {
     recv_end: [usize; MESH_MAX_RANKS],
     reduce_chunk: usize,
     reduce_rank: usize,
-    in_flight: usize,
-    started: bool,
 }
 
 impl AllReduce {
@@ -140,12 +143,10 @@ impl AllReduce {
         let class = classes.class_for(count * dtype.size());
         let n = class.bytes() / dtype.size();
         AllReduce {
-            rank,
-            size,
+            fanout: Fanout { rank, size, class },
             op,
             dtype,
             base,
-            class,
             n,
             total: count,
             chunks: count.div_ceil(n),
@@ -154,8 +155,6 @@ impl AllReduce {
             recv_end: [0; MESH_MAX_RANKS],
             reduce_chunk: 0,
             reduce_rank: 0,
-            in_flight: 0,
-            started: false,
         }
     }
 
@@ -166,13 +165,12 @@ impl AllReduce {
     }
 
     /// Copies the next chunk into send slot `slot` and posts it to every peer.
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
         let elems = self.n.min(self.total - self.read);
         let range = self.bytes(self.read, elems);
-        let buf = mem.plan.mesh_send(self.class, slot);
-        cx.fill(first_peer(self.rank), buf, &mem.data[range])?;
-        post_send_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
-        self.in_flight += self.size - 1;
+        let buf = mem.plan.mesh_send(self.fanout.class, slot);
+        cx.fill(first_peer(self.fanout.rank), buf, &mem.data[range])?;
+        self.fanout.post_send_all(cx, mem.plan, slot)?;
         self.read += self.n;
         Ok(())
     }
@@ -186,9 +184,20 @@ impl AllReduce {
         mem.staging[slot * stride..][..range.len()].copy_from_slice(&mem.data[range]);
     }
 
+    /// Folds the reduce rank's chunk `theirs` into `out`: rank 0's is copied, the others
+    /// reduced into it, so every rank combines them in the same order.
+    fn fold(&self, out: &mut [u8], theirs: &[u8]) {
+        if self.reduce_rank == 0 {
+            out.copy_from_slice(theirs);
+        } else {
+            reduce_with(Semantics::Jaccl, self.op, self.dtype, out, theirs);
+        }
+    }
+
     /// Reduces every chunk that can be, in chunk order and rank order.
-    fn advance(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
+    fn advance(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
         let es = self.dtype.size();
+        let rank = self.fanout.rank;
         while self.reduce_chunk < self.chunks {
             let w = self.reduce_chunk * self.n;
             // Our own chunk must be staged for sending before the output overwrites it.
@@ -198,48 +207,26 @@ impl AllReduce {
             let slot = self.reduce_chunk % PIPELINE;
             let elems = self.n.min(self.total - w);
             let out = self.bytes(w, elems);
-            let first = self.reduce_rank == 0;
-            if self.reduce_rank == self.rank {
+            if self.reduce_rank == rank {
                 let stride = mem.staging.len() / PIPELINE;
                 let own = &mem.staging[slot * stride..][..elems * es];
-                if first {
-                    mem.data[out].copy_from_slice(own);
-                } else {
-                    reduce_with(
-                        Semantics::Jaccl,
-                        self.op,
-                        self.dtype,
-                        &mut mem.data[out],
-                        own,
-                    );
-                }
+                self.fold(&mut mem.data[out], own);
                 let next = self.reduce_chunk + PIPELINE;
                 if next < self.chunks {
                     self.stage_own(mem, next, slot);
-                    self.recv_end[self.rank] += 1;
+                    self.recv_end[rank] += 1;
                 }
             } else {
                 let peer = self.reduce_rank;
-                let buf = mem.plan.mesh_recv(self.class, slot, peer);
+                let buf = mem.plan.mesh_recv(self.fanout.class, slot, peer);
                 let theirs = &cx.buffer(peer, buf)?[..elems * es];
-                if first {
-                    mem.data[out].copy_from_slice(theirs);
-                } else {
-                    reduce_with(
-                        Semantics::Jaccl,
-                        self.op,
-                        self.dtype,
-                        &mut mem.data[out],
-                        theirs,
-                    );
-                }
+                self.fold(&mut mem.data[out], theirs);
                 if self.reduce_chunk + PIPELINE < self.chunks {
-                    cx.post_recv(peer, buf, WorkTag::recv(slot, peer).encode())?;
-                    self.in_flight += 1;
+                    cx.post_recv(peer, buf, WorkTag::recv(slot, peer))?;
                 }
             }
             self.reduce_rank += 1;
-            if self.reduce_rank == self.size {
+            if self.reduce_rank == self.fanout.size {
                 self.reduce_rank = 0;
                 self.reduce_chunk += 1;
             }
@@ -248,30 +235,22 @@ impl AllReduce {
     }
 }
 
-impl Machine<Mem<'_>> for AllReduce {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
-        let mut slot = 0;
-        while self.read < self.total && slot < PIPELINE {
-            post_recv_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
+impl Algorithm for AllReduce {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        for slot in 0..PIPELINE {
+            if self.read >= self.total {
+                break;
+            }
+            self.fanout.post_recv_all(cx, mem.plan, slot)?;
             self.stage_own(mem, slot, slot);
-            self.recv_end[self.rank] += 1;
-            self.in_flight += self.size - 1;
+            self.recv_end[self.fanout.rank] += 1;
             self.send_next(cx, mem, slot)?;
-            slot += 1;
         }
         self.advance(cx, mem)
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        _: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let tag = done.tag;
         if !tag.recv {
             if self.read < self.total && self.sends.completed(tag.slot) {
                 self.send_next(cx, mem, tag.slot)?;
@@ -282,86 +261,66 @@ impl Machine<Mem<'_>> for AllReduce {
         self.advance(cx, mem)
     }
 
-    fn is_finished(&self) -> bool {
-        self.started && self.reduce_chunk == self.chunks && self.in_flight == 0
+    fn done(&self) -> bool {
+        self.reduce_chunk == self.chunks
     }
 
     fn owns(&self, conn: usize) -> bool {
-        conn != self.rank && conn < self.size
+        self.fanout.owns(conn)
     }
 }
 
 /// The all_gather of `block` bytes per rank; this rank's block is already at
 /// `rank * block` of the data.
 pub(crate) struct AllGather {
-    rank: usize,
-    size: usize,
+    fanout: Fanout,
     block: usize,
-    class: Class,
     s: usize,
     read: usize,
     sends: SlotSends,
-    /// Per peer, the bytes (or elements) received so far; fixed, as `recv_end` above.
+    /// Per peer, the bytes received so far; fixed, as `recv_end` above.
     written: [usize; MESH_MAX_RANKS],
-    in_flight: usize,
-    started: bool,
 }
 
 impl AllGather {
     pub(crate) fn new(rank: usize, size: usize, classes: SizeClasses, block: usize) -> Self {
         let class = classes.class_for(block);
         AllGather {
-            rank,
-            size,
+            fanout: Fanout { rank, size, class },
             block,
-            class,
             s: class.bytes(),
             read: 0,
             sends: SlotSends::new(size),
             written: [0; MESH_MAX_RANKS],
-            in_flight: 0,
-            started: false,
         }
     }
 
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
-        let own = self.rank * self.block;
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
+        let Fanout { rank, class, .. } = self.fanout;
+        let own = rank * self.block;
         let end = (self.read + self.s).min(self.block);
-        let buf = mem.plan.mesh_send(self.class, slot);
-        cx.fill(
-            first_peer(self.rank),
-            buf,
-            &mem.data[own + self.read..own + end],
-        )?;
-        post_send_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
-        self.in_flight += self.size - 1;
+        let buf = mem.plan.mesh_send(class, slot);
+        let bytes = &mem.data[own + self.read..own + end];
+        cx.fill(first_peer(rank), buf, bytes)?;
+        self.fanout.post_send_all(cx, mem.plan, slot)?;
         self.read += self.s;
         Ok(())
     }
 }
 
-impl Machine<Mem<'_>> for AllGather {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+impl Algorithm for AllGather {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
         let mut slot = 0;
         while self.read < self.block && slot < PIPELINE {
-            post_recv_all(cx, mem.plan, self.rank, self.size, self.class, slot)?;
-            self.in_flight += self.size - 1;
+            self.fanout.post_recv_all(cx, mem.plan, slot)?;
             self.send_next(cx, mem, slot)?;
             slot += 1;
         }
         Ok(())
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        conn: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let Done { conn, tag } = done;
         if !tag.recv {
             if self.read < self.block && self.sends.completed(tag.slot) {
                 self.send_next(cx, mem, tag.slot)?;
@@ -371,23 +330,18 @@ impl Machine<Mem<'_>> for AllGather {
         let peer = tag.index;
         let at = self.written[peer];
         let len = self.s.min(self.block - at);
-        let buf = mem.plan.mesh_recv(self.class, tag.slot, peer);
+        let buf = mem.plan.mesh_recv(self.fanout.class, tag.slot, peer);
         let start = peer * self.block + at;
         mem.data[start..start + len].copy_from_slice(&cx.buffer(conn, buf)?[..len]);
         self.written[peer] += self.s;
         if self.written[peer] + self.s < self.block {
-            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer).encode())?;
-            self.in_flight += 1;
+            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer))?;
         }
         Ok(())
     }
 
-    fn is_finished(&self) -> bool {
-        self.started && self.in_flight == 0
-    }
-
     fn owns(&self, conn: usize) -> bool {
-        conn != self.rank && conn < self.size
+        self.fanout.owns(conn)
     }
 }
 
@@ -395,20 +349,16 @@ impl Machine<Mem<'_>> for AllGather {
 /// or from the data itself when that is `None`); this rank's reduced chunk goes to byte
 /// `out` of the data. MLX's scatter-gather all-reduce runs it with max and min too.
 pub(crate) struct SumScatter {
-    rank: usize,
-    size: usize,
+    fanout: Fanout,
     op: ReduceOp,
     dtype: DType,
     out: usize,
-    class: Class,
     n: usize,
     total: usize,
     read: usize,
     sends: SlotSends,
-    /// Per peer, the bytes (or elements) received so far; fixed, as `recv_end` above.
+    /// Per peer, the elements received so far; fixed, as `recv_end` above.
     written: [usize; MESH_MAX_RANKS],
-    in_flight: usize,
-    started: bool,
 }
 
 impl SumScatter {
@@ -422,49 +372,42 @@ impl SumScatter {
     ) -> Self {
         let class = classes.class_for(count * dtype.size());
         SumScatter {
-            rank,
-            size,
+            fanout: Fanout { rank, size, class },
             op,
             dtype,
             out,
-            class,
             n: class.bytes() / dtype.size(),
             total: count,
             read: 0,
             sends: SlotSends::new(size),
             written: [0; MESH_MAX_RANKS],
-            in_flight: 0,
-            started: false,
         }
     }
 
     /// Copies the next slice of every peer's chunk into its scatter buffer of `slot` and
     /// posts them all.
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
         let es = self.dtype.size();
         let elems = self.n.min(self.total - self.read);
-        for p in (0..self.size).filter(|&p| p != self.rank) {
-            let buf = mem.plan.scatter_send(self.class, slot, p);
+        let class = self.fanout.class;
+        for p in self.fanout.peers() {
+            let buf = mem.plan.scatter_send(class, slot, p);
             let start = (p * self.total + self.read) * es;
             let bytes = mem.input(start, elems * es);
             cx.buffer(p, buf)?[..bytes.len()].copy_from_slice(bytes);
         }
-        for p in (0..self.size).filter(|&p| p != self.rank) {
-            let buf = mem.plan.scatter_send(self.class, slot, p);
-            cx.post_send(p, buf, WorkTag::send(slot, p).encode())?;
+        for p in self.fanout.peers() {
+            let buf = mem.plan.scatter_send(class, slot, p);
+            cx.post_send(p, buf, WorkTag::send(slot, p))?;
         }
-        self.in_flight += self.size - 1;
         self.read += self.n;
         Ok(())
     }
-}
 
-impl Machine<Mem<'_>> for SumScatter {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+    /// Seeds the output with this rank's own chunk (in place, it is already there).
+    fn seed(&self, mem: &mut Mem<'_>) {
         let es = self.dtype.size();
-        // Seed the output with our own chunk (in place, it is already there).
-        let (own, len) = (self.rank * self.total * es, self.total * es);
+        let (own, len) = (self.fanout.rank * self.total * es, self.total * es);
         match mem.input {
             Some(input) => {
                 mem.data[self.out..self.out + len].copy_from_slice(&input[own..own + len])
@@ -472,201 +415,164 @@ impl Machine<Mem<'_>> for SumScatter {
             None if own != self.out => mem.data.copy_within(own..own + len, self.out),
             None => {}
         }
-        let mut slot = 0;
-        while self.read < self.total && slot < PIPELINE {
-            for p in (0..self.size).filter(|&p| p != self.rank) {
-                let buf = mem.plan.scatter_recv(self.class, slot, p);
-                cx.post_recv(p, buf, WorkTag::recv(slot, p).encode())?;
-            }
-            self.in_flight += self.size - 1;
-            self.send_next(cx, mem, slot)?;
-            slot += 1;
-        }
-        Ok(())
     }
 
-    fn handle_completion(
+    /// Folds the frame received from `conn` into the output and reposts its buffer while
+    /// frames remain.
+    fn reduce_frame(
         &mut self,
-        cx: &mut Cx<'_>,
+        cx: &mut Post<'_, '_>,
         mem: &mut Mem<'_>,
         conn: usize,
-        tag: u64,
+        tag: WorkTag,
     ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
-        if !tag.recv {
-            if self.read < self.total && self.sends.completed(tag.slot) {
-                self.send_next(cx, mem, tag.slot)?;
-            }
-            return Ok(());
-        }
         let es = self.dtype.size();
         let peer = tag.index;
         let at = self.written[peer];
         let elems = self.n.min(self.total - at);
-        let buf = mem.plan.scatter_recv(self.class, tag.slot, peer);
+        let buf = mem.plan.scatter_recv(self.fanout.class, tag.slot, peer);
         let start = self.out + at * es;
         let theirs = &cx.buffer(conn, buf)?[..elems * es];
-        reduce_with(
-            Semantics::Jaccl,
-            self.op,
-            self.dtype,
-            &mut mem.data[start..start + elems * es],
-            theirs,
-        );
+        let out = &mut mem.data[start..start + elems * es];
+        reduce_with(Semantics::Jaccl, self.op, self.dtype, out, theirs);
         self.written[peer] += self.n;
         if self.written[peer] + self.n < self.total {
-            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer).encode())?;
-            self.in_flight += 1;
+            cx.post_recv(peer, buf, WorkTag::recv(tag.slot, peer))?;
         }
         Ok(())
     }
-
-    fn is_finished(&self) -> bool {
-        self.started && self.in_flight == 0
-    }
-
-    fn owns(&self, conn: usize) -> bool {
-        conn != self.rank && conn < self.size
-    }
 }
 
-/// A send of `len` bytes of `mem.input` to rank `dst`.
-pub(crate) struct Send {
-    dst: usize,
-    len: usize,
-    class: Class,
-    s: usize,
-    read: usize,
-    in_flight: usize,
-    started: bool,
-}
-
-impl Send {
-    pub(crate) fn new(dst: usize, classes: SizeClasses, len: usize) -> Self {
-        let class = classes.class_for(len);
-        Send {
-            dst,
-            len,
-            class,
-            s: class.bytes(),
-            read: 0,
-            in_flight: 0,
-            started: false,
-        }
-    }
-
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
-        let end = (self.read + self.s).min(self.len);
-        let buf = mem.plan.mesh_send(self.class, slot);
-        let bytes = mem.input(self.read, end - self.read);
-        cx.buffer(self.dst, buf)?[..bytes.len()].copy_from_slice(bytes);
-        cx.post_send(self.dst, buf, WorkTag::send(slot, self.dst).encode())?;
-        self.read += self.s;
-        self.in_flight += 1;
-        Ok(())
-    }
-}
-
-impl Machine<Mem<'_>> for Send {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+impl Algorithm for SumScatter {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        self.seed(mem);
+        let class = self.fanout.class;
         let mut slot = 0;
-        while self.read < self.len && slot < PIPELINE {
+        while self.read < self.total && slot < PIPELINE {
+            for p in self.fanout.peers() {
+                let buf = mem.plan.scatter_recv(class, slot, p);
+                cx.post_recv(p, buf, WorkTag::recv(slot, p))?;
+            }
             self.send_next(cx, mem, slot)?;
             slot += 1;
         }
         Ok(())
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        _: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
-        if self.read < self.len {
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let Done { conn, tag } = done;
+        if tag.recv {
+            return self.reduce_frame(cx, mem, conn, tag);
+        }
+        if self.read < self.total && self.sends.completed(tag.slot) {
             self.send_next(cx, mem, tag.slot)?;
         }
         Ok(())
     }
 
-    fn is_finished(&self) -> bool {
-        self.started && self.in_flight == 0
+    fn owns(&self, conn: usize) -> bool {
+        self.fanout.owns(conn)
+    }
+}
+
+/// A point-to-point transfer of `len` bytes with rank `peer`, in frames of one size class,
+/// `at` bytes of it done.
+struct Transfer {
+    peer: usize,
+    len: usize,
+    class: Class,
+    s: usize,
+    at: usize,
+}
+
+impl Transfer {
+    fn new(peer: usize, classes: SizeClasses, len: usize) -> Self {
+        let class = classes.class_for(len);
+        Transfer {
+            peer,
+            len,
+            class,
+            s: class.bytes(),
+            at: 0,
+        }
+    }
+}
+
+/// A send of `len` bytes of `mem.input` to rank `dst`.
+pub(crate) struct Send(Transfer);
+
+impl Send {
+    pub(crate) fn new(dst: usize, classes: SizeClasses, len: usize) -> Self {
+        Send(Transfer::new(dst, classes, len))
+    }
+
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, slot: usize) -> Result<()> {
+        let t = &mut self.0;
+        let end = (t.at + t.s).min(t.len);
+        let buf = mem.plan.mesh_send(t.class, slot);
+        let bytes = mem.input(t.at, end - t.at);
+        cx.buffer(t.peer, buf)?[..bytes.len()].copy_from_slice(bytes);
+        cx.post_send(t.peer, buf, WorkTag::send(slot, t.peer))?;
+        t.at += t.s;
+        Ok(())
+    }
+}
+
+impl Algorithm for Send {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        for slot in 0..PIPELINE {
+            if self.0.at >= self.0.len {
+                break;
+            }
+            self.send_next(cx, mem, slot)?;
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        if self.0.at < self.0.len {
+            self.send_next(cx, mem, done.tag.slot)?;
+        }
+        Ok(())
     }
 
     fn owns(&self, conn: usize) -> bool {
-        conn == self.dst
+        conn == self.0.peer
     }
 }
 
 /// A receive of `mem.data.len()` bytes from rank `src`.
-pub(crate) struct Recv {
-    src: usize,
-    len: usize,
-    class: Class,
-    s: usize,
-    written: usize,
-    in_flight: usize,
-    started: bool,
-}
+pub(crate) struct Recv(Transfer);
 
 impl Recv {
     pub(crate) fn new(src: usize, classes: SizeClasses, len: usize) -> Self {
-        let class = classes.class_for(len);
-        Recv {
-            src,
-            len,
-            class,
-            s: class.bytes(),
-            written: 0,
-            in_flight: 0,
-            started: false,
-        }
+        Recv(Transfer::new(src, classes, len))
     }
 }
 
-impl Machine<Mem<'_>> for Recv {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
-        let mut slot = 0;
-        while self.s * slot < self.len && slot < PIPELINE {
-            let buf = mem.plan.mesh_recv(self.class, slot, self.src);
-            cx.post_recv(self.src, buf, WorkTag::recv(slot, self.src).encode())?;
-            self.in_flight += 1;
-            slot += 1;
+impl Algorithm for Recv {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        let t = &self.0;
+        for slot in (0..PIPELINE).take_while(|&slot| t.s * slot < t.len) {
+            let buf = mem.plan.mesh_recv(t.class, slot, t.peer);
+            cx.post_recv(t.peer, buf, WorkTag::recv(slot, t.peer))?;
         }
         Ok(())
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        conn: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
-        let len = self.s.min(self.len - self.written);
-        let buf = mem.plan.mesh_recv(self.class, tag.slot, self.src);
-        mem.data[self.written..self.written + len].copy_from_slice(&cx.buffer(conn, buf)?[..len]);
-        self.written += self.s;
-        if self.written + self.s < self.len {
-            cx.post_recv(self.src, buf, WorkTag::recv(tag.slot, self.src).encode())?;
-            self.in_flight += 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let (Done { conn, tag }, t) = (done, &mut self.0);
+        let len = t.s.min(t.len - t.at);
+        let buf = mem.plan.mesh_recv(t.class, tag.slot, t.peer);
+        mem.data[t.at..t.at + len].copy_from_slice(&cx.buffer(conn, buf)?[..len]);
+        t.at += t.s;
+        if t.at + t.s < t.len {
+            cx.post_recv(t.peer, buf, WorkTag::recv(tag.slot, t.peer))?;
         }
         Ok(())
-    }
-
-    fn is_finished(&self) -> bool {
-        self.started && self.in_flight == 0
     }
 
     fn owns(&self, conn: usize) -> bool {
-        conn == self.src
+        conn == self.0.peer
     }
 }

@@ -140,6 +140,7 @@ mod buffers;
 mod config;
 mod frames;
 mod group;
+mod machine;
 mod mesh;
 mod ring;
 #[cfg(test)]

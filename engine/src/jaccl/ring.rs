@@ -52,10 +52,10 @@
 
 use super::buffers::Mem;
 use super::frames::{Class, PIPELINE, SizeClasses, WorkTag};
+use super::machine::{Algorithm, Counted, Done, Post};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
-use crate::transport::rdma::engine::{Cx, Machine};
 
 /// An all-reduce uses one direction on one wire up to this many bytes.
 pub(crate) const ALL_REDUCE_ONE_WIRE_UP_TO: usize = 32 * 1024;
@@ -126,8 +126,6 @@ pub(crate) struct Wire {
     send_count: [usize; 2],
     recv_count: [usize; 2],
     step: usize,
-    in_flight: usize,
-    started: bool,
     done: bool,
 }
 
@@ -142,7 +140,7 @@ pub(crate) fn all_reduce(
     classes: SizeClasses,
     (op, dtype): (ReduceOp, DType),
     count: usize,
-    out: &mut Vec<Wire>,
+    out: &mut Vec<Counted<Wire>>,
 ) {
     let es = dtype.size();
     let (dirs, active) = if count * es <= ALL_REDUCE_ONE_WIRE_UP_TO || count < size * 2 * wires {
@@ -163,7 +161,7 @@ pub(crate) fn all_reduce(
             let region_end = chunk.min((d + 1) * active * spw);
             wire_end[d] = region_end.min(wire_offset[d] + spw);
         }
-        Wire {
+        Counted::new(Wire {
             size,
             wire: w,
             wires,
@@ -186,10 +184,8 @@ pub(crate) fn all_reduce(
             send_count: [0; 2],
             recv_count: [0; 2],
             step: 0,
-            in_flight: 0,
-            started: false,
             done: false,
-        }
+        })
     }));
 }
 
@@ -202,7 +198,7 @@ pub(crate) fn all_gather(
     wires: usize,
     classes: SizeClasses,
     block: usize,
-    out: &mut Vec<Wire>,
+    out: &mut Vec<Counted<Wire>>,
 ) {
     let npw = block.div_ceil(2 * wires);
     let class = classes.class_for(npw);
@@ -215,7 +211,7 @@ pub(crate) fn all_gather(
             wire_offset[d] = d * wires * npw + w * npw;
             wire_end[d] = block.min(wire_offset[d] + npw);
         }
-        Wire {
+        Counted::new(Wire {
             size,
             wire: w,
             wires,
@@ -238,10 +234,8 @@ pub(crate) fn all_gather(
             send_count: [0; 2],
             recv_count: [0; 2],
             step: 0,
-            in_flight: 0,
-            started: false,
             done: false,
-        }
+        })
     }));
 }
 
@@ -254,7 +248,13 @@ impl Wire {
     }
 
     /// Stages the next message of direction `dir` into slot `slot` and posts it.
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>, dir: usize, slot: usize) -> Result<()> {
+    fn send_next(
+        &mut self,
+        cx: &mut Post<'_, '_>,
+        mem: &Mem<'_>,
+        dir: usize,
+        slot: usize,
+    ) -> Result<()> {
         let es = self.es;
         let offset = self.wire_offset[dir] + self.send_count[dir] * self.n;
         let elems = self.send_limit[dir].saturating_sub(offset).min(self.n);
@@ -265,10 +265,10 @@ impl Wire {
             cx.fill(conn, buf, &mem.data[start..start + elems * es])?;
         }
         self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir).encode())
+        cx.post_send(conn, buf, WorkTag::send(slot, dir))
     }
 
-    fn begin_step(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>) -> Result<()> {
+    fn begin_step(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
         let mut slot = 0;
         while slot < self.n_steps && slot < PIPELINE {
             for d in 0..self.dirs {
@@ -276,21 +276,20 @@ impl Wire {
                 cx.post_recv(
                     recv_conn(self.wires, self.wire, d),
                     buf,
-                    WorkTag::recv(slot, d).encode(),
+                    WorkTag::recv(slot, d),
                 )?;
             }
             for d in 0..self.dirs {
                 self.send_next(cx, mem, d, slot)?;
             }
-            self.in_flight += 2 * self.dirs;
             slot += 1;
         }
         Ok(())
     }
 
     /// Moves past steps whose messages are all done, starting the next ones.
-    fn settle(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>) -> Result<()> {
-        while self.in_flight == 0 && !self.done {
+    fn settle(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
+        while cx.idle() && !self.done {
             // Rotate the windows: direction 0 backwards, direction 1 forwards.
             let (total, stride) = (self.total, self.stride);
             if total > 0 {
@@ -319,28 +318,19 @@ impl Wire {
     }
 }
 
-impl Machine<Mem<'_>> for Wire {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+impl Algorithm for Wire {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
         self.set_limits();
         self.begin_step(cx, mem)?;
         self.settle(cx, mem)
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        conn: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let Done { conn, tag } = done;
         let d = tag.index;
         if !tag.recv {
             if self.send_count[d] < self.n_steps {
                 self.send_next(cx, mem, d, tag.slot)?;
-                self.in_flight += 1;
             }
         } else {
             let es = self.es;
@@ -361,15 +351,14 @@ impl Machine<Mem<'_>> for Wire {
             self.recv_count[d] += 1;
             // Repost the slot for the message PIPELINE - 1 after the next, if there is one.
             if self.recv_count[d] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d).encode())?;
-                self.in_flight += 1;
+                cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d))?;
             }
         }
         self.settle(cx, mem)
     }
 
-    fn is_finished(&self) -> bool {
-        self.started && self.done
+    fn done(&self) -> bool {
+        self.done
     }
 
     fn owns(&self, conn: usize) -> bool {
@@ -396,8 +385,6 @@ pub(crate) struct ScatterWire {
     recv_count: [usize; 2],
     deferred: [usize; 2],
     step: usize,
-    in_flight: usize,
-    started: bool,
     done: bool,
 }
 
@@ -409,7 +396,7 @@ pub(crate) fn sum_scatter(
     wires: usize,
     classes: SizeClasses,
     (dtype, chunk): (DType, usize),
-    out: &mut Vec<ScatterWire>,
+    out: &mut Vec<Counted<ScatterWire>>,
 ) {
     let es = dtype.size();
     let total = size * chunk;
@@ -430,7 +417,7 @@ pub(crate) fn sum_scatter(
             let region_end = chunk.min((d + 1) * active * spw);
             wire_end[d] = region_end.min(wire_offset[d] + spw);
         }
-        ScatterWire {
+        Counted::new(ScatterWire {
             size,
             wire: w,
             wires,
@@ -451,10 +438,8 @@ pub(crate) fn sum_scatter(
             recv_count: [0; 2],
             deferred: [0; 2],
             step: 0,
-            in_flight: 0,
-            started: false,
             done: false,
-        }
+        })
     }));
 }
 
@@ -469,7 +454,13 @@ impl ScatterWire {
 
     /// Stages the next partial of direction `dir` (this rank's input at step 0, the output's
     /// partial later) into slot `slot` and posts it.
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>, dir: usize, slot: usize) -> Result<()> {
+    fn send_next(
+        &mut self,
+        cx: &mut Post<'_, '_>,
+        mem: &Mem<'_>,
+        dir: usize,
+        slot: usize,
+    ) -> Result<()> {
         let es = self.dtype.size();
         let (offset, elems) = self.slice(dir, self.send_count[dir]);
         let conn = send_conn(self.wires, self.wire, dir);
@@ -483,11 +474,11 @@ impl ScatterWire {
             cx.fill(conn, buf, bytes)?;
         }
         self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir).encode())
+        cx.post_send(conn, buf, WorkTag::send(slot, dir))
     }
 
     /// Applies received slices whose send counterpart has been staged.
-    fn drain(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>, dir: usize) -> Result<()> {
+    fn drain(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, dir: usize) -> Result<()> {
         let es = self.dtype.size();
         while self.deferred[dir] > 0 && self.recv_count[dir] < self.send_count[dir] {
             let slice = self.recv_count[dir];
@@ -514,14 +505,13 @@ impl ScatterWire {
             self.recv_count[dir] += 1;
             self.deferred[dir] -= 1;
             if self.recv_count[dir] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(slot, dir).encode())?;
-                self.in_flight += 1;
+                cx.post_recv(conn, buf, WorkTag::recv(slot, dir))?;
             }
         }
         Ok(())
     }
 
-    fn begin_step(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>) -> Result<()> {
+    fn begin_step(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
         let mut slot = 0;
         while slot < self.n_steps && slot < PIPELINE {
             for d in 0..2 {
@@ -529,20 +519,19 @@ impl ScatterWire {
                 cx.post_recv(
                     recv_conn(self.wires, self.wire, d),
                     buf,
-                    WorkTag::recv(slot, d).encode(),
+                    WorkTag::recv(slot, d),
                 )?;
             }
             for d in 0..2 {
                 self.send_next(cx, mem, d, slot)?;
             }
-            self.in_flight += 4;
             slot += 1;
         }
         Ok(())
     }
 
-    fn settle(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>) -> Result<()> {
-        while self.in_flight == 0 && !self.done {
+    fn settle(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
+        while cx.idle() && !self.done {
             let (total, c) = (self.total, self.chunk);
             if total > 0 {
                 self.in_send[0] = (self.in_send[0] + total - c) % total;
@@ -564,27 +553,18 @@ impl ScatterWire {
     }
 }
 
-impl Machine<Mem<'_>> for ScatterWire {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+impl Algorithm for ScatterWire {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
         self.begin_step(cx, mem)?;
         self.settle(cx, mem)
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        _: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let tag = done.tag;
         let d = tag.index;
         if !tag.recv {
             if self.send_count[d] < self.n_steps {
                 self.send_next(cx, mem, d, tag.slot)?;
-                self.in_flight += 1;
             }
         } else {
             self.deferred[d] += 1;
@@ -593,8 +573,8 @@ impl Machine<Mem<'_>> for ScatterWire {
         self.settle(cx, mem)
     }
 
-    fn is_finished(&self) -> bool {
-        self.started && self.done
+    fn done(&self) -> bool {
+        self.done
     }
 
     fn owns(&self, conn: usize) -> bool {
@@ -612,8 +592,6 @@ pub(crate) struct Stripe {
     s: usize,
     at: usize,
     limit: usize,
-    in_flight: usize,
-    started: bool,
 }
 
 /// The stripes of a send of `len` bytes (`to_left`: to the left neighbour) or of a receive
@@ -624,51 +602,48 @@ pub(crate) fn stripes(
     wires: usize,
     classes: SizeClasses,
     len: usize,
-    out: &mut Vec<Stripe>,
+    out: &mut Vec<Counted<Stripe>>,
 ) {
     let per_wire = len.div_ceil(wires);
     let class = classes.class_for(per_wire);
     let dir = usize::from(towards_dir1);
     out.clear();
-    out.extend((0..wires).map(|w| Stripe {
-        recv,
-        wire: w,
-        conn: if recv {
-            recv_conn(wires, w, dir)
-        } else {
-            send_conn(wires, w, dir)
-        },
-        dir,
-        class,
-        s: class.bytes(),
-        at: (w * per_wire).min(len),
-        limit: ((w + 1) * per_wire).min(len),
-        in_flight: 0,
-        started: false,
+    out.extend((0..wires).map(|w| {
+        Counted::new(Stripe {
+            recv,
+            wire: w,
+            conn: if recv {
+                recv_conn(wires, w, dir)
+            } else {
+                send_conn(wires, w, dir)
+            },
+            dir,
+            class,
+            s: class.bytes(),
+            at: (w * per_wire).min(len),
+            limit: ((w + 1) * per_wire).min(len),
+        })
     }));
 }
 
 impl Stripe {
-    fn send_next(&mut self, cx: &mut Cx<'_>, mem: &Mem<'_>, slot: usize) -> Result<()> {
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>, slot: usize) -> Result<()> {
         let end = (self.at + self.s).min(self.limit);
         let buf = mem.plan.ring_send(self.class, slot, self.dir, self.wire);
         cx.fill(self.conn, buf, mem.input(self.at, end - self.at))?;
-        cx.post_send(self.conn, buf, WorkTag::send(slot, self.dir).encode())?;
+        cx.post_send(self.conn, buf, WorkTag::send(slot, self.dir))?;
         self.at += self.s;
-        self.in_flight += 1;
         Ok(())
     }
 }
 
-impl Machine<Mem<'_>> for Stripe {
-    fn start(&mut self, cx: &mut Cx<'_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.started = true;
+impl Algorithm for Stripe {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
         let mut slot = 0;
         if self.recv {
             while self.at + self.s * slot < self.limit && slot < PIPELINE {
                 let buf = mem.plan.ring_recv(self.class, slot, self.dir, self.wire);
-                cx.post_recv(self.conn, buf, WorkTag::recv(slot, self.dir).encode())?;
-                self.in_flight += 1;
+                cx.post_recv(self.conn, buf, WorkTag::recv(slot, self.dir))?;
                 slot += 1;
             }
         } else {
@@ -680,15 +655,8 @@ impl Machine<Mem<'_>> for Stripe {
         Ok(())
     }
 
-    fn handle_completion(
-        &mut self,
-        cx: &mut Cx<'_>,
-        mem: &mut Mem<'_>,
-        _: usize,
-        tag: u64,
-    ) -> Result<()> {
-        let tag = WorkTag::decode(tag);
-        self.in_flight -= 1;
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let tag = done.tag;
         if !self.recv {
             if self.at < self.limit {
                 self.send_next(cx, mem, tag.slot)?;
@@ -702,14 +670,9 @@ impl Machine<Mem<'_>> for Stripe {
         mem.data[self.at..self.at + len].copy_from_slice(&cx.buffer(self.conn, buf)?[..len]);
         self.at += self.s;
         if self.at + (PIPELINE - 1) * self.s < self.limit {
-            cx.post_recv(self.conn, buf, WorkTag::recv(tag.slot, self.dir).encode())?;
-            self.in_flight += 1;
+            cx.post_recv(self.conn, buf, WorkTag::recv(tag.slot, self.dir))?;
         }
         Ok(())
-    }
-
-    fn is_finished(&self) -> bool {
-        self.started && self.in_flight == 0
     }
 
     fn owns(&self, conn: usize) -> bool {
