@@ -361,13 +361,14 @@ fn malformed_fault(m: Malformed) -> Fault {
 
 /// A fresh random nonce from the operating system.
 fn nonce() -> Result<[u8; 32]> {
-    let mut n = [0u8; 32];
-    getrandom::fill(&mut n).map_err(|e| {
-        Error::local(
-            "drawing a random nonce",
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    random_bytes("drawing a random nonce")
+}
+
+/// `N` fresh random bytes from the operating system; `what` names the draw in the error.
+pub(crate) fn random_bytes<const N: usize>(what: &str) -> Result<[u8; N]> {
+    let mut n = [0u8; N];
+    getrandom::fill(&mut n)
+        .map_err(|e| Error::local(what, std::io::Error::other(e.to_string())))?;
     Ok(n)
 }
 
@@ -1114,6 +1115,11 @@ mod tests {
         wire
     }
 
+    /// Panics, with the reason, unless `r`'s reason says `says`.
+    fn assert_says(r: &Rejection, says: &str) {
+        assert!(r.reason.contains(says), "{}", r.reason);
+    }
+
     fn rejection(o: &Outcome) -> &Rejection {
         match o {
             Outcome::Rejected(r) => r,
@@ -1214,14 +1220,10 @@ mod tests {
         whole(&mut c, &mut a);
         let (rc, ra) = (rejection(c.outcome()), rejection(a.outcome()));
         assert_eq!(rc.fault, Fault::Keys);
-        assert!(rc.reason.contains("did not prove the key"), "{}", rc.reason);
+        assert_says(rc, "did not prove the key");
         // The connector's parting proof still reached the acceptor, which names the rank.
         assert_eq!((ra.fault, ra.claimed), (Fault::Keys, Some(3)));
-        assert!(
-            ra.reason.contains("rank 3 did not prove the key"),
-            "{}",
-            ra.reason
-        );
+        assert_says(ra, "rank 3 did not prove the key");
     }
 
     #[test]
@@ -1242,11 +1244,7 @@ mod tests {
         c.handle_recv(&[0]);
         let r = rejection(c.outcome());
         assert_eq!(r.fault, Fault::Keys);
-        assert!(
-            r.reason.contains("refused this rank's proof"),
-            "{}",
-            r.reason
-        );
+        assert_says(r, "refused this rank's proof");
     }
 
     #[test]
@@ -1275,11 +1273,9 @@ mod tests {
             let wire = whole(&mut c, &mut a);
             let r = rejection(a.outcome());
             assert_eq!((r.fault, r.claimed), (Fault::Peer, Some(3)), "{expect:?}");
-            assert!(
-                r.reason
-                    .contains("introduced itself as rank 3 of 4 opening connection 1 to rank 0"),
-                "{}",
-                r.reason
+            assert_says(
+                r,
+                "introduced itself as rank 3 of 4 opening connection 1 to rank 0",
             );
             assert_eq!(
                 wire.from_acceptor,
@@ -1319,17 +1315,13 @@ mod tests {
             let r = rejection(a.outcome());
             assert_eq!((r.fault, r.claimed), (Fault::NoKey, None));
             assert!(!r.said_no_key, "garbage is not a rank saying it has no key");
-            assert!(r.reason.contains(says), "{}", r.reason);
-            assert!(
-                r.reason.contains("rank 3, if it is the neighbour"),
-                "{}",
-                r.reason
-            );
+            assert_says(r, says);
+            assert_says(r, "rank 3, if it is the neighbour");
             c.handle_sent(Hello::LEN);
             assert_eq!(c.handle_recv(&bytes), Challenge::LEN);
             let r = rejection(c.outcome());
             assert_eq!(r.fault, Fault::NoKey);
-            assert!(r.reason.contains(says), "{}", r.reason);
+            assert_says(r, says);
             assert!(c.transmit().is_empty(), "no proof for garbage");
         }
         let mut v3 = Hello::new(4, 3, 0, 1).unwrap().encode();
@@ -1353,7 +1345,7 @@ mod tests {
         a.handle_closed();
         let r = rejection(a.outcome());
         assert_eq!((r.fault, r.claimed), (Fault::Peer, None));
-        assert!(r.reason.contains("before saying who it is"), "{}", r.reason);
+        assert_says(r, "before saying who it is");
         // A whole hello, then a proof cut short.
         let (mut c2, mut a) = pair(Some(k), Some(k), LINK);
         a.handle_recv(c2.transmit());
@@ -1363,7 +1355,7 @@ mod tests {
         a.handle_closed();
         let r = rejection(a.outcome());
         assert_eq!(r.claimed, Some(3));
-        assert!(r.reason.contains("claiming to be rank 3"), "{}", r.reason);
+        assert_says(r, "claiming to be rank 3");
         // A challenge cut short, and a missing verdict.
         c.handle_sent(Hello::LEN);
         let cut = Challenge {
@@ -1386,7 +1378,7 @@ mod tests {
         c.handle_sent(32);
         c.handle_closed();
         let r = rejection(c.outcome());
-        assert!(r.reason.contains("instead of accepting"), "{}", r.reason);
+        assert_says(r, "instead of accepting");
     }
 
     #[test]
@@ -1465,19 +1457,17 @@ mod tests {
         assert_eq!(c.handle_recv(&NO_KEY), NO_KEY.len());
         let r = rejection(c.outcome());
         assert_eq!(r.fault, Fault::NoKey);
-        assert!(
-            r.reason
-                .contains("it has no key (NUVEC_DISTRIBUTED_KEY), and this rank has one"),
-            "{}",
-            r.reason
+        assert_says(
+            r,
+            "it has no key (NUVEC_DISTRIBUTED_KEY), and this rank has one",
         );
         assert!(r.said_no_key);
         // As a connector's answer to a keyed acceptor's greeting.
         assert_eq!(a.handle_recv(&NO_KEY), NO_KEY.len());
         let r = rejection(a.outcome());
         assert_eq!((r.fault, r.said_no_key), (Fault::NoKey, true));
-        assert!(r.reason.contains("rank 3"), "{}", r.reason);
-        assert!(r.reason.contains("has no key"), "{}", r.reason);
+        assert_says(r, "rank 3");
+        assert_says(r, "has no key");
     }
 
     #[test]
@@ -1501,7 +1491,7 @@ mod tests {
         assert_eq!(c.handle_recv(&native), native.len());
         let r = rejection(c.outcome());
         assert_eq!(r.fault, Fault::Incompatible);
-        assert!(r.reason.contains("a native-wire hello"), "{}", r.reason);
+        assert_says(r, "a native-wire hello");
     }
 
     #[test]

@@ -293,7 +293,7 @@ fn cutting_the_link_between_hosts_fails_every_rank_naming_the_other_host() {
     hosts.cut();
     let outputs = running.finish();
     for o in &outputs {
-        assert!(o.finished(), "{o}");
+        o.assert_finished();
     }
     // Every rank's line in each message: who blamed whom, and when, tells a wrong blame
     // apart from a slow one.

@@ -104,6 +104,28 @@ struct Specials {
     nan_inf: bool,
 }
 
+/// The little-endian bytes of one float whose bits are a `$bits` (`$exp` its exponent mask,
+/// `$mant` its mantissa bits): the special drawn (0 NaN, 1 infinity, 2 zero, 3 subnormal)
+/// or else `$normal`, negated when `$negative`. A macro so that each width draws from
+/// `$rng` with its own integer type.
+macro_rules! float_bits {
+    ($bits:ty, $exp:expr, $mant:expr, $special:expr, $negative:expr, $rng:expr, $normal:expr) => {{
+        let bits: $bits = match $special {
+            Some(0) => $exp | $rng.random_range(1..1 << $mant),
+            Some(1) => $exp,
+            Some(2) => 0,
+            Some(_) => $rng.random_range(1..1 << $mant),
+            None => $normal,
+        };
+        let sign: $bits = if $negative {
+            1 << (<$bits>::BITS - 1)
+        } else {
+            0
+        };
+        (bits | sign).to_le_bytes()
+    }};
+}
+
 /// Random bits for integers; floats mostly ordinary, with NaNs, infinities, signed zeros
 /// and subnormals mixed in (one in ten).
 fn input_bytes(
@@ -132,38 +154,33 @@ fn input_bytes(
                 } else {
                     (0x7F80u16, 7)
                 };
-                let bits = match special {
-                    Some(0) => exp | rng.random_range(1..1u16 << mant_bits),
-                    Some(1) => exp,
-                    Some(2) => 0,
-                    Some(_) => rng.random_range(1..1u16 << mant_bits),
-                    None if dtype == "float16" => {
-                        f16::from_f32(rng.random_range(0.0..100.0)).to_bits()
+                out.extend(float_bits!(u16, exp, mant_bits, special, negative, rng, {
+                    let x = rng.random_range(0.0..100.0);
+                    if dtype == "float16" {
+                        f16::from_f32(x).to_bits()
+                    } else {
+                        bf16::from_f32(x).to_bits()
                     }
-                    None => bf16::from_f32(rng.random_range(0.0..100.0)).to_bits(),
-                };
-                out.extend((bits | if negative { 0x8000 } else { 0 }).to_le_bytes());
+                }));
             }
-            "float32" | "complex64" => {
-                let bits = match special {
-                    Some(0) => 0x7F80_0000 | rng.random_range(1..1u32 << 23),
-                    Some(1) => 0x7F80_0000,
-                    Some(2) => 0,
-                    Some(_) => rng.random_range(1..1u32 << 23),
-                    None => rng.random_range(0.0f32..1000.0).to_bits(),
-                };
-                out.extend((bits | if negative { 1 << 31 } else { 0 }).to_le_bytes());
-            }
-            "float64" => {
-                let bits = match special {
-                    Some(0) => 0x7FF0_0000_0000_0000 | rng.random_range(1..1u64 << 52),
-                    Some(1) => 0x7FF0_0000_0000_0000,
-                    Some(2) => 0,
-                    Some(_) => rng.random_range(1..1u64 << 52),
-                    None => rng.random_range(0.0f64..1e6).to_bits(),
-                };
-                out.extend((bits | if negative { 1 << 63 } else { 0 }).to_le_bytes());
-            }
+            "float32" | "complex64" => out.extend(float_bits!(
+                u32,
+                0x7F80_0000,
+                23,
+                special,
+                negative,
+                rng,
+                rng.random_range(0.0f32..1000.0).to_bits()
+            )),
+            "float64" => out.extend(float_bits!(
+                u64,
+                0x7FF0_0000_0000_0000,
+                52,
+                special,
+                negative,
+                rng,
+                rng.random_range(0.0f64..1e6).to_bits()
+            )),
             other => out.extend((0..dtype_size(other)).map(|_| rng.random::<u8>())),
         }
     }

@@ -52,7 +52,7 @@ fn sum_with_logger(launch: &Launch, name: &str, level: LevelFilter) -> Vec<RankO
         })
         .unwrap_or_default();
     for o in &outputs {
-        assert!(o.finished(), "{o}");
+        o.assert_finished();
     }
     outputs
 }
@@ -79,7 +79,7 @@ fn without_a_logger_mlx_ring_verbose_writes_mlx_s_lines_to_stderr() {
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "{o}");
+        o.assert_finished();
         let ours = stderr_lines(o, &format!("[ring] rank {}: ", o.rank));
         assert!(
             ours.iter().any(|l| l.contains(": forming a ring of 2 "))
@@ -105,7 +105,7 @@ fn without_a_logger_or_a_variable_nothing_is_written() {
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "{o}");
+        o.assert_finished();
         assert!(stderr_lines(o, "[ring]").is_empty(), "{o}");
     }
 }

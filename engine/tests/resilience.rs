@@ -15,9 +15,12 @@ use nuvec_tools::testing::{self, Launch, RankOutput, mark, report_failure};
 /// A key long enough for `Options::key`.
 const KEY: &str = "correct horse battery staple 2026";
 
+/// A collective the ranks loop on.
+type Collective = fn(&Group) -> nuvec_distributed_engine::Result<()>;
+
 /// Runs `collective` in a loop on every rank until it fails; reports the failure and the
 /// error of the call after it.
-fn until_failure(g: &Group, collective: fn(&Group) -> nuvec_distributed_engine::Result<()>) {
+fn until_failure(g: &Group, collective: Collective) {
     g.barrier().unwrap();
     testing::until_failure(|| collective(g));
     let again = g.all_sum(&mut [1u8]).expect_err("the group stays failed");
@@ -43,36 +46,43 @@ fn large_sum(g: &Group) -> nuvec_distributed_engine::Result<()> {
     sum_of(g, 16 << 20) // 64 MiB per rank
 }
 
+/// The large collective of the blame tests, smaller than [`large_sum`] to keep them quick.
+fn blame_large(g: &Group) -> nuvec_distributed_engine::Result<()> {
+    sum_of(g, 1 << 20) // 4 MiB per rank
+}
+
 /// Kills `victim` with SIGKILL while every rank loops on `collective`; every survivor must
 /// fail within the timeout naming it, and say so again on the next call.
-fn kill_during(
-    name: &str,
-    size: usize,
-    victim: usize,
-    collective: fn(&Group) -> nuvec_distributed_engine::Result<()>,
-) {
+fn kill_during(name: &str, size: usize, victim: usize, collective: Collective) {
     kill_during_on(name, "mlx", size, victim, collective);
 }
 
 /// [`kill_during`] on `wire` (`NUVEC_DISTRIBUTED_WIRE`).
-fn kill_during_on(
-    name: &str,
-    wire: &str,
-    size: usize,
-    victim: usize,
-    collective: fn(&Group) -> nuvec_distributed_engine::Result<()>,
-) {
+fn kill_during_on(name: &str, wire: &str, size: usize, victim: usize, collective: Collective) {
     const TIMEOUT_S: f64 = 10.0;
     let launch = Launch::new(size, 1)
         .timeout(TIMEOUT_S)
         .env("NUVEC_DISTRIBUTED_WIRE", wire);
-    let Some(mut running) = launch.start(name, |g| until_failure(&g, collective)) else {
+    let Some(outputs) = strike_during(&launch, name, victim, "KILL", collective) else {
         return;
     };
-    running.strike(victim, "KILL", Duration::from_millis(300));
-    let outputs = running.finish();
     let again = ["failed earlier".to_string(), format!("rank {victim}")];
     assert_blamed(&outputs, victim, (TIMEOUT_S * 1000.0) as u64, &again);
+}
+
+/// Starts `launch` (test `name`) with every rank looping on `collective` until it fails,
+/// sends `signal` to `victim` once they all loop, and returns every rank's output once they
+/// exited; `None` in the ranks themselves.
+fn strike_during(
+    launch: &Launch,
+    name: &str,
+    victim: usize,
+    signal: &str,
+    collective: Collective,
+) -> Option<Vec<RankOutput>> {
+    let mut running = launch.start(name, |g| until_failure(&g, collective))?;
+    running.strike(victim, signal, Duration::from_millis(300));
+    Some(running.finish())
 }
 
 /// Checks that every rank of `outputs` but `victim` finished, having failed naming
@@ -86,14 +96,7 @@ fn assert_blamed(outputs: &[RankOutput], victim: usize, within_ms: u64, again: &
         .collect();
     assert_eq!(survivors.len(), outputs.len() - 1, "{all:?}");
     for o in survivors {
-        assert!(
-            o.finished(),
-            "rank {} did not finish:\n{}\n{}",
-            o.rank,
-            o.stdout,
-            o.stderr
-        );
-        let (ms, peer, message) = o.failure();
+        let (ms, peer, message) = o.finished_failure();
         assert_eq!(
             peer,
             Some(victim),
@@ -138,34 +141,18 @@ fn stop_during(name: &str, size: usize, victim: usize) {
     };
     running.strike(victim, "STOP", Duration::from_millis(200));
     let outputs = running.finish();
-    let all: Vec<String> = outputs
+    let within_ms = (TIMEOUT_S * 1000.0) as u64 + MARGIN_MS + 1;
+    assert_blamed(&outputs, victim, within_ms, &[]);
+    // After SIGCONT the victim fails cleanly too.
+    let stopped = outputs
         .iter()
-        .map(|o| format!("rank {}: {:?}", o.rank, o.lines("FAIL ")))
-        .collect();
-    for o in &outputs {
-        assert!(
-            o.finished(),
-            "rank {} did not finish cleanly:\n{}\n{}",
-            o.rank,
-            o.stdout,
-            o.stderr
-        );
-        let (ms, peer, message) = o.failure();
-        if o.rank == victim {
-            continue;
-        }
-        assert_eq!(
-            peer,
-            Some(victim),
-            "rank {} named the wrong rank: {message}; all: {all:?}",
-            o.rank
-        );
-        assert!(
-            ms <= (TIMEOUT_S * 1000.0) as u64 + MARGIN_MS,
-            "rank {} needed {ms} ms: {message}",
-            o.rank
-        );
-    }
+        .find(|o| o.rank == victim)
+        .expect("the victim's output");
+    assert!(
+        stopped.finished(),
+        "the stopped rank did not finish cleanly:\n{stopped}"
+    );
+    stopped.failure();
 }
 
 #[test]
@@ -215,8 +202,7 @@ fn a_wrong_key_fails_setup_on_both_sides() {
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let (_, peer, message) = o.failure();
+        let (_, peer, message) = o.finished_failure();
         assert!(
             message.contains("authentication failed"),
             "rank {}: {message}",
@@ -419,13 +405,7 @@ fn survivors_reform(name: &str, wire: &str) {
 /// Asserts that every rank but `victim` (which exits on purpose) finished.
 fn survivors_finished(outputs: Option<Vec<RankOutput>>, victim: usize) {
     for o in outputs.iter().flatten().filter(|o| o.rank != victim) {
-        assert!(
-            o.finished(),
-            "rank {} did not finish:\n{}\n{}",
-            o.rank,
-            o.stdout,
-            o.stderr
-        );
+        o.assert_finished();
     }
 }
 
@@ -468,7 +448,7 @@ fn a_rank_that_exits(
     size: usize,
     victim: usize,
     delay: Duration,
-    collective: fn(&Group) -> nuvec_distributed_engine::Result<()>,
+    collective: Collective,
 ) {
     let outputs = Launch::new(size, 1).timeout(EXIT_TIMEOUT).run(name, |g| {
         // Everyone starts together, so the victim dies mid-collective.
@@ -493,32 +473,11 @@ fn a_rank_that_exits(
         println!("AGAIN {again}");
     });
     let Some(outputs) = outputs else { return };
+    let again = ["failed earlier".to_string(), format!("rank {victim}")];
+    assert_blamed(&outputs, victim, (EXIT_TIMEOUT * 1000.0) as u64, &again);
     for o in outputs.iter().filter(|o| o.rank != victim) {
-        assert!(
-            o.finished(),
-            "rank {} did not finish:\n{}\n{}",
-            o.rank,
-            o.stdout,
-            o.stderr
-        );
-        let (ms, peer, message) = o.failure();
-        assert!(
-            ms < (EXIT_TIMEOUT * 1000.0) as u64,
-            "rank {} took {ms} ms: {message}",
-            o.rank
-        );
-        assert_eq!(
-            peer,
-            Some(victim),
-            "rank {} named the wrong rank: {message}",
-            o.rank
-        );
+        let (_, _, message) = o.failure();
         assert!(message.contains(&format!("rank {victim}")), "{message}");
-        let again = o.lines("AGAIN ").join("");
-        assert!(
-            again.contains("failed earlier") && again.contains(&format!("rank {victim}")),
-            "{again}"
-        );
     }
 }
 
@@ -577,8 +536,7 @@ fn a_rank_that_never_starts_fails_init_naming_it() {
     });
     let Some(outputs) = outputs else { return };
     for o in &outputs {
-        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let (ms, peer, message) = o.failure();
+        let (ms, peer, message) = o.finished_failure();
         assert_eq!(peer, Some(2), "rank {}: {message}", o.rank);
         assert!(
             message.contains("rank 2") && message.contains("ring setup"),
@@ -755,7 +713,7 @@ fn close_from_another_thread_aborts_a_moving_64_mib_all_sum_p2() {
         assert!(took < Duration::from_secs(1), "{took:?}");
     });
     for o in outputs.iter().flatten() {
-        assert!(o.finished(), "{o}");
+        o.assert_finished();
         println!(
             "rank {}: {}",
             o.rank,
@@ -806,8 +764,7 @@ fn init_fails_saying(
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "rank {}:\n{o}", o.rank);
-        let (_, _, message) = o.failure();
+        let (_, _, message) = o.finished_failure();
         assert!(says.iter().all(|s| message.contains(s)), "{message}");
     }
 }
@@ -906,8 +863,7 @@ fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "rank {}:\n{o}", o.rank);
-        let (ms, peer, message) = o.failure();
+        let (ms, peer, message) = o.finished_failure();
         assert!(
             message.contains("incompatible"),
             "rank {}: {message}",
@@ -994,8 +950,7 @@ fn a_peer_late_beyond_the_timeout_is_named() {
         return;
     };
     for o in &outputs {
-        assert!(o.finished(), "rank {}:\n{}\n{}", o.rank, o.stdout, o.stderr);
-        let (ms, peer, message) = o.failure();
+        let (ms, peer, message) = o.finished_failure();
         assert_eq!(peer, Some(1 - o.rank), "rank {}: {message}", o.rank);
         if o.rank == 0 {
             assert!(
@@ -1091,32 +1046,20 @@ const BLAME_TIMEOUT_S: f64 = 1.5;
 /// Socket buffers for the large collectives: far smaller than the data.
 const BLAME_SOCKET_BUFFER: &str = "65536";
 
-fn blame_large(g: &Group) -> nuvec_distributed_engine::Result<()> {
-    sum_of(g, 1 << 20) // 4 MiB per rank
-}
-
 /// Sends `signal` ("STOP" or "KILL") to `victim` while every rank loops on `collective`;
 /// checks that every survivor fails naming the victim, within the timeout plus the
 /// inquiry's grace and patience and the linger of the ranks that close, and that it says
 /// so again on the next call.
-fn blame(
-    name: &str,
-    size: usize,
-    victim: usize,
-    signal: &str,
-    collective: fn(&Group) -> nuvec_distributed_engine::Result<()>,
-) {
+fn blame(name: &str, size: usize, victim: usize, signal: &str, collective: Collective) {
     // Grace min(timeout / 4, 500 ms), patience twice that, 250 ms linger, and slack for a
     // machine loaded with builds.
     const MARGIN_MS: u64 = 2 * 375 + 250 + 1000;
     let launch = Launch::new(size, 1)
         .timeout(BLAME_TIMEOUT_S)
         .env("NUVEC_DISTRIBUTED_SOCKET_BUFFER", BLAME_SOCKET_BUFFER);
-    let Some(mut running) = launch.start(name, |g| until_failure(&g, collective)) else {
+    let Some(outputs) = strike_during(&launch, name, victim, signal, collective) else {
         return;
     };
-    running.strike(victim, signal, Duration::from_millis(300));
-    let outputs = running.finish();
     assert_eq!(outputs.len(), size);
     // At most the timeout and the margin.
     let within_ms = (BLAME_TIMEOUT_S * 1000.0) as u64 + MARGIN_MS + 1;

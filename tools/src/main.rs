@@ -541,6 +541,25 @@ fn bench_launch(args: &BenchArgs) -> ExitCode {
     }
 }
 
+/// The anchors' installation, checked to hold what `wanted` needs; `None` when it wants
+/// nothing.
+fn locate_anchors(args: &BenchArgs, wanted: Wanted) -> Result<Option<Anchors>, String> {
+    if !(wanted.mlx || wanted.mpi || wanted.limits) {
+        return Ok(None);
+    }
+    let anchors = Anchors::locate(args.anchors.clone(), args.anchor_env.clone())?;
+    anchors.ensure(wanted)?;
+    Ok(Some(anchors))
+}
+
+/// This machine's header, with the load sampled now, printed before the tables.
+fn print_header(args: &BenchArgs) -> Header {
+    let mut header = Header::detect(args.connections, args.wire);
+    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
+    print!("{}", header.text());
+    header
+}
+
 fn bench_all(args: &BenchArgs) -> Result<(), String> {
     if args.ranks.iter().any(|&n| n < 2) || args.connections == 0 {
         return Err(
@@ -588,16 +607,8 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     if (args.mlx || args.mpi) && !anchor_ops {
         eprintln!("nuvec bench: MLX's and MPI's sweeps have no sum_scatter; they are skipped");
     }
-    let anchors = if wanted.mlx || wanted.mpi || wanted.limits {
-        let anchors = Anchors::locate(args.anchors.clone(), args.anchor_env.clone())?;
-        anchors.ensure(wanted)?;
-        Some(anchors)
-    } else {
-        None
-    };
-    let mut header = Header::detect(args.connections, args.wire);
-    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
-    print!("{}", header.text());
+    let anchors = locate_anchors(args, wanted)?;
+    let header = print_header(args);
     let mut report = Report {
         header: Some(header),
         ..Report::default()
@@ -880,20 +891,15 @@ fn bench_skew(args: &BenchArgs) -> Result<(), String> {
             "--skew measures a float32 all_sum: --sizes {bytes} is not whole float32 elements"
         ));
     }
-    let anchors = if args.mpi || args.mlx {
-        let anchors = Anchors::locate(args.anchors.clone(), args.anchor_env.clone())?;
-        anchors.ensure(Wanted {
+    let anchors = locate_anchors(
+        args,
+        Wanted {
             mlx: args.mlx,
             mpi: args.mpi,
             limits: false,
-        })?;
-        Some(anchors)
-    } else {
-        None
-    };
-    let mut header = Header::detect(args.connections, args.wire);
-    header.set_load(&nuvec_tools::load::sample(nuvec_tools::load::WINDOW));
-    print!("{}", header.text());
+        },
+    )?;
+    let header = print_header(args);
     let what = format!(
         "all_sum float32 {}, the last rank {{}} late",
         bench::human(bytes)

@@ -610,6 +610,22 @@ impl RankOutput {
         self.status.is_some_and(|s| s.success()) && self.stdout.contains(DONE)
     }
 
+    /// Panics, with the rank's output, unless it finished (see [`RankOutput::finished`]).
+    pub fn assert_finished(&self) {
+        assert!(
+            self.finished(),
+            "rank {} did not finish:\n{self}",
+            self.rank
+        );
+    }
+
+    /// The failure (see [`RankOutput::failure`]) of a rank that must have finished after
+    /// it: panics, with the rank's output, unless it did.
+    pub fn finished_failure(&self) -> (u64, Option<usize>, String) {
+        self.assert_finished();
+        self.failure()
+    }
+
     /// Asserts that the rank's verbose log shows a hierarchical group: the host domains
     /// `domains` (as the log prints them, e.g. `[[0, 1], [2, 3]]`), and shared memory
     /// inside its host with TCP between hosts.

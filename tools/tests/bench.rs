@@ -23,12 +23,22 @@ fn bench(args: &[&str]) -> Finished {
     finish(child, Duration::from_secs(300))
 }
 
+/// Runs `nuvec bench` with `args` and `--json` into a temporary file; panics unless it
+/// succeeded; returns what it printed and the report it wrote.
+fn bench_report(args: &[&str]) -> (Finished, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = bench(&[args, &["--json", json.to_str().unwrap()]].concat());
+    out.assert_success("nuvec bench");
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (out, report)
+}
+
 #[test]
 fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
     let chart = dir.path().join("chart.svg");
-    let out = bench(&[
+    let (out, report) = bench_report(&[
         "-n",
         "2,3",
         "--ops",
@@ -41,18 +51,10 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
         "4,8K",
         "--iters",
         "30",
-        "--json",
-        json.to_str().unwrap(),
         "--chart",
         chart.to_str().unwrap(),
     ]);
     let stdout = &out.stdout;
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        out.stderr
-    );
     // The header, then nccl-tests' tables, unprefixed, for both rank counts.
     assert!(stdout.starts_with("# host "), "{stdout}");
     assert!(stdout.contains("# wire         mlx"), "{stdout}");
@@ -77,7 +79,6 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
         "bench output is not prefixed:\n{stdout}"
     );
 
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let runs = report["nuvec"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     for (run, ranks) in runs.iter().zip([2, 3]) {
@@ -134,13 +135,11 @@ fn a_missing_anchors_folder_is_named() {
 
 #[test]
 fn every_dtype_collective_and_reduction_comes_out_exact() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
     let dtypes: Vec<&str> = nuvec_distributed_engine::DType::ALL
         .iter()
         .map(|d| d.name())
         .collect();
-    let out = bench(&[
+    let (_, report) = bench_report(&[
         "-n",
         "3",
         "--collectives",
@@ -153,11 +152,7 @@ fn every_dtype_collective_and_reduction_comes_out_exact() {
         "24",
         "--iters",
         "5",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let ms = report["nuvec"][0]["measurements"].as_array().unwrap();
     // all_sum: 14 dtypes × 3 reductions; all_gather, sum_scatter, sendrecv: 14 each.
     assert_eq!(ms.len(), 14 * 3 + 14 * 3);
@@ -197,27 +192,10 @@ fn zero_iterations_are_refused_before_any_rank_starts() {
 
 #[test]
 fn a_skew_run_reports_each_delay_for_each_rank_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("skew.json");
-    let out = bench(&[
-        "-n",
-        "2,3",
-        "--wire",
-        "native",
-        "--skew",
-        "0,500",
-        "--iters",
-        "20",
-        "--json",
-        json.to_str().unwrap(),
+    let (out, report) = bench_report(&[
+        "-n", "2,3", "--wire", "native", "--skew", "0,500", "--iters", "20",
     ]);
     let stdout = &out.stdout;
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        out.stderr
-    );
     assert!(stdout.contains("# wire         native"), "{stdout}");
     for ranks in [2, 3] {
         assert!(
@@ -225,7 +203,6 @@ fn a_skew_run_reports_each_delay_for_each_rank_count() {
             "{stdout}"
         );
     }
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let runs = report["skew"].as_array().unwrap();
     assert_eq!(runs.len(), 2, "{report}");
     for run in runs {

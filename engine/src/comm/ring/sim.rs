@@ -351,6 +351,20 @@ mod tests {
         rng.upto(64).max(bytes / 2048)
     }
 
+    /// Drives `ranks` through `context` over a network of `size` ranks with `c` connections
+    /// each, whose transfers are bounded by [`max_chunk`] of `bytes`; panics if they stall
+    /// or fail.
+    fn run(
+        rng: &mut Rng,
+        (size, c): (usize, usize),
+        bytes: usize,
+        ranks: &mut [SimRank],
+        context: Phase,
+    ) {
+        let mut net = Net::new(size, c, max_chunk(rng, bytes), rng.next());
+        assert!(drive(&mut net, ranks, context), "stalled or failed");
+    }
+
     fn topologies(size: usize, connections: usize) -> impl Iterator<Item = Topology> {
         (0..size).map(move |rank| Topology {
             rank,
@@ -378,8 +392,7 @@ mod tests {
                 rank
             })
             .collect();
-        let mut net = Net::new(size, c, max_chunk(&mut rng, len), rng.next());
-        assert!(drive(&mut net, &mut ranks, op.phase()), "stalled or failed");
+        run(&mut rng, (size, c), len, &mut ranks, op.phase());
         for (r, rank) in ranks.iter().enumerate() {
             assert!(
                 rank.data[..elems * esize] == want[..],
@@ -403,11 +416,7 @@ mod tests {
                 rank
             })
             .collect();
-        let mut net = Net::new(size, c, max_chunk(&mut rng, nbytes), rng.next());
-        assert!(
-            drive(&mut net, &mut ranks, Phase::AllGather),
-            "stalled or failed"
-        );
+        run(&mut rng, (size, c), nbytes, &mut ranks, Phase::AllGather);
         for rank in &ranks {
             assert!(
                 rank.data == want,
@@ -434,10 +443,12 @@ mod tests {
                 rank
             })
             .collect();
-        let mut net = Net::new(size, c, max_chunk(&mut rng, chunk * size), rng.next());
-        assert!(
-            drive(&mut net, &mut ranks, Phase::SumScatter),
-            "stalled or failed"
+        run(
+            &mut rng,
+            (size, c),
+            chunk * size,
+            &mut ranks,
+            Phase::SumScatter,
         );
         for (r, rank) in ranks.iter().enumerate() {
             assert!(
@@ -464,11 +475,7 @@ mod tests {
                 rank
             })
             .collect();
-        let mut net = Net::new(size, c, max_chunk(&mut rng, len), rng.next());
-        assert!(
-            drive(&mut net, &mut ranks, Phase::Send),
-            "stalled or failed"
-        );
+        run(&mut rng, (size, c), len, &mut ranks, Phase::Send);
         assert!(
             ranks[dst].data == message,
             "rank {dst} received other bytes"

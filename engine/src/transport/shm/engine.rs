@@ -293,24 +293,17 @@ impl<'a> Driver<'a, '_, '_> {
                 self.seg.copy_out(from, dst, context)?;
                 Ok(true)
             }
-            Receive::Combine {
-                half,
-                at,
-                into,
-                holds_first,
-                op,
-                dtype,
-            } => {
+            Receive::Combine(c) => {
                 let l = self.steps.layout();
-                let Some(acc) = self.mem.data.get_mut(into.clone()) else {
-                    return Err(self.bug(format!("a fold into {into:?}")));
+                let Some(acc) = self.mem.data.get_mut(c.into.clone()) else {
+                    return Err(self.bug(format!("a fold into {:?}", c.into)));
                 };
-                if !holds_first {
-                    self.seg.copy_out(l.data(0, half) + at, acc, context)?;
-                }
-                for p in 1..l.size() {
-                    self.seg
-                        .fold((op, dtype), acc, l.data(p, half) + at, context)?;
+                for (from, fold) in c.reads(l) {
+                    if fold {
+                        self.seg.fold((c.op, c.dtype), acc, from, context)?;
+                    } else {
+                        self.seg.copy_out(from, acc, context)?;
+                    }
                 }
                 Ok(true)
             }

@@ -232,18 +232,33 @@ pub(crate) enum Receive {
     Message { peer: usize, from: usize },
     /// Copy the segment's bytes at `from` into the caller's data `to`.
     CopyOut { from: usize, to: Range<usize> },
-    /// Combine every rank's buffer `half` at `at` into the caller's data `into`, in rank
-    /// order: `into = x0 op x1 op ... op x(P-1)`, each fold `into op x_p` with the
-    /// crate's kernel, so that every rank gets the same bits. `holds_first`: `into` holds
-    /// `x0` already (rank 0's own data); else `x0` is first copied out of rank 0's buffer.
-    Combine {
-        half: usize,
-        at: usize,
-        into: Range<usize>,
-        holds_first: bool,
-        op: ReduceOp,
-        dtype: DType,
-    },
+    /// Combine every rank's buffer into the caller's data (see [`Combine`]).
+    Combine(Combine),
+}
+
+/// Combine every rank's buffer `half` at `at` into the caller's data `into`, in rank order:
+/// `into = x0 op x1 op ... op x(P-1)`, each fold `into op x_p` with the crate's kernel, so
+/// that every rank gets the same bits. `holds_first`: `into` holds `x0` already (rank 0's
+/// own data); else `x0` is first copied out of rank 0's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Combine {
+    pub(crate) half: usize,
+    pub(crate) at: usize,
+    pub(crate) into: Range<usize>,
+    pub(crate) holds_first: bool,
+    pub(crate) op: ReduceOp,
+    pub(crate) dtype: DType,
+}
+
+impl Combine {
+    /// The reads, in order: the offset of each rank's buffer in `layout`, and whether it
+    /// is folded into `into` (else copied there: rank 0's, unless `into` holds it).
+    #[inline]
+    pub(crate) fn reads(&self, layout: Layout) -> impl Iterator<Item = (usize, bool)> {
+        let (half, at) = (self.half, self.at);
+        let first = usize::from(self.holds_first);
+        (first..layout.size()).map(move |p| (layout.data(p, half) + at, p > 0))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -536,14 +551,14 @@ impl Steps {
                 if one_shot {
                     if wants {
                         // Rank 0's own data is x0 already.
-                        self.rx(Receive::Combine {
+                        self.rx(Receive::Combine(Combine {
                             half: h,
                             at: 0,
                             into: bytes,
                             holds_first: me == 0,
                             op,
                             dtype,
-                        });
+                        }));
                     }
                     return;
                 }
@@ -553,14 +568,14 @@ impl Steps {
                 let at = (mine.start - chunk.start) * ds;
                 let target = mine.start * ds..mine.end * ds;
                 if !target.is_empty() {
-                    self.rx(Receive::Combine {
+                    self.rx(Receive::Combine(Combine {
                         half: h,
                         at,
                         into: target.clone(),
                         holds_first: me == 0,
                         op,
                         dtype,
-                    });
+                    }));
                     // Into the buffer of the next step, which no peer reads before it.
                     self.tx(Transmit::CopyIn {
                         from: Source::Data(target),
@@ -606,14 +621,14 @@ impl Steps {
                     self.tx(Transmit::CopyIn { from, to });
                 }
                 self.plan_step(first, s);
-                self.rx(Receive::Combine {
+                self.rx(Receive::Combine(Combine {
                     half: h,
                     at: me * per * ds,
                     into: bytes,
                     holds_first: false,
                     op: ReduceOp::Sum,
                     dtype,
-                });
+                }));
             }
             Collective::Send { dst, len, sent } => {
                 let Some(ch) = self.channel else { return };

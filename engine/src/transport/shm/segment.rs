@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::domain::{self, SETUP};
+use crate::auth;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::{ReduceOp, reduce_into};
@@ -340,13 +341,7 @@ pub(crate) fn establish(
     let whole = size == transport.ranks();
     let deadline = crate::options::deadline(Instant::now(), timeout);
     if me == 0 {
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| {
-            Error::local(
-                "drawing a shared-memory segment's name",
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
+        let nonce: [u8; 16] = auth::random_bytes("drawing a shared-memory segment's name")?;
         let path = segment_path(group, &nonce);
         let created = ffi::shm::Segment::create(&path, layout.bytes());
         let mut offer = [0u8; OFFER_BYTES];

@@ -184,26 +184,17 @@ impl Sim {
                 let rank = &mut self.ranks[r];
                 rank.data[to.clone()].copy_from_slice(&self.seg[from..from + to.len()]);
             }
-            Receive::Combine {
-                half,
-                at,
-                into,
-                holds_first,
-                op,
-                dtype,
-            } => {
-                let len = into.len();
-                if !holds_first {
-                    let from = self.layout.data(0, half) + at;
-                    self.check_read(r, from, len, step);
-                    let rank = &mut self.ranks[r];
-                    rank.data[into.clone()].copy_from_slice(&self.seg[from..from + len]);
-                }
-                for p in 1..self.ranks.len() {
-                    let from = self.layout.data(p, half) + at;
+            Receive::Combine(c) => {
+                let len = c.into.len();
+                for (from, fold) in c.reads(self.layout) {
                     self.check_read(r, from, len, step);
                     let src = &self.seg[from..from + len];
-                    reduce_into(op, dtype, &mut self.ranks[r].data[into.clone()], src);
+                    let acc = &mut self.ranks[r].data[c.into.clone()];
+                    if fold {
+                        reduce_into(c.op, c.dtype, acc, src);
+                    } else {
+                        acc.copy_from_slice(src);
+                    }
                 }
             }
         }
@@ -621,21 +612,8 @@ fn pieces_cover_everything_once_and_never_vanish() {
 fn the_operations_buffer_is_reused() {
     let group = [0, 1, 2];
     let mut sim = Sim::new(&group, SMALL);
-    for i in 0..2 {
-        on_every_rank(&mut sim, i, |r| {
-            let c = Collective::AllReduce {
-                op: ReduceOp::Sum,
-                dtype: DType::U8,
-                len: 3 * SMALL,
-                one_shot: false,
-                keep: true,
-            };
-            (c, vec![r as u8; 3 * SMALL], Vec::new())
-        });
-    }
-    sim.run(1);
-    let capacity = sim.ranks[0].steps.ops.capacity();
-    on_every_rank(&mut sim, 2, |r| {
+    // Every rank sums three chunks of its own rank number, by shares.
+    let sum = |r: usize| {
         let c = Collective::AllReduce {
             op: ReduceOp::Sum,
             dtype: DType::U8,
@@ -644,7 +622,13 @@ fn the_operations_buffer_is_reused() {
             keep: true,
         };
         (c, vec![r as u8; 3 * SMALL], Vec::new())
-    });
+    };
+    for i in 0..2 {
+        on_every_rank(&mut sim, i, sum);
+    }
+    sim.run(1);
+    let capacity = sim.ranks[0].steps.ops.capacity();
+    on_every_rank(&mut sim, 2, sum);
     sim.run(2);
     assert_eq!(sim.ranks[0].steps.ops.capacity(), capacity);
     assert!(sim.results[1][2].iter().all(|&x| x == 3));
