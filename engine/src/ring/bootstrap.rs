@@ -1030,7 +1030,7 @@ mod tests {
     }
 
     /// A timeout no `Instant` can hold (`Options::timeout(Duration::MAX)`, or
-    /// `NUVEC_DISTRIBUTED_TIMEOUT=1e19`) used to panic computing the setup's deadline.
+    /// `NUVEC_DISTRIBUTED_TIMEOUT=1e19`) must not overflow computing the setup's deadline.
     #[test]
     fn a_pair_forms_with_a_timeout_beyond_the_clock() {
         let ports = free_pair();
