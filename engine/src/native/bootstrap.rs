@@ -168,69 +168,45 @@ fn refusal(fault: Fault, peer: usize, addr: Option<SocketAddr>, reason: String) 
 /// The error at the deadline with what came instead of the peers: `strangers` appended to
 /// its reason. A plain timeout becomes a timed-out I/O error of the same peer and step, so
 /// that it can carry the sentence; its fault is the same (the peer failed to come).
-fn with_strangers(error: Error, strangers: &str) -> Error {
-    match error {
-        Error::PeerIncompatible {
-            peer,
-            addr,
-            context,
-            reason,
-        } => Error::PeerIncompatible {
-            peer,
-            addr,
-            context,
-            reason: format!("{reason}; {strangers}"),
-        },
-        Error::Auth {
-            peer,
-            addr,
-            context,
-            reason,
-        } => Error::Auth {
-            peer,
-            addr,
-            context,
-            reason: format!("{reason}; {strangers}"),
-        },
-        Error::Io {
-            peer,
-            addr,
-            op,
-            context,
-            source,
-        } => Error::Io {
-            peer,
-            addr,
-            op,
-            context,
-            source: std::sync::Arc::new(io::Error::new(
+fn with_strangers(mut error: Error, strangers: &str) -> Error {
+    match &mut error {
+        Error::PeerIncompatible { reason, .. } | Error::Auth { reason, .. } => {
+            reason.push_str("; ");
+            reason.push_str(strangers);
+        }
+        Error::Io { source, .. } => {
+            *source = std::sync::Arc::new(io::Error::new(
                 source.kind(),
                 format!("{source}; {strangers}"),
-            )),
-        },
-        Error::Timeout {
-            peer,
-            addr,
-            op,
-            context,
-            after,
-        } => Error::Io {
-            peer,
-            addr,
-            op,
-            context,
-            source: std::sync::Arc::new(io::Error::new(
-                io::ErrorKind::TimedOut,
-                match op {
-                    PeerOp::Accept => format!(
-                        "no connection from rank {peer} completed its hello within {after:?}; \
-                         {strangers}"
-                    ),
-                    _ => format!("{op} timed out after {after:?}; {strangers}"),
-                },
-            )),
-        },
-        other => other,
+            ));
+        }
+        _ => {}
+    }
+    let Error::Timeout {
+        peer,
+        addr,
+        op,
+        context,
+        after,
+    } = error
+    else {
+        return error;
+    };
+    Error::Io {
+        peer,
+        addr,
+        op,
+        context,
+        source: std::sync::Arc::new(io::Error::new(
+            io::ErrorKind::TimedOut,
+            match op {
+                PeerOp::Accept => format!(
+                    "no connection from rank {peer} completed its hello within {after:?}; \
+                     {strangers}"
+                ),
+                _ => format!("{op} timed out after {after:?}; {strangers}"),
+            },
+        )),
     }
 }
 
