@@ -117,6 +117,13 @@ impl Conn {
     ) -> crate::error::Result<Option<usize>> {
         match transfer {
             Ok(Transfer::Moved(n)) => Ok(Some(n)),
+            // The neighbour gave up with a failure notice: what it sent before the notice
+            // cannot finish this collective, and the close behind the notice may never be
+            // reported (the arrival that carried it was taken with the urgent byte), so
+            // the notice fails the receive now, naming the rank it names.
+            Ok(Transfer::Blocked) if op == PeerOp::Receive && self.notices.notice().is_some() => {
+                Err(self.closed(op, context))
+            }
             Ok(Transfer::Blocked) => Ok(None),
             Ok(Transfer::Closed) => Err(self.closed(op, context)),
             Err(e) => Err(self.failed(op, context, e)),
@@ -245,18 +252,23 @@ impl Conn {
             self.take_notice();
         }
         loop {
-            let read = self
-                .source
-                .recv(&mut self.stream, &mut buf[..len])
-                .map(|r| {
-                    // The socket is known empty and its next arrival will be reported:
-                    // wait for that rather than spend a system call on a read that would
-                    // find nothing.
-                    if r.drained {
-                        self.readable = false;
-                    }
-                    r.n
-                });
+            // Once the neighbour sent an urgent byte, a read may start at its position, and
+            // TCP refuses a read there while a signal is pending (`EAGAIN`), which io_uring's
+            // own task work always is; a plain receive has none pending.
+            let read = if self.notices.spoke() {
+                self.source.recv_plain(&mut self.stream, &mut buf[..len])
+            } else {
+                self.source.recv(&mut self.stream, &mut buf[..len])
+            };
+            let read = read.map(|r| {
+                // The socket is known empty and its next arrival will be reported:
+                // wait for that rather than spend a system call on a read that would
+                // find nothing.
+                if r.drained {
+                    self.readable = false;
+                }
+                r.n
+            });
             if matches!(read, Ok(n) if n > 0) {
                 self.last_rx = Instant::now();
             }

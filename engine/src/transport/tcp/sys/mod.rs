@@ -105,6 +105,17 @@ impl Source {
         }
     }
 
+    /// Reads what is available into `buf` with a plain system call, whichever driver runs:
+    /// for a connection whose stream may stand at an urgent byte's position, where a
+    /// receive that io_uring runs is refused (see `ffi::uring::Ring::exchange`).
+    pub(crate) fn recv_plain(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut [u8],
+    ) -> io::Result<Received> {
+        io::Read::read(stream, buf).map(|n| Received { n, drained: false })
+    }
+
     /// Writes what fits of `buf`.
     pub(crate) fn send(&self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
         match &self.0 {
