@@ -62,7 +62,11 @@ impl Call {
 
 /// Runs `good` matching all_sums on every rank of a native group of `size`, then `usual`
 /// on every rank but the last, which calls `odd`, and checks that every rank fails within a
-/// second with a mismatch error naming both calls, and that its group is failed afterwards.
+/// second, and that its group is failed afterwards. The ranks that compare calls with the
+/// last one name both calls: at P = 2 the other rank; from P = 3, where the small
+/// all-reduces and the barrier (and so the ring's check of calls) go by recursive doubling,
+/// the last rank's first partner, the rank before it. The others fail on what the failure
+/// closed, naming a peer (or the mismatch, where their algorithm meets the last rank).
 fn mismatch(name: &str, size: usize, good: usize, usual: Call, odd: Call) {
     let launch = Launch::new(size, 1).timeout(10.0).env(WIRE, "native");
     let Some(outputs) = launch.run(name, move |g| {
@@ -77,8 +81,32 @@ fn mismatch(name: &str, size: usize, good: usize, usual: Call, odd: Call) {
         return;
     };
     for o in &outputs {
-        check_mismatch(o, &[usual, odd]);
+        if o.rank + 2 < size {
+            check_failed_fast(o, &[usual, odd]);
+        } else {
+            check_mismatch(o, &[usual, odd]);
+        }
     }
+}
+
+/// Checks that rank `o` failed within a second naming a peer or both calls, and that its
+/// group stayed failed.
+fn check_failed_fast(o: &RankOutput, both: &[Call; 2]) {
+    let (ms, peer, message) = o.finished_failure();
+    assert!(ms < 1000, "rank {} needed {ms} ms: {message}", o.rank);
+    let names_both = both
+        .iter()
+        .all(|call| call.words().iter().all(|w| message.contains(w)));
+    assert!(
+        peer.is_some() || names_both,
+        "rank {}: names neither a peer nor both calls: {message}",
+        o.rank
+    );
+    assert!(
+        !o.lines("AGAIN ").is_empty(),
+        "rank {}: no later call reported",
+        o.rank
+    );
 }
 
 /// Reports `error` after `took` ([`report_failure`]), then checks that the group stays

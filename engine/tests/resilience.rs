@@ -121,8 +121,8 @@ test_cases!(kill_during {
 });
 
 test_cases!(kill_during_on {
-    /// On the native wire every rank hears from every other during a small all_sum, so each
-    /// survivor finds the killed rank itself.
+    /// On the native wire a small all_sum at P = 4 goes by recursive doubling: the killed
+    /// rank's partners find it themselves, and the other survivor hears it named by them.
     native_kill_9_during_a_small_all_sum_p4: "native", 4, 2, small_sum;
     /// A 64 MiB all_sum takes the pipelined ring on the native wire too.
     native_kill_9_during_a_64_mib_all_sum_p3: "native", 3, 1, large_sum;

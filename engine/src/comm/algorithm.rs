@@ -7,12 +7,11 @@
 //!
 //! | collective | link | ranks | bytes | algorithm |
 //! |---|---|---|---|---|
-//! | all-reduce | TCP | up to 4 | fewer elements than ranks | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | 2 | up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | 3, 4 | up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
-//! | all-reduce | TCP | up to 4 | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
-//! | all-reduce | TCP | 5 to 12 | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
-//! | all-reduce | TCP | 5 to 12 | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
+//! | all-reduce | TCP | 2 | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX_P2`] | [`AllReduce::OneShot`] |
+//! | all-reduce | TCP | 3 | fewer elements than ranks, or up to [`TCP_DOUBLING_MAX_P3`] | [`AllReduce::RecursiveDoubling`] |
+//! | all-reduce | TCP | 2, 3 | below [`TCP_RING_MIN`] | [`AllReduce::ScatterGather`] |
+//! | all-reduce | TCP | 4 to 12 | fewer elements than ranks, or up to [`TCP_ONE_SHOT_MAX`] | [`AllReduce::RecursiveDoubling`] |
+//! | all-reduce | TCP | 4 to 12 | below [`TCP_RING_MIN`] | [`AllReduce::HalvingDoubling`] |
 //! | all-reduce | TCP | up to 12 | from [`TCP_RING_MIN`] | [`AllReduce::Ring`] |
 //! | all-reduce | shared memory | 2 | any | [`AllReduce::OneShot`] |
 //! | all-reduce | shared memory | 3 | up to [`SHM_ONE_SHOT_MAX`] | [`AllReduce::OneShot`] |
@@ -23,8 +22,8 @@
 //! | all_gather | TCP | up to 4 | any | [`AllGather::Direct`] |
 //! | all_gather | TCP | 5 to 12 | output up to [`TCP_RING_MIN`] | [`AllGather::RecursiveDoubling`] |
 //! | all_gather | TCP | 5 to 12 | larger | [`AllGather::Direct`] |
-//! | barrier | TCP | up to 4 | - | [`Barrier::Direct`] |
-//! | barrier | TCP | 5 to 12 | - | [`Barrier::RecursiveDoubling`] |
+//! | barrier | TCP | 2 | - | [`Barrier::Direct`] |
+//! | barrier | TCP | 3 to 12 | - | [`Barrier::RecursiveDoubling`] |
 //! | any | TCP | 13 or more | any | the cost model's cheapest, priced as [`Link::Loopback`] |
 //! | all-reduce | shared memory | 4 or more | any | the cost model's cheapest, priced as [`Link::Shm`] |
 //!
@@ -35,33 +34,62 @@
 //! are.
 //!
 //! A hierarchical group's leaders reduce across hosts over TCP by the TCP rows, with their
-//! own count of ranks (the hosts); their exchange has no pipelined ring, so where the table
-//! says [`AllReduce::Ring`] they take [`AllReduce::ScatterGather`], and they take the
-//! direct algorithms where it says [`AllReduce::RecursiveDoubling`] or
-//! [`AllReduce::HalvingDoubling`]. sum_scatter and all_to_all have one algorithm each
+//! own count of ranks (the hosts); their exchange has no pipelined ring and no log-round
+//! schedules, so they take the direct algorithms instead ([`leaders_all_reduce`]).
+//! sum_scatter and all_to_all have one algorithm each
 //! (every block straight to its rank over TCP, one step per chunk in shared memory), and
 //! so does send/recv; shared memory and the hierarchical groups have their own
 //! all_gather. The check of calls before a ring all-reduce is a barrier, by the barrier's
 //! row.
 //!
-//! # Past four ranks over TCP
+//! # Log rounds over TCP
 //!
 //! The direct algorithms send P - 1 messages per rank per round (the one-shot its whole
-//! vector each time), so their latency grows linearly with P; past four ranks Open MPI's
-//! recursive doubling and halving-doubling, with log2 P rounds of one message each, beat
-//! them. So from [`LOG_ROUNDS_MIN_RANKS`] ranks the small and middling all-reduces, the
-//! barrier and the all_gathers up to [`TCP_RING_MIN`] of output take those
-//! (`native::protocol` has them, with the order they fold in). Up to four ranks the rows
-//! are the ones measured in the next section, unchanged. Recursive doubling's all_gather
-//! sends the bytes of the direct one in fewer messages, but for P not a power of two the
-//! ranks that took a block in send the whole output back: past a MiB of output (an
-//! estimate, the all-reduce's ring crossing) the direct one's P - 1 concurrent messages
-//! are kept. The barrier's crossing is the message count's (at P = 4 a rank sends 3
-//! headers in one round, or 1 in each of 2), not a measurement.
+//! vector each time), so their latency grows linearly with P; Open MPI's recursive doubling
+//! and halving-doubling send one message in each of log2 P rounds. On this VM, idle, the
+//! fewer messages already win at three ranks (the next table): the small all-reduces take
+//! recursive doubling from P = 3, the middling ones halving-doubling from
+//! [`LOG_ROUNDS_MIN_RANKS`] (at P = 3 halving-doubling hands the whole vector in and out,
+//! and the direct reduce-scatter + all-gather stays ahead: 256 KiB, 116 against 160 µs),
+//! and the barrier recursive doubling from [`BARRIER_DOUBLING_MIN_RANKS`], as the 4 B
+//! all-reduce does, whose messages are the barrier's headers with 4 bytes behind them
+//! (`native::protocol` has them, with the order they fold in). The all_gather was measured
+//! only past four ranks, and takes recursive doubling from [`ALL_GATHER_DOUBLING_MIN_RANKS`]
+//! up to [`TCP_RING_MIN`] of output. Recursive doubling's all_gather sends the bytes of the
+//! direct one in fewer messages, but for P not a power of two the ranks that took a block
+//! in send the whole output back: past a MiB of output (an estimate, the all-reduce's ring
+//! crossing) the direct one's P - 1 concurrent messages are kept.
+//!
+//! The all-reduce at P = 3 and 4, by `native::tests::measure_the_algorithms` on the 2-core
+//! VM idle (the run the model's constants below come from: `NUVEC_MEASURE_RANKS=2,3,4
+//! cargo test --release -p nuvec-distributed-engine --lib measure_the_algorithms --
+//! --ignored --nocapture`, one run, the median of each rank's times; the ranks outnumber
+//! the cores at P = 3 and 4), in µs, one-shot / direct / recursive doubling /
+//! halving-doubling / ring (bold: what the table takes):
+//!
+//! | bytes | P = 3 | P = 4 |
+//! |---|---|---|
+//! | 4 B | 15.4 / 15.3 / **10.9** / 12.8 / 15.7 | 27.5 / 27.2 / **15.4** / 23.5 / 27.5 |
+//! | 8 KiB | 23.9 / 34.5 / **16.5** / 19.5 / 54.8 | 35.9 / 42.5 / **21.5** / 36.9 / 71.3 |
+//! | 64 KiB | 79.1 / 54.8 / **37.2** / 41.2 / 60.9 | 87.3 / 82.4 / 80.6 / **58.9** / 107 |
+//! | 256 KiB | 387 / **116** / 159 / 160 / 128 | 483 / 212 / 168 / **137** / 157 |
+//! | 1 MiB | 1050 / 695 / 1244 / 770 / **998** | 2069 / 939 / 759 / 1122 / **937** |
+//! | 4 MiB | 7073 / 4281 / 4763 / 4588 / **4303** | 12382 / 4932 / 7475 / 4647 / **4585** |
+//! | 16 MiB | 36783 / 19617 / 21026 / 20789 / **15484** | 63880 / 29001 / 39318 / 22943 / **21537** |
+//!
+//! Where the table departs from this run: at 1 MiB, P = 3, the direct algorithm was ahead
+//! of the ring (695 against 998 µs) and level at 4 MiB, where the loaded run of the last
+//! section put the ring ahead from 1 MiB at every P; [`TCP_RING_MIN`] stays one crossing
+//! until an idle re-measurement says otherwise. At 1 MiB, P = 4, recursive doubling's
+//! 759 µs is out of line with its 256 KiB and 4 MiB figures (behind halving-doubling and
+//! the ring at both), so the ring is kept. The crossing from recursive doubling to
+//! halving-doubling at P = 4 lies between 8 and 64 KiB, and the table puts it where it
+//! does for more ranks, at [`TCP_ONE_SHOT_MAX`] (16 KiB); at P = 3, recursive doubling's
+//! last lead lies between 64 and 256 KiB ([`TCP_DOUBLING_MAX_P3`]: 64 KiB).
 //!
 //! The all-reduce's crossings past four ranks, by `native::tests::measure_the_algorithms`
-//! (as in the next section: P threads on loopback on a 2-core VM at load average 7 to 9,
-//! one run each, so only the order is worth anything), in µs, one-shot / direct /
+//! (P threads on loopback on the 2-core VM at load average 7 to 9, one run each, so only
+//! the order is worth anything), in µs, one-shot / direct /
 //! recursive doubling / halving-doubling / ring:
 //!
 //! | bytes | P = 5 | P = 6 | P = 8 | P = 12 |
@@ -76,11 +104,12 @@
 //! P = 6 (and P = 12's 1 MiB halving-doubling figure is out of line with its others):
 //! re-measure on idle machines before moving [`TCP_RING_MIN`] past four ranks.
 //!
-//! # Where the TCP crossings come from
+//! # Where the P = 2 rows and the ring's crossing come from
 //!
 //! `native::tests::measure_the_algorithms`: the median of each rank's all_sum f32 times,
 //! P threads on loopback in one process, on a 2-core VM whose load average was 8.5, so only
-//! the crossings are worth anything, not the times:
+//! the crossings are worth anything, not the times (the rows of P = 3 and 4 below the
+//! ring's sizes rest on the idle run above instead):
 //!
 //! | bytes | P = 2: one-shot / direct / ring | P = 3 | P = 4 |
 //! |---|---|---|---|
@@ -177,9 +206,11 @@
 //! at P = 2 it takes the ring from 32 KiB, where the one-shot and scatter-gather measured
 //! ahead up to 1 MiB (idle, 64 KiB: 19.4 and 18.7 µs, the ring 22.1); at P = 3 the one-shot
 //! up to 8 KiB, where recursive doubling measured ahead (idle, 8 KiB: 16.5 against
-//! 23.9 µs), and the ring from 64 KiB; at P = 4 recursive doubling up to 8 KiB, as the idle
-//! run has it (4 B: 15.4 µs against the one-shot's 27.5) but not the loaded one the rows
-//! rest on; at P = 5 and 6 the one-shot and scatter-gather where the loaded run put
+//! 23.9 µs), and the ring from 64 KiB (idle, 64 KiB: 61 µs, recursive doubling 37); at
+//! P = 4 it takes recursive doubling up to 8 KiB and halving-doubling up to 64 KiB, as the
+//! rows do (theirs cross at 16 KiB), but the ring from 128 KiB, where halving-doubling
+//! measured ahead (idle, 256 KiB: 137 against 157 µs); at
+//! P = 5 and 6 the one-shot and scatter-gather where the loaded run put
 //! recursive doubling and halving-doubling ahead; at P = 12, 32 to 128 KiB,
 //! scatter-gather (halving-doubling's hand-in and hand-out move the whole vector twice).
 //! Its ring crossing is lower than measured at every P: β is the 4 MiB ring's, which
@@ -252,10 +283,18 @@ pub(crate) enum Broadcast {
 /// than folding the whole vector instead of half of it (ahead at 8 KiB, behind at 64 KiB).
 pub(crate) const TCP_ONE_SHOT_MAX_P2: usize = 32 << 10;
 
-/// Largest all-reduce (bytes) that goes one-shot over TCP at P >= 3, where each rank sends
-/// its vector P - 1 times: small vectors only, where the hops, not the bytes, are the cost
-/// (ahead or even at 8 KiB, behind at 64 KiB).
+/// Largest all-reduce (bytes) that goes one-shot over TCP at P >= 3 where the direct
+/// algorithms are the only ones (a hierarchical group's leaders, see
+/// [`leaders_all_reduce`]), and by recursive doubling from [`LOG_ROUNDS_MIN_RANKS`] ranks:
+/// small vectors only, where the hops, not the bytes, are the cost (ahead or even at 8 KiB,
+/// behind at 64 KiB).
 pub(crate) const TCP_ONE_SHOT_MAX: usize = 16 << 10;
+
+/// Largest all-reduce (bytes) that goes by recursive doubling over TCP at P = 3: the rank
+/// past the largest power of two hands its vector in and takes the result back, and the
+/// other two exchange once, which measured ahead of every other algorithm up to 64 KiB and
+/// behind the direct reduce-scatter + all-gather at 256 KiB (see the module docs).
+pub(crate) const TCP_DOUBLING_MAX_P3: usize = 64 << 10;
 
 /// Smallest all-reduce (bytes) that takes MLX's pipelined ring over TCP: the direct
 /// reduce-scatter/all-gather finishes each round before the next starts and stages a copy
@@ -273,9 +312,19 @@ pub(crate) const SHM_ONE_SHOT_MAX: usize = 32 << 10;
 /// copies the same way.
 pub(crate) const BROADCAST_DIRECT_MAX: usize = 32 << 10;
 
-/// The fewest ranks at which the TCP rows take the log-round algorithms (see the module
-/// docs).
-pub(crate) const LOG_ROUNDS_MIN_RANKS: usize = 5;
+/// The fewest ranks at which the TCP all-reduce rows take the log-round algorithms at every
+/// size below the ring's (recursive doubling, then halving-doubling; see the module docs).
+/// At P = 3 only the small all-reduces take recursive doubling ([`TCP_DOUBLING_MAX_P3`]).
+pub(crate) const LOG_ROUNDS_MIN_RANKS: usize = 4;
+
+/// The fewest ranks at which the TCP barrier goes by recursive doubling: from 3, where the
+/// 4 B all-reduce, whose messages are the barrier's headers with 4 bytes behind them,
+/// measured recursive doubling ahead (see the module docs).
+pub(crate) const BARRIER_DOUBLING_MIN_RANKS: usize = 3;
+
+/// The fewest ranks at which the TCP all_gather goes by recursive doubling (up to
+/// [`TCP_RING_MIN`] of output); the all_gather was not measured below it.
+pub(crate) const ALL_GATHER_DOUBLING_MIN_RANKS: usize = 5;
 
 /// The most ranks whose rows were measured over TCP on loopback (P = 2 to 12, the tables in
 /// the module docs): up to here the rows above choose, past here the cost model.
@@ -285,19 +334,25 @@ pub(crate) const TCP_MEASURED_MAX_RANKS: usize = 12;
 /// rows above choose, past here the cost model.
 pub(crate) const SHM_MEASURED_MAX_RANKS: usize = 3;
 
-/// Whether `ranks` ranks over TCP take the log-round algorithms by the measured rows.
-fn log_rounds(link: Transport, ranks: usize) -> bool {
-    link != Transport::SharedMemory && ranks >= LOG_ROUNDS_MIN_RANKS
-}
-
 /// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks, by
-/// the measured rows.
+/// the measured rows of the direct algorithms (over TCP the rows of P = 2, and those of a
+/// hierarchical group's leaders, see [`leaders_all_reduce`]).
 pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     match (link, ranks) {
         (Transport::SharedMemory, 2) => usize::MAX,
         (Transport::SharedMemory, _) => SHM_ONE_SHOT_MAX,
         (_, 2) => TCP_ONE_SHOT_MAX_P2,
         (_, _) => TCP_ONE_SHOT_MAX,
+    }
+}
+
+/// The largest all-reduce (bytes) the measured TCP rows take in one hop (P = 2) or by
+/// recursive doubling (P >= 3) among `ranks` ranks.
+pub(crate) fn tcp_small_max(ranks: usize) -> usize {
+    match ranks {
+        ..=2 => TCP_ONE_SHOT_MAX_P2,
+        3 => TCP_DOUBLING_MAX_P3,
+        _ => TCP_ONE_SHOT_MAX,
     }
 }
 
@@ -336,25 +391,45 @@ fn all_reduce_on(link: Link, ranks: usize, bytes: usize, elems: usize) -> AllRed
             all_reduce_shape(a, link, ranks, bytes as f64)
         });
     }
-    let transport = match link {
-        Link::Shm => Transport::SharedMemory,
-        Link::Loopback | Link::Network => Transport::Tcp,
-    };
-    let small = bytes <= one_shot_max(transport, ranks) || elems < ranks;
-    if log_rounds(transport, ranks) {
-        if small {
-            AllReduce::RecursiveDoubling
-        } else if bytes < TCP_RING_MIN {
-            AllReduce::HalvingDoubling
+    if link == Link::Shm {
+        return if bytes <= one_shot_max(Transport::SharedMemory, ranks) || elems < ranks {
+            AllReduce::OneShot
         } else {
-            AllReduce::Ring
-        }
-    } else if small {
+            AllReduce::ScatterGather
+        };
+    }
+    let small = bytes <= tcp_small_max(ranks) || elems < ranks;
+    if small && ranks <= 2 {
         AllReduce::OneShot
-    } else if link == Link::Shm || bytes < TCP_RING_MIN {
-        AllReduce::ScatterGather
-    } else {
+    } else if small {
+        AllReduce::RecursiveDoubling
+    } else if bytes >= TCP_RING_MIN {
         AllReduce::Ring
+    } else if ranks >= LOG_ROUNDS_MIN_RANKS {
+        AllReduce::HalvingDoubling
+    } else {
+        AllReduce::ScatterGather
+    }
+}
+
+/// How a hierarchical group's leaders reduce among `ranks` hosts over TCP: by the TCP rows,
+/// but their exchange has only the one-shot and the direct reduce-scatter + all-gather. So
+/// recursive doubling's sizes go one-shot up to the one-shot's own limit
+/// ([`one_shot_max`]; at P = 3 recursive doubling goes further, where the one-shot
+/// measured behind: 64 KiB, 79 against the direct algorithm's 55 µs), and every larger
+/// size goes by reduce-scatter + all-gather.
+pub(crate) fn leaders_all_reduce(ranks: usize, bytes: usize, elems: usize) -> AllReduce {
+    match all_reduce(Transport::Tcp, ranks, bytes, elems) {
+        AllReduce::OneShot => AllReduce::OneShot,
+        AllReduce::RecursiveDoubling
+            if bytes <= one_shot_max(Transport::Tcp, ranks) || elems < ranks =>
+        {
+            AllReduce::OneShot
+        }
+        AllReduce::RecursiveDoubling
+        | AllReduce::ScatterGather
+        | AllReduce::HalvingDoubling
+        | AllReduce::Ring => AllReduce::ScatterGather,
     }
 }
 
@@ -378,7 +453,7 @@ fn all_gather_on(link: Link, ranks: usize, bytes: usize) -> AllGather {
         cheapest(link, candidates, |a| {
             all_gather_shape(a, ranks, bytes as f64)
         })
-    } else if log_rounds(Transport::Tcp, ranks) && bytes <= TCP_RING_MIN {
+    } else if ranks >= ALL_GATHER_DOUBLING_MIN_RANKS && bytes <= TCP_RING_MIN {
         AllGather::RecursiveDoubling
     } else {
         AllGather::Direct
@@ -396,7 +471,7 @@ fn barrier_on(link: Link, ranks: usize) -> Barrier {
     } else if !measured(link, ranks) {
         let candidates = [Barrier::Direct, Barrier::RecursiveDoubling];
         cheapest(link, candidates, |a| barrier_shape(a, ranks))
-    } else if log_rounds(Transport::Tcp, ranks) {
+    } else if ranks >= BARRIER_DOUBLING_MIN_RANKS {
         Barrier::RecursiveDoubling
     } else {
         Barrier::Direct
@@ -819,37 +894,50 @@ mod tests {
                 (8 << 10) + 1,
                 ScatterGather,
             ),
-            (Transport::Tcp, 3, 16 << 10, 4 << 10, OneShot),
+            // P = 3: recursive doubling up to 64 KiB, then the direct reduce-scatter +
+            // all-gather (halving-doubling hands the whole vector in and out).
+            (Transport::Tcp, 3, 4, 1, RecursiveDoubling),
+            (Transport::Tcp, 3, 64 << 10, 16 << 10, RecursiveDoubling),
             (
                 Transport::Tcp,
                 3,
+                (64 << 10) + 4,
+                (16 << 10) + 1,
+                ScatterGather,
+            ),
+            (
+                Transport::Tcp,
+                3,
+                (1 << 20) - 4,
+                (1 << 18) - 1,
+                ScatterGather,
+            ),
+            (Transport::Tcp, 3, 1 << 20, 1 << 18, Ring),
+            // From P = 4: log2 P rounds below the ring's sizes.
+            (Transport::Tcp, 4, 4, 1, RecursiveDoubling),
+            (Transport::Tcp, 4, 16 << 10, 4 << 10, RecursiveDoubling),
+            (
+                Transport::Tcp,
+                4,
                 (16 << 10) + 4,
                 (4 << 10) + 1,
-                ScatterGather,
+                HalvingDoubling,
             ),
             (
                 Transport::Tcp,
                 4,
                 (1 << 20) - 4,
                 (1 << 18) - 1,
-                ScatterGather,
+                HalvingDoubling,
             ),
             (Transport::Tcp, 4, 1 << 20, 1 << 18, Ring),
             (Transport::Tcp, 2, 64 << 20, 16 << 20, Ring),
-            // Fewer elements than ranks: one-shot (recursive doubling past four ranks)
+            // Fewer elements than ranks: one-shot at P = 2, recursive doubling from P = 3,
             // whatever the bytes (a ring needs an element per rank).
-            (Transport::Tcp, 4, 8 << 20, 3, OneShot),
+            (Transport::Tcp, 2, 8 << 20, 1, OneShot),
+            (Transport::Tcp, 3, 8 << 20, 2, RecursiveDoubling),
+            (Transport::Tcp, 4, 8 << 20, 3, RecursiveDoubling),
             (Transport::Tcp, 16, 8 << 20, 15, RecursiveDoubling),
-            (Transport::Tcp, 4, 4, 1, OneShot),
-            (Transport::Tcp, 4, 16 << 10, 4 << 10, OneShot),
-            (
-                Transport::Tcp,
-                4,
-                (16 << 10) + 4,
-                (4 << 10) + 1,
-                ScatterGather,
-            ),
-            // Past four ranks: log2 P rounds where the direct algorithms went.
             (Transport::Tcp, 5, 4, 1, RecursiveDoubling),
             (Transport::Tcp, 12, 16 << 10, 4 << 10, RecursiveDoubling),
             (
@@ -889,16 +977,15 @@ mod tests {
                 "{link:?}, P = {ranks}, {bytes} bytes"
             );
         }
-        for ranks in 2..=4 {
-            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::Direct);
-        }
-        for ranks in [5, 8, 12, 16, 1000] {
+        assert_eq!(barrier(Transport::Tcp, 2), Barrier::Direct);
+        for ranks in [3, 4, 5, 8, 12, 16, 1000] {
             assert_eq!(barrier(Transport::Tcp, ranks), Barrier::RecursiveDoubling);
         }
         assert_eq!(barrier(Transport::SharedMemory, 8), Barrier::Direct);
         for (link, ranks, bytes, want) in [
             (Transport::Tcp, 2, 4, AllGather::Direct),
             (Transport::Tcp, 4, 64 << 10, AllGather::Direct),
+            (Transport::Tcp, 3, 4, AllGather::Direct),
             (Transport::Tcp, 5, 0, AllGather::RecursiveDoubling),
             (Transport::Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
             (Transport::Tcp, 12, (1 << 20) + 12, AllGather::Direct),
@@ -915,6 +1002,31 @@ mod tests {
         assert_eq!(broadcast(2, 1 << 30), Broadcast::Direct);
         assert_eq!(broadcast(3, 32 << 10), Broadcast::Direct);
         assert_eq!(broadcast(3, (32 << 10) + 1), Broadcast::ScatterGather);
+    }
+
+    #[test]
+    fn the_leaders_take_the_direct_algorithms() {
+        use AllReduce::{OneShot, ScatterGather};
+        for (ranks, bytes, elems, want) in [
+            (2, 32 << 10, 8 << 10, OneShot),
+            (2, (32 << 10) + 4, (8 << 10) + 1, ScatterGather),
+            // P = 3: the table's recursive doubling past the one-shot's limit.
+            (3, 16 << 10, 4 << 10, OneShot),
+            (3, (16 << 10) + 4, (4 << 10) + 1, ScatterGather),
+            (3, 8 << 20, 2, OneShot),
+            (4, 4, 1, OneShot),
+            (4, 64 << 10, 16 << 10, ScatterGather),
+            (4, 8 << 20, 2 << 20, ScatterGather),
+            (8, 8 << 20, 7, OneShot),
+            (16, 4, 1, OneShot),
+            (16, 1 << 20, 1 << 18, ScatterGather),
+        ] {
+            assert_eq!(
+                leaders_all_reduce(ranks, bytes, elems),
+                want,
+                "P = {ranks}, {bytes} bytes"
+            );
+        }
     }
 
     const ALL_REDUCES: [AllReduce; 5] = [

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::Native;
 use super::tests::{self, on_ranks};
-use crate::comm::Communicator;
-use crate::comm::algorithm::BROADCAST_DIRECT_MAX;
+use crate::comm::algorithm::{self, BROADCAST_DIRECT_MAX};
+use crate::comm::{Communicator, Transport};
 use crate::error::{Error, Phase};
 
 fn group(size: usize, connections: usize) -> Vec<Native> {
@@ -188,6 +188,15 @@ fn broadcasts_and_all_to_alls_that_disagree_fail_every_rank_with_a_mismatch() {
     ];
     for size in [2, 3, 4] {
         for (normal, odd, (a, b)) in &cases {
+            // From three ranks the barrier goes by recursive doubling, where only the ranks
+            // that meet the odd one compare calls with it (`native::tests::
+            // a_mismatch_in_log_rounds_fails_every_rank_at_once` has a barrier against
+            // another call there).
+            if matches!(odd, Op::Barrier)
+                && algorithm::barrier(Transport::Tcp, size) != algorithm::Barrier::Direct
+            {
+                continue;
+            }
             mismatch(size, *normal, *odd, (a, b));
         }
     }

@@ -481,13 +481,16 @@ impl Hier {
         let len = data.len();
         let elems = len / dtype.size();
         self.across(call, watch, (data, &[]), |ex, routes, me, count| {
-            // The TCP rows of the table among the leaders; their exchange has no
-            // pipelined ring, so the ring's sizes go by reduce-scatter + all-gather.
-            match algorithm::all_reduce(crate::comm::Transport::Tcp, count, len, elems) {
-                AllReduce::OneShot | AllReduce::RecursiveDoubling => {
+            // The TCP rows of the table among the leaders, with the direct algorithms
+            // where the table takes the log-round ones or the ring.
+            match algorithm::leaders_all_reduce(count, len, elems) {
+                AllReduce::OneShot => {
                     ex.one_shot(routes, me, count, call, (op, dtype), len);
                 }
-                AllReduce::ScatterGather | AllReduce::HalvingDoubling | AllReduce::Ring => {
+                AllReduce::ScatterGather
+                | AllReduce::RecursiveDoubling
+                | AllReduce::HalvingDoubling
+                | AllReduce::Ring => {
                     ex.scatter_gather(routes, me, count, call, (op, dtype), elems);
                 }
             }

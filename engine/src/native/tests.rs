@@ -205,7 +205,7 @@ fn expected(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
 /// Element counts around every switch between algorithms at `size` ranks.
 fn counts(size: usize, dtype: DType) -> Vec<usize> {
     let e = dtype.size();
-    let one_shot = algorithm::one_shot_max(Transport::Tcp, size);
+    let one_shot = algorithm::tcp_small_max(size);
     let mut counts = vec![1, size.saturating_sub(1).max(1), size + 1, 33];
     counts.extend([one_shot / e, one_shot / e + 1]);
     counts.extend([one_shot / e + size * 3 + 1]);
@@ -671,28 +671,29 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
             ("all_sum float32 x 262145", "all_sum int32 x 262145"),
         ),
     ];
-    for size in 2..=4 {
-        for &(normal, odd, names) in &cases {
-            for good in [0, 1000] {
-                mismatch(size, good, normal, odd, names);
-            }
+    // From three ranks the small all-reduces and the barrier go by recursive doubling,
+    // where only the ranks that meet the odd one compare calls with it (the next test).
+    for &(normal, odd, names) in &cases {
+        for good in [0, 1000] {
+            mismatch(2, good, normal, odd, names);
         }
     }
 }
 
-/// Past four ranks the log-round algorithms compare calls with each partner only: the
+/// From three ranks the log-round algorithms compare calls with each partner only: the
 /// odd rank and its first partner fail with a mismatch naming both calls (the last rank
-/// and the one before it; rank 0, which hands its vector in, and rank 1, which answers
-/// with its header), and every other rank fails within a second on what their failure
-/// closed, naming a peer; every group is failed after.
+/// and the one before it; rank 0, which hands its vector in or meets rank 1 first, and
+/// rank 1, which answers with its header), and every other rank fails within a second on
+/// what their failure closed, naming a peer; every group is failed after.
 #[test]
-fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
+fn a_mismatch_in_log_rounds_fails_every_rank_at_once() {
     use ReduceOp::Sum;
     let f32s = |n| Op::Reduce(Sum, DType::F32, n);
     let cases = [
         // Recursive doubling on both sides.
         (f32s(10), f32s(20), ("x 10", "x 20")),
-        // Recursive doubling against halving-doubling.
+        // Recursive doubling against halving-doubling (the direct reduce-scatter +
+        // all-gather at P = 3).
         (f32s(4), f32s(200_000), ("x 4", "x 200000")),
         // A barrier against an all-reduce.
         (Op::Barrier, f32s(1), ("barrier", "all_sum float32 x 1")),
@@ -703,7 +704,16 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
             ("all_sum float32 x 262145", "all_sum int32 x 262145"),
         ),
     ];
-    for (size, odd_rank) in [(5, 4), (6, 5), (5, 0), (6, 0)] {
+    for (size, odd_rank) in [
+        (3, 2),
+        (4, 3),
+        (5, 4),
+        (6, 5),
+        (3, 0),
+        (4, 0),
+        (5, 0),
+        (6, 0),
+    ] {
         // The odd rank's first partner.
         let partner = if odd_rank == 0 { 1 } else { odd_rank - 1 };
         for &(normal, odd, names) in &cases {
@@ -740,13 +750,14 @@ fn a_mismatch_past_four_ranks_fails_every_rank_at_once() {
     }
 }
 
-/// Rank 0 sends 8 bytes twice to the last rank, which takes the first and refuses the
-/// second with a recv of 12; the other ranks call `barrier`. Checks that rank 0 and the
-/// last rank fail naming the mismatch (the last rank also what differs), and returns every
-/// rank's error and how long its calls took.
+/// Rank 0 sends 8 bytes twice to rank 1, which takes the first and refuses the second
+/// with a recv of 12; the other ranks call `barrier`. Checks that rank 0 and rank 1 fail
+/// naming the mismatch (rank 1 also what differs), and returns every rank's error and how
+/// long its calls took. Rank 0's barrier meets rank 1 by every barrier algorithm (in
+/// recursive doubling, its first partner), so it hears the refusal.
 pub(super) fn recv_of_another_length(ranks: &[Native]) -> Vec<(Error, Duration)> {
     let size = ranks.len();
-    let dst = size - 1;
+    let dst = 1;
     let expected = format!(
         "send/recv #1: rank 0 called send of 8 bytes to rank {dst}, rank {dst} called recv \
          of 12 bytes from rank 0"
