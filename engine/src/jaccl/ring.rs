@@ -124,7 +124,9 @@ struct Lanes {
     wire: usize,
     /// Wires per neighbour in the group (connection numbering), not only the active ones.
     wires: usize,
+    /// Directions in use: 1, or 2 (both).
     dirs: usize,
+    /// Each direction's slice and counts (the second unused with one direction).
     dir: [Direction; 2],
     class: Class,
     /// Elements per message.
