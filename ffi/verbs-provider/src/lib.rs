@@ -260,6 +260,13 @@ struct Qp {
     pending_acks: VecDeque<(PathBuf, [u8; ACK])>,
 }
 
+/// One of a queue pair's two queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queue {
+    Send,
+    Recv,
+}
+
 impl Qp {
     /// The frames outstanding on the send queue (Apple) or its work requests (rdma-core).
     fn send_depth(&self, profile: config::Profile) -> usize {
@@ -272,11 +279,11 @@ impl Qp {
         }
     }
 
-    /// The scatter entry of a work request for the receive queue (`recv`) or the send queue,
-    /// or the error that refuses the request: `EINVAL` unless `valid` (the post's own checks)
-    /// and its `num_sge` entries at `sg_list` are at most [`MAX_SGE`] in a non-null list;
-    /// `ENOMEM`, traced, if it does not fit the queue (4 KiB frames with the Apple profile,
-    /// work requests with rdma-core). Reads the entry only once the request is valid.
+    /// The scatter entry of a work request for `queue`, or the error that refuses the
+    /// request: `EINVAL` unless `valid` (the post's own checks) and its `num_sge` entries at
+    /// `sg_list` are at most [`MAX_SGE`] in a non-null list; `ENOMEM`, traced, if it does not
+    /// fit the queue (4 KiB frames with the Apple profile, work requests with rdma-core).
+    /// Reads the entry only once the request is valid.
     ///
     /// # Safety
     ///
@@ -285,7 +292,7 @@ impl Qp {
     unsafe fn admit(
         &self,
         profile: config::Profile,
-        recv: bool,
+        queue: Queue,
         valid: bool,
         (num_sge, sg_list): (c_int, *mut ibv_sge),
     ) -> Result<Option<ibv_sge>, c_int> {
@@ -295,10 +302,9 @@ impl Qp {
         }
         // SAFETY: one entry in a non-null list: readable, by the caller's contract.
         let sge = (num_sge == 1).then(|| unsafe { sg_list.read() });
-        let (call, depth, max) = if recv {
-            ("post_recv", self.recv_depth(profile), self.max_recv_wr)
-        } else {
-            ("post_send", self.send_depth(profile), self.max_send_wr)
+        let (call, depth, max) = match queue {
+            Queue::Send => ("post_send", self.send_depth(profile), self.max_send_wr),
+            Queue::Recv => ("post_recv", self.recv_depth(profile), self.max_recv_wr),
         };
         let asked = match profile {
             config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
@@ -1908,7 +1914,7 @@ unsafe extern "C" fn post_send(
         };
         let valid = q.state == IBV_QPS_RTS && w.opcode == IBV_WR_SEND;
         // SAFETY: the request's entries are readable, by the caller's contract.
-        let sge = match unsafe { q.admit(profile, false, valid, (w.num_sge, w.sg_list)) } {
+        let sge = match unsafe { q.admit(profile, Queue::Send, valid, (w.num_sge, w.sg_list)) } {
             Ok(sge) => sge,
             Err(e) => {
                 rc = e;
@@ -2008,7 +2014,7 @@ unsafe extern "C" fn post_recv(
             ));
         }
         // SAFETY: the request's entries are readable, by the caller's contract.
-        let sge = match unsafe { q.admit(profile, true, state_ok, (w.num_sge, w.sg_list)) } {
+        let sge = match unsafe { q.admit(profile, Queue::Recv, state_ok, (w.num_sge, w.sg_list)) } {
             Ok(sge) => sge,
             Err(e) => {
                 rc = e;
