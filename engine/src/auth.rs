@@ -949,6 +949,7 @@ impl Handshake for Acceptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuzzing::{Wire, converse};
 
     fn key(s: &str) -> Key {
         Secret::new(s.as_bytes()).key().unwrap()
@@ -1056,63 +1057,6 @@ mod tests {
             Connector::with_nonce(ck, LINK, [1; 32]).unwrap(),
             Acceptor::with_nonce(ak, expect, [2; 32]),
         )
-    }
-
-    /// What each side wrote, over a whole conversation.
-    #[derive(Default)]
-    struct Wire {
-        from_connector: Vec<u8>,
-        from_acceptor: Vec<u8>,
-    }
-
-    /// Moves at most one chunk each way for `hs`; whether anything moved.
-    fn step(
-        hs: &mut dyn Handshake,
-        out: &mut Vec<u8>,
-        log: &mut Vec<u8>,
-        inq: &mut Vec<u8>,
-        chunk: &mut dyn FnMut() -> usize,
-    ) -> bool {
-        let mut moved = false;
-        let t = hs.transmit();
-        if !t.is_empty() {
-            let n = chunk().clamp(1, t.len());
-            out.extend_from_slice(&t[..n]);
-            log.extend_from_slice(&t[..n]);
-            hs.handle_sent(n);
-            moved = true;
-        }
-        if hs.wants() > 0 && !inq.is_empty() {
-            let n = chunk().clamp(1, inq.len());
-            let took = hs.handle_recv(&inq[..n]);
-            assert!(took <= n);
-            inq.drain(..took);
-            moved |= took > 0;
-        }
-        moved
-    }
-
-    /// Runs both sides against each other through in-memory pipes, delivering chunks of the
-    /// sizes `chunk` draws. A side that is done with a rejection drops the connection, so
-    /// the other then sees it closed, as over a socket.
-    fn converse(c: &mut Connector, a: &mut Acceptor, chunk: &mut dyn FnMut() -> usize) -> Wire {
-        let mut wire = Wire::default();
-        let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
-        for _ in 0..100_000 {
-            let moved = step(c, &mut to_a, &mut wire.from_connector, &mut to_c, chunk)
-                | step(a, &mut to_c, &mut wire.from_acceptor, &mut to_a, chunk);
-            if !moved {
-                break;
-            }
-        }
-        let rejected = |o: &Outcome| matches!(o, Outcome::Rejected(_));
-        if rejected(c.outcome()) {
-            a.handle_closed();
-        }
-        if rejected(a.outcome()) {
-            c.handle_closed();
-        }
-        wire
     }
 
     /// Panics, with the reason, unless `r`'s reason says `says`.

@@ -141,50 +141,84 @@ fn honest(key: Key, sizes: &[u8]) {
     ) else {
         return;
     };
-    converse(&mut c, &mut a, sizes);
+    converse(&mut c, &mut a, &mut cycle(sizes));
     assert_eq!(c.outcome(), &Outcome::Established);
     assert_eq!(a.outcome(), &Outcome::Established);
 }
 
-/// Runs `c` against `a` until neither moves, each delivery cut to the next size `sizes`
-/// gives (in turn, and 1 when it is empty or the size 0).
-fn converse(c: &mut dyn Handshake, a: &mut dyn Handshake, sizes: &[u8]) {
+/// The delivery sizes `sizes` gives, in turn (1 when it is empty or the size 0).
+pub(crate) fn cycle(sizes: &[u8]) -> impl FnMut() -> usize + '_ {
     let mut next = 0;
-    let mut size = || {
+    move || {
         let s = sizes.get(next % sizes.len().max(1)).copied().unwrap_or(1);
         next += 1;
         usize::from(s.max(1))
-    };
+    }
+}
+
+/// What each side of a [`converse`] wrote.
+#[derive(Debug, Default)]
+pub(crate) struct Wire {
+    pub(crate) from_connector: Vec<u8>,
+    pub(crate) from_acceptor: Vec<u8>,
+}
+
+/// Runs connector `c` against acceptor `a` through in-memory pipes, each delivery cut to
+/// the size `chunk` draws (at least one byte), until neither moves; a side that rejected
+/// then drops the connection, so the other sees it closed, as over a socket. Returns what
+/// each side wrote. Panics if a side takes more than it was given or than it wanted.
+pub(crate) fn converse(
+    c: &mut dyn Handshake,
+    a: &mut dyn Handshake,
+    chunk: &mut dyn FnMut() -> usize,
+) -> Wire {
+    let mut wire = Wire::default();
     let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
-    // Each round moves at least one byte until both are done; the longest conversation
-    // (the keyed MLX handshake, 2 × 169 bytes) ends well within the bound.
+    // Each round moves at least one byte until both are done; the longest conversation (the
+    // keyed MLX handshake, 2 x 169 bytes) ends well within the bound.
     for _ in 0..1000 {
-        let moved =
-            step(c, &mut to_a, &mut to_c, &mut size) | step(a, &mut to_c, &mut to_a, &mut size);
+        let moved = step(c, (&mut to_a, &mut wire.from_connector), &mut to_c, chunk)
+            | step(a, (&mut to_c, &mut wire.from_acceptor), &mut to_a, chunk);
         if !moved {
             break;
         }
     }
+    let rejected = |o: &Outcome| matches!(o, Outcome::Rejected(_));
+    if rejected(c.outcome()) {
+        a.handle_closed();
+    }
+    if rejected(a.outcome()) {
+        c.handle_closed();
+    }
+    wire
 }
 
-/// Moves one delivery each way for `hs`; whether anything moved.
+/// Moves at most one chunk each way for `hs`: what it transmits into its peer's pipe `out`
+/// (and `log`), what waits in its own pipe `inq` into it; whether anything moved.
 fn step(
     hs: &mut dyn Handshake,
-    out: &mut Vec<u8>,
+    (out, log): (&mut Vec<u8>, &mut Vec<u8>),
     inq: &mut Vec<u8>,
-    size: &mut dyn FnMut() -> usize,
+    chunk: &mut dyn FnMut() -> usize,
 ) -> bool {
     let mut moved = false;
     let t = hs.transmit();
+    // Parting bytes after a rejection go out too, as over a socket.
     if !t.is_empty() {
-        let n = size().min(t.len());
+        let n = chunk().clamp(1, t.len());
         out.extend_from_slice(&t[..n]);
+        log.extend_from_slice(&t[..n]);
         hs.handle_sent(n);
         moved = true;
     }
-    if !inq.is_empty() {
-        let n = size().min(inq.len());
+    let wanted = hs.wants();
+    if wanted > 0 && !inq.is_empty() {
+        let n = chunk().clamp(1, inq.len());
         let took = hs.handle_recv(&inq[..n]);
+        assert!(
+            took <= n.min(wanted),
+            "took {took} of {n} bytes, wanting {wanted}"
+        );
         inq.drain(..took);
         moved |= took > 0;
     }

@@ -1,7 +1,7 @@
 //! The native wire's hello and collective header, as the fuzz targets `native_hello` and
 //! `native_header` drive them, and their seeds.
 
-use super::converse;
+use super::{converse, cycle};
 use std::sync::OnceLock;
 
 use crate::auth::{self, Fault, Handshake, Key, MAGIC, Outcome, Secret};
@@ -228,7 +228,7 @@ fn well_formed_round_trips(data: &[u8]) {
 fn honest_hellos(key: Option<Key>, sizes: &[u8]) {
     let mut c = HelloSide::RingConnector.machine(key);
     let mut a = HelloSide::RingAcceptor.machine(key);
-    converse(c.as_mut(), a.as_mut(), sizes);
+    converse(c.as_mut(), a.as_mut(), &mut cycle(sizes));
     assert_eq!(
         c.outcome(),
         &Outcome::Established,

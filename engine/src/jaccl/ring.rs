@@ -56,6 +56,8 @@ use super::machine::{Algorithm, Counted, Done, Post};
 use crate::element::DType;
 use crate::error::Result;
 use crate::reduce::{ReduceOp, Semantics, reduce_with};
+use crate::transport::rdma::fabric::BufId;
+use std::ops::Range;
 
 /// An all-reduce uses one direction on one wire up to this many bytes.
 pub(crate) const ALL_REDUCE_ONE_WIRE_UP_TO: usize = 32 * 1024;
@@ -100,33 +102,224 @@ enum Pass {
     Copy,
 }
 
-/// One wire of MLX's `ring_pass`-based collectives (all-reduce, all_gather).
-pub(crate) struct Wire {
+/// One direction of a ring wire: its slice of each chunk and its messages in the current step.
+#[derive(Default)]
+struct Direction {
+    /// The slice's elements within a chunk (clipped to the chunk).
+    slice: Range<usize>,
+    /// Messages staged and posted this step.
+    sent: usize,
+    /// Received messages applied this step.
+    received: usize,
+    /// The slice's end within this step's send and receive windows: a message at or past it
+    /// carries no elements, but is still sent.
+    send_limit: usize,
+    recv_limit: usize,
+}
+
+/// What every wire of an all-reduce, all_gather or sum_scatter keeps: where it sends and
+/// receives, its directions, its message class, and how far the collective has come.
+struct Lanes {
     size: usize,
     wire: usize,
     /// Wires per neighbour in the group (connection numbering), not only the active ones.
     wires: usize,
+    /// Directions in use: 1, or 2 (both).
     dirs: usize,
+    /// Each direction's slice and counts (the second unused with one direction).
+    dir: [Direction; 2],
+    class: Class,
+    /// Elements per message.
+    n: usize,
+    /// Messages per direction per step.
+    n_steps: usize,
+    step: usize,
+    done: bool,
+}
+
+impl Lanes {
+    /// Wire `wire` of the `active` wires in use (of `wires` per neighbour) with `dirs`
+    /// directions, moving elements of `es` bytes in messages of class `class`. Direction `d`
+    /// carries the `per_wire` elements from `d * active * per_wire + wire * per_wire` of each
+    /// `chunk`-element chunk, clipped to the chunk.
+    fn new(
+        size: usize,
+        (wire, active, wires): (usize, usize, usize),
+        (dirs, per_wire, chunk): (usize, usize, usize),
+        (class, es): (Class, usize),
+    ) -> Self {
+        let mut dir: [Direction; 2] = Default::default();
+        for (d, direction) in dir.iter_mut().enumerate().take(dirs) {
+            let start = d * active * per_wire + wire * per_wire;
+            let end = chunk.min(start + per_wire);
+            direction.slice = start..end;
+            direction.send_limit = end;
+            direction.recv_limit = end;
+        }
+        let n = class.bytes() / es;
+        Lanes {
+            size,
+            wire,
+            wires,
+            dirs,
+            dir,
+            class,
+            n,
+            n_steps: per_wire.div_ceil(n),
+            step: 0,
+            done: false,
+        }
+    }
+
+    /// The message of direction `dir` the next send (`recv` false) or the next applied receive
+    /// carries: its first element within the chunk and how many elements it holds.
+    fn next(&self, dir: usize, recv: bool) -> (usize, usize) {
+        let d = &self.dir[dir];
+        let (index, limit) = if recv {
+            (d.received, d.recv_limit)
+        } else {
+            (d.sent, d.send_limit)
+        };
+        let offset = d.slice.start + index * self.n;
+        (offset, limit.saturating_sub(offset).min(self.n))
+    }
+
+    /// The connection and buffer of the request `tag` names.
+    fn place(&self, mem: &Mem<'_>, tag: WorkTag) -> (usize, BufId) {
+        let (dir, slot) = (tag.index, tag.slot);
+        if tag.recv {
+            let buf = mem.plan.ring_recv(self.class, slot, dir, self.wire);
+            (recv_conn(self.wires, self.wire, dir), buf)
+        } else {
+            let buf = mem.plan.ring_send(self.class, slot, dir, self.wire);
+            (send_conn(self.wires, self.wire, dir), buf)
+        }
+    }
+
+    /// Posts the send `tag` names, staged already, and counts it.
+    fn post_send(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>, tag: WorkTag) -> Result<()> {
+        let (conn, buf) = self.place(mem, tag);
+        self.dir[tag.index].sent += 1;
+        cx.post_send(conn, buf, tag)
+    }
+
+    /// Counts the received message in `tag`'s slot as applied, and reposts the slot for the
+    /// message `PIPELINE - 1` after the next, if the step has one.
+    fn repost(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>, tag: WorkTag) -> Result<()> {
+        let d = &mut self.dir[tag.index];
+        d.received += 1;
+        if d.received + PIPELINE - 1 < self.n_steps {
+            let (conn, buf) = self.place(mem, tag);
+            cx.post_recv(conn, buf, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the count of the next step; whether that ends a pass (P - 1 steps).
+    fn next_step(&mut self) -> bool {
+        for d in &mut self.dir {
+            d.sent = 0;
+            d.received = 0;
+        }
+        self.step += 1;
+        self.step == self.size - 1
+    }
+}
+
+/// Moves per-direction positions to the next step: direction 0 back by `stride`, direction 1
+/// forward, around `total`.
+fn rotate(at: &mut [usize; 2], stride: usize, total: usize) {
+    if total > 0 {
+        at[0] = (at[0] + total - stride) % total;
+        at[1] = (at[1] + stride) % total;
+    }
+}
+
+/// A wire of a ring collective: its [`Lanes`], how it stages a message and takes one in, and
+/// how it moves its windows between steps. Posting a step's first messages, restaging a
+/// freed send slot and settling between steps are the same for every such wire.
+trait RingWire {
+    fn lanes(&self) -> &Lanes;
+
+    /// Stages the next message of the send `tag` names into its slot and posts it.
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()>;
+
+    /// Takes in the completion `tag` names, after a completed send's slot is restaged.
+    fn take(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()>;
+
+    /// Moves the windows to the next step, or marks the lanes done after the last one.
+    fn advance(&mut self);
+
+    /// Posts the first `PIPELINE` receives and sends of a step, in every direction.
+    fn begin_step(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        let (n_steps, dirs) = (self.lanes().n_steps, self.lanes().dirs);
+        let mut slot = 0;
+        while slot < n_steps && slot < PIPELINE {
+            for d in 0..dirs {
+                let tag = WorkTag::recv(slot, d);
+                let (conn, buf) = self.lanes().place(mem, tag);
+                cx.post_recv(conn, buf, tag)?;
+            }
+            for d in 0..dirs {
+                self.send_next(cx, mem, WorkTag::send(slot, d))?;
+            }
+            slot += 1;
+        }
+        Ok(())
+    }
+
+    /// Moves past steps whose messages are all done, starting the next ones.
+    fn settle(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        while cx.idle() && !self.lanes().done {
+            self.advance();
+            if self.lanes().done {
+                return Ok(());
+            }
+            self.begin_step(cx, mem)?;
+        }
+        Ok(())
+    }
+}
+
+impl<W: RingWire> Algorithm for W {
+    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
+        self.begin_step(cx, mem)?;
+        self.settle(cx, mem)
+    }
+
+    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
+        let tag = done.tag;
+        let lanes = self.lanes();
+        if !tag.recv && lanes.dir[tag.index].sent < lanes.n_steps {
+            self.send_next(cx, mem, tag)?;
+        }
+        self.take(cx, mem, tag)?;
+        self.settle(cx, mem)
+    }
+
+    fn done(&self) -> bool {
+        self.lanes().done
+    }
+
+    fn owns(&self, conn: usize) -> bool {
+        let lanes = self.lanes();
+        conn == left(lanes.wire) || conn == right(lanes.wires, lanes.wire)
+    }
+}
+
+/// One wire of MLX's `ring_pass`-based collectives (all-reduce, all_gather).
+pub(crate) struct Wire {
+    lanes: Lanes,
     es: usize,
     passes: [Option<Pass>; 2],
     pass: usize,
     /// The array's length in elements (the limit of every window).
     len: usize,
+    /// Elements per chunk; the windows move by one chunk a step.
     stride: usize,
-    total: usize,
-    class: Class,
-    n: usize,
-    n_steps: usize,
-    wire_offset: [usize; 2],
-    wire_end: [usize; 2],
+    /// Where each direction's send and receive windows start in the array this step.
     send_offset: [usize; 2],
     recv_offset: [usize; 2],
-    send_limit: [usize; 2],
-    recv_limit: [usize; 2],
-    send_count: [usize; 2],
-    recv_count: [usize; 2],
-    step: usize,
-    done: bool,
 }
 
 /// The wires of an all-reduce of `count` elements, as MLX's `RingGroup::all_reduce` splits
@@ -151,41 +344,11 @@ pub(crate) fn all_reduce(
     let chunk = count.div_ceil(size);
     let spw = chunk.div_ceil(dirs * active);
     let class = classes.class_for(spw * es);
-    let n = class.bytes() / es;
+    let passes = [Some(Pass::Reduce(op, dtype)), Some(Pass::Copy)];
     out.clear();
     out.extend((0..active).map(|w| {
-        let mut wire_offset = [0; 2];
-        let mut wire_end = [0; 2];
-        for d in 0..dirs {
-            wire_offset[d] = d * active * spw + w * spw;
-            let region_end = chunk.min((d + 1) * active * spw);
-            wire_end[d] = region_end.min(wire_offset[d] + spw);
-        }
-        Counted::new(Wire {
-            size,
-            wire: w,
-            wires,
-            dirs,
-            es,
-            passes: [Some(Pass::Reduce(op, dtype)), Some(Pass::Copy)],
-            pass: 0,
-            len: count,
-            stride: chunk,
-            total: size * chunk,
-            class,
-            n,
-            n_steps: spw.div_ceil(n),
-            wire_offset,
-            wire_end,
-            send_offset: [rank * chunk; 2],
-            recv_offset: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
-            send_limit: [0; 2],
-            recv_limit: [0; 2],
-            send_count: [0; 2],
-            recv_count: [0; 2],
-            step: 0,
-            done: false,
-        })
+        let lanes = Lanes::new(size, (w, active, wires), (dirs, spw, chunk), (class, es));
+        Counted::new(Wire::new(lanes, (es, passes), (rank, chunk, count)))
     }));
 }
 
@@ -202,190 +365,112 @@ pub(crate) fn all_gather(
 ) {
     let npw = block.div_ceil(2 * wires);
     let class = classes.class_for(npw);
-    let n = class.bytes();
     out.clear();
     out.extend((0..wires).map(|w| {
-        let mut wire_offset = [0; 2];
-        let mut wire_end = [0; 2];
-        for d in 0..2 {
-            wire_offset[d] = d * wires * npw + w * npw;
-            wire_end[d] = block.min(wire_offset[d] + npw);
-        }
-        Counted::new(Wire {
-            size,
-            wire: w,
-            wires,
-            dirs: 2,
-            es: 1,
-            passes: [Some(Pass::Copy), None],
-            pass: 0,
-            len: size * block,
-            stride: block,
-            total: size * block,
-            class,
-            n,
-            n_steps: npw.div_ceil(n),
-            wire_offset,
-            wire_end,
-            send_offset: [rank * block; 2],
-            recv_offset: [(rank + size - 1) % size * block, (rank + 1) % size * block],
-            send_limit: [0; 2],
-            recv_limit: [0; 2],
-            send_count: [0; 2],
-            recv_count: [0; 2],
-            step: 0,
-            done: false,
-        })
+        let lanes = Lanes::new(size, (w, wires, wires), (2, npw, block), (class, 1));
+        let passes = [Some(Pass::Copy), None];
+        Counted::new(Wire::new(lanes, (1, passes), (rank, block, size * block)))
     }));
 }
 
 impl Wire {
+    /// A wire over `lanes` moving elements of `es` bytes in `passes`, whose windows start at
+    /// rank `rank`'s chunk of `stride` elements in an array of `len` elements.
+    fn new(
+        lanes: Lanes,
+        (es, passes): (usize, [Option<Pass>; 2]),
+        (rank, stride, len): (usize, usize, usize),
+    ) -> Self {
+        let size = lanes.size;
+        let mut wire = Wire {
+            lanes,
+            es,
+            passes,
+            pass: 0,
+            len,
+            stride,
+            send_offset: [rank * stride; 2],
+            recv_offset: [
+                (rank + size - 1) % size * stride,
+                (rank + 1) % size * stride,
+            ],
+        };
+        wire.set_limits();
+        wire
+    }
+
+    /// Clips each direction's slice to the array behind this step's windows.
     fn set_limits(&mut self) {
-        for d in 0..self.dirs {
-            self.send_limit[d] = self.wire_end[d].min(self.len.saturating_sub(self.send_offset[d]));
-            self.recv_limit[d] = self.wire_end[d].min(self.len.saturating_sub(self.recv_offset[d]));
+        for d in 0..self.lanes.dirs {
+            let direction = &mut self.lanes.dir[d];
+            let end = direction.slice.end;
+            direction.send_limit = end.min(self.len.saturating_sub(self.send_offset[d]));
+            direction.recv_limit = end.min(self.len.saturating_sub(self.recv_offset[d]));
         }
-    }
-
-    /// Stages the next message of direction `dir` into slot `slot` and posts it.
-    fn send_next(
-        &mut self,
-        cx: &mut Post<'_, '_>,
-        mem: &Mem<'_>,
-        dir: usize,
-        slot: usize,
-    ) -> Result<()> {
-        let es = self.es;
-        let offset = self.wire_offset[dir] + self.send_count[dir] * self.n;
-        let elems = self.send_limit[dir].saturating_sub(offset).min(self.n);
-        let conn = send_conn(self.wires, self.wire, dir);
-        let buf = mem.plan.ring_send(self.class, slot, dir, self.wire);
-        if elems > 0 {
-            let start = (self.send_offset[dir] + offset) * es;
-            cx.fill(conn, buf, &mem.data[start..start + elems * es])?;
-        }
-        self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir))
-    }
-
-    fn begin_step(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
-        let mut slot = 0;
-        while slot < self.n_steps && slot < PIPELINE {
-            for d in 0..self.dirs {
-                let buf = mem.plan.ring_recv(self.class, slot, d, self.wire);
-                cx.post_recv(
-                    recv_conn(self.wires, self.wire, d),
-                    buf,
-                    WorkTag::recv(slot, d),
-                )?;
-            }
-            for d in 0..self.dirs {
-                self.send_next(cx, mem, d, slot)?;
-            }
-            slot += 1;
-        }
-        Ok(())
-    }
-
-    /// Moves past steps whose messages are all done, starting the next ones.
-    fn settle(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
-        while cx.idle() && !self.done {
-            // Rotate the windows: direction 0 backwards, direction 1 forwards.
-            let (total, stride) = (self.total, self.stride);
-            if total > 0 {
-                self.send_offset[0] = (self.send_offset[0] + total - stride) % total;
-                self.recv_offset[0] = (self.recv_offset[0] + total - stride) % total;
-                if self.dirs == 2 {
-                    self.send_offset[1] = (self.send_offset[1] + stride) % total;
-                    self.recv_offset[1] = (self.recv_offset[1] + stride) % total;
-                }
-            }
-            self.set_limits();
-            self.send_count = [0; 2];
-            self.recv_count = [0; 2];
-            self.step += 1;
-            if self.step == self.size - 1 {
-                self.step = 0;
-                self.pass += 1;
-                if self.pass == 2 || self.passes[self.pass].is_none() {
-                    self.done = true;
-                    return Ok(());
-                }
-            }
-            self.begin_step(cx, mem)?;
-        }
-        Ok(())
     }
 }
 
-impl Algorithm for Wire {
-    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.set_limits();
-        self.begin_step(cx, mem)?;
-        self.settle(cx, mem)
+impl RingWire for Wire {
+    fn lanes(&self) -> &Lanes {
+        &self.lanes
     }
 
-    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
-        let Done { conn, tag } = done;
-        let d = tag.index;
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()> {
+        let (es, dir) = (self.es, tag.index);
+        let (offset, elems) = self.lanes.next(dir, false);
+        if elems > 0 {
+            let (conn, buf) = self.lanes.place(mem, tag);
+            let start = (self.send_offset[dir] + offset) * es;
+            cx.fill(conn, buf, &mem.data[start..start + elems * es])?;
+        }
+        self.lanes.post_send(cx, mem, tag)
+    }
+
+    /// Folds or copies a received message into the array as soon as it arrives.
+    fn take(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()> {
         if !tag.recv {
-            if self.send_count[d] < self.n_steps {
-                self.send_next(cx, mem, d, tag.slot)?;
-            }
-        } else {
-            let es = self.es;
-            let offset = self.wire_offset[d] + self.recv_count[d] * self.n;
-            let elems = self.recv_limit[d].saturating_sub(offset).min(self.n);
-            let buf = mem.plan.ring_recv(self.class, tag.slot, d, self.wire);
-            if elems > 0 {
-                let start = (self.recv_offset[d] + offset) * es;
-                let out = &mut mem.data[start..start + elems * es];
-                let theirs = &cx.buffer(conn, buf)?[..elems * es];
-                match self.passes[self.pass] {
-                    Some(Pass::Reduce(op, dtype)) => {
-                        reduce_with(Semantics::Jaccl, op, dtype, out, theirs)
-                    }
-                    _ => out.copy_from_slice(theirs),
+            return Ok(());
+        }
+        let (es, dir) = (self.es, tag.index);
+        let (offset, elems) = self.lanes.next(dir, true);
+        if elems > 0 {
+            let (conn, buf) = self.lanes.place(mem, tag);
+            let start = (self.recv_offset[dir] + offset) * es;
+            let out = &mut mem.data[start..start + elems * es];
+            let theirs = &cx.buffer(conn, buf)?[..elems * es];
+            match self.passes[self.pass] {
+                Some(Pass::Reduce(op, dtype)) => {
+                    reduce_with(Semantics::Jaccl, op, dtype, out, theirs)
                 }
-            }
-            self.recv_count[d] += 1;
-            // Repost the slot for the message PIPELINE - 1 after the next, if there is one.
-            if self.recv_count[d] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(tag.slot, d))?;
+                _ => out.copy_from_slice(theirs),
             }
         }
-        self.settle(cx, mem)
+        self.lanes.repost(cx, mem, tag)
     }
 
-    fn done(&self) -> bool {
-        self.done
-    }
-
-    fn owns(&self, conn: usize) -> bool {
-        conn == left(self.wire) || conn == right(self.wires, self.wire)
+    fn advance(&mut self) {
+        let total = self.lanes.size * self.stride;
+        rotate(&mut self.send_offset, self.stride, total);
+        rotate(&mut self.recv_offset, self.stride, total);
+        self.set_limits();
+        if self.lanes.next_step() {
+            self.lanes.step = 0;
+            self.pass += 1;
+            self.lanes.done = self.pass == 2 || self.passes[self.pass].is_none();
+        }
     }
 }
 
 /// One wire of MLX's ring sum_scatter (`reduce_scatter_wire`).
 pub(crate) struct ScatterWire {
-    size: usize,
-    wire: usize,
-    wires: usize,
+    lanes: Lanes,
     dtype: DType,
     chunk: usize,
-    total: usize,
-    class: Class,
-    n: usize,
-    n_steps: usize,
-    wire_offset: [usize; 2],
-    wire_end: [usize; 2],
+    /// Where each direction's outgoing partial and the input added to incoming ones start.
     in_send: [usize; 2],
     in_recv: [usize; 2],
-    send_count: [usize; 2],
-    recv_count: [usize; 2],
+    /// Received messages not yet applied, per direction.
     deferred: [usize; 2],
-    step: usize,
-    done: bool,
 }
 
 /// The wires of a sum_scatter with `chunk` output elements per rank (input in `mem.input`,
@@ -407,178 +492,76 @@ pub(crate) fn sum_scatter(
     };
     let spw = chunk.div_ceil(2 * active);
     let class = classes.class_for(spw * es);
-    let n = class.bytes() / es;
     out.clear();
     out.extend((0..active).map(|w| {
-        let mut wire_offset = [0; 2];
-        let mut wire_end = [0; 2];
-        for d in 0..2 {
-            wire_offset[d] = d * active * spw + w * spw;
-            let region_end = chunk.min((d + 1) * active * spw);
-            wire_end[d] = region_end.min(wire_offset[d] + spw);
-        }
         Counted::new(ScatterWire {
-            size,
-            wire: w,
-            wires,
+            lanes: Lanes::new(size, (w, active, wires), (2, spw, chunk), (class, es)),
             dtype,
             chunk,
-            total,
-            class,
-            n,
-            n_steps: spw.div_ceil(n),
-            wire_offset,
-            wire_end,
             in_send: [(rank + size - 1) % size * chunk, (rank + 1) % size * chunk],
             in_recv: [
                 (rank + 2 * size - 2) % size * chunk,
                 (rank + 2) % size * chunk,
             ],
-            send_count: [0; 2],
-            recv_count: [0; 2],
             deferred: [0; 2],
-            step: 0,
-            done: false,
         })
     }));
 }
 
-impl ScatterWire {
-    fn slice(&self, dir: usize, index: usize) -> (usize, usize) {
-        let offset = self.wire_offset[dir] + index * self.n;
-        (
-            offset,
-            self.wire_end[dir].saturating_sub(offset).min(self.n),
-        )
+impl RingWire for ScatterWire {
+    fn lanes(&self) -> &Lanes {
+        &self.lanes
     }
 
-    /// Stages the next partial of direction `dir` (this rank's input at step 0, the output's
-    /// partial later) into slot `slot` and posts it.
-    fn send_next(
-        &mut self,
-        cx: &mut Post<'_, '_>,
-        mem: &Mem<'_>,
-        dir: usize,
-        slot: usize,
-    ) -> Result<()> {
-        let es = self.dtype.size();
-        let (offset, elems) = self.slice(dir, self.send_count[dir]);
-        let conn = send_conn(self.wires, self.wire, dir);
-        let buf = mem.plan.ring_send(self.class, slot, dir, self.wire);
+    /// Stages the next partial (this rank's input at step 0, the output's partial later).
+    fn send_next(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()> {
+        let (es, dir) = (self.dtype.size(), tag.index);
+        let (offset, elems) = self.lanes.next(dir, false);
         if elems > 0 {
-            let bytes = if self.step == 0 {
+            let (conn, buf) = self.lanes.place(mem, tag);
+            let bytes = if self.lanes.step == 0 {
                 mem.input((self.in_send[dir] + offset) * es, elems * es)
             } else {
                 &mem.data[offset * es..(offset + elems) * es]
             };
             cx.fill(conn, buf, bytes)?;
         }
-        self.send_count[dir] += 1;
-        cx.post_send(conn, buf, WorkTag::send(slot, dir))
+        self.lanes.post_send(cx, mem, tag)
     }
 
-    /// Applies received slices whose send counterpart has been staged.
-    fn drain(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, dir: usize) -> Result<()> {
-        let es = self.dtype.size();
-        while self.deferred[dir] > 0 && self.recv_count[dir] < self.send_count[dir] {
-            let slice = self.recv_count[dir];
-            let slot = slice % PIPELINE;
-            let (offset, elems) = self.slice(dir, slice);
-            let conn = recv_conn(self.wires, self.wire, dir);
-            let buf = mem.plan.ring_recv(self.class, slot, dir, self.wire);
+    /// Applies received slices of the completion's direction whose send counterpart has been
+    /// staged: a received slice overwrites the partial being forwarded.
+    fn take(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, tag: WorkTag) -> Result<()> {
+        let (es, dir) = (self.dtype.size(), tag.index);
+        if tag.recv {
+            self.deferred[dir] += 1;
+        }
+        while self.deferred[dir] > 0 && self.lanes.dir[dir].received < self.lanes.dir[dir].sent {
+            let recv = WorkTag::recv(self.lanes.dir[dir].received % PIPELINE, dir);
+            let (offset, elems) = self.lanes.next(dir, true);
             if elems > 0 {
-                let input = mem.input;
+                let (conn, buf) = self.lanes.place(mem, recv);
                 let out = &mut mem.data[offset * es..(offset + elems) * es];
                 let start = (self.in_recv[dir] + offset) * es;
-                match input {
+                match mem.input {
                     Some(input) => out.copy_from_slice(&input[start..start + elems * es]),
                     None => unreachable!("a ring sum_scatter always has a separate input"),
                 }
-                reduce_with(
-                    Semantics::Jaccl,
-                    ReduceOp::Sum,
-                    self.dtype,
-                    out,
-                    &cx.buffer(conn, buf)?[..elems * es],
-                );
+                let theirs = &cx.buffer(conn, buf)?[..elems * es];
+                reduce_with(Semantics::Jaccl, ReduceOp::Sum, self.dtype, out, theirs);
             }
-            self.recv_count[dir] += 1;
             self.deferred[dir] -= 1;
-            if self.recv_count[dir] + PIPELINE - 1 < self.n_steps {
-                cx.post_recv(conn, buf, WorkTag::recv(slot, dir))?;
-            }
+            self.lanes.repost(cx, mem, recv)?;
         }
         Ok(())
     }
 
-    fn begin_step(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
-        let mut slot = 0;
-        while slot < self.n_steps && slot < PIPELINE {
-            for d in 0..2 {
-                let buf = mem.plan.ring_recv(self.class, slot, d, self.wire);
-                cx.post_recv(
-                    recv_conn(self.wires, self.wire, d),
-                    buf,
-                    WorkTag::recv(slot, d),
-                )?;
-            }
-            for d in 0..2 {
-                self.send_next(cx, mem, d, slot)?;
-            }
-            slot += 1;
-        }
-        Ok(())
-    }
-
-    fn settle(&mut self, cx: &mut Post<'_, '_>, mem: &Mem<'_>) -> Result<()> {
-        while cx.idle() && !self.done {
-            let (total, c) = (self.total, self.chunk);
-            if total > 0 {
-                self.in_send[0] = (self.in_send[0] + total - c) % total;
-                self.in_recv[0] = (self.in_recv[0] + total - c) % total;
-                self.in_send[1] = (self.in_send[1] + c) % total;
-                self.in_recv[1] = (self.in_recv[1] + c) % total;
-            }
-            self.send_count = [0; 2];
-            self.recv_count = [0; 2];
-            self.deferred = [0; 2];
-            self.step += 1;
-            if self.step == self.size - 1 {
-                self.done = true;
-                return Ok(());
-            }
-            self.begin_step(cx, mem)?;
-        }
-        Ok(())
-    }
-}
-
-impl Algorithm for ScatterWire {
-    fn begin(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>) -> Result<()> {
-        self.begin_step(cx, mem)?;
-        self.settle(cx, mem)
-    }
-
-    fn completed(&mut self, cx: &mut Post<'_, '_>, mem: &mut Mem<'_>, done: Done) -> Result<()> {
-        let tag = done.tag;
-        let d = tag.index;
-        if !tag.recv {
-            if self.send_count[d] < self.n_steps {
-                self.send_next(cx, mem, d, tag.slot)?;
-            }
-        } else {
-            self.deferred[d] += 1;
-        }
-        self.drain(cx, mem, d)?;
-        self.settle(cx, mem)
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-
-    fn owns(&self, conn: usize) -> bool {
-        conn == left(self.wire) || conn == right(self.wires, self.wire)
+    fn advance(&mut self) {
+        let total = self.lanes.size * self.chunk;
+        rotate(&mut self.in_send, self.chunk, total);
+        rotate(&mut self.in_recv, self.chunk, total);
+        self.deferred = [0; 2];
+        self.lanes.done = self.lanes.next_step();
     }
 }
 

@@ -823,6 +823,7 @@ mod tests {
 
     use super::*;
     use crate::auth::Secret;
+    use crate::fuzzing::converse;
 
     fn key(s: &str) -> Key {
         Secret::new(s.as_bytes()).key().unwrap()
@@ -861,62 +862,6 @@ mod tests {
             to: 2,
             kind: Kind::Ring(1),
         }
-    }
-
-    /// Moves at most one chunk each way for `hs`; whether anything moved.
-    fn step(
-        hs: &mut dyn Handshake,
-        out: &mut Vec<u8>,
-        log: &mut Vec<u8>,
-        inq: &mut Vec<u8>,
-        chunk: &mut dyn FnMut() -> usize,
-    ) -> bool {
-        let mut moved = false;
-        let t = hs.transmit();
-        // Parting bytes after a rejection go out too, as over a socket.
-        if !t.is_empty() {
-            let n = chunk().clamp(1, t.len());
-            out.extend_from_slice(&t[..n]);
-            log.extend_from_slice(&t[..n]);
-            hs.handle_sent(n);
-            moved = true;
-        }
-        if hs.wants() > 0 && !inq.is_empty() {
-            let n = chunk().clamp(1, inq.len());
-            let wanted = hs.wants();
-            let took = hs.handle_recv(&inq[..n]);
-            assert!(took <= n.min(wanted));
-            inq.drain(..took);
-            moved |= took > 0;
-        }
-        moved
-    }
-
-    /// Runs both machines against each other through in-memory pipes, in chunks of the
-    /// sizes `chunk` draws, until neither moves; a side that rejected then drops the
-    /// connection. Returns what each side wrote.
-    fn converse(
-        c: &mut dyn Handshake,
-        a: &mut dyn Handshake,
-        chunk: &mut dyn FnMut() -> usize,
-    ) -> (Vec<u8>, Vec<u8>) {
-        let (mut to_a, mut to_c) = (Vec::new(), Vec::new());
-        let (mut from_c, mut from_a) = (Vec::new(), Vec::new());
-        for _ in 0..100_000 {
-            let moved = step(c, &mut to_a, &mut from_c, &mut to_c, chunk)
-                | step(a, &mut to_c, &mut from_a, &mut to_a, chunk);
-            if !moved {
-                break;
-            }
-        }
-        let rejected = |o: &Outcome| matches!(o, Outcome::Rejected(_));
-        if rejected(c.outcome()) {
-            a.handle_closed();
-        }
-        if rejected(a.outcome()) {
-            c.handle_closed();
-        }
-        (from_c, from_a)
     }
 
     fn rejection(o: &Outcome) -> &Rejection {
@@ -1007,10 +952,13 @@ mod tests {
         let k = key(SECRET);
         for keyed in [None, Some(&k)] {
             let (mut c, mut a) = ring_pair(keyed, keyed);
-            let (from_c, from_a) = converse(&mut c, &mut a, &mut || usize::MAX);
+            let wire = converse(&mut c, &mut a, &mut || usize::MAX);
             assert_eq!(c.outcome(), &Outcome::Established);
             assert_eq!(a.outcome(), &Outcome::Established);
-            assert_eq!(Hello::decode(&from_c).unwrap().kind, Kind::Ring(1));
+            assert_eq!(
+                Hello::decode(&wire.from_connector).unwrap().kind,
+                Kind::Ring(1)
+            );
             let theirs = a.peer_hello().unwrap();
             assert_eq!((theirs.from, theirs.to, theirs.kind), (3, 0, Kind::Ring(1)));
             let theirs = c.peer_hello().unwrap();
@@ -1021,9 +969,9 @@ mod tests {
             assert_eq!(theirs.identity.host, [7; 16]);
             // Without a key the hellos are all; with one the authentication follows.
             let extra = Hello::LEN + if keyed.is_some() { 60 + 32 } else { 0 };
-            assert_eq!(from_c.len(), extra);
+            assert_eq!(wire.from_connector.len(), extra);
             assert_eq!(
-                from_a.len(),
+                wire.from_acceptor.len(),
                 Hello::LEN + if keyed.is_some() { 76 + 1 } else { 0 }
             );
             // Rank 0 opening the mesh connection to rank 2 of 4? Those are not

@@ -260,6 +260,13 @@ struct Qp {
     pending_acks: VecDeque<(PathBuf, [u8; ACK])>,
 }
 
+/// One of a queue pair's two queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Queue {
+    Send,
+    Recv,
+}
+
 impl Qp {
     /// The frames outstanding on the send queue (Apple) or its work requests (rdma-core).
     fn send_depth(&self, profile: config::Profile) -> usize {
@@ -270,6 +277,47 @@ impl Qp {
             }
             config::Profile::RdmaCore => self.sends.len(),
         }
+    }
+
+    /// The scatter entry of a work request for `queue`, or the error that refuses the
+    /// request: `EINVAL` unless `valid` (the post's own checks) and its `num_sge` entries at
+    /// `sg_list` are at most [`MAX_SGE`] in a non-null list; `ENOMEM`, traced, if it does not
+    /// fit the queue (4 KiB frames with the Apple profile, work requests with rdma-core).
+    /// Reads the entry only once the request is valid.
+    ///
+    /// # Safety
+    ///
+    /// A list with `num_sge` at most [`MAX_SGE`] and not null holds `num_sge` readable
+    /// entries.
+    unsafe fn admit(
+        &self,
+        profile: config::Profile,
+        queue: Queue,
+        valid: bool,
+        (num_sge, sg_list): (c_int, *mut ibv_sge),
+    ) -> Result<Option<ibv_sge>, c_int> {
+        let listed = (0..=MAX_SGE as c_int).contains(&num_sge);
+        if !valid || !listed || (num_sge > 0 && sg_list.is_null()) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: one entry in a non-null list: readable, by the caller's contract.
+        let sge = (num_sge == 1).then(|| unsafe { sg_list.read() });
+        let (call, depth, max) = match queue {
+            Queue::Send => ("post_send", self.send_depth(profile), self.max_send_wr),
+            Queue::Recv => ("post_recv", self.recv_depth(profile), self.max_recv_wr),
+        };
+        let asked = match profile {
+            config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
+            config::Profile::RdmaCore => 1,
+        };
+        if depth + asked > max {
+            trace(format_args!(
+                "{call} qpn={} refused: {depth} + {asked} over a depth of {max} (ENOMEM)",
+                self.qpn
+            ));
+            return Err(libc::ENOMEM);
+        }
+        Ok(sge)
     }
 
     /// The frames outstanding on the receive queue (Apple) or its work requests (rdma-core).
@@ -337,6 +385,66 @@ unsafe fn reclaim<T>(addr: usize) {
     let ptr = std::ptr::with_exposed_provenance_mut::<T>(addr);
     // SAFETY: the caller guarantees `ptr` is a live `Box<T>` allocation, freed once.
     drop(unsafe { Box::from_raw(ptr) });
+}
+
+/// An entry of one of [`State`]'s tables of objects handed out to C. Each table holds one C
+/// type, and each entry is keyed by the address [`give`] returned for its object.
+trait Handed: Sized {
+    /// The C struct behind each key.
+    type C;
+
+    /// The table in `st`.
+    fn table(st: &mut State) -> &mut HashMap<usize, Self>;
+}
+
+/// Names the table and the C type of each kind of entry.
+macro_rules! handed {
+    ($($entry:ty => $field:ident, $c:ty;)*) => {$(
+        impl Handed for $entry {
+            type C = $c;
+
+            fn table(st: &mut State) -> &mut HashMap<usize, Self> {
+                &mut st.$field
+            }
+        }
+    )*};
+}
+
+handed! {
+    Ctx => contexts, ibv_context;
+    Pd => pds, ibv_pd;
+    Mr => mrs, ibv_mr;
+    Cq => cqs, ibv_cq;
+    Channel => channels, ibv_comp_channel;
+    Qp => qps, ibv_qp;
+}
+
+/// The verbs call `call` that destroys `obj`, an object of a `V` entry: `EINVAL` for an
+/// unknown object, the error `refuse` gives while something still needs it, else 0 once the
+/// entry is removed and the object freed. Traces `call rc=...`, with the table unlocked.
+fn destroy<V: Handed>(
+    call: &str,
+    obj: *mut c_void,
+    refuse: impl FnOnce(&mut State, usize) -> Option<c_int>,
+) -> c_int {
+    let addr = obj.addr();
+    let rc = {
+        let mut st = state();
+        if !V::table(&mut st).contains_key(&addr) {
+            libc::EINVAL
+        } else if let Some(e) = refuse(&mut st, addr) {
+            e
+        } else {
+            V::table(&mut st).remove(&addr);
+            // SAFETY: `addr` keyed a live entry of `V`'s table, so `give::<V::C>` returned it;
+            // the entry is gone now, so it is freed once, and C gave up the pointer by
+            // destroying the object.
+            unsafe { reclaim::<V::C>(addr) };
+            0
+        }
+    };
+    trace(format_args!("{call} rc={rc}"));
+    rc
 }
 
 /// Whether [`LOG_VAR`] asks for a line per post and completion on stderr.
@@ -485,7 +593,66 @@ fn wc(wr_id: u64, status: u32, opcode: u32, byte_len: usize, qpn: u32) -> ibv_wc
     }
 }
 
+/// The little-endian `u32` at word `i` of `b`, which holds at least `4 * (i + 1)` bytes.
+fn word(b: &[u8], i: usize) -> u32 {
+    let w = &b[4 * i..4 * i + 4];
+    u32::from_le_bytes([w[0], w[1], w[2], w[3]])
+}
+
+/// A received fragment's header (see [`HEADER`]) and payload length.
+struct Fragment {
+    magic: u32,
+    src: u32,
+    dst: u32,
+    total: usize,
+    offset: usize,
+    dgid: [u8; 16],
+    len: usize,
+}
+
+impl Fragment {
+    /// The header of `datagram`, or `None` if it is too short to hold one.
+    fn read(datagram: &[u8]) -> Option<Fragment> {
+        if datagram.len() < HEADER {
+            return None;
+        }
+        let mut dgid = [0u8; 16];
+        dgid.copy_from_slice(&datagram[20..36]);
+        Some(Fragment {
+            magic: word(datagram, 0),
+            src: word(datagram, 1),
+            dst: word(datagram, 2),
+            total: word(datagram, 3) as usize,
+            offset: word(datagram, 4) as usize,
+            dgid,
+            len: datagram.len() - HEADER,
+        })
+    }
+}
+
 impl Qp {
+    /// Whether UC delivers fragment `f` here: this provider's magic, sent by the connected
+    /// queue pair to this one and to a GID of its port, which is up (`down`: the ports-down
+    /// fault), in RTR or RTS, and within its message. A refused fragment is logged.
+    fn accepts(&self, f: &Fragment, down: bool) -> bool {
+        let accepted = f.magic == MAGIC
+            && f.dst == self.qpn
+            && f.src == self.dest_qpn
+            && matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS)
+            && self.port_up
+            && !down
+            && f.dgid != [0; 16]
+            && self.local_gids.contains(&f.dgid)
+            && f.offset + f.len <= f.total;
+        if !accepted && log_enabled() {
+            eprintln!(
+                "verbs provider: qp {:#x} drops a fragment from {:#x}",
+                self.qpn, f.src
+            );
+        }
+        accepted
+    }
+
     /// Sends the fragments of the queued SENDs. A send completes once its message is out,
     /// lost (the peer's queue pair is gone) or failed; with `acked` (the Apple profile) a
     /// message that went out completes only when the receiver's acknowledgement comes.
@@ -576,35 +743,13 @@ impl Qp {
                 Ok(n) => n,
                 Err(_) => break,
             };
-            if n < HEADER {
+            let Some(f) = Fragment::read(&self.buf[..n]) else {
                 continue;
-            }
-            let word = |i: usize| {
-                let b = &self.buf[4 * i..4 * i + 4];
-                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
             };
-            let (magic, src, dst, total, offset) = (word(0), word(1), word(2), word(3), word(4));
-            let mut dgid = [0u8; 16];
-            dgid.copy_from_slice(&self.buf[20..36]);
-            let (total, offset, len) = (total as usize, offset as usize, n - HEADER);
-            let accepted = magic == MAGIC
-                && dst == self.qpn
-                && src == self.dest_qpn
-                && matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS)
-                && self.port_up
-                && !down
-                && dgid != [0; 16]
-                && self.local_gids.contains(&dgid)
-                && offset + len <= total;
-            if !accepted {
-                if log_enabled() {
-                    eprintln!(
-                        "verbs provider: qp {:#x} drops a fragment from {src:#x}",
-                        self.qpn
-                    );
-                }
+            if !self.accepts(&f, down) {
                 continue;
             }
+            let (total, offset, len) = (f.total, f.offset, f.len);
             if offset == 0 {
                 if let Some(Incoming { recv: Some(r), .. }) = self.incoming.take() {
                     // A message cut short (its sender went away): its receive stays posted.
@@ -683,10 +828,6 @@ impl Qp {
     fn pump_apple(&mut self, down: bool, done: &mut Vec<(usize, ibv_wc)>) {
         self.buf.resize(HEADER + FRAGMENT, 0);
         while let Ok(n) = self.sock.recv(&mut self.buf) {
-            let word = |b: &[u8], i: usize| {
-                let w = &b[4 * i..4 * i + 4];
-                u32::from_le_bytes([w[0], w[1], w[2], w[3]])
-            };
             if n == ACK && word(&self.buf, 0) == ACK_MAGIC {
                 let (dst, status) = (word(&self.buf, 2), word(&self.buf, 3));
                 if dst != self.qpn {
@@ -702,29 +843,11 @@ impl Qp {
                 }
                 continue;
             }
-            if n < HEADER || word(&self.buf, 0) != MAGIC {
+            let Some(f) = Fragment::read(&self.buf[..n]).filter(|f| f.magic == MAGIC) else {
                 continue;
-            }
-            let (src, dst) = (word(&self.buf, 1), word(&self.buf, 2));
-            let (total, offset) = (word(&self.buf, 3) as usize, word(&self.buf, 4) as usize);
-            let mut dgid = [0u8; 16];
-            dgid.copy_from_slice(&self.buf[20..36]);
-            let len = n - HEADER;
-            let accepted = dst == self.qpn
-                && src == self.dest_qpn
-                && matches!(self.state, IBV_QPS_RTR | IBV_QPS_RTS)
-                && self.port_up
-                && !down
-                && dgid != [0; 16]
-                && self.local_gids.contains(&dgid)
-                && offset + len <= total;
-            if !accepted {
-                if log_enabled() {
-                    eprintln!(
-                        "verbs provider: qp {:#x} drops a fragment from {src:#x}",
-                        self.qpn
-                    );
-                }
+            };
+            let (src, total, offset) = (f.src, f.total, f.offset);
+            if !self.accepts(&f, down) {
                 if offset == 0 {
                     self.ack(src, IBV_WC_SUCCESS);
                 }
@@ -992,28 +1115,12 @@ pub extern "C" fn ibv_open_device(device: *mut c_void) -> *mut c_void {
 /// it is alive (rdma-core would leak it; refusing shows a wrong teardown order).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
-    let rc = close_device(ctx);
-    trace(format_args!("close_device rc={rc}"));
-    rc
-}
-
-fn close_device(ctx: *mut c_void) -> c_int {
-    let mut st = state();
-    let addr = ctx.addr();
-    if !st.contexts.contains_key(&addr) {
-        return libc::EINVAL;
-    }
-    if st.pds.values().any(|p| p.ctx == addr)
-        || st.cqs.values().any(|c| c.ctx == addr)
-        || st.channels.values().any(|c| c.ctx == addr)
-    {
-        return libc::EBUSY;
-    }
-    st.contexts.remove(&addr);
-    // SAFETY: `addr` was a live context from `give::<ibv_context>`, now removed from the
-    // table, so it is freed once; the caller gives up the pointer by closing it.
-    unsafe { reclaim::<ibv_context>(addr) };
-    0
+    destroy::<Ctx>("close_device", ctx, |st, addr| {
+        let used = st.pds.values().any(|p| p.ctx == addr)
+            || st.cqs.values().any(|c| c.ctx == addr)
+            || st.channels.values().any(|c| c.ctx == addr);
+        used.then_some(libc::EBUSY)
+    })
 }
 
 /// `int ibv_query_device(struct ibv_context *, struct ibv_device_attr *)`: the port count
@@ -1154,24 +1261,10 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut c_void) -> *mut c_void {
 /// `int ibv_dealloc_pd(struct ibv_pd *)`: `EBUSY` while a queue pair or region uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dealloc_pd(pd: *mut c_void) -> c_int {
-    let rc = dealloc_pd(pd);
-    trace(format_args!("dealloc_pd rc={rc}"));
-    rc
-}
-
-fn dealloc_pd(pd: *mut c_void) -> c_int {
-    let mut st = state();
-    let addr = pd.addr();
-    if !st.pds.contains_key(&addr) {
-        return libc::EINVAL;
-    }
-    if st.qps.values().any(|q| q.pd == addr) || st.mrs.values().any(|m| m.pd == addr) {
-        return libc::EBUSY;
-    }
-    st.pds.remove(&addr);
-    // SAFETY: a live PD from `give::<ibv_pd>`, removed from the table: freed once.
-    unsafe { reclaim::<ibv_pd>(addr) };
-    0
+    destroy::<Pd>("dealloc_pd", pd, |st, addr| {
+        let used = st.qps.values().any(|q| q.pd == addr) || st.mrs.values().any(|m| m.pd == addr);
+        used.then_some(libc::EBUSY)
+    })
 }
 
 /// `struct ibv_mr *ibv_reg_mr(struct ibv_pd *, void *addr, size_t length, int access)`.
@@ -1229,33 +1322,23 @@ pub extern "C" fn ibv_reg_mr(
     std::ptr::with_exposed_provenance_mut(mr)
 }
 
-/// `int ibv_dereg_mr(struct ibv_mr *)`.
+/// `int ibv_dereg_mr(struct ibv_mr *)`: with the Apple profile, `EBUSY` while a queue pair
+/// of the region's PD exists and `EIO` once one of them was moved to ERR (the region then
+/// stays).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dereg_mr(mr: *mut c_void) -> c_int {
-    let rc = dereg_mr(mr);
-    trace(format_args!("dereg_mr rc={rc}"));
-    rc
-}
-
-/// `EINVAL` for an unknown region; with the Apple profile, `EBUSY` while a queue pair of the
-/// region's PD exists and `EIO` once one of them was moved to ERR (the region then stays).
-fn dereg_mr(mr: *mut c_void) -> c_int {
-    let mut st = state();
-    let Some(pd) = st.mrs.get(&mr.addr()).map(|m| m.pd) else {
-        return libc::EINVAL;
-    };
-    if st.profile() == config::Profile::Apple {
-        if st.pds.get(&pd).is_some_and(|p| p.poisoned) {
-            return libc::EIO;
+    destroy::<Mr>("dereg_mr", mr, |st, addr| {
+        let Some(pd) = st.mrs.get(&addr).map(|m| m.pd) else {
+            return Some(libc::EINVAL);
+        };
+        if st.profile() != config::Profile::Apple {
+            None
+        } else if st.pds.get(&pd).is_some_and(|p| p.poisoned) {
+            Some(libc::EIO)
+        } else {
+            st.qps.values().any(|q| q.pd == pd).then_some(libc::EBUSY)
         }
-        if st.qps.values().any(|q| q.pd == pd) {
-            return libc::EBUSY;
-        }
-    }
-    st.mrs.remove(&mr.addr());
-    // SAFETY: a live region from `give::<ibv_mr>`, removed from the table: freed once.
-    unsafe { reclaim::<ibv_mr>(mr.addr()) };
-    0
+    })
 }
 
 /// The region of `pd` that holds `[addr, addr + len)` under key `lkey`.
@@ -1331,28 +1414,13 @@ pub extern "C" fn ibv_create_cq(
 /// `int ibv_destroy_cq(struct ibv_cq *)`: `EBUSY` while a queue pair uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_destroy_cq(cq: *mut c_void) -> c_int {
-    let rc = destroy_cq(cq);
-    trace(format_args!("destroy_cq rc={rc}"));
-    rc
-}
-
-fn destroy_cq(cq: *mut c_void) -> c_int {
-    let mut st = state();
-    let addr = cq.addr();
-    if !st.cqs.contains_key(&addr) {
-        return libc::EINVAL;
-    }
-    if st
-        .qps
-        .values()
-        .any(|q| q.send_cq == addr || q.recv_cq == addr)
-    {
-        return libc::EBUSY;
-    }
-    st.cqs.remove(&addr);
-    // SAFETY: a live CQ from `give::<ibv_cq>`, removed from the table: freed once.
-    unsafe { reclaim::<ibv_cq>(addr) };
-    0
+    destroy::<Cq>("destroy_cq", cq, |st, addr| {
+        let used = st
+            .qps
+            .values()
+            .any(|q| q.send_cq == addr || q.recv_cq == addr);
+        used.then_some(libc::EBUSY)
+    })
 }
 
 /// `struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *)`.
@@ -1397,25 +1465,12 @@ pub extern "C" fn ibv_create_comp_channel(ctx: *mut c_void) -> *mut c_void {
 /// `int ibv_destroy_comp_channel(struct ibv_comp_channel *)`: `EBUSY` while a CQ uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_destroy_comp_channel(channel: *mut c_void) -> c_int {
-    let rc = destroy_comp_channel(channel);
-    trace(format_args!("destroy_comp_channel rc={rc}"));
-    rc
-}
-
-fn destroy_comp_channel(channel: *mut c_void) -> c_int {
-    let mut st = state();
-    let addr = channel.addr();
-    if !st.channels.contains_key(&addr) {
-        return libc::EINVAL;
-    }
-    if st.cqs.values().any(|c| c.channel == addr) {
-        return libc::EBUSY;
-    }
-    st.channels.remove(&addr);
-    // SAFETY: a live channel from `give::<ibv_comp_channel>`, removed from the table: freed
-    // once (its descriptor closed with the table entry).
-    unsafe { reclaim::<ibv_comp_channel>(addr) };
-    0
+    destroy::<Channel>("destroy_comp_channel", channel, |st, addr| {
+        st.cqs
+            .values()
+            .any(|c| c.channel == addr)
+            .then_some(libc::EBUSY)
+    })
 }
 
 /// `ibv_req_notify_cq`, through the operations table: the next completion of `cq` raises an
@@ -1661,19 +1716,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, init: *mut c_void) -> *m
 /// `int ibv_destroy_qp(struct ibv_qp *)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_destroy_qp(qp: *mut c_void) -> c_int {
-    let rc = destroy_qp(qp);
-    trace(format_args!("destroy_qp rc={rc}"));
-    rc
-}
-
-fn destroy_qp(qp: *mut c_void) -> c_int {
-    let mut st = state();
-    if st.qps.remove(&qp.addr()).is_none() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a live QP from `give::<ibv_qp>`, removed from the table: freed once.
-    unsafe { reclaim::<ibv_qp>(qp.addr()) };
-    0
+    destroy::<Qp>("destroy_qp", qp, |_, _| None)
 }
 
 /// The attributes a UC transition requires and allows (the kernel's `qp_state_table`).
@@ -1869,34 +1912,15 @@ unsafe extern "C" fn post_send(
             rc = libc::EINVAL;
             break;
         };
-        let valid = q.state == IBV_QPS_RTS
-            && w.opcode == IBV_WR_SEND
-            && (0..=MAX_SGE as c_int).contains(&w.num_sge)
-            && (w.num_sge == 0 || !w.sg_list.is_null());
-        if !valid {
-            rc = libc::EINVAL;
-            break;
-        }
-        let sge = if w.num_sge == 1 {
-            // SAFETY: `num_sge` is 1 and `sg_list` non-null: one readable entry.
-            Some(unsafe { w.sg_list.read() })
-        } else {
-            None
+        let valid = q.state == IBV_QPS_RTS && w.opcode == IBV_WR_SEND;
+        // SAFETY: the request's entries are readable, by the caller's contract.
+        let sge = match unsafe { q.admit(profile, Queue::Send, valid, (w.num_sge, w.sg_list)) } {
+            Ok(sge) => sge,
+            Err(e) => {
+                rc = e;
+                break;
+            }
         };
-        let asked = match profile {
-            config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
-            config::Profile::RdmaCore => 1,
-        };
-        if q.send_depth(profile) + asked > q.max_send_wr {
-            trace(format_args!(
-                "post_send qpn={} refused: {} + {asked} over a depth of {} (ENOMEM)",
-                q.qpn,
-                q.send_depth(profile),
-                q.max_send_wr
-            ));
-            rc = libc::ENOMEM;
-            break;
-        }
         let pd = q.pd;
         let (addr, len, mut fate) = match sge {
             Some(s) if !region_holds(&st, pd, s.lkey, s.addr, s.length) => {
@@ -1965,10 +1989,10 @@ unsafe extern "C" fn post_recv(
     mut wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let mut st = state();
-    let profile = st.profile();
-    let mut rc = 0;
     let mut done = Vec::new();
+    let mut st = state();
+    let mut rc = 0;
+    let profile = st.profile();
     while !wr.is_null() {
         // SAFETY: non-null and, by the caller's contract, a readable work request.
         let w = unsafe { wr.read() };
@@ -1989,33 +2013,14 @@ unsafe extern "C" fn post_recv(
                 q.qpn, q.state
             ));
         }
-        let valid = state_ok
-            && (0..=MAX_SGE as c_int).contains(&w.num_sge)
-            && (w.num_sge == 0 || !w.sg_list.is_null());
-        if !valid {
-            rc = libc::EINVAL;
-            break;
-        }
-        let sge = if w.num_sge == 1 {
-            // SAFETY: `num_sge` is 1 and `sg_list` non-null: one readable entry.
-            Some(unsafe { w.sg_list.read() })
-        } else {
-            None
+        // SAFETY: the request's entries are readable, by the caller's contract.
+        let sge = match unsafe { q.admit(profile, Queue::Recv, state_ok, (w.num_sge, w.sg_list)) } {
+            Ok(sge) => sge,
+            Err(e) => {
+                rc = e;
+                break;
+            }
         };
-        let asked = match profile {
-            config::Profile::Apple => frames(sge.map_or(0, |s| s.length as usize)),
-            config::Profile::RdmaCore => 1,
-        };
-        if q.recv_depth(profile) + asked > q.max_recv_wr {
-            trace(format_args!(
-                "post_recv qpn={} refused: {} + {asked} over a depth of {} (ENOMEM)",
-                q.qpn,
-                q.recv_depth(profile),
-                q.max_recv_wr
-            ));
-            rc = libc::ENOMEM;
-            break;
-        }
         let (pd, state, recv_cq, qpn) = (q.pd, q.state, q.recv_cq, q.qpn);
         let writable = |s: &ibv_sge| region_holds(&st, pd, s.lkey, s.addr, s.length);
         let (addr, len) = match sge {

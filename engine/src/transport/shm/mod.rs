@@ -87,7 +87,7 @@ impl Link {
     ) -> Result<Option<Link>> {
         let size = ranks.len();
         let layout = Layout::new(size, CHUNK, p2p::bytes(size));
-        let Some(seg) = segment::establish(transport, (ranks, me), group, layout, timeout)? else {
+        let Some(seg) = segment::establish(layout, transport, (ranks, me), group, timeout)? else {
             return Ok(None);
         };
         let mut link = Link {

@@ -330,10 +330,10 @@ pub(crate) fn segment_path(group: &[u8; 32], nonce: &[u8; 16]) -> PathBuf {
 /// A peer that closes, stalls past `timeout`, or sends a status or verdict the setup
 /// does not allow.
 pub(crate) fn establish(
+    layout: Layout,
     transport: &mut Transport,
     (ranks, me): (&[usize], usize),
     group: &[u8; 32],
-    layout: Layout,
     timeout: Duration,
 ) -> Result<Option<Segment>> {
     let size = ranks.len();
