@@ -163,7 +163,7 @@ fn jaccl_from_env(options: &Options) -> Result<std::result::Result<Group, String
     if let Some(missing) = config.missing() {
         return Ok(Err(missing));
     }
-    crate::jaccl::init(&config, options).map(Ok)
+    crate::jaccl::init(&config, options).map(|group| Ok(group.recording(options)))
 }
 
 #[cfg(not(feature = "jaccl"))]
@@ -241,9 +241,9 @@ pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Grou
     let group = match options.backend {
         Backend::Native => {
             let formed = crate::native::bootstrap::connect(addrs, options)?;
-            Group::new(Arc::new(Native::new(formed, options)?))
+            Group::with_options(Arc::new(Native::new(formed, options)?), options)
         }
-        _ => Group::new(Arc::new(Ring::connect(addrs, options)?)),
+        _ => Group::with_options(Arc::new(Ring::connect(addrs, options)?), options),
     };
     // Kept so that the group can be split on the same links with the same options.
     Ok(group.with_origin(Origin::new(addrs, options)))

@@ -12,6 +12,7 @@ use crate::element::{DType, Element};
 use crate::error::{Error, Result};
 use crate::nonblocking::{self, Nonblocking, Scope};
 use crate::options::Options;
+use crate::recorder::{Call, FlightOp, FlightRecord, Recorded};
 use crate::reduce::ReduceOp;
 
 /// A group of ranks that run collectives together. Cheap to clone; every clone is the same
@@ -50,7 +51,10 @@ use crate::reduce::ReduceOp;
 /// never wait for a collective in flight (see each).
 #[derive(Clone)]
 pub struct Group {
-    comm: Arc<dyn Communicator>,
+    /// The backend's communicator behind the group's flight recorder.
+    comm: Arc<Recorded>,
+    /// The same, as the nonblocking loop takes it.
+    dyn_comm: Arc<dyn Communicator>,
     rank: usize,
     size: usize,
     /// The loop thread and queue of nonblocking collectives, shared by every clone.
@@ -131,8 +135,15 @@ impl Group {
     /// # Ok::<(), nuvec_distributed_engine::Error>(())
     /// ```
     pub fn new(comm: Arc<dyn Communicator>) -> Group {
+        Group::with_options(comm, &Options::default())
+    }
+
+    /// A group over `comm` whose flight recorder follows `options`.
+    pub(crate) fn with_options(comm: Arc<dyn Communicator>, options: &Options) -> Group {
         let (rank, size) = (comm.rank(), comm.size());
+        let comm = Arc::new(Recorded::new(comm, options));
         Group {
+            dyn_comm: comm.clone(),
             comm,
             rank,
             size,
@@ -358,7 +369,11 @@ impl Group {
             output.copy_from_slice(input);
             return Ok(());
         }
-        T::with_wire_mut(output, |out| self.comm.all_gather(T::as_wire(input), out))
+        let call = Call::new(FlightOp::AllGather, Some(T::DTYPE), size_of_val(input));
+        T::with_wire_mut(output, |out| {
+            self.comm
+                .call(call, |c| c.all_gather(T::as_wire(input), out))
+        })
     }
 
     /// Sums `input` across ranks and keeps this rank's block: `output` gets elements
@@ -431,7 +446,8 @@ impl Group {
     pub fn send<T: Element>(&self, data: &[T], dst: usize) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
         self.check_peer("send to", dst)?;
-        self.comm.send(T::as_wire(data), dst)
+        let call = Call::new(FlightOp::Send, Some(T::DTYPE), size_of_val(data)).with_peer(dst);
+        self.comm.call(call, |c| c.send(T::as_wire(data), dst))
     }
 
     /// Receives `data.len()` elements from rank `src`.
@@ -461,7 +477,8 @@ impl Group {
     pub fn recv<T: Element>(&self, data: &mut [T], src: usize) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
         self.check_peer("receive from", src)?;
-        T::with_wire_mut(data, |bytes| self.comm.recv(bytes, src))
+        let call = Call::new(FlightOp::Recv, Some(T::DTYPE), size_of_val(data)).with_peer(src);
+        T::with_wire_mut(data, |bytes| self.comm.call(call, |c| c.recv(bytes, src)))
     }
 
     /// Returns once every rank has entered the barrier.
@@ -592,7 +609,49 @@ impl Group {
     /// # Ok(()) });
     /// ```
     pub fn scope<'env, R>(&'env self, f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R) -> R {
-        nonblocking::scope(&self.comm, &self.nb, f)
+        nonblocking::scope(&self.dyn_comm, &self.nb, f)
+    }
+
+    /// A copy of the group's flight recorder: its last calls (up to
+    /// [`Options::flight_records`], default
+    /// [`DEFAULT_FLIGHT_RECORDS`](crate::DEFAULT_FLIGHT_RECORDS)), oldest first, each with
+    /// its number, op, element type, length, peer or root, transport, start and end times
+    /// and outcome. Every call that moves data is recorded when it reaches the backend,
+    /// blocking or not; calls refused for their arguments, and the calls of a group of one,
+    /// are not. A call still running on another thread shows as
+    /// [`FlightOutcome::Running`](crate::FlightOutcome::Running).
+    ///
+    /// When a call fails the group, the record is also written to
+    /// [`Options::flight_dir`] (or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR)) if set, once
+    /// per group; `nuvec flight` compares the records of every rank.
+    ///
+    /// Recording costs two uncontended lock round trips per call and no allocation; a
+    /// capacity of 0 turns it off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # nuvec_tools::testing::two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// use nuvec_distributed_engine::{DType, FlightOp, FlightOutcome, ReduceOp};
+    ///
+    /// let before = group.flight_record().calls;
+    /// group.all_sum(&mut [1.0f32; 8])?;
+    /// group.barrier()?;
+    /// let record = group.flight_record();
+    /// assert_eq!(record.calls, before + 2);
+    /// let [.., sum, barrier] = &record.entries[..] else { panic!("two calls were made") };
+    /// assert_eq!((sum.seq, sum.op), (before, FlightOp::AllReduce(ReduceOp::Sum)));
+    /// assert_eq!(sum.dtype, Some(DType::F32));
+    /// assert_eq!((sum.count(), sum.outcome), (Some(8), FlightOutcome::Ok));
+    /// assert_eq!(barrier.op, FlightOp::Barrier);
+    /// // Save it as JSON for `nuvec flight`, or as a trace for Perfetto:
+    /// let (json, trace) = (record.to_json(), record.to_chrome_trace());
+    /// # assert!(!json.is_empty() && !trace.is_empty());
+    /// # Ok(()) });
+    /// ```
+    pub fn flight_record(&self) -> FlightRecord {
+        self.comm.recorder().snapshot()
     }
 
     /// Whether the group was closed; the backend cache drops closed groups.
@@ -628,6 +687,17 @@ impl Origin {
 }
 
 impl Group {
+    /// This group with its flight recorder set up by `options`, for a backend that formed
+    /// it with [`Group::new`]; no call may have been made on it yet.
+    #[cfg(feature = "jaccl")]
+    pub(crate) fn recording(self, options: &Options) -> Group {
+        let group = Group::with_options(self.comm.inner().clone(), options);
+        Group {
+            origin: self.origin,
+            ..group
+        }
+    }
+
     /// This group, kept with how it was formed so that it can be split.
     pub(crate) fn with_origin(mut self, origin: Origin) -> Group {
         self.origin = Some(Arc::new(origin));
@@ -682,7 +752,11 @@ impl Group {
         if self.size == 1 {
             return Ok(());
         }
-        T::with_wire_mut(data, |bytes| self.comm.broadcast(bytes, root))
+        let call =
+            Call::new(FlightOp::Broadcast, Some(T::DTYPE), size_of_val(data)).with_peer(root);
+        T::with_wire_mut(data, |bytes| {
+            self.comm.call(call, |c| c.broadcast(bytes, root))
+        })
     }
 
     /// Exchanges equal blocks between every pair of ranks: `input` and `output` hold
@@ -734,7 +808,11 @@ impl Group {
             output.copy_from_slice(input);
             return Ok(());
         }
-        T::with_wire_mut(output, |out| self.comm.all_to_all(T::as_wire(input), out))
+        let call = Call::new(FlightOp::AllToAll, Some(T::DTYPE), size_of_val(input));
+        T::with_wire_mut(output, |out| {
+            self.comm
+                .call(call, |c| c.all_to_all(T::as_wire(input), out))
+        })
     }
 
     /// [`Group::all_gather`] into a new vector of `size() * input.len()` elements.
