@@ -45,6 +45,10 @@ enum Command {
     /// Print the algorithm the native wire takes for each collective and size, with its
     /// rounds, messages per rank and the cost model's predicted time.
     Plan(PlanArgs),
+    /// Read the flight records of a run's ranks and say what went wrong: where each rank
+    /// stopped, the first call at which ranks differ, ranks behind or ahead, calls that did
+    /// not finish.
+    Flight(FlightArgs),
     /// Fault injection rounds (tools/chaos.sh): rings of 3 to 5 local ranks, one killed,
     /// stopped, cut off or late in each round; checks who the survivors blame.
     #[command(hide = true)]
@@ -79,6 +83,24 @@ struct PlanArgs {
     link: Link,
     /// Print a JSON list of objects (collective, bytes, ranks, link, algorithm, rounds,
     /// messages_per_rank, predicted_us) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `nuvec flight`.
+#[derive(Args)]
+#[command(
+    after_help = "A group writes its record as flight-rank<R>.json (and a Chrome/Perfetto \
+                  trace, flight-rank<R>.trace.json) into NUVEC_DISTRIBUTED_FLIGHT_DIR when a \
+                  call fails it; nuvec launch sets that directory for every rank when it is \
+                  unset, and runs this command when a rank fails. Calls are compared by \
+                  number: the k-th call of every rank pairs with the k-th of every other."
+)]
+struct FlightArgs {
+    /// Directories holding flight-rank<R>.json files, or the files themselves.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Print the verdict as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -324,6 +346,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_launch(&args),
         Command::Doctor(args) => doctor::main(&args),
         Command::Plan(args) => plan(&args),
+        Command::Flight(args) => flight(&args),
         Command::Chaos(args) => chaos(&args),
         Command::ChaosRank(args) => ExitCode::from(chaos::rank(&chaos::RankPlan {
             seed: args.seed,
@@ -331,6 +354,31 @@ fn main() -> ExitCode {
             late: args.late_at.zip(args.late_ms.map(Duration::from_millis)),
         })),
     }
+}
+
+/// `nuvec flight`: the verdict on the records, or an error naming the record that cannot
+/// be read (exit status 2).
+fn flight(args: &FlightArgs) -> ExitCode {
+    let dumps = match nuvec_tools::flight::read(&args.paths) {
+        Ok(dumps) => dumps,
+        Err(e) => {
+            eprintln!("nuvec flight: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let verdict = nuvec_tools::flight::analyse(&dumps);
+    if args.json {
+        match serde_json::to_string_pretty(&verdict) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("nuvec flight: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", verdict.text());
+    }
+    ExitCode::SUCCESS
 }
 
 /// One row of `nuvec plan --json`.

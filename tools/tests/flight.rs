@@ -1,0 +1,153 @@
+//! The flight recorder end to end, three ranks on loopback: a call that differs on one rank
+//! and a rank that never makes a call leave records (written by the group when the call
+//! fails it, into `NUVEC_DISTRIBUTED_FLIGHT_DIR`) from which `nuvec flight` names that rank
+//! and that call.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use nuvec_distributed_engine::{FLIGHT_DIR_VAR, Group};
+use nuvec_tools::flight::{self, Verdict};
+use nuvec_tools::testing::{self, Launch, RankOutput};
+
+const NUVEC: &str = env!("CARGO_BIN_EXE_nuvec");
+
+/// A launch of three ranks whose groups dump into `dir`, with a short timeout.
+fn three_ranks(dir: &Path, wire: &str) -> Launch {
+    Launch::new(3, 1)
+        .timeout(1.0)
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
+        .env(FLIGHT_DIR_VAR, &dir.to_string_lossy())
+}
+
+/// Prints the number of calls the group has made ("CALLS n"), for the parent.
+fn print_calls(g: &Group) {
+    println!("CALLS {}", g.flight_record().calls);
+}
+
+/// The number rank `o` printed with [`print_calls`].
+fn calls(o: &RankOutput) -> u64 {
+    o.lines("CALLS ")
+        .first()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("rank {} printed no CALLS line:\n{o}", o.rank))
+}
+
+/// The verdict of `nuvec flight --json` on `dir`, checked against the library's.
+fn verdict(dir: &Path, outputs: &[RankOutput]) -> Verdict {
+    let dumps = flight::read(&[dir.to_path_buf()]).unwrap_or_else(|e| {
+        let outputs: Vec<String> = outputs.iter().map(|o| o.to_string()).collect();
+        panic!("{e}\n{}", outputs.join("\n"))
+    });
+    let verdict = flight::analyse(&dumps);
+    let command = Command::new(NUVEC)
+        .arg("flight")
+        .arg(dir)
+        .output()
+        .expect("nuvec flight runs");
+    let text = String::from_utf8_lossy(&command.stdout);
+    println!("nuvec flight {}:\n{text}", dir.display());
+    assert!(command.status.success(), "nuvec flight: {command:?}");
+    assert!(
+        text.contains(&verdict.summary[0]),
+        "nuvec flight printed:\n{text}\nnot {:?}",
+        verdict.summary[0]
+    );
+    verdict
+}
+
+/// Rank 1 sums 20 elements where ranks 0 and 2 sum 10: the native wire fails the call on
+/// every rank, each writes its record, and the verdict names rank 1 and that call.
+#[test]
+fn a_mismatched_call_is_named_with_its_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(outputs) =
+        three_ranks(dir.path(), "native").run("a_mismatched_call_is_named_with_its_rank", |g| {
+            for _ in 0..5 {
+                g.all_sum(&mut [1.0f32; 10]).expect("a matching all_sum");
+            }
+            print_calls(&g);
+            let len = if g.rank() == 1 { 20 } else { 10 };
+            g.all_sum(&mut vec![1.0f32; len])
+                .expect_err("the mismatched all_sum fails");
+        })
+    else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
+    let seq = calls(&outputs[0]);
+    for o in &outputs {
+        let [json, trace] = ["json", "trace.json"]
+            .map(|end| dir.path().join(format!("flight-rank{}.{end}", o.rank)));
+        assert!(
+            json.exists() && trace.exists(),
+            "rank {} wrote no record:\n{o}",
+            o.rank
+        );
+    }
+    let v = verdict(dir.path(), &outputs);
+    let div = v.divergence.as_ref().expect("the calls differ");
+    assert_eq!((div.seq, div.odd.as_slice()), (seq, &[1][..]), "{v:#?}");
+    assert_eq!(div.calls[0].1, [0, 2], "{v:#?}");
+    assert!(div.calls[1].0.contains("x20"), "{v:#?}");
+    assert_eq!(v.unfinished.len(), 3, "every rank failed the call: {v:#?}");
+    for (_, call) in &v.unfinished {
+        assert!(call.ending.contains("Mismatch"), "{v:#?}");
+    }
+}
+
+/// Rank 2 stops calling before the others' last all_sum: they time out and write their
+/// records, rank 2 writes its own (as a program would on request while it is stuck), and
+/// the verdict names rank 2 as behind, and the call it never started.
+fn a_rank_that_never_calls_is_behind(name: &str, wire: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(outputs) = three_ranks(dir.path(), wire).run(name, |g| {
+        for _ in 0..5 {
+            g.all_sum(&mut [1.0f32; 4]).expect("a matching all_sum");
+        }
+        print_calls(&g);
+        if g.rank() == 2 {
+            // Well past the others' timeout (1 s), so that they fail first.
+            std::thread::sleep(Duration::from_secs(4));
+            let dir = std::env::var_os(FLIGHT_DIR_VAR).expect("the launch sets the directory");
+            g.flight_record()
+                .write(Path::new(&dir))
+                .expect("the record is written");
+        } else {
+            g.all_gather_vec(&[7u16; 3])
+                .expect_err("the all_gather rank 2 never joins fails");
+        }
+    }) else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
+    let seq = calls(&outputs[2]);
+    let v = verdict(dir.path(), &outputs);
+    assert!(v.divergence.is_none(), "{v:#?}");
+    assert_eq!(v.behind.len(), 1, "{v:#?}");
+    let lag = &v.behind[0];
+    assert_eq!(
+        (lag.rank, lag.calls, lag.usual),
+        (2, seq, seq + 1),
+        "{v:#?}"
+    );
+    assert_eq!(
+        lag.missed.as_deref(),
+        Some("all_gather uint16 x3"),
+        "{v:#?}"
+    );
+    assert!(v.summary[0].starts_with("rank 2 is behind"), "{v:#?}");
+    let stuck: Vec<usize> = v.unfinished.iter().map(|(r, _)| *r).collect();
+    assert_eq!(stuck, [0, 1], "{v:#?}");
+}
+
+#[test]
+fn a_rank_that_never_calls_is_behind_native() {
+    a_rank_that_never_calls_is_behind("a_rank_that_never_calls_is_behind_native", "native");
+}
+
+#[test]
+fn a_rank_that_never_calls_is_behind_mlx() {
+    a_rank_that_never_calls_is_behind("a_rank_that_never_calls_is_behind_mlx", "mlx");
+}
