@@ -138,8 +138,46 @@ impl Group {
         Group::with_options(comm, &Options::default())
     }
 
-    /// A group over `comm` whose flight recorder follows `options`.
-    pub(crate) fn with_options(comm: Arc<dyn Communicator>, options: &Options) -> Group {
+    /// [`Group::new`] with the options a group reads after it formed: its flight recorder's
+    /// ([`Options::flight_records`], [`Options::flight_dir`]). The others say how a TCP
+    /// group forms, which `comm` already did, and are not read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use nuvec_distributed_engine::{Communicator, DType, Group, Options, ReduceOp, Result};
+    ///
+    /// // A backend of two ranks whose collectives return at once (see `Group::new`).
+    /// #[derive(Debug)]
+    /// struct Idle;
+    ///
+    /// impl Communicator for Idle {
+    ///     fn rank(&self) -> usize { 0 }
+    ///     fn size(&self) -> usize { 2 }
+    ///     fn backend(&self) -> &'static str { "idle" }
+    ///     fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> { Ok(()) }
+    ///     fn all_gather(&self, _: &[u8], _: &mut [u8]) -> Result<()> { Ok(()) }
+    ///     fn sum_scatter(&self, _: DType, _: &[u8], _: &mut [u8]) -> Result<()> { Ok(()) }
+    ///     fn send(&self, _: &[u8], _: usize) -> Result<()> { Ok(()) }
+    ///     fn recv(&self, _: &mut [u8], _: usize) -> Result<()> { Ok(()) }
+    ///     fn barrier(&self) -> Result<()> { Ok(()) }
+    ///     fn health(&self) -> Result<()> { Ok(()) }
+    ///     fn close(&self) -> Result<()> { Ok(()) }
+    /// }
+    ///
+    /// let kept = Group::with_options(Arc::new(Idle), &Options::default().flight_records(2));
+    /// let off = Group::with_options(Arc::new(Idle), &Options::default().flight_records(0));
+    /// for _ in 0..3 {
+    ///     kept.barrier()?;
+    ///     off.barrier()?;
+    /// }
+    /// let record = kept.flight_record();
+    /// assert_eq!((record.calls, record.entries.len()), (3, 2)); // the last two of three
+    /// assert!(off.flight_record().entries.is_empty()); // the recorder is off
+    /// # Ok::<(), nuvec_distributed_engine::Error>(())
+    /// ```
+    pub fn with_options(comm: Arc<dyn Communicator>, options: &Options) -> Group {
         let (rank, size) = (comm.rank(), comm.size());
         let comm = Arc::new(Recorded::new(comm, options));
         Group {
@@ -625,8 +663,11 @@ impl Group {
     /// [`Options::flight_dir`] (or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR)) if set, once
     /// per group; `nuvec flight` compares the records of every rank.
     ///
-    /// Recording costs two uncontended lock round trips per call and no allocation; a
-    /// capacity of 0 turns it off.
+    /// Recording allocates nothing per call; it takes two clock reads and two uncontended
+    /// lock round trips: about 140 ns of CPU per call on the 2-vCPU VMs this was measured
+    /// on (`cargo bench --bench recorder`; the clock reads are 60 ns of it), which added
+    /// 0.02 µs to the median of a 4-byte native all_sum between two ranks in shared memory
+    /// (0.46 µs without). A capacity of 0 turns it off.
     ///
     /// # Examples
     ///

@@ -337,6 +337,15 @@ struct Ring {
     slots: Box<[FlightEntry]>,
     /// The number of the next call.
     next: u64,
+    /// The slot of the next call, `next % capacity`, kept so that no call divides.
+    head: usize,
+}
+
+/// Where a call's record is, for writing its end.
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: u64,
+    index: usize,
 }
 
 /// A group's flight recorder.
@@ -400,6 +409,7 @@ impl Recorder {
             Mutex::new(Ring {
                 slots: vec![placeholder; capacity].into_boxed_slice(),
                 next: 0,
+                head: 0,
             })
         });
         let formed_unix_ns = SystemTime::now()
@@ -429,8 +439,8 @@ impl Recorder {
         ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the start of `call`; its number, or `None` when the recorder is off.
-    fn begin(&self, call: Call) -> Option<u64> {
+    /// Records the start of `call`; where its record is, or `None` when the recorder is off.
+    fn begin(&self, call: Call) -> Option<Slot> {
         let ring = self.ring.as_ref()?;
         let transport = match (call.op, call.peer) {
             (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
@@ -438,10 +448,14 @@ impl Recorder {
         };
         let start_ns = self.now_ns();
         let mut ring = Self::lock(ring);
-        let seq = ring.next;
+        let (seq, index) = (ring.next, ring.head);
         ring.next += 1;
-        let capacity = ring.slots.len() as u64;
-        ring.slots[(seq % capacity) as usize] = FlightEntry {
+        ring.head = if index + 1 == ring.slots.len() {
+            0
+        } else {
+            index + 1
+        };
+        ring.slots[index] = FlightEntry {
             seq,
             op: call.op,
             dtype: call.dtype,
@@ -452,21 +466,19 @@ impl Recorder {
             end_ns: None,
             outcome: FlightOutcome::Running,
         };
-        Some(seq)
+        Some(Slot { seq, index })
     }
 
-    /// Records how call `seq` ended (unless the ring has moved past it), and dumps the
-    /// record when the error failed the group.
-    fn end(&self, seq: Option<u64>, result: &Result<()>) {
-        let (Some(seq), Some(ring)) = (seq, self.ring.as_ref()) else {
+    /// Records how the call in `slot` ended (unless the ring has moved past it), and dumps
+    /// the record when the error failed the group.
+    fn end(&self, slot: Option<Slot>, result: &Result<()>) {
+        let (Some(Slot { seq, index }), Some(ring)) = (slot, self.ring.as_ref()) else {
             return;
         };
         let end_ns = self.now_ns();
         {
             let mut ring = Self::lock(ring);
-            let capacity = ring.slots.len() as u64;
-            let slot = &mut ring.slots[(seq % capacity) as usize];
-            if slot.seq == seq {
+            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.seq == seq) {
                 slot.end_ns = Some(end_ns);
                 slot.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
@@ -515,10 +527,14 @@ impl Recorder {
             Some(ring) => {
                 let ring = Self::lock(ring);
                 let capacity = ring.slots.len();
-                let kept = ring.next.min(capacity as u64);
-                let entries = (ring.next - kept..ring.next)
-                    .map(|seq| ring.slots[(seq % capacity as u64) as usize])
-                    .collect();
+                // Until the ring is full its records are the slots before the head; then
+                // the oldest is at the head.
+                let entries = if ring.next < capacity as u64 {
+                    ring.slots[..ring.head].to_vec()
+                } else {
+                    let (newer, older) = ring.slots.split_at(ring.head);
+                    older.iter().chain(newer).copied().collect()
+                };
                 (capacity, ring.next, entries)
             }
         };
@@ -594,9 +610,9 @@ impl Recorded {
         call: Call,
         f: impl FnOnce(&dyn Communicator) -> Result<()>,
     ) -> Result<()> {
-        let seq = self.recorder.begin(call);
+        let slot = self.recorder.begin(call);
         let result = f(&*self.inner);
-        self.recorder.end(seq, &result);
+        self.recorder.end(slot, &result);
         result
     }
 
@@ -766,6 +782,21 @@ mod tests {
         assert_eq!(record.calls, 10);
         let kept: Vec<_> = record.entries.iter().map(|e| (e.seq, e.bytes)).collect();
         assert_eq!(kept, [(6, 6), (7, 7), (8, 8), (9, 9)]);
+        // Exactly full, and one short of it.
+        for (calls, first) in [(4, 0), (3, 0)] {
+            let r = recorded(4, None);
+            for _ in 0..calls {
+                r.barrier().unwrap();
+            }
+            let seqs: Vec<u64> = r
+                .recorder()
+                .snapshot()
+                .entries
+                .iter()
+                .map(|e| e.seq)
+                .collect();
+            assert_eq!(seqs, (first..calls).collect::<Vec<_>>());
+        }
     }
 
     #[test]
