@@ -162,7 +162,10 @@ struct ChaosRankArgs {
                   status, naming it. If nuvec launch itself is killed (even with SIGKILL), \
                   its ranks are killed too and its temporary files removed, by a guardian \
                   process (and on Linux the parent-death signal); a remote rank's ssh is \
-                  ended, which hangs up its terminal."
+                  ended, which hangs up its terminal. Unless NUVEC_DISTRIBUTED_FLIGHT_DIR is \
+                  set, every rank gets one directory of this run for its flight record; \
+                  when a rank fails, nuvec launch prints what `nuvec flight` makes of the \
+                  records written there, and keeps them."
 )]
 struct LaunchArgs {
     /// Repeat each host this many times (ranks per host).
@@ -518,10 +521,11 @@ fn launch(args: LaunchArgs) -> ExitCode {
         Ok(hosts) => hosts,
         Err(message) => return fail(message),
     };
-    let env = match launch::resolve_env_args(&args.env, &|name| std::env::var_os(name)) {
+    let mut env = match launch::resolve_env_args(&args.env, &|name| std::env::var_os(name)) {
         Ok(env) => env,
         Err(e) => return fail(e.to_string()),
     };
+    let flight_dir = flight_dir_for_launch(&mut env, &hosts.envs);
     let spec = LaunchSpec {
         backend: args.backend,
         env,
@@ -546,11 +550,62 @@ fn launch(args: LaunchArgs) -> ExitCode {
             if let Some(message) = outcome.message() {
                 eprintln!("nuvec launch: {message}");
             }
+            if let (Some(dir), false) = (flight_dir, matches!(outcome, runner::Outcome::Success)) {
+                report_flight(dir);
+            }
             ExitCode::from(outcome.exit_code())
         }
         Err(e) => {
             eprintln!("nuvec launch: {e}");
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// A directory of this run for the ranks' flight records, set as
+/// `NUVEC_DISTRIBUTED_FLIGHT_DIR` in `env` for every rank, unless the user set that
+/// variable (with `--env`, in the hostfile's `envs`, or in the launcher's environment,
+/// which local ranks inherit). `None` then, or when no temporary directory can be made
+/// (said on stderr: the launch goes on without it).
+fn flight_dir_for_launch(env: &mut Vec<String>, hostfile: &[String]) -> Option<tempfile::TempDir> {
+    let var = nuvec_distributed_engine::FLIGHT_DIR_VAR;
+    let sets = |entry: &String| entry.split_once('=').is_some_and(|(k, _)| k == var);
+    if env.iter().chain(hostfile).any(sets) || std::env::var_os(var).is_some() {
+        return None;
+    }
+    match tempfile::Builder::new().prefix("nuvec-flight-").tempdir() {
+        Ok(dir) => {
+            env.push(format!("{var}={}", dir.path().display()));
+            Some(dir)
+        }
+        Err(e) => {
+            eprintln!(
+                "nuvec launch: no directory for the ranks' flight records ({e}); a failure \
+                 will not be analysed"
+            );
+            None
+        }
+    }
+}
+
+/// After a failed launch: the verdict of `nuvec flight` on the records the ranks of this
+/// host wrote into `dir`, which is kept for a closer look; nothing (and `dir` removed) if
+/// no rank wrote one (no call failed a group: the program failed otherwise).
+fn report_flight(dir: tempfile::TempDir) {
+    let Ok(dumps) = nuvec_tools::flight::read(&[dir.path().to_path_buf()]) else {
+        return;
+    };
+    let verdict = nuvec_tools::flight::analyse(&dumps);
+    let path = dir.keep();
+    eprintln!(
+        "nuvec launch: flight records of the ranks in {} (`nuvec flight {0}`; ranks on \
+         other hosts wrote theirs into the same path there):",
+        path.display()
+    );
+    for line in verdict.text().lines() {
+        match line {
+            "" => eprintln!("nuvec launch:"),
+            _ => eprintln!("nuvec launch:   {line}"),
         }
     }
 }

@@ -151,3 +151,72 @@ fn a_rank_that_never_calls_is_behind_native() {
 fn a_rank_that_never_calls_is_behind_mlx() {
     a_rank_that_never_calls_is_behind("a_rank_that_never_calls_is_behind_mlx", "mlx");
 }
+
+/// `nuvec launch` gives the ranks a directory for their records when the user set none, and
+/// after a rank fails prints the verdict on them: here rank 1 sums 20 elements where the
+/// others sum 10 on the native wire, and every rank exits with status 3 after its error.
+#[test]
+fn nuvec_launch_analyses_the_records_after_a_failure() {
+    const NAME: &str = "nuvec_launch_analyses_the_records_after_a_failure";
+    if testing::as_rank(NAME, || {
+        let g = nuvec_distributed_engine::init(true).expect("the group forms");
+        g.all_sum(&mut [1.0f32; 10]).expect("a matching all_sum");
+        let len = if g.rank() == 1 { 20 } else { 10 };
+        let error = g
+            .all_sum(&mut vec![1.0f32; len])
+            .expect_err("the mismatched all_sum fails");
+        eprintln!("FAILED {error}");
+        // The others' records are written when their call fails, as this one's was: give
+        // them that moment before the launcher ends them.
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::exit(3);
+    }) {
+        return;
+    }
+    let port = testing::free_port_block(3).unwrap().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let child = format!("{}={NAME}", testing::CHILD_VAR);
+    let mut args = vec![
+        "launch", "-n", "3", "-p", &port, "--wire", "native", "--env", &child, "--",
+    ];
+    args.push(exe.to_str().unwrap());
+    args.extend(testing::rank_args(NAME));
+    let launch = Command::new(NUVEC)
+        .args(&args)
+        .env_remove(FLIGHT_DIR_VAR)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let f = testing::finish(launch, Duration::from_secs(120));
+    println!("nuvec launch said:\n{}", f.stderr);
+    assert_eq!(f.status.code(), Some(3), "{}", f.stderr);
+    let said: Vec<&str> = f
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("nuvec launch: "))
+        .collect();
+    let header = said
+        .iter()
+        .find(|l| l.starts_with("flight records of the ranks in "))
+        .unwrap_or_else(|| panic!("no flight records reported:\n{}", f.stderr));
+    // The first call is 0, the mismatched one 1; whichever ranks' records there are, one
+    // of them failed in it.
+    assert!(
+        said.iter()
+            .any(|l| l.contains("did not finish call 1 (all_sum float32 x")),
+        "{}",
+        f.stderr
+    );
+    let dir = header["flight records of the ranks in ".len()..]
+        .split(" (")
+        .next()
+        .unwrap();
+    assert!(
+        Path::new(dir).join("flight-rank1.json").exists(),
+        "{}",
+        f.stderr
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
