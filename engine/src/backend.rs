@@ -228,6 +228,19 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
              addresses it is given; JACCL forms from its device file: use jaccl::init",
         ));
     }
+    // The directory for flight records a launcher set, unless the options name one; read
+    // here so that an empty value fails as it does for `init`.
+    let with_dir;
+    let options = match (
+        &options.flight_dir,
+        env::value(&env::process, env::FLIGHT_DIR_VAR)?,
+    ) {
+        (None, Some(dir)) => {
+            with_dir = options.clone().flight_dir(dir);
+            &with_dir
+        }
+        _ => options,
+    };
     let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;
     if addrs.size == 1 {
         return Ok(Group::single());

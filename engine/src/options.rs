@@ -108,8 +108,8 @@ pub struct Options {
     pub flight_records: usize,
     /// The directory a group writes its flight record into when a call fails it, as
     /// `flight-rank<R>.json` and `flight-rank<R>.trace.json`; `None` (the default) for
-    /// [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR) when the group forms, and no dump if that
-    /// is unset too.
+    /// [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR), read when the group forms, and no dump if
+    /// that is unset too.
     pub flight_dir: Option<PathBuf>,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,

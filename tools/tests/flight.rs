@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use nuvec_distributed_engine::{FLIGHT_DIR_VAR, Group};
+use nuvec_distributed_engine::{Backend, FLIGHT_DIR_VAR, Group, Options, init_with};
 use nuvec_tools::flight::{self, Verdict};
 use nuvec_tools::testing::{self, Launch, RankOutput};
 
@@ -94,6 +94,36 @@ fn a_mismatched_call_is_named_with_its_rank() {
     assert_eq!(v.unfinished.len(), 3, "every rank failed the call: {v:#?}");
     for (_, call) in &v.unfinished {
         assert!(call.ending.contains("Mismatch"), "{v:#?}");
+    }
+}
+
+/// A group formed with `init_with` (options naming no directory) takes the directory from
+/// the environment too: ranks 0 and 2 fail a mismatched barrier and write their records.
+#[test]
+fn init_with_takes_the_directory_from_the_environment() {
+    const NAME: &str = "init_with_takes_the_directory_from_the_environment";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(outputs) = three_ranks(dir.path(), "native").run_raw(NAME, || {
+        let rank: usize = std::env::var("MLX_RANK").unwrap().parse().unwrap();
+        let options = Options::default().backend(Backend::Native);
+        let g = init_with(&testing::hostfile_nodes(), rank, &options).expect("the group forms");
+        let mine = if rank == 1 { 1 } else { 0 };
+        g.all_gather_vec(&[mine; 1])
+            .and_then(|_| {
+                if rank == 1 {
+                    g.all_sum(&mut [1u8])
+                } else {
+                    g.barrier()
+                }
+            })
+            .expect_err("the mismatched call fails");
+    }) else {
+        return;
+    };
+    testing::assert_all_finished(&outputs);
+    for rank in [0, 2] {
+        let path = dir.path().join(format!("flight-rank{rank}.json"));
+        assert!(path.exists(), "no {}:\n{}", path.display(), outputs[rank]);
     }
 }
 

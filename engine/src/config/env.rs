@@ -57,9 +57,10 @@ pub const SHM_VAR: &str = "NUVEC_DISTRIBUTED_SHM";
 pub const FLIGHT_RECORDS_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_RECORDS";
 
 /// The directory a group writes its flight record into when a call fails it
-/// ([`Options::flight_dir`]). [`init`](crate::init) reads it with the other variables;
-/// [`init_with`](crate::init_with) when a group forms with no `flight_dir` in its options.
-/// `nuvec launch` sets it for every rank when it is unset.
+/// ([`Options::flight_dir`]). [`init`](crate::init) reads it with the other variables,
+/// [`init_with`](crate::init_with) when its options name no `flight_dir` (either fails on
+/// an empty value), and [`Group::new`](crate::Group::new) for a backend's own
+/// communicator. `nuvec launch` sets it for every rank when it is unset.
 pub const FLIGHT_DIR_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_DIR";
 
 /// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
@@ -284,9 +285,9 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
     Ok(options)
 }
 
-/// [`FLIGHT_DIR_VAR`] for a group formed without a `flight_dir` in its options: `None` when
-/// unset, and when empty (logged, as no caller can return the error there; `init` reports
-/// it as an error naming the variable).
+/// [`FLIGHT_DIR_VAR`] for a group over a backend's own communicator
+/// ([`Group::new`](crate::Group::new)): `None` when unset, and when empty (logged, as
+/// `Group::new` cannot fail; `init` and `init_with` fail naming the variable).
 pub(crate) fn flight_dir(vars: Lookup<'_>) -> Option<PathBuf> {
     match value(vars, FLIGHT_DIR_VAR) {
         Ok(dir) => dir.map(PathBuf::from),
