@@ -773,6 +773,48 @@ mod tests {
     }
 
     #[test]
+    fn a_groups_blocking_and_nonblocking_calls_are_recorded_with_what_each_knows() {
+        let g = crate::Group::with_options(Arc::new(Fake { size: 3 }), &Options::default());
+        g.all_gather(&[1u16, 2], &mut [0; 6]).unwrap();
+        let mut out = [0u16; 6];
+        g.scope(|s| {
+            s.start_all_gather(&[1u16, 2], &mut out)
+                .and_then(|p| p.wait())
+                .unwrap();
+        });
+        // The fake backend refuses broadcast (the trait's default): recorded as failed.
+        g.broadcast(&mut [0i64; 3], 2).unwrap_err();
+        let e = g.flight_record().entries;
+        assert_eq!(e.len(), 3);
+        assert!(e[..2].iter().all(|e| e.outcome == FlightOutcome::Ok));
+        assert!(
+            matches!(
+                e[2].outcome,
+                FlightOutcome::Failed {
+                    kind: "Unsupported",
+                    peer: None,
+                    ..
+                }
+            ),
+            "{:?}",
+            e[2]
+        );
+        // The blocking all_gather knows its element type; the nonblocking one passes bytes.
+        assert_eq!(
+            (e[0].op, e[0].dtype, e[0].count()),
+            (FlightOp::AllGather, Some(DType::U16), Some(2))
+        );
+        assert_eq!(
+            (e[1].op, e[1].dtype, e[1].bytes),
+            (FlightOp::AllGather, None, 4)
+        );
+        assert_eq!(
+            (e[2].op, e[2].peer, e[2].count()),
+            (FlightOp::Broadcast, Some(2), Some(3))
+        );
+    }
+
+    #[test]
     fn keeps_the_last_calls_when_it_wraps_around() {
         let r = recorded(4, None);
         for len in 0..10 {

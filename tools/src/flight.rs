@@ -392,12 +392,6 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
             lag.rank, lag.calls, lag.usual
         ));
     }
-    for (rank, call) in &unfinished {
-        summary.push(format!(
-            "rank {rank} did not finish call {} ({}): {}",
-            call.seq, call.call, call.ending
-        ));
-    }
     if !missing.is_empty() {
         let blamed: Vec<usize> = unfinished
             .iter()
@@ -422,6 +416,12 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
             );
         }
         summary.push(line);
+    }
+    for (rank, call) in &unfinished {
+        summary.push(format!(
+            "rank {rank} did not finish call {} ({}): {}",
+            call.seq, call.call, call.ending
+        ));
     }
     if summary.is_empty() {
         summary.push(
@@ -636,6 +636,28 @@ mod tests {
             "{:?}",
             v.summary
         );
+    }
+
+    #[test]
+    fn a_rank_without_a_record_is_named_when_the_others_blame_it() {
+        let timed_out = |rank| {
+            let mut last = entry(1, "all_sum", 4, "failed");
+            last.error = Some(CallError {
+                kind: "Timeout".into(),
+                fault: "PeerFailed".into(),
+                peer: Some(2),
+            });
+            dump(rank, vec![entry(0, "all_sum", 4, "ok"), last])
+        };
+        let v = analyse(&[timed_out(0), timed_out(1)]);
+        assert_eq!(v.missing, [2]);
+        // The most telling line first: the others' errors point at the rank without one.
+        let first = &v.summary[0];
+        assert!(
+            first.contains("no record from rank 2") && first.contains("blame rank 2"),
+            "{first}"
+        );
+        assert!(v.text().contains("rank 2: no record"), "{}", v.text());
     }
 
     #[test]
