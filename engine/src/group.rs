@@ -53,8 +53,6 @@ use crate::reduce::ReduceOp;
 pub struct Group {
     /// The backend's communicator behind the group's flight recorder.
     comm: Arc<Recorded>,
-    /// The same, as the nonblocking loop takes it.
-    dyn_comm: Arc<dyn Communicator>,
     rank: usize,
     size: usize,
     /// The loop thread and queue of nonblocking collectives, shared by every clone.
@@ -181,7 +179,6 @@ impl Group {
         let (rank, size) = (comm.rank(), comm.size());
         let comm = Arc::new(Recorded::new(comm, options));
         Group {
-            dyn_comm: comm.clone(),
             comm,
             rank,
             size,
@@ -647,7 +644,7 @@ impl Group {
     /// # Ok(()) });
     /// ```
     pub fn scope<'env, R>(&'env self, f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R) -> R {
-        nonblocking::scope(&self.dyn_comm, &self.nb, f)
+        nonblocking::scope(&self.comm, &self.nb, f)
     }
 
     /// A copy of the group's flight recorder: its last calls (up to

@@ -3,8 +3,8 @@
 //! what it was doing (see [`Group::flight_record`](crate::Group::flight_record)).
 //!
 //! Every collective and point-to-point call that reaches the backend's
-//! [`Communicator`] passes through [`Recorded`]: the group's blocking calls (which know
-//! the element type) and the loop thread's nonblocking ones alike. A call takes the
+//! [`Communicator`] passes through [`Recorded`]: the group's blocking calls and the loop
+//! thread's nonblocking ones alike, each with its element type. A call takes the
 //! recorder's lock twice, to write its record when it starts and to write its end and
 //! outcome when it returns; nothing is allocated per call. A group whose capacity is 0
 //! takes no lock and records nothing.
@@ -107,8 +107,8 @@ pub struct FlightEntry {
     pub seq: u64,
     /// What the call was.
     pub op: FlightOp,
-    /// The element type, when the call says it (the nonblocking all_gather, send, recv,
-    /// broadcast and all_to_all pass bytes only).
+    /// The element type; `None` for a barrier, and for a call made on the group's
+    /// [`Communicator`] directly, which passes bytes only (see [`Group::new`](crate::Group::new)).
     pub dtype: Option<DType>,
     /// The length of the call's buffer in bytes: the data reduced or sent, the input of a
     /// gather, scatter or all_to_all.
@@ -577,9 +577,10 @@ fn kind(e: &Error) -> &'static str {
 }
 
 /// A backend's communicator with the group's recorder in front of every call that moves
-/// data. [`Group`](crate::Group) makes its blocking calls through [`Recorded::call`] (with
-/// the element type); the loop thread of the nonblocking calls uses it as a
-/// [`Communicator`].
+/// data. [`Group`](crate::Group) and the loop thread of its nonblocking calls make them
+/// through [`Recorded::call`], with the element type; as a [`Communicator`] it records the
+/// calls that carry their element type (all_reduce, sum_scatter) with it and the others as
+/// bytes.
 pub(crate) struct Recorded {
     inner: Arc<dyn Communicator>,
     recorder: Recorder,
@@ -773,7 +774,7 @@ mod tests {
     }
 
     #[test]
-    fn a_groups_blocking_and_nonblocking_calls_are_recorded_with_what_each_knows() {
+    fn a_groups_blocking_and_nonblocking_calls_are_recorded_with_their_element_type() {
         let g = crate::Group::with_options(Arc::new(Fake { size: 3 }), &Options::default());
         g.all_gather(&[1u16, 2], &mut [0; 6]).unwrap();
         let mut out = [0u16; 6];
@@ -799,14 +800,14 @@ mod tests {
             "{:?}",
             e[2]
         );
-        // The blocking all_gather knows its element type; the nonblocking one passes bytes.
+        // The blocking and the nonblocking all_gather both record their element type.
         assert_eq!(
             (e[0].op, e[0].dtype, e[0].count()),
             (FlightOp::AllGather, Some(DType::U16), Some(2))
         );
         assert_eq!(
-            (e[1].op, e[1].dtype, e[1].bytes),
-            (FlightOp::AllGather, None, 4)
+            (e[1].op, e[1].dtype, e[1].count()),
+            (FlightOp::AllGather, Some(DType::U16), Some(2))
         );
         assert_eq!(
             (e[2].op, e[2].peer, e[2].count()),
