@@ -165,12 +165,31 @@ pub struct Divergence {
     pub seq: u64,
     /// The distinct calls made there, each with the ranks that made it, the largest group
     /// first.
-    pub calls: Vec<(String, Vec<usize>)>,
+    pub calls: Vec<CallGroup>,
     /// The ranks whose call differs from the most common one.
     pub odd: Vec<usize>,
     /// Whether point-to-point calls are involved (then ranks that do not take part in
     /// them number their calls differently, and the difference may be by design).
     pub point_to_point: bool,
+}
+
+/// Ranks that made the same call.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct CallGroup {
+    /// The call, described (`all_sum float32 x10`).
+    pub call: String,
+    /// The ranks that made it.
+    pub ranks: Vec<usize>,
+}
+
+/// A rank's call that did not finish well.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unfinished {
+    /// The rank.
+    pub rank: usize,
+    /// The call.
+    #[serde(flatten)]
+    pub call: CallState,
 }
 
 /// A rank that made fewer (or more) calls than most.
@@ -203,7 +222,7 @@ pub struct Verdict {
     pub ahead: Vec<Lag>,
     /// Per rank, a call that did not finish well: still running when the record was
     /// taken, or failed.
-    pub unfinished: Vec<(usize, CallState)>,
+    pub unfinished: Vec<Unfinished>,
     /// What went wrong, in a few sentences, the most telling first.
     pub summary: Vec<String>,
 }
@@ -296,13 +315,16 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
             last: d.entries.last().map(state),
         })
         .collect();
-    let unfinished: Vec<(usize, CallState)> = dumps
+    let unfinished: Vec<Unfinished> = dumps
         .iter()
         .filter_map(|d| {
             d.entries
                 .iter()
                 .find(|e| e.outcome != "ok")
-                .map(|e| (d.rank, state(e)))
+                .map(|e| Unfinished {
+                    rank: d.rank,
+                    call: state(e),
+                })
         })
         .collect();
     let divergence = divergence(dumps);
@@ -346,7 +368,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         let calls: Vec<String> = div
             .calls
             .iter()
-            .map(|(call, ranks)| format!("{} {call}", rank_list(ranks)))
+            .map(|g| format!("{} {}", rank_list(&g.ranks), g.call))
             .collect();
         let mut line = format!(
             "the ranks' calls differ first at call {}: {}",
@@ -395,8 +417,8 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
     if !missing.is_empty() {
         let blamed: Vec<usize> = unfinished
             .iter()
-            .filter_map(|(rank, _)| {
-                let d = dumps.iter().find(|d| d.rank == *rank)?;
+            .filter_map(|u| {
+                let d = dumps.iter().find(|d| d.rank == u.rank)?;
                 d.entries.iter().find_map(|e| e.error.as_ref()?.peer)
             })
             .filter(|p| missing.contains(p))
@@ -417,7 +439,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         }
         summary.push(line);
     }
-    for (rank, call) in &unfinished {
+    for Unfinished { rank, call } in &unfinished {
         summary.push(format!(
             "rank {rank} did not finish call {} ({}): {}",
             call.seq, call.call, call.ending
@@ -477,7 +499,13 @@ fn divergence(dumps: &[Dump]) -> Option<Divergence> {
         Some(Divergence {
             seq,
             point_to_point: entries.iter().any(|(_, e)| e.is_point_to_point()),
-            calls: groups.into_iter().map(|(e, r)| (e.describe(), r)).collect(),
+            calls: groups
+                .into_iter()
+                .map(|(e, ranks)| CallGroup {
+                    call: e.describe(),
+                    ranks,
+                })
+                .collect(),
             odd,
         })
     })
@@ -595,7 +623,10 @@ mod tests {
         assert_eq!((div.seq, div.odd.as_slice()), (1, &[2][..]));
         assert_eq!(
             div.calls[0],
-            ("all_sum float32 x10".to_string(), vec![0, 1])
+            CallGroup {
+                call: "all_sum float32 x10".into(),
+                ranks: vec![0, 1]
+            }
         );
         assert!(
             v.summary[0].contains("call 1") && v.summary[0].contains("rank 2"),
@@ -628,7 +659,7 @@ mod tests {
         );
         assert_eq!(v.behind[0].missed.as_deref(), Some("all_sum float32 x4"));
         assert_eq!(
-            v.unfinished.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            v.unfinished.iter().map(|u| u.rank).collect::<Vec<_>>(),
             [0, 2]
         );
         assert!(

@@ -54,6 +54,23 @@ fn verdict(dir: &Path, outputs: &[RankOutput]) -> Verdict {
         "nuvec flight printed:\n{text}\nnot {:?}",
         verdict.summary[0]
     );
+    let json = Command::new(NUVEC)
+        .args(["flight", "--json"])
+        .arg(dir)
+        .output()
+        .expect("nuvec flight --json runs");
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["summary"], serde_json::json!(verdict.summary));
+    // A path that holds no record is an error naming it.
+    let empty = tempfile::tempdir().unwrap();
+    let refused = Command::new(NUVEC)
+        .arg("flight")
+        .arg(empty.path())
+        .output()
+        .expect("nuvec flight runs");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(said.contains(&empty.path().display().to_string()), "{said}");
     verdict
 }
 
@@ -89,11 +106,11 @@ fn a_mismatched_call_is_named_with_its_rank() {
     let v = verdict(dir.path(), &outputs);
     let div = v.divergence.as_ref().expect("the calls differ");
     assert_eq!((div.seq, div.odd.as_slice()), (seq, &[1][..]), "{v:#?}");
-    assert_eq!(div.calls[0].1, [0, 2], "{v:#?}");
-    assert!(div.calls[1].0.contains("x20"), "{v:#?}");
+    assert_eq!(div.calls[0].ranks, [0, 2], "{v:#?}");
+    assert!(div.calls[1].call.contains("x20"), "{v:#?}");
     assert_eq!(v.unfinished.len(), 3, "every rank failed the call: {v:#?}");
-    for (_, call) in &v.unfinished {
-        assert!(call.ending.contains("Mismatch"), "{v:#?}");
+    for u in &v.unfinished {
+        assert!(u.call.ending.contains("Mismatch"), "{v:#?}");
     }
 }
 
@@ -168,7 +185,7 @@ fn a_rank_that_never_calls_is_behind(name: &str, wire: &str) {
         "{v:#?}"
     );
     assert!(v.summary[0].starts_with("rank 2 is behind"), "{v:#?}");
-    let stuck: Vec<usize> = v.unfinished.iter().map(|(r, _)| *r).collect();
+    let stuck: Vec<usize> = v.unfinished.iter().map(|u| u.rank).collect();
     assert_eq!(stuck, [0, 1], "{v:#?}");
 }
 
