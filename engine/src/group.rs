@@ -93,7 +93,10 @@ impl Group {
         Group::new(Arc::new(Single))
     }
 
-    /// A group over a backend's communicator.
+    /// A group over a backend's communicator. Its flight recorder keeps the last
+    /// [`DEFAULT_FLIGHT_RECORDS`](crate::DEFAULT_FLIGHT_RECORDS) calls and, when a call
+    /// fails the group, writes them into [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR) if that
+    /// is set; [`Group::with_options`] chooses both.
     ///
     /// # Examples
     ///

@@ -266,7 +266,9 @@ pub(crate) fn split(
     // The sub-group's flight records go to a directory of their own: its ranks are
     // numbered anew, and its files would overwrite the parent group's.
     let mut options = origin.options.clone();
-    options.flight_dir = (options.flight_dir.take()).map(|d| d.join(format!("split-color{color}")));
+    options.flight_dir = options
+        .flight_dir
+        .map(|dir| dir.join(format!("split-color{color}")));
     let group = form_ring(&addrs, &options).inspect_err(|e| {
         // The error names sub-group ranks; this says which parent ranks they are.
         verbose!(
