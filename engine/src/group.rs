@@ -664,8 +664,9 @@ impl Group {
     /// per group; `nuvec flight` compares the records of every rank.
     ///
     /// Recording allocates nothing per call; it takes two clock reads and two uncontended
-    /// lock round trips: about 140 ns of CPU per call on the 2-vCPU VMs this was measured
-    /// on (`cargo bench --bench recorder`; the clock reads are 60 ns of it). Between two
+    /// lock round trips: 60 to 140 ns of CPU per call on the 2-vCPU VM this was measured
+    /// on, shared with other work (`cargo bench --bench recorder`, repeated; the clock
+    /// reads are about half). Between two
     /// ranks, a 4-byte native all_sum in shared memory took 0.47 µs recorded against 0.41
     /// µs not (the median of 5 interleaved `nuvec bench` runs each); over TCP (25 µs) the
     /// difference was within the runs' spread. A capacity of 0 turns it off.
