@@ -163,7 +163,7 @@ fn jaccl_from_env(options: &Options) -> Result<std::result::Result<Group, String
     if let Some(missing) = config.missing() {
         return Ok(Err(missing));
     }
-    crate::jaccl::init(&config, options).map(Ok)
+    crate::jaccl::init(&config, options).map(|group| Ok(group.recording(options)))
 }
 
 #[cfg(not(feature = "jaccl"))]
@@ -228,6 +228,19 @@ pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> Resul
              addresses it is given; JACCL forms from its device file: use jaccl::init",
         ));
     }
+    // The directory for flight records a launcher set, unless the options name one; read
+    // here so that an empty value fails as it does for `init`.
+    let with_dir;
+    let options = match (
+        &options.flight_dir,
+        env::value(&env::process, env::FLIGHT_DIR_VAR)?,
+    ) {
+        (None, Some(dir)) => {
+            with_dir = options.clone().flight_dir(dir);
+            &with_dir
+        }
+        _ => options,
+    };
     let addrs = hostfile::resolve(nodes, rank, &hostfile::in_code())?;
     if addrs.size == 1 {
         return Ok(Group::single());
@@ -241,9 +254,9 @@ pub(crate) fn form_ring(addrs: &RingAddresses, options: &Options) -> Result<Grou
     let group = match options.backend {
         Backend::Native => {
             let formed = crate::native::bootstrap::connect(addrs, options)?;
-            Group::new(Arc::new(Native::new(formed, options)?))
+            Group::with_options(Arc::new(Native::new(formed, options)?), options)
         }
-        _ => Group::new(Arc::new(Ring::connect(addrs, options)?)),
+        _ => Group::with_options(Arc::new(Ring::connect(addrs, options)?), options),
     };
     // Kept so that the group can be split on the same links with the same options.
     Ok(group.with_origin(Origin::new(addrs, options)))

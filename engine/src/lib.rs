@@ -200,6 +200,7 @@ pub mod jaccl;
 mod native;
 mod nonblocking;
 mod options;
+mod recorder;
 mod reduce;
 mod ring;
 mod split;
@@ -226,11 +227,14 @@ pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
 pub use options::{Backend, Io, Options};
+pub use recorder::{
+    DEFAULT_FLIGHT_RECORDS, FlightEntry, FlightOp, FlightOutcome, FlightRecord, MAX_FLIGHT_RECORDS,
+};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{
-    IO_VAR, SHM_VAR, SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
-    WIRE_VAR,
+    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, IO_VAR, SHM_VAR, SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR,
+    TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the

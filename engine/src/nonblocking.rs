@@ -13,6 +13,7 @@ use zerocopy::IntoBytes;
 use crate::comm::Communicator;
 use crate::element::{Complex64, DType, Element};
 use crate::error::{Error, Phase, Result};
+use crate::recorder::{Call, FlightOp, Recorded};
 use crate::reduce::ReduceOp;
 
 /// Operations queued at once before the queue first grows (and allocates).
@@ -67,6 +68,7 @@ enum Op {
         data: LoanMut,
     },
     Gather {
+        dtype: DType,
         input: Loan,
         output: LoanMut,
     },
@@ -76,39 +78,70 @@ enum Op {
         output: LoanMut,
     },
     Send {
+        dtype: DType,
         data: Loan,
         peer: usize,
     },
     Recv {
+        dtype: DType,
         data: LoanMut,
         peer: usize,
     },
     Barrier,
     Broadcast {
+        dtype: DType,
         data: LoanMut,
         root: usize,
     },
     AllToAll {
+        dtype: DType,
         input: Loan,
         output: LoanMut,
     },
 }
 
 impl Op {
-    fn run(&mut self, comm: &dyn Communicator) -> Result<()> {
+    /// Runs the operation on the group's backend, through its flight recorder with the
+    /// element type the scope was given.
+    fn run(&mut self, comm: &Recorded) -> Result<()> {
         match self {
             Op::Reduce { op, dtype, data } => comm.all_reduce(*op, *dtype, data.bytes_mut()),
-            Op::Gather { input, output } => comm.all_gather(input.bytes(), output.bytes_mut()),
+            Op::Gather {
+                dtype,
+                input,
+                output,
+            } => {
+                let call = Call::new(FlightOp::AllGather, Some(*dtype), input.bytes().len());
+                comm.call(call, |c| c.all_gather(input.bytes(), output.bytes_mut()))
+            }
             Op::SumScatter {
                 dtype,
                 input,
                 output,
             } => comm.sum_scatter(*dtype, input.bytes(), output.bytes_mut()),
-            Op::Send { data, peer } => comm.send(data.bytes(), *peer),
-            Op::Recv { data, peer } => comm.recv(data.bytes_mut(), *peer),
+            Op::Send { dtype, data, peer } => {
+                let call = Call::new(FlightOp::Send, Some(*dtype), data.bytes().len());
+                comm.call(call.with_peer(*peer), |c| c.send(data.bytes(), *peer))
+            }
+            Op::Recv { dtype, data, peer } => {
+                let call = Call::new(FlightOp::Recv, Some(*dtype), data.bytes_mut().len());
+                comm.call(call.with_peer(*peer), |c| c.recv(data.bytes_mut(), *peer))
+            }
             Op::Barrier => comm.barrier(),
-            Op::Broadcast { data, root } => comm.broadcast(data.bytes_mut(), *root),
-            Op::AllToAll { input, output } => comm.all_to_all(input.bytes(), output.bytes_mut()),
+            Op::Broadcast { dtype, data, root } => {
+                let call = Call::new(FlightOp::Broadcast, Some(*dtype), data.bytes_mut().len());
+                comm.call(call.with_peer(*root), |c| {
+                    c.broadcast(data.bytes_mut(), *root)
+                })
+            }
+            Op::AllToAll {
+                dtype,
+                input,
+                output,
+            } => {
+                let call = Call::new(FlightOp::AllToAll, Some(*dtype), input.bytes().len());
+                comm.call(call, |c| c.all_to_all(input.bytes(), output.bytes_mut()))
+            }
         }
     }
 
@@ -200,7 +233,7 @@ impl Shared {
 }
 
 /// The loop thread's body: runs queued operations in order, sleeps while there are none.
-fn run_loop(shared: &Shared, comm: &dyn Communicator) {
+fn run_loop(shared: &Shared, comm: &Recorded) {
     /// If an operation panics (a bug), fails everything queued instead of leaving its
     /// waiters asleep forever; the queued loans are dropped, so scopes can end.
     struct OnPanic<'a>(&'a Shared);
@@ -293,7 +326,7 @@ impl Nonblocking {
         }
     }
 
-    fn engine(&self, comm: &Arc<dyn Communicator>) -> Result<&Engine> {
+    fn engine(&self, comm: &Arc<Recorded>) -> Result<&Engine> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }
@@ -317,7 +350,7 @@ impl Nonblocking {
         let (for_loop, comm) = (Arc::clone(&shared), Arc::clone(comm));
         let thread = std::thread::Builder::new()
             .name(format!("nuvec-loop-r{}", comm.rank()))
-            .spawn(move || run_loop(&for_loop, &*comm))
+            .spawn(move || run_loop(&for_loop, &comm))
             .map_err(|e| Error::local("starting the group's loop thread", e))?;
         Ok(self.engine.get_or_init(|| Engine {
             shared,
@@ -348,7 +381,7 @@ impl Drop for Nonblocking {
 
 /// Runs `f` with a [`Scope`] over `comm` and its loop `nb`, then waits for every operation started in it.
 pub(crate) fn scope<'env, R>(
-    comm: &'env Arc<dyn Communicator>,
+    comm: &'env Arc<Recorded>,
     nb: &'env Nonblocking,
     f: impl for<'scope> FnOnce(&Scope<'scope, 'env>) -> R,
 ) -> R {
@@ -444,7 +477,7 @@ pub(crate) fn scope<'env, R>(
 /// - **Cost.** Once warm (the queue has grown to the most operations outstanding at once),
 ///   starting and waiting for an operation allocates nothing.
 pub struct Scope<'scope, 'env: 'scope> {
-    comm: &'env Arc<dyn Communicator>,
+    comm: &'env Arc<Recorded>,
     nb: &'env Nonblocking,
     lender: &'scope Lender<'scope, 'env>,
     _env: PhantomData<&'env mut &'env ()>,
@@ -537,7 +570,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         }
         let input = self.lender.lend(T::as_wire(input));
         let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(Op::Gather { input, output })
+        self.submit(Op::Gather {
+            dtype: T::DTYPE,
+            input,
+            output,
+        })
     }
 
     /// Starts [`Group::sum_scatter`](crate::Group::sum_scatter) of `input` into `output`.
@@ -584,7 +621,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     pub fn start_send<T: Plain>(&self, data: &'scope [T], dst: usize) -> Result<Pending<'scope>> {
         crate::comm::check_peer(&**self.comm, "send to", dst)?;
         let data = self.lender.lend(T::as_wire(data));
-        self.submit(Op::Send { data, peer: dst })
+        self.submit(Op::Send {
+            dtype: T::DTYPE,
+            data,
+            peer: dst,
+        })
     }
 
     /// Starts [`Group::recv`](crate::Group::recv) of `data.len()` elements from rank `src`.
@@ -599,7 +640,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     ) -> Result<Pending<'scope>> {
         crate::comm::check_peer(&**self.comm, "receive from", src)?;
         let data = self.lender.lend_mut(T::wire_mut(data));
-        self.submit(Op::Recv { data, peer: src })
+        self.submit(Op::Recv {
+            dtype: T::DTYPE,
+            data,
+            peer: src,
+        })
     }
 
     /// Starts [`Group::barrier`](crate::Group::barrier).
@@ -637,7 +682,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             return Ok(Pending::ready(Ok(())));
         }
         let data = self.lender.lend_mut(T::wire_mut(data));
-        self.submit(Op::Broadcast { data, root })
+        self.submit(Op::Broadcast {
+            dtype: T::DTYPE,
+            data,
+            root,
+        })
     }
 
     /// Starts [`Group::all_to_all`](crate::Group::all_to_all) of `input` into `output`.
@@ -666,7 +715,11 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         }
         let input = self.lender.lend(T::as_wire(input));
         let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(Op::AllToAll { input, output })
+        self.submit(Op::AllToAll {
+            dtype: T::DTYPE,
+            input,
+            output,
+        })
     }
 
     fn submit(&self, op: Op) -> Result<Pending<'scope>> {

@@ -2,6 +2,7 @@
 //! authentication work) a pre-shared key.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::auth::Secret;
@@ -100,6 +101,16 @@ pub struct Options {
     /// The TCP backends' ([`Backend::Ring`], [`Backend::Native`]) event loop on Linux (see
     /// [`Io`]); default [`Io::Auto`].
     pub io: Io,
+    /// How many of its last calls a group keeps in its flight recorder (see
+    /// [`Group::flight_record`](crate::Group::flight_record)); 0 turns the recorder off.
+    /// Default [`DEFAULT_FLIGHT_RECORDS`](crate::DEFAULT_FLIGHT_RECORDS)
+    /// ([`FLIGHT_RECORDS_VAR`](crate::FLIGHT_RECORDS_VAR) for [`init`](crate::init)).
+    pub flight_records: usize,
+    /// The directory a group writes its flight record into when a call fails it, as
+    /// `flight-rank<R>.json` and `flight-rank<R>.trace.json`; `None` (the default) for
+    /// [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR), read when the group forms, and no dump if
+    /// that is unset too.
+    pub flight_dir: Option<PathBuf>,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
 }
@@ -246,6 +257,8 @@ impl Default for Options {
             backend: Backend::Ring,
             shared_memory: true,
             io: Io::Auto,
+            flight_records: crate::recorder::DEFAULT_FLIGHT_RECORDS,
+            flight_dir: None,
             key: None,
         }
     }
@@ -261,6 +274,8 @@ impl fmt::Debug for Options {
             .field("backend", &self.backend)
             .field("shared_memory", &self.shared_memory)
             .field("io", &self.io)
+            .field("flight_records", &self.flight_records)
+            .field("flight_dir", &self.flight_dir)
             .field("key", &self.key)
             .finish()
     }
@@ -436,6 +451,39 @@ impl Options {
         self
     }
 
+    /// Sets how many calls the flight recorder keeps (see [`Options::flight_records`]); 0
+    /// turns it off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::{DEFAULT_FLIGHT_RECORDS, Options};
+    ///
+    /// assert_eq!(Options::default().flight_records, DEFAULT_FLIGHT_RECORDS);
+    /// assert_eq!(Options::default().flight_records(0).flight_records, 0);
+    /// ```
+    pub fn flight_records(mut self, calls: usize) -> Self {
+        self.flight_records = calls;
+        self
+    }
+
+    /// Sets the directory the flight record is written into when the group fails (see
+    /// [`Options::flight_dir`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// let options = Options::default().flight_dir("/tmp/run-7");
+    /// assert_eq!(options.flight_dir.as_deref(), Some(Path::new("/tmp/run-7")));
+    /// ```
+    pub fn flight_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.flight_dir = Some(dir.into());
+        self
+    }
+
     /// Checks values a caller may have set by hand.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.timeout.is_zero() {
@@ -451,6 +499,13 @@ impl Options {
         }
         if let Some(secret) = &self.key {
             secret.key()?;
+        }
+        if self.flight_records > crate::recorder::MAX_FLIGHT_RECORDS {
+            return Err(Error::invalid(format!(
+                "Options::flight_records is {}; a group keeps at most {} records",
+                self.flight_records,
+                crate::recorder::MAX_FLIGHT_RECORDS
+            )));
         }
         Ok(())
     }
@@ -489,9 +544,13 @@ mod tests {
                 ".{0,20}"
             ]),
             prop::option::of(prop::collection::vec(any::<u8>(), 0..40)),
+            prop_oneof![Just(0usize), Just(usize::MAX), 0..2_000_000usize],
         )
-            .prop_map(|(timeout, spin, buffer, congestion, key)| {
-                let mut options = Options::default().timeout(timeout).spin(spin);
+            .prop_map(|(timeout, spin, buffer, congestion, key, records)| {
+                let mut options = Options::default()
+                    .timeout(timeout)
+                    .spin(spin)
+                    .flight_records(records);
                 options.socket_buffer = buffer;
                 options.tcp_congestion = congestion;
                 if let Some(key) = key {
@@ -631,6 +690,7 @@ mod tests {
         fn no_option_value_panics(options in any_options()) {
             let valid = options.validate();
             let expected = !options.timeout.is_zero()
+                && options.flight_records <= crate::recorder::MAX_FLIGHT_RECORDS
                 && options.socket_buffer != Some(0)
                 && options.tcp_congestion.as_deref() != Some("")
                 && options.key.as_ref().is_none_or(|k| k.key().is_ok());

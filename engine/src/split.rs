@@ -263,7 +263,13 @@ pub(crate) fn split(
         "split: forming color {color} as rank {new_rank} of {} (parent ranks {order:?})",
         order.len()
     );
-    let group = form_ring(&addrs, &origin.options).inspect_err(|e| {
+    // The sub-group's flight records go to a directory of their own: its ranks are
+    // numbered anew, and its files would overwrite the parent group's.
+    let mut options = origin.options.clone();
+    options.flight_dir = options
+        .flight_dir
+        .map(|dir| dir.join(format!("split-color{color}")));
+    let group = form_ring(&addrs, &options).inspect_err(|e| {
         // The error names sub-group ranks; this says which parent ranks they are.
         verbose!(
             warn: rank,

@@ -2,7 +2,8 @@
 //! the way `mlx.launch` does; `nuvec doctor`, which checks the hosts before a launch; the
 //! collective benchmark sweep behind `nuvec bench` and `cargo bench --bench collectives`,
 //! with the anchors it compares against (MLX's ring, Open MPI over TCP, raw TCP), the
-//! comparison and its charts; and [`testing`], the harness every multi-process test (this
+//! comparison and its charts; `nuvec flight`, which reads the ranks' flight records after a
+//! failure; and [`testing`], the harness every multi-process test (this
 //! crate's and nuvec-distributed's) runs its ranks with.
 
 pub mod anchors;
@@ -10,6 +11,7 @@ pub mod bench;
 pub mod chaos;
 pub mod chart;
 pub mod doctor;
+pub mod flight;
 pub mod guardian;
 pub mod launch;
 pub mod load;

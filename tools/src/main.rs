@@ -45,6 +45,10 @@ enum Command {
     /// Print the algorithm the native wire takes for each collective and size, with its
     /// rounds, messages per rank and the cost model's predicted time.
     Plan(PlanArgs),
+    /// Read the flight records of a run's ranks and say what went wrong: where each rank
+    /// stopped, the first call at which ranks differ, ranks behind or ahead, calls that did
+    /// not finish.
+    Flight(FlightArgs),
     /// Fault injection rounds (tools/chaos.sh): rings of 3 to 5 local ranks, one killed,
     /// stopped, cut off or late in each round; checks who the survivors blame.
     #[command(hide = true)]
@@ -79,6 +83,24 @@ struct PlanArgs {
     link: Link,
     /// Print a JSON list of objects (collective, bytes, ranks, link, algorithm, rounds,
     /// messages_per_rank, predicted_us) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `nuvec flight`.
+#[derive(Args)]
+#[command(
+    after_help = "A group writes its record as flight-rank<R>.json (and a Chrome/Perfetto \
+                  trace, flight-rank<R>.trace.json) into NUVEC_DISTRIBUTED_FLIGHT_DIR when a \
+                  call fails it; nuvec launch sets that directory for every rank when it is \
+                  unset, and runs this command when a rank fails. Calls are compared by \
+                  number: the k-th call of every rank pairs with the k-th of every other."
+)]
+struct FlightArgs {
+    /// Directories holding flight-rank<R>.json files, or the files themselves.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Print the verdict as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -140,7 +162,10 @@ struct ChaosRankArgs {
                   status, naming it. If nuvec launch itself is killed (even with SIGKILL), \
                   its ranks are killed too and its temporary files removed, by a guardian \
                   process (and on Linux the parent-death signal); a remote rank's ssh is \
-                  ended, which hangs up its terminal."
+                  ended, which hangs up its terminal. Unless NUVEC_DISTRIBUTED_FLIGHT_DIR is \
+                  set, every rank gets one directory of this run for its flight record; \
+                  when a rank fails, nuvec launch prints what `nuvec flight` makes of the \
+                  records written there, and keeps them."
 )]
 struct LaunchArgs {
     /// Repeat each host this many times (ranks per host).
@@ -324,6 +349,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_launch(&args),
         Command::Doctor(args) => doctor::main(&args),
         Command::Plan(args) => plan(&args),
+        Command::Flight(args) => flight(&args),
         Command::Chaos(args) => chaos(&args),
         Command::ChaosRank(args) => ExitCode::from(chaos::rank(&chaos::RankPlan {
             seed: args.seed,
@@ -331,6 +357,31 @@ fn main() -> ExitCode {
             late: args.late_at.zip(args.late_ms.map(Duration::from_millis)),
         })),
     }
+}
+
+/// `nuvec flight`: the verdict on the records, or an error naming the record that cannot
+/// be read (exit status 2).
+fn flight(args: &FlightArgs) -> ExitCode {
+    let dumps = match nuvec_tools::flight::read(&args.paths) {
+        Ok(dumps) => dumps,
+        Err(e) => {
+            eprintln!("nuvec flight: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let verdict = nuvec_tools::flight::analyse(&dumps);
+    if args.json {
+        match serde_json::to_string_pretty(&verdict) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("nuvec flight: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", verdict.text());
+    }
+    ExitCode::SUCCESS
 }
 
 /// One row of `nuvec plan --json`.
@@ -470,10 +521,11 @@ fn launch(args: LaunchArgs) -> ExitCode {
         Ok(hosts) => hosts,
         Err(message) => return fail(message),
     };
-    let env = match launch::resolve_env_args(&args.env, &|name| std::env::var_os(name)) {
+    let mut env = match launch::resolve_env_args(&args.env, &|name| std::env::var_os(name)) {
         Ok(env) => env,
         Err(e) => return fail(e.to_string()),
     };
+    let flight_dir = flight_dir_for_launch(&mut env, &hosts.envs);
     let spec = LaunchSpec {
         backend: args.backend,
         env,
@@ -498,11 +550,62 @@ fn launch(args: LaunchArgs) -> ExitCode {
             if let Some(message) = outcome.message() {
                 eprintln!("nuvec launch: {message}");
             }
+            if let (Some(dir), false) = (flight_dir, matches!(outcome, runner::Outcome::Success)) {
+                report_flight(dir);
+            }
             ExitCode::from(outcome.exit_code())
         }
         Err(e) => {
             eprintln!("nuvec launch: {e}");
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// A directory of this run for the ranks' flight records, set as
+/// `NUVEC_DISTRIBUTED_FLIGHT_DIR` in `env` for every rank, unless the user set that
+/// variable (with `--env`, in the hostfile's `envs`, or in the launcher's environment,
+/// which local ranks inherit). `None` then, or when no temporary directory can be made
+/// (said on stderr: the launch goes on without it).
+fn flight_dir_for_launch(env: &mut Vec<String>, hostfile: &[String]) -> Option<tempfile::TempDir> {
+    let var = nuvec_distributed_engine::FLIGHT_DIR_VAR;
+    let sets = |entry: &String| entry.split_once('=').is_some_and(|(k, _)| k == var);
+    if env.iter().chain(hostfile).any(sets) || std::env::var_os(var).is_some() {
+        return None;
+    }
+    match tempfile::Builder::new().prefix("nuvec-flight-").tempdir() {
+        Ok(dir) => {
+            env.push(format!("{var}={}", dir.path().display()));
+            Some(dir)
+        }
+        Err(e) => {
+            eprintln!(
+                "nuvec launch: no directory for the ranks' flight records ({e}); a failure \
+                 will not be analysed"
+            );
+            None
+        }
+    }
+}
+
+/// After a failed launch: the verdict of `nuvec flight` on the records the ranks of this
+/// host wrote into `dir`, which is kept for a closer look; nothing (and `dir` removed) if
+/// no rank wrote one (no call failed a group: the program failed otherwise).
+fn report_flight(dir: tempfile::TempDir) {
+    let Ok(dumps) = nuvec_tools::flight::read(&[dir.path().to_path_buf()]) else {
+        return;
+    };
+    let verdict = nuvec_tools::flight::analyse(&dumps);
+    let path = dir.keep();
+    eprintln!(
+        "nuvec launch: flight records of the ranks in {} (`nuvec flight {0}`; ranks on \
+         other hosts wrote theirs into the same path there):",
+        path.display()
+    );
+    for line in verdict.text().lines() {
+        match line {
+            "" => eprintln!("nuvec launch:"),
+            _ => eprintln!("nuvec launch:   {line}"),
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
 use crate::options::{Backend, Io, Options};
+use crate::recorder::MAX_FLIGHT_RECORDS;
 
 /// The variable naming the ring's hostfile, as `mlx.launch` sets it.
 pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
@@ -50,6 +51,17 @@ pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 /// The variable [`init`](crate::init) reads [`Options::shared_memory`] from: `1` (the
 /// default) or `0`.
 pub const SHM_VAR: &str = "NUVEC_DISTRIBUTED_SHM";
+
+/// The variable [`init`](crate::init) reads [`Options::flight_records`] from: how many
+/// calls each group's flight recorder keeps, `0` to turn it off.
+pub const FLIGHT_RECORDS_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_RECORDS";
+
+/// The directory a group writes its flight record into when a call fails it
+/// ([`Options::flight_dir`]). [`init`](crate::init) reads it with the other variables,
+/// [`init_with`](crate::init_with) when its options name no `flight_dir` (either fails on
+/// an empty value), and [`Group::new`](crate::Group::new) for a backend's own
+/// communicator. `nuvec launch` sets it for every rank when it is unset.
+pub const FLIGHT_DIR_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_DIR";
 
 /// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
 /// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`](crate::init)
@@ -178,8 +190,8 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 }
 
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
-/// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`], [`IO_VAR`] and [`KEY_VAR`]; unset variables keep
-/// the defaults.
+/// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`], [`IO_VAR`], [`FLIGHT_RECORDS_VAR`],
+/// [`FLIGHT_DIR_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
 ///
 /// An empty value of any of them is an error naming it (see [`value`]); an empty key in
 /// particular never means "no authentication": unset the variable for that.
@@ -241,6 +253,23 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
             }
         };
     }
+    if let Some(text) = value(vars, FLIGHT_RECORDS_VAR)? {
+        options.flight_records = text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= MAX_FLIGHT_RECORDS)
+            .ok_or_else(|| Error::Environment {
+                var: FLIGHT_RECORDS_VAR,
+                reason: format!(
+                    "{text:?} is not a number of calls from 0 (recorder off) to \
+                     {MAX_FLIGHT_RECORDS}"
+                ),
+            })?;
+    }
+    if let Some(text) = value(vars, FLIGHT_DIR_VAR)? {
+        options.flight_dir = Some(PathBuf::from(text));
+    }
     if let Some(text) = value(vars, SOCKET_BUFFER_VAR)? {
         let bytes = text
             .trim()
@@ -254,6 +283,19 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
         options.socket_buffer = Some(bytes);
     }
     Ok(options)
+}
+
+/// [`FLIGHT_DIR_VAR`] for a group over a backend's own communicator
+/// ([`Group::new`](crate::Group::new)): `None` when unset, and when empty (logged, as
+/// `Group::new` cannot fail; `init` and `init_with` fail naming the variable).
+pub(crate) fn flight_dir(vars: Lookup<'_>) -> Option<PathBuf> {
+    match value(vars, FLIGHT_DIR_VAR) {
+        Ok(dir) => dir.map(PathBuf::from),
+        Err(e) => {
+            log::warn!("{e}; the group's flight record will not be written on failure");
+            None
+        }
+    }
 }
 
 /// The backend [`WIRE_VAR`]'s value `text` names, ignoring case and surrounding blanks.

@@ -322,6 +322,14 @@ fn option_variables_name_themselves_when_wrong() {
         ),
         (env::KEY_VAR, "short", "16"),
         (env::SHM_VAR, "yes", "neither 1"),
+        (env::FLIGHT_RECORDS_VAR, "many", "not a number of calls"),
+        (env::FLIGHT_RECORDS_VAR, "-1", "not a number of calls"),
+        (
+            env::FLIGHT_RECORDS_VAR,
+            "99999999999",
+            "not a number of calls",
+        ),
+        (env::FLIGHT_DIR_VAR, " ", "is set but empty"),
     ];
     for (name, value, why) in cases {
         let vars = from_pairs(&[(name, value)]);

@@ -1,0 +1,917 @@
+//! The flight recorder: every group keeps its last calls in a ring buffer of fixed size,
+//! allocated once when the group forms, so that when a job fails or hangs each rank can say
+//! what it was doing (see [`Group::flight_record`](crate::Group::flight_record)).
+//!
+//! Every collective and point-to-point call that reaches the backend's
+//! [`Communicator`] passes through [`Recorded`]: the group's blocking calls and the loop
+//! thread's nonblocking ones alike, each with its element type. A call takes the
+//! recorder's lock twice, to write its record when it starts and to write its end and
+//! outcome when it returns; nothing is allocated per call. A group whose capacity is 0
+//! takes no lock and records nothing.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::comm::{Communicator, Transport};
+use crate::element::DType;
+use crate::error::{Error, Fault, Result};
+use crate::options::Options;
+use crate::reduce::ReduceOp;
+
+/// How many calls a group records unless told otherwise ([`Options::flight_records`]).
+/// A record is 104 bytes (on 64-bit targets), so the default ring takes 208 KiB per group,
+/// allocated when it forms.
+pub const DEFAULT_FLIGHT_RECORDS: usize = 2048;
+
+/// The most calls a group may keep (109 MB of records): more is refused when the
+/// group forms, so that no value of [`Options::flight_records`] can exhaust memory.
+pub const MAX_FLIGHT_RECORDS: usize = 1 << 20;
+
+/// What a recorded call was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FlightOp {
+    /// An all-reduce with its operation: [`Group::all_sum`](crate::Group::all_sum) and
+    /// its siblings.
+    AllReduce(ReduceOp),
+    /// [`Group::all_gather`](crate::Group::all_gather).
+    AllGather,
+    /// [`Group::sum_scatter`](crate::Group::sum_scatter).
+    SumScatter,
+    /// [`Group::send`](crate::Group::send); [`FlightEntry::peer`] is the destination.
+    Send,
+    /// [`Group::recv`](crate::Group::recv); [`FlightEntry::peer`] is the source.
+    Recv,
+    /// [`Group::barrier`](crate::Group::barrier).
+    Barrier,
+    /// [`Group::broadcast`](crate::Group::broadcast); [`FlightEntry::peer`] is the root.
+    Broadcast,
+    /// [`Group::all_to_all`](crate::Group::all_to_all).
+    AllToAll,
+}
+
+impl FlightOp {
+    /// The call's name as the API spells it: `"all_sum"`, `"all_max"`, `"all_min"`,
+    /// `"all_gather"`, `"sum_scatter"`, `"send"`, `"recv"`, `"barrier"`, `"broadcast"`,
+    /// `"all_to_all"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlightOp::AllReduce(op) => op.collective(),
+            FlightOp::AllGather => "all_gather",
+            FlightOp::SumScatter => "sum_scatter",
+            FlightOp::Send => "send",
+            FlightOp::Recv => "recv",
+            FlightOp::Barrier => "barrier",
+            FlightOp::Broadcast => "broadcast",
+            FlightOp::AllToAll => "all_to_all",
+        }
+    }
+}
+
+impl fmt::Display for FlightOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a recorded call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FlightOutcome {
+    /// The call had not returned when the record was taken.
+    Running,
+    /// The call returned `Ok`.
+    Ok,
+    /// The call returned an error.
+    Failed {
+        /// The error's variant, as [`Error`] names it (`"Timeout"`, `"Mismatch"`, ...).
+        kind: &'static str,
+        /// Whose fault the error is.
+        fault: Fault,
+        /// The peer the error blames, if any ([`Error::peer`]).
+        peer: Option<usize>,
+    },
+}
+
+/// One recorded call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct FlightEntry {
+    /// The call's number in this group, from 0: the k-th call of every rank pairs with the
+    /// k-th of every other (point-to-point calls count on the ranks that make them).
+    pub seq: u64,
+    /// What the call was.
+    pub op: FlightOp,
+    /// The element type; `None` for a barrier, and for a call made on the group's
+    /// [`Communicator`] directly, which passes bytes only (see [`Group::new`](crate::Group::new)).
+    pub dtype: Option<DType>,
+    /// The length of the call's buffer in bytes: the data reduced or sent, the input of a
+    /// gather, scatter or all_to_all.
+    pub bytes: u64,
+    /// The peer of a send or receive, the root of a broadcast.
+    pub peer: Option<usize>,
+    /// What carries the call: the link to [`FlightEntry::peer`] for a send or receive,
+    /// else the link every peer shares, or `None` when links to different peers differ
+    /// (shared memory on this host, TCP to others).
+    pub transport: Option<Transport>,
+    /// When the call started, in nanoseconds since the group formed.
+    pub start_ns: u64,
+    /// When it returned, in nanoseconds since the group formed; `None` while it runs.
+    pub end_ns: Option<u64>,
+    /// How it ended.
+    pub outcome: FlightOutcome,
+}
+
+impl FlightEntry {
+    /// The number of elements, when the element type is known.
+    pub fn count(&self) -> Option<u64> {
+        self.dtype.map(|d| self.bytes / d.size() as u64)
+    }
+}
+
+/// A copy of a group's flight recorder: its last calls, oldest first, with what is needed
+/// to line up the dumps of different ranks. See
+/// [`Group::flight_record`](crate::Group::flight_record).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct FlightRecord {
+    /// This rank.
+    pub rank: usize,
+    /// The number of ranks.
+    pub size: usize,
+    /// The backend's name ([`Group::backend`](crate::Group::backend)), which is the wire.
+    pub backend: &'static str,
+    /// How many calls the recorder keeps (0: it is off).
+    pub capacity: usize,
+    /// When the group formed, in nanoseconds since the Unix epoch (this host's clock):
+    /// every `*_ns` time is relative to it.
+    pub formed_unix_ns: u64,
+    /// When this copy was taken, in nanoseconds since the group formed.
+    pub taken_ns: u64,
+    /// How many calls the group has started; the records are the last
+    /// `min(calls, capacity)` of them.
+    pub calls: u64,
+    /// The recorded calls, oldest first.
+    pub entries: Vec<FlightEntry>,
+}
+
+impl FlightRecord {
+    /// The record as JSON: the fields of [`FlightRecord`], and per entry its fields with
+    /// names for the enums (`"op": "all_sum"`, `"dtype": "float32"`, `"outcome": "ok"`,
+    /// `"running"` or `"failed"` with an `"error"` object of `kind`, `fault` and `peer`).
+    /// `nuvec flight` reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # nuvec_tools::testing::two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// group.all_sum(&mut [1.0f32; 4])?;
+    /// let json: serde_json::Value = serde_json::from_str(&group.flight_record().to_json())
+    ///     .expect("the record is JSON");
+    /// assert_eq!(json["rank"], group.rank());
+    /// let last = json["entries"].as_array().and_then(|e| e.last()).expect("a call");
+    /// assert_eq!((&last["op"], &last["dtype"]), (&"all_sum".into(), &"float32".into()));
+    /// assert_eq!((&last["count"], &last["outcome"]), (&4.into(), &"ok".into()));
+    /// # Ok(()) });
+    /// ```
+    pub fn to_json(&self) -> String {
+        let entries: Vec<Value> = self.entries.iter().map(entry_json).collect();
+        let record = json!({
+            "rank": self.rank,
+            "size": self.size,
+            "backend": self.backend,
+            "capacity": self.capacity,
+            "formed_unix_ns": self.formed_unix_ns,
+            "taken_ns": self.taken_ns,
+            "calls": self.calls,
+            "entries": entries,
+        });
+        // A `Value` always serializes.
+        serde_json::to_string_pretty(&record).unwrap_or_default()
+    }
+
+    /// The record as a Chrome trace (the Trace Event Format that `chrome://tracing` and
+    /// Perfetto open): one complete (`"X"`) event per call, in the process `pid` = rank,
+    /// on the Unix time line in microseconds so that the traces of different ranks line up
+    /// when loaded together (as far as the hosts' clocks agree). A call still running
+    /// lasts until the record was taken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # nuvec_tools::testing::two_ranks(|group| {
+    /// // On each rank of a group of two (formed as in `init_with`'s example):
+    /// group.all_gather_vec(&[1u8])?;
+    /// let trace: serde_json::Value = serde_json::from_str(&group.flight_record().to_chrome_trace())
+    ///     .expect("the trace is JSON");
+    /// let last = trace["traceEvents"].as_array().and_then(|e| e.last()).expect("a call");
+    /// assert_eq!((&last["name"], &last["ph"]), (&"all_gather".into(), &"X".into()));
+    /// assert_eq!(last["pid"], group.rank());
+    /// # Ok(()) });
+    /// ```
+    pub fn to_chrome_trace(&self) -> String {
+        let micros = |ns: u64| (self.formed_unix_ns as f64 + ns as f64) / 1000.0;
+        let mut events = Vec::with_capacity(self.entries.len() + 1);
+        events.push(json!({
+            "name": "process_name",
+            "ph": "M",
+            "pid": self.rank,
+            "args": { "name": format!("rank {}", self.rank) },
+        }));
+        for e in &self.entries {
+            let end = e.end_ns.unwrap_or(self.taken_ns.max(e.start_ns));
+            let mut args = entry_json(e);
+            if let Value::Object(map) = &mut args {
+                map.remove("op");
+            }
+            events.push(json!({
+                "name": e.op.name(),
+                "cat": self.backend,
+                "ph": "X",
+                "ts": micros(e.start_ns),
+                "dur": (end - e.start_ns) as f64 / 1000.0,
+                "pid": self.rank,
+                "tid": 0,
+                "args": args,
+            }));
+        }
+        let trace = json!({ "traceEvents": events, "displayTimeUnit": "ns" });
+        serde_json::to_string(&trace).unwrap_or_default()
+    }
+
+    /// Writes [`FlightRecord::to_json`] to `dir/flight-rank<R>.json` and
+    /// [`FlightRecord::to_chrome_trace`] to `dir/flight-rank<R>.trace.json` (R = the rank),
+    /// creating `dir` if needed, and returns the two paths.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Local`] naming the path that could not be created or written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::Group;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let [json, trace] = Group::single().flight_record().write(dir.path())?;
+    /// assert!(json.ends_with("flight-rank0.json") && trace.exists());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write(&self, dir: &Path) -> Result<[PathBuf; 2]> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::local(format!("creating {}", dir.display()), e))?;
+        let json = dir.join(format!("flight-rank{}.json", self.rank));
+        let trace = dir.join(format!("flight-rank{}.trace.json", self.rank));
+        for (path, text) in [(&json, self.to_json()), (&trace, self.to_chrome_trace())] {
+            std::fs::write(path, text)
+                .map_err(|e| Error::local(format!("writing {}", path.display()), e))?;
+        }
+        Ok([json, trace])
+    }
+}
+
+/// One entry as JSON (see [`FlightRecord::to_json`]).
+fn entry_json(e: &FlightEntry) -> Value {
+    let mut v = json!({
+        "seq": e.seq,
+        "op": e.op.name(),
+        "dtype": e.dtype.map(DType::name),
+        "count": e.count(),
+        "bytes": e.bytes,
+        "peer": e.peer,
+        "transport": e.transport.map_or("mixed", Transport::name),
+        "start_ns": e.start_ns,
+        "end_ns": e.end_ns,
+    });
+    let (outcome, error) = match e.outcome {
+        FlightOutcome::Running => ("running", Value::Null),
+        FlightOutcome::Ok => ("ok", Value::Null),
+        FlightOutcome::Failed { kind, fault, peer } => (
+            "failed",
+            json!({ "kind": kind, "fault": format!("{fault:?}"), "peer": peer }),
+        ),
+    };
+    if let Value::Object(map) = &mut v {
+        map.insert("outcome".into(), outcome.into());
+        if !error.is_null() {
+            map.insert("error".into(), error);
+        }
+    }
+    v
+}
+
+/// What a call is, as the group describes it before handing it to the backend.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub(crate) op: FlightOp,
+    pub(crate) dtype: Option<DType>,
+    pub(crate) bytes: usize,
+    pub(crate) peer: Option<usize>,
+}
+
+impl Call {
+    pub(crate) fn new(op: FlightOp, dtype: Option<DType>, bytes: usize) -> Call {
+        Call {
+            op,
+            dtype,
+            bytes,
+            peer: None,
+        }
+    }
+
+    pub(crate) fn with_peer(mut self, peer: usize) -> Call {
+        self.peer = Some(peer);
+        self
+    }
+}
+
+/// The ring of records.
+struct Ring {
+    /// `capacity` records; call `seq` lives in slot `seq % capacity`.
+    slots: Box<[FlightEntry]>,
+    /// The number of the next call.
+    next: u64,
+    /// The slot of the next call, `next % capacity`, kept so that no call divides.
+    head: usize,
+}
+
+/// Where a call's record is, for writing its end.
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: u64,
+    index: usize,
+}
+
+/// A group's flight recorder.
+pub(crate) struct Recorder {
+    epoch: Instant,
+    formed_unix_ns: u64,
+    rank: usize,
+    size: usize,
+    backend: &'static str,
+    /// Per peer, its link (this rank's own slot is `Local`).
+    links: Box<[Transport]>,
+    /// The link every peer shares, `None` if they differ.
+    common: Option<Transport>,
+    /// `None` when the capacity is 0.
+    ring: Option<Mutex<Ring>>,
+    /// Where the record is written when the group fails.
+    dump_dir: Option<PathBuf>,
+    /// Whether that dump was made (at most one per group).
+    dumped: AtomicBool,
+}
+
+impl Recorder {
+    /// A recorder of `capacity` calls for `comm`, dumping into `dump_dir` on failure.
+    pub(crate) fn new(
+        comm: &dyn Communicator,
+        capacity: usize,
+        dump_dir: Option<PathBuf>,
+    ) -> Recorder {
+        let (rank, size) = (comm.rank(), comm.size());
+        let links: Box<[Transport]> = (0..size)
+            .map(|p| {
+                if p == rank {
+                    Transport::Local
+                } else {
+                    comm.transport(p)
+                }
+            })
+            .collect();
+        let mut peers = links.iter().enumerate().filter(|&(p, _)| p != rank);
+        let first = peers.next().map(|(_, &t)| t);
+        let common = match first {
+            Some(t) if peers.all(|(_, &u)| u == t) => Some(t),
+            Some(_) => None,
+            None => Some(Transport::Local),
+        };
+        let placeholder = FlightEntry {
+            seq: u64::MAX,
+            op: FlightOp::Barrier,
+            dtype: None,
+            bytes: 0,
+            peer: None,
+            transport: None,
+            start_ns: 0,
+            end_ns: None,
+            outcome: FlightOutcome::Running,
+        };
+        // Options are validated before a group forms; the clamp keeps a communicator built
+        // around that check from allocating without bound.
+        let capacity = capacity.min(MAX_FLIGHT_RECORDS);
+        let ring = (capacity > 0).then(|| {
+            Mutex::new(Ring {
+                slots: vec![placeholder; capacity].into_boxed_slice(),
+                next: 0,
+                head: 0,
+            })
+        });
+        let formed_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Recorder {
+            epoch: Instant::now(),
+            formed_unix_ns,
+            rank,
+            size,
+            backend: comm.backend(),
+            links,
+            common,
+            ring,
+            dump_dir,
+            dumped: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn lock(ring: &Mutex<Ring>) -> std::sync::MutexGuard<'_, Ring> {
+        // A record is plain data written whole under the lock: a panic elsewhere cannot
+        // leave one half-written.
+        ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the start of `call`; where its record is, or `None` when the recorder is off.
+    fn begin(&self, call: Call) -> Option<Slot> {
+        let ring = self.ring.as_ref()?;
+        let transport = match (call.op, call.peer) {
+            (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
+            _ => self.common,
+        };
+        let start_ns = self.now_ns();
+        let mut ring = Self::lock(ring);
+        let (seq, index) = (ring.next, ring.head);
+        ring.next += 1;
+        ring.head = if index + 1 == ring.slots.len() {
+            0
+        } else {
+            index + 1
+        };
+        ring.slots[index] = FlightEntry {
+            seq,
+            op: call.op,
+            dtype: call.dtype,
+            bytes: call.bytes as u64,
+            peer: call.peer,
+            transport,
+            start_ns,
+            end_ns: None,
+            outcome: FlightOutcome::Running,
+        };
+        Some(Slot { seq, index })
+    }
+
+    /// Records how the call in `slot` ended (unless the ring has moved past it), and dumps
+    /// the record when the error failed the group.
+    fn end(&self, slot: Option<Slot>, result: &Result<()>) {
+        let (Some(Slot { seq, index }), Some(ring)) = (slot, self.ring.as_ref()) else {
+            return;
+        };
+        let end_ns = self.now_ns();
+        {
+            let mut ring = Self::lock(ring);
+            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.seq == seq) {
+                slot.end_ns = Some(end_ns);
+                slot.outcome = match result {
+                    Ok(()) => FlightOutcome::Ok,
+                    Err(e) => FlightOutcome::Failed {
+                        kind: kind(e),
+                        fault: e.fault(),
+                        peer: e.peer(),
+                    },
+                };
+            }
+        }
+        if let Err(e) = result {
+            self.dump_on_failure(e);
+        }
+    }
+
+    /// Writes the record into the dump directory, once per group, when `error` is the one
+    /// that failed the group (not a later call's "failed earlier"). A write that fails is
+    /// logged, never returned: the caller returns the collective's own error.
+    fn dump_on_failure(&self, error: &Error) {
+        let Some(dir) = &self.dump_dir else { return };
+        if !error.is_fatal() || matches!(error, Error::Failed(_)) {
+            return;
+        }
+        if self.dumped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match self.snapshot().write(dir) {
+            Ok([json, _]) => log::info!(
+                "rank {}: the group failed ({error}); its flight record is in {}",
+                self.rank,
+                json.display()
+            ),
+            Err(e) => log::warn!(
+                "rank {}: the group failed, and its flight record could not be written: {e}",
+                self.rank
+            ),
+        }
+    }
+
+    /// A copy of the records, oldest first.
+    pub(crate) fn snapshot(&self) -> FlightRecord {
+        let taken_ns = self.now_ns();
+        let (capacity, calls, entries) = match &self.ring {
+            None => (0, 0, Vec::new()),
+            Some(ring) => {
+                let ring = Self::lock(ring);
+                let capacity = ring.slots.len();
+                // Until the ring is full its records are the slots before the head; then
+                // the oldest is at the head.
+                let entries = if ring.next < capacity as u64 {
+                    ring.slots[..ring.head].to_vec()
+                } else {
+                    let (newer, older) = ring.slots.split_at(ring.head);
+                    older.iter().chain(newer).copied().collect()
+                };
+                (capacity, ring.next, entries)
+            }
+        };
+        FlightRecord {
+            rank: self.rank,
+            size: self.size,
+            backend: self.backend,
+            capacity,
+            formed_unix_ns: self.formed_unix_ns,
+            taken_ns,
+            calls,
+            entries,
+        }
+    }
+}
+
+/// The variant of `e`, for the record.
+fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::InvalidArgument(_) => "InvalidArgument",
+        Error::Environment { .. } => "Environment",
+        Error::Config { .. } => "Config",
+        Error::Io { .. } => "Io",
+        Error::Closed { .. } => "Closed",
+        Error::Lost { .. } => "Lost",
+        Error::Auth { .. } => "Auth",
+        Error::Rdma { .. } => "Rdma",
+        Error::Timeout { .. } => "Timeout",
+        Error::PeerMisbehaved { .. } => "PeerMisbehaved",
+        Error::PeerIncompatible { .. } => "PeerIncompatible",
+        Error::Mismatch { .. } => "Mismatch",
+        Error::Bug { .. } => "Bug",
+        Error::Local { .. } => "Local",
+        Error::GroupClosed => "GroupClosed",
+        Error::Aborted { .. } => "Aborted",
+        Error::Failed(_) => "Failed",
+        Error::Unsupported(_) => "Unsupported",
+        Error::Unavailable { .. } => "Unavailable",
+    }
+}
+
+/// A backend's communicator with the group's recorder in front of every call that moves
+/// data. [`Group`](crate::Group) and the loop thread of its nonblocking calls make them
+/// through [`Recorded::call`], with the element type; as a [`Communicator`] it records the
+/// calls that carry their element type (all_reduce, sum_scatter) with it and the others as
+/// bytes.
+pub(crate) struct Recorded {
+    inner: Arc<dyn Communicator>,
+    recorder: Recorder,
+}
+
+impl fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Recorded {
+    /// `inner` with a recorder of `options.flight_records` calls that dumps into
+    /// `options.flight_dir`, or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR) when that is
+    /// `None`.
+    pub(crate) fn new(inner: Arc<dyn Communicator>, options: &Options) -> Recorded {
+        let dir = options
+            .flight_dir
+            .clone()
+            .or_else(|| crate::config::env::flight_dir(&crate::config::env::process));
+        let recorder = Recorder::new(&*inner, options.flight_records, dir);
+        Recorded { inner, recorder }
+    }
+
+    /// Runs `f` on the backend, recorded as `call`.
+    pub(crate) fn call(
+        &self,
+        call: Call,
+        f: impl FnOnce(&dyn Communicator) -> Result<()>,
+    ) -> Result<()> {
+        let slot = self.recorder.begin(call);
+        let result = f(&*self.inner);
+        self.recorder.end(slot, &result);
+        result
+    }
+
+    /// The backend's communicator.
+    #[cfg(feature = "jaccl")]
+    pub(crate) fn inner(&self) -> &Arc<dyn Communicator> {
+        &self.inner
+    }
+
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+}
+
+impl Communicator for Recorded {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+        let call = Call::new(FlightOp::AllReduce(op), Some(dtype), data.len());
+        self.call(call, |c| c.all_reduce(op, dtype, data))
+    }
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let call = Call::new(FlightOp::AllGather, None, input.len());
+        self.call(call, |c| c.all_gather(input, output))
+    }
+    fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let call = Call::new(FlightOp::SumScatter, Some(dtype), input.len());
+        self.call(call, |c| c.sum_scatter(dtype, input, output))
+    }
+    fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+        let call = Call::new(FlightOp::Send, None, data.len()).with_peer(dst);
+        self.call(call, |c| c.send(data, dst))
+    }
+    fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+        let call = Call::new(FlightOp::Recv, None, data.len()).with_peer(src);
+        self.call(call, |c| c.recv(data, src))
+    }
+    fn barrier(&self) -> Result<()> {
+        self.call(Call::new(FlightOp::Barrier, None, 0), |c| c.barrier())
+    }
+    fn health(&self) -> Result<()> {
+        self.inner.health()
+    }
+    fn close(&self) -> Result<()> {
+        self.inner.close()
+    }
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+    fn transport(&self, peer: usize) -> Transport {
+        self.inner.transport(peer)
+    }
+    fn broadcast(&self, data: &mut [u8], root: usize) -> Result<()> {
+        let call = Call::new(FlightOp::Broadcast, None, data.len()).with_peer(root);
+        self.call(call, |c| c.broadcast(data, root))
+    }
+    fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        let call = Call::new(FlightOp::AllToAll, None, input.len());
+        self.call(call, |c| c.all_to_all(input, output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A communicator of `size` ranks whose calls succeed, except a receive, which fails
+    /// blaming its source.
+    #[derive(Debug)]
+    struct Fake {
+        size: usize,
+    }
+
+    impl Communicator for Fake {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn backend(&self) -> &'static str {
+            "fake"
+        }
+        fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn all_gather(&self, _: &[u8], _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn sum_scatter(&self, _: DType, _: &[u8], _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn send(&self, _: &[u8], _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn recv(&self, _: &mut [u8], src: usize) -> Result<()> {
+            Err(Error::Timeout {
+                peer: src,
+                addr: None,
+                op: crate::error::PeerOp::Receive,
+                context: crate::error::Phase::Recv,
+                after: std::time::Duration::from_secs(1),
+            })
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+        fn health(&self) -> Result<()> {
+            Ok(())
+        }
+        fn close(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn recorded(capacity: usize, dir: Option<PathBuf>) -> Recorded {
+        let options = Options::default()
+            .flight_records(capacity)
+            .flight_dir(dir.unwrap_or_else(|| PathBuf::from("/nonexistent/never/used")));
+        Recorded::new(Arc::new(Fake { size: 3 }), &options)
+    }
+
+    #[test]
+    fn records_every_call_in_order_with_its_description() {
+        let r = recorded(8, None);
+        r.all_reduce(ReduceOp::Max, DType::F32, &mut [0; 16])
+            .unwrap();
+        r.send(&[0; 5], 2).unwrap();
+        r.barrier().unwrap();
+        let record = r.recorder().snapshot();
+        assert_eq!((record.rank, record.size, record.backend), (0, 3, "fake"));
+        assert_eq!((record.capacity, record.calls), (8, 3));
+        let e = &record.entries;
+        assert_eq!(e.iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(e[0].op, FlightOp::AllReduce(ReduceOp::Max));
+        assert_eq!(
+            (e[0].dtype, e[0].bytes, e[0].count()),
+            (Some(DType::F32), 16, Some(4))
+        );
+        assert_eq!(
+            (e[1].op, e[1].peer, e[1].bytes),
+            (FlightOp::Send, Some(2), 5)
+        );
+        assert_eq!(e[1].transport, Some(Transport::Unknown));
+        assert_eq!(e[2].op, FlightOp::Barrier);
+        for e in e {
+            assert_eq!(e.outcome, FlightOutcome::Ok);
+            assert!(e.end_ns.is_some_and(|end| end >= e.start_ns));
+        }
+        assert!(e[0].start_ns <= e[1].start_ns && e[1].start_ns <= e[2].start_ns);
+    }
+
+    #[test]
+    fn a_groups_blocking_and_nonblocking_calls_are_recorded_with_their_element_type() {
+        let g = crate::Group::with_options(Arc::new(Fake { size: 3 }), &Options::default());
+        g.all_gather(&[1u16, 2], &mut [0; 6]).unwrap();
+        let mut out = [0u16; 6];
+        g.scope(|s| {
+            s.start_all_gather(&[1u16, 2], &mut out)
+                .and_then(|p| p.wait())
+                .unwrap();
+        });
+        // The fake backend refuses broadcast (the trait's default): recorded as failed.
+        g.broadcast(&mut [0i64; 3], 2).unwrap_err();
+        let e = g.flight_record().entries;
+        assert_eq!(e.len(), 3);
+        assert!(e[..2].iter().all(|e| e.outcome == FlightOutcome::Ok));
+        assert!(
+            matches!(
+                e[2].outcome,
+                FlightOutcome::Failed {
+                    kind: "Unsupported",
+                    peer: None,
+                    ..
+                }
+            ),
+            "{:?}",
+            e[2]
+        );
+        // The blocking and the nonblocking all_gather both record their element type.
+        assert_eq!(
+            (e[0].op, e[0].dtype, e[0].count()),
+            (FlightOp::AllGather, Some(DType::U16), Some(2))
+        );
+        assert_eq!(
+            (e[1].op, e[1].dtype, e[1].count()),
+            (FlightOp::AllGather, Some(DType::U16), Some(2))
+        );
+        assert_eq!(
+            (e[2].op, e[2].peer, e[2].count()),
+            (FlightOp::Broadcast, Some(2), Some(3))
+        );
+    }
+
+    #[test]
+    fn keeps_the_last_calls_when_it_wraps_around() {
+        let r = recorded(4, None);
+        for len in 0..10 {
+            r.all_gather(&vec![0; len], &mut []).unwrap();
+        }
+        let record = r.recorder().snapshot();
+        assert_eq!(record.calls, 10);
+        let kept: Vec<_> = record.entries.iter().map(|e| (e.seq, e.bytes)).collect();
+        assert_eq!(kept, [(6, 6), (7, 7), (8, 8), (9, 9)]);
+        // Exactly full, and one short of it.
+        for (calls, first) in [(4, 0), (3, 0)] {
+            let r = recorded(4, None);
+            for _ in 0..calls {
+                r.barrier().unwrap();
+            }
+            let seqs: Vec<u64> = r
+                .recorder()
+                .snapshot()
+                .entries
+                .iter()
+                .map(|e| e.seq)
+                .collect();
+            assert_eq!(seqs, (first..calls).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_record_is_no_larger_than_the_docs_say() {
+        // `DEFAULT_FLIGHT_RECORDS` and `MAX_FLIGHT_RECORDS` give the memory from this.
+        assert!(
+            size_of::<FlightEntry>() <= 104,
+            "{}",
+            size_of::<FlightEntry>()
+        );
+    }
+
+    #[test]
+    fn a_capacity_of_zero_records_nothing() {
+        let r = recorded(0, None);
+        r.barrier().unwrap();
+        r.send(&[1], 1).unwrap();
+        let record = r.recorder().snapshot();
+        assert_eq!((record.capacity, record.calls), (0, 0));
+        assert!(record.entries.is_empty());
+    }
+
+    #[test]
+    fn a_failure_is_recorded_with_its_peer_and_dumped_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = recorded(4, Some(dir.path().join("dumps")));
+        r.barrier().unwrap();
+        r.recv(&mut [0; 8], 1).unwrap_err();
+        let record = r.recorder().snapshot();
+        let failed = FlightOutcome::Failed {
+            kind: "Timeout",
+            fault: Fault::PeerFailed,
+            peer: Some(1),
+        };
+        assert_eq!(record.entries[1].outcome, failed);
+        let path = dir.path().join("dumps/flight-rank0.json");
+        let dumped: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(dumped["entries"][1]["op"], "recv");
+        assert_eq!(dumped["entries"][1]["error"]["peer"], 1);
+        assert!(dir.path().join("dumps/flight-rank0.trace.json").exists());
+        // A second failure does not write again.
+        std::fs::remove_file(&path).unwrap();
+        r.recv(&mut [0; 8], 2).unwrap_err();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_dump_that_cannot_be_written_leaves_the_error_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let r = recorded(4, Some(file.join("under-a-file")));
+        let err = r.recv(&mut [0; 8], 1).unwrap_err();
+        assert!(matches!(err, Error::Timeout { peer: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn the_trace_has_one_complete_event_per_call_on_the_rank() {
+        let r = recorded(4, None);
+        r.barrier().unwrap();
+        r.all_reduce(ReduceOp::Sum, DType::I32, &mut [0; 8])
+            .unwrap();
+        let trace: Value =
+            serde_json::from_str(&r.recorder().snapshot().to_chrome_trace()).unwrap();
+        let events = trace["traceEvents"].as_array().unwrap();
+        let calls: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (&calls[1]["name"], &calls[1]["pid"]),
+            (&"all_sum".into(), &0.into())
+        );
+        assert_eq!(calls[1]["args"]["count"], 2);
+    }
+}
