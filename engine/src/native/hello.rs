@@ -42,6 +42,7 @@
 use std::fmt;
 
 use crate::auth::{self, Fault, Handshake, Key, Link, Outcome, Rejection};
+use crate::transport::tcp::seal::{Channel, Side};
 
 /// The hello's version byte.
 pub(crate) const VERSION: u8 = auth::NATIVE_VERSION;
@@ -625,6 +626,22 @@ impl Connector {
         self.exchange.peer.as_ref()
     }
 
+    /// The sealed records of the connection (see [`crate::transport::tcp::seal`]), keyed by
+    /// the group's key and both nonces of its handshake, once that is established with a
+    /// key; `None` without a key.
+    pub(crate) fn channel(&self) -> Option<Box<Channel>> {
+        let (key, auth) = (self.key?, self.auth.as_ref()?);
+        let (connector, acceptor) = auth.nonces()?;
+        let peer = self.peer as usize;
+        Some(Box::new(Channel::new(
+            &key,
+            Side::Connector,
+            &connector,
+            &acceptor,
+            peer,
+        )))
+    }
+
     /// Whether any byte arrived from the acceptor.
     pub(crate) fn heard(&self) -> bool {
         self.exchange.got > 0
@@ -730,6 +747,20 @@ impl Acceptor {
     /// The connector's hello, once read and accepted: who it is and which connection.
     pub(crate) fn peer_hello(&self) -> Option<&Hello> {
         self.exchange.peer.as_ref()
+    }
+
+    /// The sealed records of the connection, as [`Connector::channel`].
+    pub(crate) fn channel(&self) -> Option<Box<Channel>> {
+        let (key, auth) = (self.key?, self.auth.as_ref()?);
+        let (connector, acceptor) = auth.nonces()?;
+        let peer = self.exchange.peer?.from as usize;
+        Some(Box::new(Channel::new(
+            &key,
+            Side::Acceptor,
+            &connector,
+            &acceptor,
+            peer,
+        )))
     }
 
     /// Whether a rejected client is a stranger rather than a rank: its first bytes were not
