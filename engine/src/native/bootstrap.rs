@@ -1024,6 +1024,10 @@ impl Formation for Setup<'_> {
 }
 
 #[cfg(test)]
+#[path = "relay_tests.rs"]
+mod relay_tests;
+
+#[cfg(test)]
 mod tests {
     use std::path::Path;
     use std::sync::mpsc;
