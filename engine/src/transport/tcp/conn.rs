@@ -286,7 +286,7 @@ impl Conn {
                 Ok(n) => break Ok(Transfer::Moved(n)),
                 Err(e) => break Err(record_failure(&e)),
             }
-            let room = channel.room();
+            let room = channel.room(buf.len());
             if room.is_empty() {
                 // `room` guarantees space for a whole record; reading into nothing would
                 // look like the peer closing.

@@ -677,10 +677,16 @@ impl Channel {
         }
     }
 
-    /// Where the next ciphertext read from the socket goes: never empty when
-    /// [`Channel::take`] just returned `Ok(0)`, since a whole record fits behind the
-    /// unopened bytes (they are moved to the front first if it would not).
-    pub(crate) fn room(&mut self) -> &mut [u8] {
+    /// Where the next ciphertext read from the socket goes, for a caller that wants `want`
+    /// plaintext bytes: exactly the rest of the record whose length field is in, else as
+    /// much as a record carrying `want` bytes would take (a sender seals what it is offered,
+    /// so that is usually the next record exactly). A read of exactly what is there is not
+    /// short, and a short read costs the connection a look at the poller before its next
+    /// read (see [`super::conn`]), which for small messages costs more than the record's
+    /// cipher work. Never empty when [`Channel::take`] just returned `Ok(0)`: the whole
+    /// record fits behind the unopened bytes (they are moved to the front first if it
+    /// would not).
+    pub(crate) fn room(&mut self, want: usize) -> &mut [u8] {
         if self.plain.is_empty() {
             if self.start == self.filled {
                 self.start = 0;
@@ -693,7 +699,16 @@ impl Channel {
                 self.plain = 0..0;
             }
         }
-        &mut self.incoming[self.filled..]
+        let have = self.filled - self.start;
+        let record = match self.incoming[self.start..self.filled].first_chunk::<LEN_BYTES>() {
+            Some(field) => (u32::from_le_bytes(*field) as usize).saturating_add(OVERHEAD),
+            None => want.min(MAX_PLAINTEXT).saturating_add(OVERHEAD),
+        };
+        let end = self
+            .filled
+            .saturating_add(record.min(MAX_RECORD).saturating_sub(have))
+            .min(self.incoming.len());
+        &mut self.incoming[self.filled..end]
     }
 
     /// `n` bytes were read into [`Channel::room`].
@@ -1098,7 +1113,7 @@ mod tests {
             if at == stream.len() {
                 return Ok(out);
             }
-            let room = to.room();
+            let room = to.room(take);
             assert!(!room.is_empty());
             let n = room.len().min(piece).min(stream.len() - at);
             room[..n].copy_from_slice(&stream[at..at + n]);
@@ -1185,7 +1200,7 @@ mod tests {
                     Err(e) => break e,
                 }
                 assert!(fed < stream.len(), "byte {at}: the stream opened");
-                let room = a.room();
+                let room = a.room(buf.len());
                 let n = room.len().min(stream.len() - fed).min(1500);
                 room[..n].copy_from_slice(&stream[fed..fed + n]);
                 a.filled(n);
@@ -1210,7 +1225,7 @@ mod tests {
     fn peeking_leaves_the_plaintext_for_the_next_take() {
         let (mut c, mut a) = channels();
         let stream = wire(&mut c, b"head", b"body", 1 << 20);
-        a.room()[..stream.len()].copy_from_slice(&stream);
+        a.room(8)[..stream.len()].copy_from_slice(&stream);
         a.filled(stream.len());
         let mut buf = [0u8; 4];
         assert_eq!(a.peek(&mut buf).unwrap(), 4);
