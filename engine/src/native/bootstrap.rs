@@ -1059,10 +1059,12 @@ mod tests {
 
     const SECRET: &str = "a shared secret of enough length";
 
+    /// With a key, on epoll by name: keyed native groups refuse io_uring, and these tests
+    /// also run with `NUVEC_DISTRIBUTED_IO=uring`.
     fn options(timeout: Duration, key: Option<&str>) -> Options {
         let options = Options::default().timeout(timeout);
         match key {
-            Some(k) => options.key(k),
+            Some(k) => options.key(k).io(crate::options::Io::Epoll),
             None => options,
         }
     }
