@@ -1034,6 +1034,44 @@ mod tests {
     }
 
     #[test]
+    fn keyed_ends_get_matching_channels_and_unkeyed_ends_none() {
+        let (c, a) = ring_pair(None, None);
+        assert!(c.channel().is_none() && a.channel().is_none());
+        let k = key(SECRET);
+        let (mut c, mut a) = ring_pair(Some(&k), Some(&k));
+        // Before the handshake: no nonces yet, no channel.
+        assert!(c.channel().is_none() && a.channel().is_none());
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        let (mut cc, mut ac) = (c.channel().unwrap(), a.channel().unwrap());
+        // What one end seals the other opens, both ways; a second handshake of the same
+        // ranks has fresh nonces, so its records open on neither.
+        let (mut c2, mut a2) = ring_pair(Some(&k), Some(&k));
+        converse(&mut c2, &mut a2, &mut || usize::MAX);
+        let mut other = a2.channel().unwrap();
+        let record = carry(&mut cc, &mut ac);
+        carry(&mut ac, &mut cc);
+        let mut got = [0u8; 8];
+        let room = other.room(8);
+        room[..record.len()].copy_from_slice(&record);
+        other.filled(record.len());
+        assert!(other.take(&mut got).is_err());
+    }
+
+    /// Seals "headbody" on `from`, opens it on `to`, and returns the record.
+    fn carry(from: &mut Channel, to: &mut Channel) -> Vec<u8> {
+        from.seal_pair(b"head", b"body").unwrap();
+        let record = from.unsent().to_vec();
+        assert_eq!(from.handle_sent(record.len()), Some(8));
+        let room = to.room(8);
+        room[..record.len()].copy_from_slice(&record);
+        to.filled(record.len());
+        let mut got = [0u8; 8];
+        assert_eq!(to.take(&mut got).unwrap(), 8);
+        assert_eq!(&got, b"headbody");
+        record
+    }
+
+    #[test]
     fn ring_and_mesh_pairs_establish_and_learn_each_other() {
         let k = key(SECRET);
         for keyed in [None, Some(&k)] {

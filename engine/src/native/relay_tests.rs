@@ -4,8 +4,9 @@
 //! the handshake untouched. After a clean all_sum it alters one direction of the stream:
 //! flips a byte (of a record's length, ciphertext or tag), injects a 24-byte record of
 //! its own, replays the first 4 KiB, drops a whole record, or cuts the connection inside a
-//! record. Every tampered call fails on the rank that receives the tampered direction with
-//! an authentication failure or a close naming the other rank, and no rank returns a wrong
+//! record. Every tampered call (an all_sum, or a send and its recv across the tampered
+//! direction) fails on the rank that receives the tampered direction with an
+//! authentication failure or a close naming the other rank, and no rank returns a wrong
 //! result as `Ok`.
 
 use std::io::{Read, Write};
@@ -194,13 +195,13 @@ fn relay(target: SocketAddr, tamper: Tamper, towards_acceptor: bool) -> Relay {
     Relay { addr, armed, done }
 }
 
-/// The two ranks' all_sum of `n` i32 through a relay doing `tamper` to the direction
-/// `towards_acceptor` (rank 0 to rank 1) or back; returns each rank's result and whether
-/// the relay tampered.
-fn tampered_all_sum(
+/// The two ranks' `call` of `n` i32 through a relay doing `tamper` to the direction
+/// `towards_acceptor` (rank 0 to rank 1) or back; returns each rank's result (what it
+/// received, nothing for a send) and whether the relay tampered.
+fn tampered_call(
     tamper: Tamper,
     towards_acceptor: bool,
-    n: usize,
+    (call, n): (Call, usize),
 ) -> (Vec<Result<Vec<i32>, Error>>, bool) {
     let ports: Vec<SocketAddr> = (0..2)
         .map(|_| {
@@ -244,9 +245,15 @@ fn tampered_all_sum(
                     gate.wait();
                     let data: Vec<i32> = (0..n).map(|i| value(rank, i)).collect();
                     let mut data = bytes(&data);
-                    let result = comm
-                        .all_reduce(ReduceOp::Sum, DType::I32, &mut data)
-                        .map(|()| words(&data));
+                    // The tampered direction's sender sends, its receiver receives.
+                    let sends = (rank == 0) == towards_acceptor;
+                    let result = match call {
+                        Call::AllSum => comm
+                            .all_reduce(ReduceOp::Sum, DType::I32, &mut data)
+                            .map(|()| words(&data)),
+                        Call::Send if sends => comm.send(&data, 1 - rank).map(|()| Vec::new()),
+                        Call::Send => comm.recv(&mut data, 1 - rank).map(|()| words(&data)),
+                    };
                     let _ = comm.close();
                     result
                 })
@@ -261,6 +268,15 @@ fn tampered_all_sum(
             .collect::<Vec<_>>()
     });
     (results, relay.done.load(Ordering::SeqCst))
+}
+
+/// The call made through the relay.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    /// Both ranks' all_sum.
+    AllSum,
+    /// The tampered direction's sender sends, its receiver receives.
+    Send,
 }
 
 fn value(rank: usize, i: usize) -> i32 {
@@ -307,17 +323,35 @@ fn every_tampered_call_fails_on_the_receiving_rank_and_none_is_wrong() {
         (Tamper::Cut { at: 20 }, small),
         (Tamper::Cut { at: 70_000 }, huge),
     ];
-    for (tamper, n) in cases {
+    let sends = [
+        (Tamper::Flip { at: 5, bit: 0x01 }, small),
+        (
+            Tamper::Flip {
+                at: 40_000,
+                bit: 0x04,
+            },
+            large,
+        ),
+        (Tamper::Inject, small),
+        (Tamper::Replay, large),
+        (Tamper::Drop, huge),
+        (Tamper::Cut { at: 70_000 }, huge),
+    ];
+    let calls = cases
+        .iter()
+        .map(|&(t, n)| (t, (Call::AllSum, n)))
+        .chain(sends.iter().map(|&(t, n)| (t, (Call::Send, n))));
+    for (tamper, (call, n)) in calls {
         for towards_acceptor in [true, false] {
             let what = format!(
-                "{tamper:?} on {} of {n} i32",
+                "{tamper:?} on {} of {call:?} of {n} i32",
                 if towards_acceptor {
                     "rank 0 -> 1"
                 } else {
                     "rank 1 -> 0"
                 }
             );
-            let (results, done) = tampered_all_sum(tamper, towards_acceptor, n);
+            let (results, done) = tampered_call(tamper, towards_acceptor, (call, n));
             assert!(done, "{what}: the relay did not tamper");
             let receiver = usize::from(towards_acceptor);
             let sender = 1 - receiver;
@@ -334,9 +368,12 @@ fn every_tampered_call_fails_on_the_receiving_rank_and_none_is_wrong() {
             for (rank, result) in results.iter().enumerate() {
                 if let Ok(data) = result {
                     for (i, got) in data.iter().enumerate() {
+                        let want = match call {
+                            Call::AllSum => value(0, i) + value(1, i),
+                            Call::Send => value(sender, i),
+                        };
                         assert_eq!(
-                            *got,
-                            value(0, i) + value(1, i),
+                            *got, want,
                             "{what}: rank {rank} returned a wrong result as Ok at {i}"
                         );
                     }
