@@ -290,7 +290,8 @@ impl Conn {
             if room.is_empty() {
                 // `room` guarantees space for a whole record; reading into nothing would
                 // look like the peer closing.
-                break Err(io::Error::other("no room for a sealed record (a bug)"));
+                let what = "no room to read the rest of a record".to_string();
+                break Err(record_failure(&channel.misuse(what)));
             }
             match self.read_stream(room) {
                 Ok(Transfer::Moved(n)) => channel.filled(n),
@@ -520,10 +521,11 @@ impl Conn {
                 }
             }
             Some(plain) if plain > head.len() + body.len() => {
-                return Err(io::Error::other(format!(
-                    "a record of {plain} bytes is being written, but only {} were offered                      again (a bug)",
+                let what = format!(
+                    "a record of {plain} bytes is being written, but only {} were offered again",
                     head.len() + body.len()
-                )));
+                );
+                return Err(record_failure(&channel.misuse(what)));
             }
             Some(_) => {}
         }

@@ -162,8 +162,8 @@ pub(crate) enum RecordError {
         /// The peer at the other end.
         peer: usize,
     },
-    /// The caller asked to seal more than [`MAX_PLAINTEXT`] bytes in one record, or gave
-    /// a buffer of the wrong size: a bug in the caller.
+    /// The caller asked to seal more than [`MAX_PLAINTEXT`] bytes in one record, gave a
+    /// buffer of the wrong size, or used a [`Channel`] out of turn: a bug in the caller.
     Misuse {
         /// The peer the record was for.
         peer: usize,
@@ -198,7 +198,7 @@ impl fmt::Display for RecordError {
                  a new group to go on"
             ),
             RecordError::Misuse { peer, what } => {
-                write!(f, "sealing a record for rank {peer}: {what}")
+                write!(f, "the records of the connection with rank {peer}: {what}")
             }
             RecordError::Failed(first) => write!(f, "{first} (earlier on this connection)"),
         }
@@ -561,6 +561,13 @@ impl Channel {
     /// The first error the channel met, if any.
     pub(crate) fn error(&self) -> Option<&RecordError> {
         self.error.as_ref()
+    }
+
+    /// Records a bug in the channel's caller, `what`, as the channel's error (a
+    /// [`RecordError::Misuse`], which fails the call as a bug) and returns it.
+    pub(crate) fn misuse(&mut self, what: String) -> RecordError {
+        let peer = self.sealer.peer;
+        self.failed(RecordError::Misuse { peer, what })
     }
 
     /// Keeps `error` as the channel's first (an earlier one stays) and returns it.
