@@ -560,6 +560,8 @@ pub(crate) struct Connector {
     sent: usize,
     inbuf: [u8; Challenge::LEN],
     got: usize,
+    /// The acceptor's nonce, once its challenge proved the key.
+    acceptor_nonce: Option<[u8; 32]>,
     outcome: Outcome,
 }
 
@@ -588,8 +590,19 @@ impl Connector {
             sent: 0,
             inbuf: [0; Challenge::LEN],
             got: 0,
+            acceptor_nonce: None,
             outcome,
         })
+    }
+
+    /// The connection's nonces, the connector's then the acceptor's, once the keyed
+    /// handshake is established: what the native wire derives its record keys from
+    /// (`transport::tcp::seal`). `None` without a key or before then.
+    pub(crate) fn nonces(&self) -> Option<([u8; 32], [u8; 32])> {
+        match (&self.outcome, self.key, self.acceptor_nonce) {
+            (Outcome::Established, Some(_), Some(theirs)) => Some((self.hello.nonce, theirs)),
+            _ => None,
+        }
     }
 
     /// Binds `bound` into both proofs (the native wire binds its hellos, so that no one can
@@ -624,6 +637,7 @@ impl Connector {
                 Rejection::keys(None, "it did not prove the key (the ranks' keys differ)");
             return;
         }
+        self.acceptor_nonce = Some(challenge.nonce);
         self.phase = ConnectorPhase::Verdict;
         self.got = 0;
     }
@@ -770,6 +784,17 @@ impl Acceptor {
     pub(crate) fn bind(mut self, bound: [u8; 32]) -> Acceptor {
         self.bound = Some(bound);
         self
+    }
+
+    /// The connection's nonces, the connector's then the acceptor's, once the keyed
+    /// handshake is established (as [`Connector::nonces`]).
+    pub(crate) fn nonces(&self) -> Option<([u8; 32], [u8; 32])> {
+        match (&self.outcome, self.key, self.phase) {
+            (Outcome::Established, Some(_), AcceptorPhase::Verdict(hello, true)) => {
+                Some((hello.nonce, self.nonce))
+            }
+            _ => None,
+        }
     }
 
     fn hello_read(&mut self, key: &Key) {

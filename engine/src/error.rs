@@ -190,7 +190,9 @@ pub enum Error {
     },
 
     /// Authenticating a connection with the pre-shared key failed: the peer did not prove
-    /// it holds the key, refused this rank's proof, or is not the rank it should be.
+    /// it holds the key, refused this rank's proof, or is not the rank it should be; or,
+    /// on a keyed native connection, a sealed record from it did not authenticate (bytes
+    /// altered, injected, replayed, reordered or dropped on the way).
     #[error("rank {peer}{}: authentication failed during {context}: {reason}", fmt_addr(*addr))]
     Auth {
         /// The peer's rank (as expected, or as it claimed).

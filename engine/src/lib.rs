@@ -140,9 +140,14 @@
 //! setup on both sides with an error saying the peer did not prove the key. MLX's ranks do
 //! not speak this handshake, so a keyed ring is made of nuvec ranks only.
 //!
-//! **The traffic after the handshake is not encrypted, and not authenticated either**:
-//! anyone who can read or alter packets on the network can read or alter the data. On a
-//! network you do not trust, run the ring over a VPN or another encrypted link.
+//! On the native wire, a keyed group's TCP connections then carry every byte in sealed
+//! records (ChaCha20-Poly1305 under per-connection, per-direction keys derived from the key
+//! and both handshake nonces): altered, injected, replayed, reordered or dropped bytes fail
+//! the call naming the sender, and no unverified byte reaches the caller. Shared memory
+//! between ranks of one host is not sealed, nor are the TCP urgent bytes that carry failure
+//! notices. **On the MLX wire, the traffic after the handshake is not encrypted, and not
+//! authenticated either**: anyone who can read or alter packets on the network can read or
+//! alter the data; on a network you do not trust, use the native wire or a VPN.
 //!
 //! # Environment
 //!

@@ -182,6 +182,10 @@ fn native_patterns_p2() {
     patterns(2, 1, "native", false, "native_patterns_p2");
 }
 #[test]
+fn native_patterns_p3_keyed() {
+    patterns(3, 1, "native", true, "native_patterns_p3_keyed");
+}
+#[test]
 fn native_patterns_p5() {
     patterns(5, 1, "native", false, "native_patterns_p5");
 }

@@ -41,9 +41,10 @@ use super::{Formed, Peer};
 use crate::auth::{Fault, Handshake, Key, Outcome};
 use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, PeerOp, Phase, Result, describe_io};
-use crate::options::Options;
+use crate::options::{Io, Options};
 use crate::transport::tcp::Connections;
 use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
+use crate::transport::tcp::seal::Channel;
 use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
@@ -116,6 +117,14 @@ fn silent_peer(timeout: Duration) -> String {
 /// Forms this rank's part of the native mesh within `options.timeout`.
 pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed> {
     let key = bootstrap::prepare(options)?;
+    // A keyed group's connections are sealed, and sealed connections run on epoll for now:
+    // io_uring asked for by name fails before any socket exists, not after forming.
+    if key.is_some()
+        && addrs.size > 1
+        && crate::config::env::io(&crate::config::env::process, options.io)? == Io::Uring
+    {
+        return Err(crate::transport::tcp::sealed_on_uring());
+    }
     let rank = addrs.rank;
     verbose!(
         rank,
@@ -226,9 +235,14 @@ enum Dial {
     Connecting(TcpStream),
     /// Connected; running the hello (and authentication).
     Handshake(TcpStream, Box<hello::Connector>),
-    /// Ready, with what the peer said about itself.
-    Up(TcpStream, Peer),
+    /// Ready, with what the peer said about itself (and, with a key, the connection's
+    /// sealed records).
+    Up(TcpStream, Peer, Sealing),
 }
+
+/// A keyed connection's sealed records (see [`crate::transport::tcp::seal`]), from its
+/// handshake; `None` without a key.
+type Sealing = Option<Box<Channel>>;
 
 /// An accepted connection not yet placed.
 struct Candidate {
@@ -267,9 +281,9 @@ struct Setup<'a> {
     dial_failures: Vec<Option<String>>,
     candidates: Vec<Option<Candidate>>,
     /// The left neighbour's ring connections, by index.
-    ring_in: Vec<Option<(TcpStream, Peer)>>,
+    ring_in: Vec<Option<(TcpStream, Peer, Sealing)>>,
     /// The lower non-neighbours' mesh connections, by rank.
-    mesh_in: Vec<Option<(TcpStream, Peer)>>,
+    mesh_in: Vec<Option<(TcpStream, Peer, Sealing)>>,
     /// Ranks that must dial this one's first address for the mesh.
     mesh_from: Vec<usize>,
     /// Accepted clients dropped as strangers, for the error at the deadline.
@@ -462,7 +476,7 @@ impl<'a> Setup<'a> {
             &mut self.dials[i],
             Dial::Idle(Instant::now() + self.backoff[i]),
         );
-        if let Dial::Connecting(mut s) | Dial::Handshake(mut s, _) | Dial::Up(mut s, _) = old {
+        if let Dial::Connecting(mut s) | Dial::Handshake(mut s, _) | Dial::Up(mut s, ..) = old {
             let _ = self.poll.registry().deregister(&mut s);
         }
         self.backoff[i] = next_backoff(self.backoff[i]);
@@ -513,12 +527,16 @@ impl<'a> Setup<'a> {
         match hs.outcome().clone() {
             Outcome::Pending => {}
             Outcome::Established => {
+                let sealing = hs.channel();
+                if let Err(e) = self.sealed(&sealing, target.peer) {
+                    return self.fail(e);
+                }
                 if let (Dial::Handshake(mut s, _), Some(peer)) = (
                     std::mem::replace(&mut self.dials[i], Dial::Idle(Instant::now())),
                     peer,
                 ) {
                     let _ = self.poll.registry().deregister(&mut s);
-                    self.dials[i] = Dial::Up(s, peer);
+                    self.dials[i] = Dial::Up(s, peer, sealing);
                 }
             }
             // The peer left before sending a byte: it may be restarting; try again.
@@ -544,6 +562,21 @@ impl<'a> Setup<'a> {
         if self.failure.is_none() {
             self.failure = Some(error);
         }
+    }
+
+    /// Checks that a connection to `peer` established with a key has its sealed records:
+    /// no keyed connection may carry a byte outside them.
+    fn sealed(&self, sealing: &Sealing, peer: usize) -> Result<()> {
+        if self.key.is_some() && sealing.is_none() {
+            return Err(Error::Bug {
+                context: CONTEXT,
+                what: format!(
+                    "the keyed handshake with rank {peer} was established without the nonces \
+                     its records are sealed under"
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn accept(&mut self, slot: usize) -> Result<()> {
@@ -705,6 +738,10 @@ impl<'a> Setup<'a> {
                 let Some(hello) = said else {
                     return;
                 };
+                let sealing = c.acceptor.channel();
+                if let Err(e) = self.sealed(&sealing, hello.from as usize) {
+                    return self.fail(e);
+                }
                 let peer = Peer {
                     host: hello.identity.host,
                     capabilities: hello.identity.capabilities,
@@ -718,12 +755,12 @@ impl<'a> Setup<'a> {
                 match place {
                     Place::Ring(i) => {
                         if let Some(s) = self.ring_in.get_mut(i) {
-                            *s = Some((c.stream, peer));
+                            *s = Some((c.stream, peer, sealing));
                         }
                     }
                     Place::Mesh(r) => {
                         if let Some(s) = self.mesh_in.get_mut(r) {
-                            *s = Some((c.stream, peer));
+                            *s = Some((c.stream, peer, sealing));
                         }
                     }
                 }
@@ -761,32 +798,46 @@ impl<'a> Setup<'a> {
         // Errors show a connection's address beside the peer's rank: for one that arrived
         // here, the peer's own (as the hostfile gives it), not this rank's.
         let left_addr = self.addrs.first_address(left)?;
+        // Each connection's sealed records, in the transport's order of connections: the
+        // left ones, the right ones, then the others by rank.
         let mut left_conns = Vec::with_capacity(self.ring_in.len());
-        for (stream, peer) in self.ring_in.drain(..).flatten() {
+        let mut sealings = Vec::new();
+        for (stream, peer, sealing) in self.ring_in.drain(..).flatten() {
             peers[left] = Some(peer);
             left_conns.push((stream, left, left_addr));
+            sealings.push(sealing);
         }
         let mut right_conns = Vec::new();
         let mut others = Vec::new();
         for (dial, target) in self.dials.drain(..).zip(&self.targets) {
-            if let Dial::Up(stream, peer) = dial {
+            if let Dial::Up(stream, peer, sealing) = dial {
                 peers[target.peer] = Some(peer);
                 match target.kind {
-                    Kind::Ring(_) => right_conns.push((stream, right, target.addr)),
+                    Kind::Ring(_) => {
+                        right_conns.push((stream, right, target.addr));
+                        sealings.push(sealing);
+                    }
                     Kind::Mesh | Kind::Accepted(_) => {
-                        others.push((stream, target.peer, target.addr))
+                        others.push(((stream, target.peer, target.addr), sealing))
                     }
                 }
             }
         }
         for (rank, slot) in self.mesh_in.drain(..).enumerate() {
-            if let Some((stream, peer)) = slot {
+            if let Some((stream, peer, sealing)) = slot {
                 peers[rank] = Some(peer);
                 // As for the left connections: the peer's own address.
-                others.push((stream, rank, self.addrs.first_address(rank)?));
+                others.push(((stream, rank, self.addrs.first_address(rank)?), sealing));
             }
         }
-        others.sort_by_key(|&(_, rank, _)| rank);
+        others.sort_by_key(|&((_, rank, _), _)| rank);
+        let others = others
+            .into_iter()
+            .map(|(conn, sealing)| {
+                sealings.push(sealing);
+                conn
+            })
+            .collect();
         let peers = peers
             .into_iter()
             .enumerate()
@@ -797,7 +848,7 @@ impl<'a> Setup<'a> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let transport = Connections::mesh(
+        let mut transport = Connections::mesh(
             self.poll,
             me,
             size,
@@ -807,6 +858,11 @@ impl<'a> Setup<'a> {
             &self.tuning.liveness,
         )
         .map_err(|e| Error::local("setting up the mesh's connections", e))?;
+        for (index, sealing) in sealings.into_iter().enumerate() {
+            if let Some(channel) = sealing {
+                transport.seal(index, channel);
+            }
+        }
         Ok(Formed {
             transport,
             rank: me,
@@ -968,6 +1024,10 @@ impl Formation for Setup<'_> {
 }
 
 #[cfg(test)]
+#[path = "relay_tests.rs"]
+mod relay_tests;
+
+#[cfg(test)]
 mod tests {
     use std::path::Path;
     use std::sync::mpsc;
@@ -999,10 +1059,12 @@ mod tests {
 
     const SECRET: &str = "a shared secret of enough length";
 
+    /// With a key, on epoll by name: keyed native groups refuse io_uring, and these tests
+    /// also run with `NUVEC_DISTRIBUTED_IO=uring`.
     fn options(timeout: Duration, key: Option<&str>) -> Options {
         let options = Options::default().timeout(timeout);
         match key {
-            Some(k) => options.key(k),
+            Some(k) => options.key(k).io(crate::options::Io::Epoll),
             None => options,
         }
     }

@@ -42,6 +42,7 @@
 use std::fmt;
 
 use crate::auth::{self, Fault, Handshake, Key, Link, Outcome, Rejection};
+use crate::transport::tcp::seal::{Channel, Side};
 
 /// The hello's version byte.
 pub(crate) const VERSION: u8 = auth::NATIVE_VERSION;
@@ -625,6 +626,22 @@ impl Connector {
         self.exchange.peer.as_ref()
     }
 
+    /// The sealed records of the connection (see [`crate::transport::tcp::seal`]), keyed by
+    /// the group's key and both nonces of its handshake, once that is established with a
+    /// key; `None` without a key.
+    pub(crate) fn channel(&self) -> Option<Box<Channel>> {
+        let (key, auth) = (self.key?, self.auth.as_ref()?);
+        let (connector, acceptor) = auth.nonces()?;
+        let peer = self.peer as usize;
+        Some(Box::new(Channel::new(
+            &key,
+            Side::Connector,
+            &connector,
+            &acceptor,
+            peer,
+        )))
+    }
+
     /// Whether any byte arrived from the acceptor.
     pub(crate) fn heard(&self) -> bool {
         self.exchange.got > 0
@@ -730,6 +747,20 @@ impl Acceptor {
     /// The connector's hello, once read and accepted: who it is and which connection.
     pub(crate) fn peer_hello(&self) -> Option<&Hello> {
         self.exchange.peer.as_ref()
+    }
+
+    /// The sealed records of the connection, as [`Connector::channel`].
+    pub(crate) fn channel(&self) -> Option<Box<Channel>> {
+        let (key, auth) = (self.key?, self.auth.as_ref()?);
+        let (connector, acceptor) = auth.nonces()?;
+        let peer = self.exchange.peer?.from as usize;
+        Some(Box::new(Channel::new(
+            &key,
+            Side::Acceptor,
+            &connector,
+            &acceptor,
+            peer,
+        )))
     }
 
     /// Whether a rejected client is a stranger rather than a rank: its first bytes were not
@@ -945,6 +976,44 @@ mod tests {
         assert_eq!(early(&good[..8]), Ok(()));
         assert_eq!(early(b"nuvec"), Ok(()));
         assert_eq!(early(&[]), Ok(()));
+    }
+
+    #[test]
+    fn keyed_ends_get_matching_channels_and_unkeyed_ends_none() {
+        let (c, a) = ring_pair(None, None);
+        assert!(c.channel().is_none() && a.channel().is_none());
+        let k = key(SECRET);
+        let (mut c, mut a) = ring_pair(Some(&k), Some(&k));
+        // Before the handshake: no nonces yet, no channel.
+        assert!(c.channel().is_none() && a.channel().is_none());
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        let (mut cc, mut ac) = (c.channel().unwrap(), a.channel().unwrap());
+        // What one end seals the other opens, both ways; a second handshake of the same
+        // ranks has fresh nonces, so its records open on neither.
+        let (mut c2, mut a2) = ring_pair(Some(&k), Some(&k));
+        converse(&mut c2, &mut a2, &mut || usize::MAX);
+        let mut other = a2.channel().unwrap();
+        let record = carry(&mut cc, &mut ac);
+        carry(&mut ac, &mut cc);
+        let mut got = [0u8; 8];
+        let room = other.room(8);
+        room[..record.len()].copy_from_slice(&record);
+        other.filled(record.len());
+        assert!(other.take(&mut got).is_err());
+    }
+
+    /// Seals "headbody" on `from`, opens it on `to`, and returns the record.
+    fn carry(from: &mut Channel, to: &mut Channel) -> Vec<u8> {
+        from.seal_pair(b"head", b"body").unwrap();
+        let record = from.unsent().to_vec();
+        assert_eq!(from.handle_sent(record.len()), Some(8));
+        let room = to.room(8);
+        room[..record.len()].copy_from_slice(&record);
+        to.filled(record.len());
+        let mut got = [0u8; 8];
+        assert_eq!(to.take(&mut got).unwrap(), 8);
+        assert_eq!(&got, b"headbody");
+        record
     }
 
     #[test]

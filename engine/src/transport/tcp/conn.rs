@@ -23,6 +23,7 @@ use mio::net::TcpStream;
 use socket2::SockRef;
 
 use super::notice::{Notices, Sent, Urgent};
+use super::seal::{Channel, RecordError};
 use super::sys::{Event, Source, Urgency};
 use crate::auth;
 use crate::error::{Error, PeerOp, Phase};
@@ -56,6 +57,9 @@ pub(crate) struct Conn {
     pub(super) unpolled: bool,
     /// This connection's end of the driver.
     pub(super) source: Source,
+    /// The records of a keyed native connection ([`super::seal`]): every byte read or written
+    /// goes through them. `None` for the others, whose bytes move as they are.
+    pub(super) seal: Option<Box<Channel>>,
 }
 
 /// The check a rank without a key makes of the first bytes each connection delivers, once
@@ -132,6 +136,23 @@ impl Conn {
 
     /// The error for a failed system call on this connection.
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
+        // Records that did not open, or could not be sealed: that is what failed.
+        if let Some(error) = self.seal.as_ref().and_then(|c| c.error()) {
+            return match error.clone().into_error(context) {
+                Error::Auth {
+                    peer,
+                    addr: None,
+                    context,
+                    reason,
+                } => Error::Auth {
+                    peer,
+                    addr: Some(self.addr),
+                    context,
+                    reason,
+                },
+                other => other,
+            };
+        }
         // A peer whose first bytes showed it cannot speak with this rank: that, not the
         // system call, is what to report.
         let incompatible = match self.first {
@@ -236,8 +257,53 @@ impl Conn {
         }
     }
 
-    /// Reads what is available into `buf`, which is not empty.
+    /// Reads what is available into `buf`, which is not empty: on a sealed connection,
+    /// plaintext of records that authenticated (see [`Conn::read_sealed`]).
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
+        if self.seal.is_some() {
+            return self.read_sealed(buf, Channel::take);
+        }
+        self.read_stream(buf)
+    }
+
+    /// Moves plaintext of the connection's records into `buf` with `copy` (taking it, or
+    /// leaving it for the next call): what the channel holds first, else the ciphertext
+    /// the socket has, until a record is whole and opens. A record that does not
+    /// authenticate fails the read (and every later one) with the channel's error, which
+    /// [`Conn::failed`] reports; a close inside a record is a close, with nothing of the
+    /// record passed on.
+    fn read_sealed(
+        &mut self,
+        buf: &mut [u8],
+        copy: fn(&mut Channel, &mut [u8]) -> Result<usize, RecordError>,
+    ) -> io::Result<Transfer> {
+        let Some(mut channel) = self.seal.take() else {
+            return self.read_stream(buf);
+        };
+        let result = loop {
+            match copy(&mut channel, buf) {
+                Ok(0) => {}
+                Ok(n) => break Ok(Transfer::Moved(n)),
+                Err(e) => break Err(record_failure(&e)),
+            }
+            let room = channel.room(buf.len());
+            if room.is_empty() {
+                // `room` guarantees space for a whole record; reading into nothing would
+                // look like the peer closing.
+                let what = "no room to read the rest of a record".to_string();
+                break Err(record_failure(&channel.misuse(what)));
+            }
+            match self.read_stream(room) {
+                Ok(Transfer::Moved(n)) => channel.filled(n),
+                other => break other,
+            }
+        };
+        self.seal = Some(channel);
+        result
+    }
+
+    /// Reads what the socket has into `buf`, which is not empty.
+    fn read_stream(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
         if !self.readable || self.unpolled {
             return Ok(Transfer::Blocked);
         }
@@ -358,10 +424,13 @@ impl Conn {
         }
     }
 
-    /// Writes what fits from `buf`, which is not empty.
+    /// Writes what fits from `buf`, which is not empty (sealed: see [`Conn::write_sealed`]).
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<Transfer> {
         if !self.writable {
             return Ok(Transfer::Blocked);
+        }
+        if self.seal.is_some() {
+            return self.write_sealed(&[], buf);
         }
         let len = buf.len().min(MAX_IO_BYTES);
         self.sent(|c| c.source.send(&mut c.stream, &buf[..len]))
@@ -414,18 +483,92 @@ impl Conn {
         if !self.writable {
             return Ok(Transfer::Blocked);
         }
+        if self.seal.is_some() {
+            return self.write_sealed(head, body);
+        }
         let body = &body[..body.len().min(MAX_IO_BYTES)];
         self.sent(|c| c.source.send_pair(&mut c.stream, head, body))
     }
 
+    /// Writes `head` then `body` sealed: seals what fits of them in one record (unless a
+    /// record is still being written: the caller offers the same bytes again until that
+    /// one is out, as nothing of them was reported sent) and writes it. Reports the record's
+    /// plaintext bytes as moved only once the whole record is on the socket, so that a
+    /// collective never finishes with part of its last record still here; until then the
+    /// write is blocked, waiting for room.
+    fn write_sealed(&mut self, head: &[u8], body: &[u8]) -> io::Result<Transfer> {
+        let Some(mut channel) = self.seal.take() else {
+            return Err(io::Error::other(
+                "a sealed write on an unsealed connection (a bug)",
+            ));
+        };
+        let result = self.send_record(&mut channel, head, body);
+        self.seal = Some(channel);
+        result
+    }
+
+    /// [`Conn::write_sealed`]'s work, with the channel taken out of the connection.
+    fn send_record(
+        &mut self,
+        channel: &mut Channel,
+        head: &[u8],
+        body: &[u8],
+    ) -> io::Result<Transfer> {
+        match channel.sending() {
+            None => {
+                if let Err(e) = channel.seal_pair(head, body) {
+                    return Err(record_failure(&e));
+                }
+            }
+            Some(plain) if plain > head.len() + body.len() => {
+                let what = format!(
+                    "a record of {plain} bytes is being written, but only {} were offered again",
+                    head.len() + body.len()
+                );
+                return Err(record_failure(&channel.misuse(what)));
+            }
+            Some(_) => {}
+        }
+        loop {
+            let unsent = channel.unsent();
+            match self.source.send(&mut self.stream, unsent) {
+                Ok(0) => return Ok(Transfer::Closed),
+                Ok(n) => {
+                    if let Some(plain) = channel.handle_sent(n) {
+                        return Ok(Transfer::Moved(plain));
+                    }
+                }
+                Err(e) => {
+                    if let Some(transfer) = self.refused(e, |c| c.writable = false) {
+                        return transfer;
+                    }
+                }
+            }
+        }
+    }
+
     /// Copies what the peer sent into `buf` without consuming it (non-blocking): the
     /// shared-memory path looks at a header that arrives while it waits elsewhere.
+    /// Sealed, it is the plaintext of the next record that authenticated (read from the
+    /// socket into the connection's buffer as needed, within one record): `WouldBlock`
+    /// until a whole record is there.
     pub(crate) fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.peek(buf)
+        if self.seal.is_none() {
+            return self.stream.peek(buf);
+        }
+        match self.read_sealed(buf, Channel::peek)? {
+            Transfer::Moved(n) => Ok(n),
+            Transfer::Closed => Ok(0),
+            Transfer::Blocked => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 
     /// Whether the peer is still there: a non-blocking peek that does not consume data.
     pub(crate) fn probe(&mut self) -> io::Result<Transfer> {
+        // Bytes already read from the socket are there too.
+        if self.seal.as_ref().is_some_and(|c| c.buffered()) {
+            return Ok(Transfer::Moved(1));
+        }
         let mut byte = [0u8; 1];
         match self.stream.peek(&mut byte) {
             Ok(0) => Ok(Transfer::Closed),
@@ -477,4 +620,10 @@ impl Conn {
             },
         }
     }
+}
+
+/// The I/O error a record failure becomes on its way out of a read or write; the channel
+/// keeps the failure itself, which [`Conn::failed`] reports.
+fn record_failure(error: &RecordError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error.to_string())
 }

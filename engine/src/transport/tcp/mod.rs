@@ -144,6 +144,7 @@ impl Connections {
                 first: FirstBytes::Checked,
                 unpolled: false,
                 source: Source::polled(),
+                seal: None,
             });
         }
         Ok(Self {
@@ -158,6 +159,20 @@ impl Connections {
             // the waker's, or a poller's 64 events), so collectives never allocate.
             reports: Vec::with_capacity(64.max(3 * n + 1)),
         })
+    }
+
+    /// Seals connection `index` with `channel` (a keyed native connection, see [`seal`]):
+    /// from now on every byte read or written on it travels in the channel's records.
+    /// Before any byte moved on it after the handshake.
+    pub(crate) fn seal(&mut self, index: usize, channel: Box<seal::Channel>) {
+        if let Some(conn) = self.conns.get_mut(index) {
+            conn.seal = Some(channel);
+        }
+    }
+
+    /// Whether any connection is sealed.
+    fn sealed(&self) -> bool {
+        self.conns.iter().any(|c| c.seal.is_some())
     }
 
     /// Picks the driver `io` asks for (see [`Io`]) for this rank's connections, before any
@@ -175,6 +190,9 @@ impl Connections {
     )]
     pub(crate) fn select_io(&mut self, io: Io) -> Result<(), Error> {
         let rank = self.rank();
+        if io == Io::Uring && self.sealed() {
+            return Err(sealed_on_uring());
+        }
         match io {
             Io::Uring => {}
             Io::Auto => {
@@ -312,11 +330,12 @@ impl Connections {
     /// transfer-at-a-time path reads past it. A neighbour that sent one has given up on
     /// the collective anyway (see the module's documentation).
     pub(crate) fn steps(&self, rx: usize) -> bool {
+        // A sealed connection moves whole records through its own buffers, which a step's
+        // staged send and in-place receive bypass: it takes the transfer-at-a-time path.
         self.driver.steps()
-            && self
-                .conns
-                .get(rx)
-                .is_some_and(|c| c.first == FirstBytes::Checked && !c.notices.spoke())
+            && self.conns.get(rx).is_some_and(|c| {
+                c.first == FirstBytes::Checked && !c.notices.spoke() && c.seal.is_none()
+            })
     }
 
     /// Whether the driver steps at all (see [`Connections::steps`] for a connection).
@@ -784,6 +803,18 @@ impl Connections {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// The error for asking for io_uring (by name: [`Io::Uring`] or [`IO_VAR`]) for a keyed
+/// native group, whose connections are sealed: sealed records are read and written a
+/// transfer at a time, which the io_uring driver's steps are not, so sealed groups run on
+/// epoll (kqueue) for now; [`Io::Auto`] takes that.
+pub(crate) fn sealed_on_uring() -> Error {
+    Error::invalid(format!(
+        "io_uring was asked for (Options::io or {IO_VAR}=uring), but a keyed group on the \
+         native wire seals its connections, and sealed groups run on epoll for now; use \
+         Io::Epoll or Io::Auto (or no key)"
+    ))
 }
 
 /// Fails the group with `error` (or the lost rank a neighbour's notice names): records

@@ -162,8 +162,8 @@ pub(crate) enum RecordError {
         /// The peer at the other end.
         peer: usize,
     },
-    /// The caller asked to seal more than [`MAX_PLAINTEXT`] bytes in one record, or gave
-    /// a buffer of the wrong size: a bug in the caller.
+    /// The caller asked to seal more than [`MAX_PLAINTEXT`] bytes in one record, gave a
+    /// buffer of the wrong size, or used a [`Channel`] out of turn: a bug in the caller.
     Misuse {
         /// The peer the record was for.
         peer: usize,
@@ -198,7 +198,7 @@ impl fmt::Display for RecordError {
                  a new group to go on"
             ),
             RecordError::Misuse { peer, what } => {
-                write!(f, "sealing a record for rank {peer}: {what}")
+                write!(f, "the records of the connection with rank {peer}: {what}")
             }
             RecordError::Failed(first) => write!(f, "{first} (earlier on this connection)"),
         }
@@ -479,6 +479,248 @@ impl Opener {
     fn fail(&mut self, error: RecordError) -> RecordError {
         self.failed = Some(error.clone());
         error
+    }
+}
+
+/// The room for ciphertext read and not yet opened: two records, so that a record that
+/// arrives behind the one being opened fits without moving it (the unopened bytes move to
+/// the front only when less than a whole record's room is left behind them).
+const INCOMING: usize = 2 * MAX_RECORD;
+
+/// The sealed state of one keyed connection, without I/O: the record being written and
+/// the records read, around its [`Sealer`] and [`Opener`].
+///
+/// Writing: [`Channel::seal_pair`] seals up to [`MAX_PLAINTEXT`] bytes of what the caller
+/// offers as one record; [`Channel::unsent`] is what of it is still to go on the socket, and
+/// [`Channel::handle_sent`] says how much the caller wrote and, once the whole record is
+/// out, how many plaintext bytes it carried. Until then the caller offers the same bytes
+/// again (a protocol machine does, since nothing was reported sent).
+///
+/// Reading: [`Channel::room`] is where the next ciphertext from the socket goes,
+/// [`Channel::filled`] takes it in, and [`Channel::take`] copies plaintext out of records
+/// that authenticated, opening one when the last is used up. Plaintext never comes from a
+/// record that did not verify.
+pub(crate) struct Channel {
+    sealer: Sealer,
+    opener: Opener,
+    /// The record being written, in `out[..out_len]`, and how much of it is on the socket.
+    out: Box<[u8]>,
+    out_len: usize,
+    out_sent: usize,
+    /// The plaintext bytes the record being written carries.
+    out_plain: usize,
+    /// Ciphertext read: `incoming[start..filled]` is not opened yet; `plain` is what is left
+    /// of the last opened record's plaintext (decrypted in place, before `start`).
+    incoming: Box<[u8]>,
+    start: usize,
+    filled: usize,
+    plain: std::ops::Range<usize>,
+    /// The first error this channel met (either direction): the connection's calls fail
+    /// with it from then on.
+    error: Option<RecordError>,
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("sealer", &self.sealer)
+            .field("opener", &self.opener)
+            .field("unsent", &(self.out_len - self.out_sent))
+            .field("unopened", &(self.filled - self.start))
+            .field("plain", &self.plain.len())
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl Channel {
+    /// `side`'s end of the connection to `peer` whose handshake exchanged these nonces.
+    pub(crate) fn new(
+        key: &Key,
+        side: Side,
+        connector_nonce: &[u8; 32],
+        acceptor_nonce: &[u8; 32],
+        peer: usize,
+    ) -> Channel {
+        let (sealer, opener) = pair(key, side, connector_nonce, acceptor_nonce, peer);
+        Channel {
+            sealer,
+            opener,
+            out: vec![0; MAX_RECORD].into_boxed_slice(),
+            out_len: 0,
+            out_sent: 0,
+            out_plain: 0,
+            incoming: vec![0; INCOMING].into_boxed_slice(),
+            start: 0,
+            filled: 0,
+            plain: 0..0,
+            error: None,
+        }
+    }
+
+    /// The first error the channel met, if any.
+    pub(crate) fn error(&self) -> Option<&RecordError> {
+        self.error.as_ref()
+    }
+
+    /// Records a bug in the channel's caller, `what`, as the channel's error (a
+    /// [`RecordError::Misuse`], which fails the call as a bug) and returns it.
+    pub(crate) fn misuse(&mut self, what: String) -> RecordError {
+        let peer = self.sealer.peer;
+        self.failed(RecordError::Misuse { peer, what })
+    }
+
+    /// Keeps `error` as the channel's first (an earlier one stays) and returns it.
+    fn failed(&mut self, error: RecordError) -> RecordError {
+        self.error.get_or_insert(error).clone()
+    }
+
+    /// The plaintext bytes of the record being written, if one is (sealed, not wholly on
+    /// the socket yet).
+    pub(crate) fn sending(&self) -> Option<usize> {
+        (self.out_len > 0).then_some(self.out_plain)
+    }
+
+    /// Seals what fits in one record of `head` then `body` (the native wire's header and
+    /// the data behind it travel in one record when both fit) as the record to write;
+    /// returns how many plaintext bytes it carries. Only when no record is being written.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError::Exhausted`] once the direction's record numbers are used up;
+    /// [`RecordError::Misuse`] while a record is still being written.
+    pub(crate) fn seal_pair(&mut self, head: &[u8], body: &[u8]) -> Result<usize, RecordError> {
+        if let Some(first) = &self.error {
+            return Err(RecordError::Failed(Box::new(first.clone())));
+        }
+        if self.out_len > 0 {
+            let what = "a new record while the last is still being written".to_string();
+            let peer = self.sealer.peer;
+            return Err(self.failed(RecordError::Misuse { peer, what }));
+        }
+        let h = head.len().min(MAX_PLAINTEXT);
+        let b = body.len().min(MAX_PLAINTEXT - h);
+        let total = h + b + OVERHEAD;
+        let record = &mut self.out[..total];
+        record[LEN_BYTES..LEN_BYTES + h].copy_from_slice(&head[..h]);
+        record[LEN_BYTES + h..LEN_BYTES + h + b].copy_from_slice(&body[..b]);
+        if let Err(e) = self.sealer.seal_in_place(record) {
+            return Err(self.failed(e));
+        }
+        self.out_len = total;
+        self.out_sent = 0;
+        self.out_plain = h + b;
+        Ok(h + b)
+    }
+
+    /// What of the record being written is not on the socket yet.
+    pub(crate) fn unsent(&self) -> &[u8] {
+        &self.out[self.out_sent..self.out_len]
+    }
+
+    /// `n` more bytes of the record went onto the socket; once all of it has, the
+    /// plaintext bytes it carried (and no record is being written any more).
+    pub(crate) fn handle_sent(&mut self, n: usize) -> Option<usize> {
+        self.out_sent = (self.out_sent + n).min(self.out_len);
+        if self.out_sent < self.out_len {
+            return None;
+        }
+        self.out_len = 0;
+        self.out_sent = 0;
+        Some(self.out_plain)
+    }
+
+    /// Whether the channel holds bytes read from the socket that the caller has not taken
+    /// (plaintext, or ciphertext not opened yet).
+    pub(crate) fn buffered(&self) -> bool {
+        !self.plain.is_empty() || self.filled > self.start
+    }
+
+    /// Copies what it can of the plaintext into `buf`, opening the next record first when
+    /// the last one is used up and the next is whole; `Ok(0)` when no plaintext is there
+    /// (read more ciphertext into [`Channel::room`]).
+    ///
+    /// # Errors
+    ///
+    /// What [`Opener::open`] fails with (the record is then kept as the channel's error).
+    pub(crate) fn take(&mut self, buf: &mut [u8]) -> Result<usize, RecordError> {
+        let n = self.peek(buf)?;
+        self.plain.start += n;
+        Ok(n)
+    }
+
+    /// [`Channel::take`] without taking: the plaintext stays for the next call.
+    ///
+    /// # Errors
+    ///
+    /// As [`Channel::take`].
+    pub(crate) fn peek(&mut self, buf: &mut [u8]) -> Result<usize, RecordError> {
+        while self.plain.is_empty() {
+            if !self.open_next()? {
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.plain.len());
+        buf[..n].copy_from_slice(&self.incoming[self.plain.start..self.plain.start + n]);
+        Ok(n)
+    }
+
+    /// Opens the record at the front of the unopened bytes, if it is whole; returns whether
+    /// it did.
+    fn open_next(&mut self) -> Result<bool, RecordError> {
+        let start = self.start;
+        match self.opener.open(&mut self.incoming[start..self.filled]) {
+            Ok(Opened::Record {
+                plaintext,
+                consumed,
+            }) => {
+                let len = plaintext.len();
+                self.plain = start + LEN_BYTES..start + LEN_BYTES + len;
+                self.start += consumed;
+                Ok(true)
+            }
+            Ok(Opened::Needs(_)) => Ok(false),
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// Where the next ciphertext read from the socket goes, for a caller that wants `want`
+    /// plaintext bytes: exactly the rest of the record whose length field is in, else as
+    /// much as a record carrying `want` bytes would take (a sender seals what it is offered,
+    /// so that is usually the next record exactly). A read of exactly what is there is not
+    /// short, and a short read costs the connection a look at the poller before its next
+    /// read (see [`super::conn`]), which for small messages costs more than the record's
+    /// cipher work. Never empty when [`Channel::take`] just returned `Ok(0)`: the whole
+    /// record fits behind the unopened bytes (they are moved to the front first if it
+    /// would not).
+    pub(crate) fn room(&mut self, want: usize) -> &mut [u8] {
+        if self.plain.is_empty() {
+            if self.start == self.filled {
+                self.start = 0;
+                self.filled = 0;
+                self.plain = 0..0;
+            } else if self.incoming.len() - self.start < MAX_RECORD {
+                self.incoming.copy_within(self.start..self.filled, 0);
+                self.filled -= self.start;
+                self.start = 0;
+                self.plain = 0..0;
+            }
+        }
+        let have = self.filled - self.start;
+        let record = match self.incoming[self.start..self.filled].first_chunk::<LEN_BYTES>() {
+            Some(field) => (u32::from_le_bytes(*field) as usize).saturating_add(OVERHEAD),
+            None => want.min(MAX_PLAINTEXT).saturating_add(OVERHEAD),
+        };
+        let end = self
+            .filled
+            .saturating_add(record.min(MAX_RECORD).saturating_sub(have))
+            .min(self.incoming.len());
+        &mut self.incoming[self.filled..end]
+    }
+
+    /// `n` bytes were read into [`Channel::room`].
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.filled = (self.filled + n).min(self.incoming.len());
     }
 }
 
@@ -820,5 +1062,184 @@ mod tests {
         let err = ao.open(&mut last.clone()).unwrap_err();
         assert_eq!(err, RecordError::Exhausted { peer: 1 });
         assert!(matches!(err.into_error(Phase::AllSum), Error::Local { .. }));
+    }
+
+    /// A connector's and an acceptor's channel of one connection.
+    fn channels() -> (Channel, Channel) {
+        let k = key();
+        (
+            Channel::new(&k, Side::Connector, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, 2),
+            Channel::new(&k, Side::Acceptor, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, 1),
+        )
+    }
+
+    /// Seals `head` and `body` on `from` as a protocol machine offers them (what was
+    /// reported sent is not offered again), writing each record in pieces of `piece` bytes;
+    /// returns the stream.
+    fn wire(from: &mut Channel, head: &[u8], body: &[u8], piece: usize) -> Vec<u8> {
+        let (mut h, mut b) = (0, 0);
+        let mut stream = Vec::new();
+        while h < head.len() || b < body.len() {
+            let carried = from.seal_pair(&head[h..], &body[b..]).unwrap();
+            assert!(carried > 0);
+            let moved = loop {
+                let unsent = from.unsent();
+                let n = unsent.len().min(piece);
+                stream.extend_from_slice(&unsent[..n]);
+                if let Some(moved) = from.handle_sent(n) {
+                    break moved;
+                }
+                // Part of a record out: the sender keeps it and reports nothing.
+                assert_eq!(from.sending(), Some(carried));
+            };
+            assert_eq!(moved, carried);
+            let took = moved.min(head.len() - h);
+            h += took;
+            b += moved - took;
+        }
+        stream
+    }
+
+    /// Feeds `stream` to `to` in pieces of `piece` bytes and takes the plaintext into
+    /// buffers of `take` bytes.
+    fn unwire(
+        to: &mut Channel,
+        stream: &[u8],
+        piece: usize,
+        take: usize,
+    ) -> Result<Vec<u8>, RecordError> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; take];
+        let mut at = 0;
+        loop {
+            let n = to.take(&mut buf)?;
+            if n > 0 {
+                out.extend_from_slice(&buf[..n]);
+                continue;
+            }
+            if at == stream.len() {
+                return Ok(out);
+            }
+            let room = to.room(take);
+            assert!(!room.is_empty());
+            let n = room.len().min(piece).min(stream.len() - at);
+            room[..n].copy_from_slice(&stream[at..at + n]);
+            to.filled(n);
+            at += n;
+        }
+    }
+
+    #[test]
+    fn a_channel_carries_messages_across_record_boundaries_in_any_pieces() {
+        let head = [7u8; 16];
+        for len in [
+            0,
+            4,
+            MAX_PLAINTEXT - 16,
+            MAX_PLAINTEXT - 15,
+            MAX_PLAINTEXT + 1,
+            3 * MAX_PLAINTEXT + 5,
+        ] {
+            let body: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
+            for (piece, take) in [
+                (1 << 20, 1 << 20),
+                (1000, 16),
+                (7, 4096),
+                (MAX_RECORD + 3, 64 << 10),
+            ] {
+                let (mut c, mut a) = channels();
+                let stream = wire(&mut c, &head, &body, piece);
+                let records = (16 + len).div_ceil(MAX_PLAINTEXT);
+                assert_eq!(stream.len(), 16 + len + records * OVERHEAD, "{len}");
+                let got = unwire(&mut a, &stream, piece, take).unwrap();
+                assert_eq!(got, [&head[..], &body].concat(), "{len} {piece} {take}");
+                assert!(!a.buffered());
+            }
+        }
+    }
+
+    #[test]
+    fn a_header_and_the_data_behind_it_share_a_record_when_they_fit() {
+        let (mut c, _) = channels();
+        assert_eq!(c.seal_pair(&[1; 16], &[2; 4]).unwrap(), 20);
+        assert_eq!(c.unsent().len(), 20 + OVERHEAD);
+        assert_eq!(c.handle_sent(20 + OVERHEAD), Some(20));
+        assert_eq!(
+            c.seal_pair(&[1; 16], &[2; MAX_PLAINTEXT]).unwrap(),
+            MAX_PLAINTEXT
+        );
+        assert_eq!(c.unsent().len(), MAX_RECORD);
+    }
+
+    #[test]
+    fn a_second_record_before_the_first_is_out_is_refused() {
+        let (mut c, _) = channels();
+        c.seal_pair(&[], b"one").unwrap();
+        let err = c.seal_pair(&[], b"two").unwrap_err();
+        assert!(
+            matches!(err, RecordError::Misuse { peer: 2, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn no_byte_of_a_record_that_fails_reaches_the_caller() {
+        let body: Vec<u8> = (0..3 * MAX_PLAINTEXT).map(|i| i as u8).collect();
+        let clean = {
+            let (mut c, _) = channels();
+            wire(&mut c, &[], &body, 1 << 20)
+        };
+        // In the second record's length, ciphertext and tag.
+        for at in [MAX_RECORD + 1, MAX_RECORD + 100, 2 * MAX_RECORD - 1] {
+            let (_, mut a) = channels();
+            let mut stream = clean.clone();
+            stream[at] ^= 0x40;
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 4096];
+            let mut fed = 0;
+            let err = loop {
+                match a.take(&mut buf) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        out.extend_from_slice(&buf[..n]);
+                        continue;
+                    }
+                    Err(e) => break e,
+                }
+                assert!(fed < stream.len(), "byte {at}: the stream opened");
+                let room = a.room(buf.len());
+                let n = room.len().min(stream.len() - fed).min(1500);
+                room[..n].copy_from_slice(&stream[fed..fed + n]);
+                a.filled(n);
+                fed += n;
+            };
+            assert!(
+                matches!(
+                    err,
+                    RecordError::Forged { peer: 1, record: 1 }
+                        | RecordError::TooLong { peer: 1, .. }
+                ),
+                "byte {at}: {err:?}"
+            );
+            // Exactly the first record's plaintext, nothing of the second.
+            assert_eq!(out, body[..MAX_PLAINTEXT], "byte {at}");
+            assert_eq!(a.error(), Some(&err));
+            assert!(a.take(&mut buf).is_err());
+        }
+    }
+
+    #[test]
+    fn peeking_leaves_the_plaintext_for_the_next_take() {
+        let (mut c, mut a) = channels();
+        let stream = wire(&mut c, b"head", b"body", 1 << 20);
+        a.room(8)[..stream.len()].copy_from_slice(&stream);
+        a.filled(stream.len());
+        let mut buf = [0u8; 4];
+        assert_eq!(a.peek(&mut buf).unwrap(), 4);
+        assert_eq!(&buf, b"head");
+        let mut all = [0u8; 8];
+        assert_eq!(a.take(&mut all).unwrap(), 8);
+        assert_eq!(&all, b"headbody");
+        assert!(!a.buffered());
     }
 }
