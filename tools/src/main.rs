@@ -97,7 +97,7 @@ struct PlanArgs {
                   number: the k-th call of every rank pairs with the k-th of every other."
 )]
 struct FlightArgs {
-    /// Directories holding flight-rank<R>.json files, or the files themselves.
+    /// Directories holding `flight-rank<R>.json` files, or the files themselves.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
     /// Print the verdict as JSON.
