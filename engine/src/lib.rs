@@ -231,10 +231,8 @@ pub use comm::Transport;
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
-pub use options::{Backend, Io, Options};
-pub use recorder::{
-    DEFAULT_FLIGHT_RECORDS, FlightEntry, FlightOp, FlightOutcome, FlightRecord, MAX_FLIGHT_RECORDS,
-};
+pub use options::{Backend, DEFAULT_FLIGHT_RECORDS, Io, MAX_FLIGHT_RECORDS, Options};
+pub use recorder::{FlightEntry, FlightOp, FlightOutcome, FlightRecord};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{

@@ -20,17 +20,8 @@ use serde_json::{Value, json};
 use crate::comm::{Communicator, Transport};
 use crate::element::DType;
 use crate::error::{Error, Fault, Result};
-use crate::options::Options;
+use crate::options::{MAX_FLIGHT_RECORDS, Options};
 use crate::reduce::ReduceOp;
-
-/// How many calls a group records unless told otherwise ([`Options::flight_records`]).
-/// A record is 104 bytes (on 64-bit targets), so the default ring takes 208 KiB per group,
-/// allocated when it forms.
-pub const DEFAULT_FLIGHT_RECORDS: usize = 2048;
-
-/// The most calls a group may keep (109 MB of records): more is refused when the
-/// group forms, so that no value of [`Options::flight_records`] can exhaust memory.
-pub const MAX_FLIGHT_RECORDS: usize = 1 << 20;
 
 /// What a recorded call was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

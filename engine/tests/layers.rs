@@ -45,6 +45,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("auth", 0),
     // L1: what every transport and backend shares, knowing none of them.
     ("comm", 1),
+    // The flight recorder: a `Communicator` around any other, below the `Group` that owns it.
+    ("recorder", 1),
     // L2 API: `Group` and its nonblocking scope, over any `Communicator`. It sits below
     // what implements it, so that a backend or a formation can hand up a `Group` without
     // an import back up.

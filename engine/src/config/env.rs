@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
+use crate::options::MAX_FLIGHT_RECORDS;
 use crate::options::{Backend, Io, Options};
-use crate::recorder::MAX_FLIGHT_RECORDS;
 
 /// The variable naming the ring's hostfile, as `mlx.launch` sets it.
 pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
