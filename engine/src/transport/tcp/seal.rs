@@ -21,21 +21,24 @@
 //! reuse one ([`RecordError::Exhausted`]).
 //!
 //! The cipher is AES-256-GCM from `ring`, chosen by measurement (engine/tests/ciphers.rs,
-//! release, this x86-64 of two shared cores with AES-NI, VAES, VPCLMULQDQ and AVX-512,
-//! three runs): `ring`'s AES-256-GCM seals and opens 16 and 64 KiB records at 5.5-9.3 GB/s,
-//! its ChaCha20-Poly1305 at 1.7-2.4 GB/s, and RustCrypto's `aes-gcm` and
-//! `chacha20poly1305` at 0.65-1.0 GB/s. `ring` chooses its code by the CPU at run time on
-//! x86-64 (AES-NI with CLMUL, or VAES with VPCLMULQDQ and AVX2) and takes ARMv8's AES and
-//! PMULL instructions as given on Apple's aarch64, where every CPU has them (its
-//! `cpu::arm::darwin`), running its fused AES-GCM kernel (`aesv8-gcm-armv8`) there; on
-//! a CPU without AES instructions it falls back to constant-time vector-permutation AES
-//! (`vpaes`), slower than its ChaCha20-Poly1305, which no target this crate is built for
-//! lacks.
+//! release, this x86-64 of two shared cores with AES-NI, VAES, VPCLMULQDQ and AVX-512): with
+//! the machine's other work using under one core, `ring`'s AES-256-GCM sealed and opened 16
+//! and 64 KiB records at 5.5-9.3 GB/s, its ChaCha20-Poly1305 at 1.7-2.4 GB/s, RustCrypto's
+//! `aes-gcm` at 0.91-1.0 GB/s and `chacha20poly1305` at 0.65-0.85 GB/s; in two runs with
+//! other builds keeping both cores busy every rate fell 2 to 4 times, and `ring`'s
+//! AES-256-GCM stayed 4 to 8 times RustCrypto's and 3 to 4 times its own ChaCha20-Poly1305.
+//! `ring` chooses its code by the CPU at run time on x86-64 (AES-NI with CLMUL, or VAES with
+//! VPCLMULQDQ and AVX2). On Apple's aarch64 it takes ARMv8's AES and PMULL instructions as
+//! given, since every such CPU has them (its `cpu::arm::darwin`), and runs its fused
+//! AES-GCM kernel (`aesv8-gcm-armv8`) with no build flag; RustCrypto's crates run their
+//! portable code there unless the final build sets `--cfg aes_armv8 --cfg polyval_armv8`.
+//! On a CPU without AES instructions `ring` falls back to constant-time vector-permutation
+//! AES (`vpaes`), slower than its ChaCha20-Poly1305; the machines this crate is for have
+//! them.
 //!
-//! The opener checks a record's tag before it passes on any of it: `ring` decrypts and
+//! The opener passes on nothing of a record whose tag fails: `ring` decrypts and
 //! authenticates in one pass over the record in place, and when the tag fails it zeroes
-//! the decrypted bytes before it returns the error, so a record that fails yields no
-//! plaintext. A receiver that stages each record
+//! the decrypted bytes before it returns the error. A receiver that stages each record
 //! before it writes the plaintext to the caller's buffer, or folds it into a reduction,
 //! therefore passes on no unverified byte; records of at most [`MAX_PLAINTEXT`] bytes let
 //! a reduction fold each one as it arrives.
