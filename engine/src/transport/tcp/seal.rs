@@ -407,8 +407,9 @@ impl Opener {
     }
 
     /// Opens the record at the front of `bytes` in place, when all of it is there. A record
-    /// that fails leaves its plaintext's bytes zeroed and the opener refusing every record
-    /// after.
+    /// that fails leaves the opener refusing every record after, and `bytes` as they were
+    /// but for a forged record's body, which is zeroed (the cipher decrypted it as it
+    /// checked the tag).
     ///
     /// # Errors
     ///
