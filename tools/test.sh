@@ -163,24 +163,45 @@ cross_clippy() {
         cargo clippy --target "$aarch64" --workspace --all-targets $f -- -D warnings
     done
   fi
-  # blake3's NEON code is C, which needs a C compiler and SDK for macOS that a Linux host
-  # lacks; a check needs only the Rust API, which blake3's pure build has too. The
-  # nuvec_pure_blake3 cfg (Cargo.toml) selects that build for this step only: real builds,
-  # on a Mac included, keep the C.
+  # ring (the native wire's AES-256-GCM) compiles its C and assembly for the target in its
+  # build script, which runs in a check too, so this step needs a C compiler for macOS, which
+  # a Linux host lacks: cargo-zigbuild's clippy runs cargo with zig as that compiler (zig
+  # ships macOS's libc headers; a check links nothing, so no SDK). blake3's NEON C needs no
+  # compiling for a check, which needs only the Rust API, which blake3's pure build has too.
+  # The nuvec_pure_blake3 cfg (Cargo.toml) selects that build for this step only: real
+  # builds, on a Mac and the link step below included, keep the C.
   target=aarch64-apple-darwin
-  step "lints, macOS ($target, pure-Rust blake3): default features, then every feature but probes"
+  step "lints, macOS ($target, zig as C compiler, pure-Rust blake3): default features, then every feature but probes"
+  zigbuild_venv "$zigbuild_dir"
   for f in "" "${features[*]}"; do
     # shellcheck disable=SC2086
-    RUSTFLAGS="--cfg nuvec_pure_blake3" \
-      cargo clippy --target "$target" --workspace --all-targets $f -- -D warnings
+    RUSTFLAGS="--cfg nuvec_pure_blake3" PATH="$PWD/$zigbuild_dir/bin:$PATH" \
+      cargo-zigbuild clippy --target "$target" --workspace --all-targets $f -- -D warnings
+  done
+}
+
+# cargo-zigbuild and zig (ziglang), pinned, from PyPI into a venv under target/: the macOS
+# lint and link steps use zig as the C compiler (and the link step as the linker too).
+# Installs only when a pin is missing.
+zigbuild_dir=target/zigbuild-venv
+zigbuild_pins=(cargo-zigbuild==0.24.1 ziglang==0.17.1)
+zigbuild_venv() {
+  local venv=$1 have="" pin
+  [[ -x "$venv/bin/pip" ]] && have=$("$venv/bin/pip" freeze)
+  for pin in "${zigbuild_pins[@]}"; do
+    if ! grep -qxF "$pin" <<<"$have"; then
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q "${zigbuild_pins[@]}"
+      break
+    fi
   done
 }
 
 # macOS compiled and linked from Linux. cargo-zigbuild runs cargo with zig as the C compiler
 # and linker for aarch64-apple-darwin (zig ships macOS's libc headers and libSystem's stubs),
 # so unlike the lint step blake3's real C (NEON) is compiled and linked. Both come from PyPI,
-# pinned, into a venv under target/. Release, after the native release suite, whose host
-# artifacts (build scripts, proc macros) this reuses.
+# pinned, into a venv under target/ (zigbuild_venv). Release, after the native release
+# suite, whose host artifacts (build scripts, proc macros) this reuses.
 #
 # What links: every member but the root crate, with the engine's `jaccl` feature: the
 # engine, ffi and the verbs provider (a dylib), the `nuvec` tools, the examples and the test
@@ -194,23 +215,14 @@ cross_clippy() {
 # rustc asks xcrun for the SDK at every link and warns without one: an empty SDK root, with
 # the two directories the linker searches, silences that and changes nothing in the binaries
 # (the same LC_BUILD_VERSION; zig provides what they link).
-zigbuild_pins=(cargo-zigbuild==0.24.1 ziglang==0.17.1)
 cross_macos_link() {
-  local target=aarch64-apple-darwin venv=target/zigbuild-venv sdk=target/zigbuild-sdk
+  local target=aarch64-apple-darwin venv=$zigbuild_dir sdk=target/zigbuild-sdk
   step "macOS ($target) compiled and linked with cargo-zigbuild, blake3's C included; imports checked"
   if [[ "$os" != Linux ]]; then
     echo "SKIPPED: on $os the native build above is the macOS build"
     return 0
   fi
-  local have="" pin
-  [[ -x "$venv/bin/pip" ]] && have=$("$venv/bin/pip" freeze)
-  for pin in "${zigbuild_pins[@]}"; do
-    if ! grep -qxF "$pin" <<<"$have"; then
-      python3 -m venv "$venv"
-      "$venv/bin/pip" install -q "${zigbuild_pins[@]}"
-      break
-    fi
-  done
+  zigbuild_venv "$venv"
   mkdir -p "$sdk/usr/lib" "$sdk/System/Library/Frameworks"
   local zb=(env PATH="$PWD/$venv/bin:$PATH" SDKROOT="$PWD/$sdk" cargo zigbuild --release --target "$target")
   framework_stubs "$target" "$sdk" "${zb[@]}"

@@ -141,7 +141,7 @@
 //! not speak this handshake, so a keyed ring is made of nuvec ranks only.
 //!
 //! On the native wire, a keyed group's TCP connections then carry every byte in sealed
-//! records (ChaCha20-Poly1305 under per-connection, per-direction keys derived from the key
+//! records (AES-256-GCM under per-connection, per-direction keys derived from the key
 //! and both handshake nonces): altered, injected, replayed, reordered or dropped bytes fail
 //! the call naming the sender, and no unverified byte reaches the caller. Shared memory
 //! between ranks of one host is not sealed, nor are the TCP urgent bytes that carry failure

@@ -326,7 +326,7 @@ impl Options {
     /// the crate docs): a host without the key can neither join the ring nor keep a rank
     /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
     /// ranks only. What the key protects after the handshake depends on the wire: on the
-    /// native wire every TCP byte travels in sealed records (ChaCha20-Poly1305 under keys
+    /// native wire every TCP byte travels in sealed records (AES-256-GCM under keys
     /// of that connection and direction), so altered, injected, replayed or cut bytes fail
     /// the call naming the peer; shared memory between ranks of one host and user is not
     /// sealed. On the MLX wire the traffic after the handshake is **not encrypted** or

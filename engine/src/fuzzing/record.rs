@@ -3,7 +3,9 @@
 
 use crate::auth::{Key, Secret};
 use crate::error::Phase;
-use crate::transport::tcp::seal::{self, MAX_PLAINTEXT, MAX_RECORD, OVERHEAD, Opened, Side};
+use crate::transport::tcp::seal::{
+    self, LEN_BYTES, MAX_PLAINTEXT, MAX_RECORD, OVERHEAD, Opened, RecordError, Side,
+};
 
 /// The fuzzed connection: rank 1 dialled rank 2, with these handshake nonces.
 const CONNECTOR: usize = 1;
@@ -30,8 +32,9 @@ fn end(key: &Key, side: Side) -> (seal::Sealer, seal::Opener) {
 /// - `data` as the stream the acceptor receives from the connector: records open in order
 ///   while they authenticate; the first that does not (or a length above the cap) is an
 ///   error naming the connector, as is the call's error made from it; it leaves its bytes
-///   as they were, and every open after it fails too; a stream that ends inside a record
-///   is an error, one that ends between records is not;
+///   as they were but for a forged record's body, which it zeroes, and every open after it
+///   fails too; a stream that ends inside a record is an error, one that ends between
+///   records is not;
 /// - `data` as plaintext, sealed by the connector in records of the size `data[0]` picks:
 ///   the acceptor opens exactly `data` again, and the connector's own opener (a record
 ///   reflected back) opens none of them.
@@ -68,7 +71,14 @@ fn open_stream(key: &Key, data: &[u8]) -> usize {
                 assert_eq!(e.peer(), CONNECTOR, "{e}");
                 let error = e.clone().into_error(Phase::Recv);
                 assert_eq!(error.peer(), Some(CONNECTOR), "{error}");
-                assert_eq!(bytes[at..], data[at..], "a failed record changed its bytes");
+                // A record whose tag failed has its body zeroed (the cipher decrypts as it
+                // authenticates and wipes what it decrypted); every other byte is as it came.
+                let mut left = data[at..].to_vec();
+                if let (RecordError::Forged { .. }, Some(field)) = (&e, left.first_chunk()) {
+                    let len = u32::from_le_bytes(*field) as usize;
+                    left[LEN_BYTES..LEN_BYTES + len].fill(0);
+                }
+                assert_eq!(bytes[at..], left, "a failed record changed other bytes");
                 assert!(opener.open(&mut bytes[at..]).is_err(), "opened after {e}");
                 assert!(opener.closed(&[]).is_err(), "closed cleanly after {e}");
                 return count;

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | length | 4 | the plaintext's length `n`, little-endian, at most [`MAX_PLAINTEXT`] |
 //! | ciphertext | `n` | the plaintext, encrypted |
-//! | tag | 16 | Poly1305's tag over the ciphertext, with the length as associated data |
+//! | tag | 16 | GCM's tag over the ciphertext, with the length as associated data |
 //!
 //! Each direction of a connection has its own key, derived with BLAKE3's key derivation
 //! from the group's [`Key`], both handshake nonces (the connector's and the acceptor's, new
@@ -20,31 +20,32 @@
 //! and fails its tag. A direction refuses a record number past `u64::MAX - 1` rather than
 //! reuse one ([`RecordError::Exhausted`]).
 //!
-//! The cipher is ChaCha20-Poly1305 (RustCrypto's `chacha20poly1305`), chosen over
-//! AES-256-GCM (`aes-gcm`) by measurement (engine/tests/ciphers.rs, release, this x86-64 of
-//! two shared cores with AES-NI, CLMUL and AVX2, three runs): with those instructions
-//! AES-256-GCM seals and opens 16 and 64 KiB records at 0.50-0.67 GB/s, ChaCha20-Poly1305 at
-//! 0.41-0.61 GB/s; on the crates' portable code (`--cfg aes_force_soft
-//! --cfg polyval_force_soft --cfg chacha20_force_soft --cfg poly1305_force_soft`)
-//! AES-256-GCM falls to 0.04-0.05 GB/s and ChaCha20-Poly1305 to 0.15-0.24 GB/s. The portable
-//! code is what Apple's aarch64 gets by default: `aes` 0.8 and `polyval` 0.6 use ARMv8's
-//! AES and PMULL instructions only when built with `--cfg aes_armv8 --cfg polyval_armv8`
-//! in RUSTFLAGS (their docs), which a project that depends on this crate does not set, and
-//! `chacha20` 0.9 uses NEON only with `--cfg chacha20_force_neon`. So ChaCha20-Poly1305
-//! is within the runs' spread of AES-256-GCM where AES has hardware, and 3 to 5 times
-//! faster where it has none.
+//! The cipher is AES-256-GCM from `ring`, chosen by measurement (engine/tests/ciphers.rs,
+//! release, this x86-64 of two shared cores with AES-NI, VAES, VPCLMULQDQ and AVX-512): with
+//! the machine's other work using under one core, `ring`'s AES-256-GCM sealed and opened 16
+//! and 64 KiB records at 5.5-9.3 GB/s, its ChaCha20-Poly1305 at 1.7-2.4 GB/s, RustCrypto's
+//! `aes-gcm` at 0.91-1.0 GB/s and `chacha20poly1305` at 0.65-0.85 GB/s; in two runs with
+//! other builds keeping both cores busy every rate fell 2 to 4 times, and `ring`'s
+//! AES-256-GCM stayed 4 to 8 times RustCrypto's and 3 to 4 times its own ChaCha20-Poly1305.
+//! `ring` chooses its code by the CPU at run time on x86-64 (AES-NI with CLMUL, or VAES with
+//! VPCLMULQDQ and AVX2). On Apple's aarch64 it takes ARMv8's AES and PMULL instructions as
+//! given, since every such CPU has them (its `cpu::arm::darwin`), and runs its fused
+//! AES-GCM kernel (`aesv8-gcm-armv8`) with no build flag; RustCrypto's crates run their
+//! portable code there unless the final build sets `--cfg aes_armv8 --cfg polyval_armv8`.
+//! On a CPU without AES instructions `ring` falls back to constant-time vector-permutation
+//! AES (`vpaes`), slower than its ChaCha20-Poly1305; the machines this crate is for have
+//! them.
 //!
-//! The opener verifies a whole record before it decrypts a byte of it
-//! (`decrypt_in_place_detached` checks the tag first), so a record that fails leaves its
-//! ciphertext where it was and yields no plaintext. A receiver that stages each record
+//! The opener passes on nothing of a record whose tag fails: `ring` decrypts and
+//! authenticates in one pass over the record in place, and when the tag fails it zeroes
+//! the decrypted bytes before it returns the error. A receiver that stages each record
 //! before it writes the plaintext to the caller's buffer, or folds it into a reduction,
 //! therefore passes on no unverified byte; records of at most [`MAX_PLAINTEXT`] bytes let
 //! a reduction fold each one as it arrives.
 
 use std::fmt;
 
-use chacha20poly1305::ChaCha20Poly1305;
-use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
 
 use crate::auth::Key;
 use crate::error::{Error, PeerOp, Phase};
@@ -253,15 +254,23 @@ impl RecordError {
 
 /// The cipher's nonce for record `number`: its 64-bit number, little-endian, after four
 /// zero bytes. Each direction has its own key, so the numbers alone never repeat a nonce.
-fn nonce(number: u64) -> chacha20poly1305::Nonce {
+fn nonce(number: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&number.to_le_bytes());
-    n.into()
+    Nonce::assume_unique_for_key(n)
+}
+
+/// The AES-256-GCM key of one direction.
+fn cipher(key: &[u8; 32]) -> LessSafeKey {
+    // `ring` refuses only a key whose length is not the algorithm's, and `[u8; 32]` is
+    // AES-256's by its type: this cannot fail on any key.
+    let key = UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte key is an AES-256 key");
+    LessSafeKey::new(key)
 }
 
 /// Seals one direction's records, numbering them from 0.
 pub(crate) struct Sealer {
-    cipher: ChaCha20Poly1305,
+    cipher: LessSafeKey,
     next: u64,
     peer: usize,
 }
@@ -279,7 +288,7 @@ impl Sealer {
     /// A sealer under `key` (one direction's, from [`keys`]) for records to `peer`.
     pub(crate) fn new(key: [u8; 32], peer: usize) -> Sealer {
         Sealer {
-            cipher: ChaCha20Poly1305::new(&key.into()),
+            cipher: cipher(&key),
             next: 0,
             peer,
         }
@@ -321,12 +330,12 @@ impl Sealer {
         head.copy_from_slice(&length.to_le_bytes());
         let sealed = self
             .cipher
-            .encrypt_in_place_detached(&nonce(self.next), head, body)
+            .seal_in_place_separate_tag(nonce(self.next), Aad::from(&*head), body)
             .map_err(|_| RecordError::Misuse {
                 peer,
                 what: format!("the cipher refused a record of {len} bytes"),
             })?;
-        tag.copy_from_slice(&sealed);
+        tag.copy_from_slice(sealed.as_ref());
         self.next += 1;
         Ok(())
     }
@@ -370,7 +379,7 @@ pub(crate) enum Opened<'a> {
 
 /// Opens one direction's records, in order, numbering them from 0 as the sealer did.
 pub(crate) struct Opener {
-    cipher: ChaCha20Poly1305,
+    cipher: LessSafeKey,
     next: u64,
     peer: usize,
     failed: Option<RecordError>,
@@ -390,7 +399,7 @@ impl Opener {
     /// An opener under `key` (one direction's, from [`keys`]) for records from `peer`.
     pub(crate) fn new(key: [u8; 32], peer: usize) -> Opener {
         Opener {
-            cipher: ChaCha20Poly1305::new(&key.into()),
+            cipher: cipher(&key),
             next: 0,
             peer,
             failed: None,
@@ -398,7 +407,9 @@ impl Opener {
     }
 
     /// Opens the record at the front of `bytes` in place, when all of it is there. A record
-    /// that fails leaves `bytes` as they were and the opener refusing every record after.
+    /// that fails leaves the opener refusing every record after, and `bytes` as they were
+    /// but for a forged record's body, which is zeroed (the cipher decrypted it as it
+    /// checked the tag).
     ///
     /// # Errors
     ///
@@ -429,13 +440,19 @@ impl Opener {
         }
         let (head, rest) = record.split_at_mut(LEN_BYTES);
         let (body, tag) = rest.split_at_mut(len);
-        let tag: &[u8; TAG_BYTES] = (&*tag).try_into().map_err(|_| RecordError::Misuse {
+        let tag: [u8; TAG_BYTES] = (*tag).try_into().map_err(|_| RecordError::Misuse {
             peer: self.peer,
             what: "a tag of the wrong size".into(),
         })?;
         if self
             .cipher
-            .decrypt_in_place_detached(&nonce(self.next), head, body, tag.into())
+            .open_in_place_separate_tag(
+                nonce(self.next),
+                Aad::from(&*head),
+                Tag::from(tag),
+                body,
+                0..,
+            )
             .is_err()
         {
             return Err(self.fail(RecordError::Forged {
@@ -827,6 +844,18 @@ mod tests {
         }
     }
 
+    /// `bytes` as a failed open leaves them: a record whose tag failed has its body
+    /// zeroed (the cipher decrypts as it authenticates and wipes what it decrypted), every
+    /// other byte is as it came.
+    fn wiped(bytes: &[u8], err: &RecordError) -> Vec<u8> {
+        let mut left = bytes.to_vec();
+        if let (RecordError::Forged { .. }, Some(field)) = (err, bytes.first_chunk()) {
+            let len = u32::from_le_bytes(*field) as usize;
+            left[LEN_BYTES..LEN_BYTES + len].fill(0);
+        }
+        left
+    }
+
     #[test]
     fn flipping_any_byte_fails_and_yields_nothing() {
         let (mut cs, ..) = ends();
@@ -854,7 +883,11 @@ mod tests {
                     ),
                     "byte {at} ^ {bit:#x}: {err:?}"
                 );
-                assert_eq!(altered, before, "byte {at}: bytes changed by a failed open");
+                assert_eq!(
+                    altered,
+                    wiped(&before, &err),
+                    "byte {at} ^ {bit:#x}: a failed open left other bytes"
+                );
             }
         }
     }
