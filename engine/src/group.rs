@@ -400,14 +400,28 @@ impl Group {
             output.len(),
             self.size,
         )?;
+        self.input_to_output(FlightOp::AllGather, input, output, |c, input, out| {
+            c.all_gather(input, out)
+        })
+    }
+
+    /// Runs `collective` from `input` into `output` as wire bytes, recorded as `op`; in a
+    /// group of one the output is the input.
+    fn input_to_output<T: Element>(
+        &self,
+        op: FlightOp,
+        input: &[T],
+        output: &mut [T],
+        collective: impl FnOnce(&dyn Communicator, &[u8], &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         if self.size == 1 {
             output.copy_from_slice(input);
             return Ok(());
         }
-        let call = Call::new(FlightOp::AllGather, Some(T::DTYPE), size_of_val(input));
+        let call = Call::new(op, Some(T::DTYPE), size_of_val(input));
         T::with_wire_mut(output, |out| {
             self.comm
-                .call(call, |c| c.all_gather(T::as_wire(input), out))
+                .call(call, |c| collective(c, T::as_wire(input), out))
         })
     }
 
@@ -841,14 +855,8 @@ impl Group {
                 self.size
             )));
         }
-        if self.size == 1 {
-            output.copy_from_slice(input);
-            return Ok(());
-        }
-        let call = Call::new(FlightOp::AllToAll, Some(T::DTYPE), size_of_val(input));
-        T::with_wire_mut(output, |out| {
-            self.comm
-                .call(call, |c| c.all_to_all(T::as_wire(input), out))
+        self.input_to_output(FlightOp::AllToAll, input, output, |c, input, out| {
+            c.all_to_all(input, out)
         })
     }
 
