@@ -393,24 +393,35 @@ impl Group {
     /// ```
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
-        if output.len() != input.len() * self.size {
-            return Err(Error::invalid(format!(
-                "all_gather: the output holds {} elements but {} ranks x {} input elements \
-                 need {}",
-                output.len(),
-                self.size,
-                input.len(),
-                input.len() * self.size
-            )));
-        }
+        check_blocks(
+            "all_gather",
+            Blocks::Gather,
+            input.len(),
+            output.len(),
+            self.size,
+        )?;
+        self.input_to_output(FlightOp::AllGather, input, output, |c, input, out| {
+            c.all_gather(input, out)
+        })
+    }
+
+    /// Runs `collective` from `input` into `output` as wire bytes, recorded as `op`; in a
+    /// group of one the output is the input.
+    fn input_to_output<T: Element>(
+        &self,
+        op: FlightOp,
+        input: &[T],
+        output: &mut [T],
+        collective: impl FnOnce(&dyn Communicator, &[u8], &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         if self.size == 1 {
             output.copy_from_slice(input);
             return Ok(());
         }
-        let call = Call::new(FlightOp::AllGather, Some(T::DTYPE), size_of_val(input));
+        let call = Call::new(op, Some(T::DTYPE), size_of_val(input));
         T::with_wire_mut(output, |out| {
             self.comm
-                .call(call, |c| c.all_gather(T::as_wire(input), out))
+                .call(call, |c| collective(c, T::as_wire(input), out))
         })
     }
 
@@ -440,16 +451,13 @@ impl Group {
     /// ```
     pub fn sum_scatter<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.nb.settle(); // nonblocking operations go first: see `scope`
-        if input.len() != output.len() * self.size {
-            return Err(Error::invalid(format!(
-                "sum_scatter: the input holds {} elements but {} ranks x {} output elements \
-                 need {}",
-                input.len(),
-                self.size,
-                output.len(),
-                output.len() * self.size
-            )));
-        }
+        check_blocks(
+            "sum_scatter",
+            Blocks::Scatter,
+            input.len(),
+            output.len(),
+            self.size,
+        )?;
         if self.size == 1 {
             output.copy_from_slice(input);
             return Ok(());
@@ -847,14 +855,8 @@ impl Group {
                 self.size
             )));
         }
-        if self.size == 1 {
-            output.copy_from_slice(input);
-            return Ok(());
-        }
-        let call = Call::new(FlightOp::AllToAll, Some(T::DTYPE), size_of_val(input));
-        T::with_wire_mut(output, |out| {
-            self.comm
-                .call(call, |c| c.all_to_all(T::as_wire(input), out))
+        self.input_to_output(FlightOp::AllToAll, input, output, |c, input, out| {
+            c.all_to_all(input, out)
         })
     }
 
@@ -948,6 +950,39 @@ impl Communicator for Single {
     fn close(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// Which buffer of a gather or scatter holds one block per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Blocks {
+    /// `all_gather`: the output holds every rank's input.
+    Gather,
+    /// `sum_scatter`: the input holds a block for every rank's output.
+    Scatter,
+}
+
+/// Checks the lengths (in elements) of a gather or scatter `call` in a group of `size`:
+/// the buffer `blocks` names must hold `size` blocks as long as the other. The error names
+/// the call and the lengths.
+pub(crate) fn check_blocks(
+    call: &str,
+    blocks: Blocks,
+    input: usize,
+    output: usize,
+    size: usize,
+) -> Result<()> {
+    let ((whole_name, whole), (block_name, block)) = match blocks {
+        Blocks::Gather => (("output", output), ("input", input)),
+        Blocks::Scatter => (("input", input), ("output", output)),
+    };
+    if whole != block * size {
+        return Err(Error::invalid(format!(
+            "{call}: the {whole_name} holds {whole} elements but {size} ranks x {block} \
+             {block_name} elements need {}",
+            block * size
+        )));
+    }
+    Ok(())
 }
 
 fn copy_same_length(input: &[u8], output: &mut [u8]) -> Result<()> {
@@ -1135,6 +1170,30 @@ mod collectives_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrong_block_lengths_are_named_with_the_call() {
+        let mut out = [0u16; 3];
+        let e = Group::single()
+            .all_gather(&[1u16, 2], &mut out)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            Error::invalid(
+                "all_gather: the output holds 3 elements but 1 ranks x 2 input elements need 2"
+            )
+            .to_string()
+        );
+        let e = check_blocks("sum_scatter", Blocks::Scatter, 5, 2, 3).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "sum_scatter: the input holds 5 elements but 3 ranks x 2 output elements need 6"
+            ),
+            "{e}"
+        );
+        assert!(check_blocks("all_gather", Blocks::Gather, 2, 6, 3).is_ok());
+        assert!(check_blocks("sum_scatter", Blocks::Scatter, 6, 2, 3).is_ok());
+    }
 
     #[test]
     fn a_single_group_returns_its_input() {

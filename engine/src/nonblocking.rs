@@ -13,6 +13,7 @@ use zerocopy::IntoBytes;
 use crate::comm::Communicator;
 use crate::element::{Complex64, DType, Element};
 use crate::error::{Error, Phase, Result};
+use crate::group::{Blocks, check_blocks};
 use crate::recorder::{Call, FlightOp, Recorded};
 use crate::reduce::ReduceOp;
 
@@ -554,27 +555,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.comm.size();
-        if output.len() != input.len() * size {
-            return Err(Error::invalid(format!(
-                "start_all_gather: the output holds {} elements but {size} ranks x {} input \
-                 elements need {}",
-                output.len(),
-                input.len(),
-                input.len() * size
-            )));
-        }
-        if size == 1 {
-            output.copy_from_slice(input);
-            return Ok(Pending::ready(Ok(())));
-        }
-        let input = self.lender.lend(T::as_wire(input));
-        let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(Op::Gather {
-            dtype: T::DTYPE,
-            input,
-            output,
-        })
+        self.start_blocks("start_all_gather", Blocks::Gather, input, output)
     }
 
     /// Starts [`Group::sum_scatter`](crate::Group::sum_scatter) of `input` into `output`.
@@ -588,26 +569,38 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
+        self.start_blocks("start_sum_scatter", Blocks::Scatter, input, output)
+    }
+
+    /// Starts the gather or scatter `call` (`blocks` says which) of `input` into `output`,
+    /// once their lengths are checked; in a group of one, copies `input` and starts nothing.
+    fn start_blocks<T: Plain>(
+        &self,
+        call: &str,
+        blocks: Blocks,
+        input: &'scope [T],
+        output: &'scope mut [T],
+    ) -> Result<Pending<'scope>> {
         let size = self.comm.size();
-        if input.len() != output.len() * size {
-            return Err(Error::invalid(format!(
-                "start_sum_scatter: the input holds {} elements but {size} ranks x {} output \
-                 elements need {}",
-                input.len(),
-                output.len(),
-                output.len() * size
-            )));
-        }
+        check_blocks(call, blocks, input.len(), output.len(), size)?;
         if size == 1 {
             output.copy_from_slice(input);
             return Ok(Pending::ready(Ok(())));
         }
+        let dtype = T::DTYPE;
         let input = self.lender.lend(T::as_wire(input));
         let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(Op::SumScatter {
-            dtype: T::DTYPE,
-            input,
-            output,
+        self.submit(match blocks {
+            Blocks::Gather => Op::Gather {
+                dtype,
+                input,
+                output,
+            },
+            Blocks::Scatter => Op::SumScatter {
+                dtype,
+                input,
+                output,
+            },
         })
     }
 

@@ -14,7 +14,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nuvec_distributed_engine::{Group, Transport};
-use nuvec_tools::testing::Launch;
+use nuvec_tools::testing::{self, Launch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -34,28 +34,10 @@ fn input(case: u64, rank: usize, n: usize, exact: bool) -> Vec<f32> {
         .collect()
 }
 
-/// The tree recursive doubling and halving-doubling compute (`native::protocol`): with
-/// `pof2` the largest power of two not above P and `extra = P - pof2`, leaf `v` is
-/// `x(2v) + x(2v + 1)` for `v < extra` and `x(v + extra)` after, and every inner node is
-/// `left + right`, in rank order.
+/// The tree recursive doubling and halving-doubling compute, of sums
+/// ([`testing::doubling_tree`]).
 fn tree(inputs: &[Vec<f32>]) -> Vec<f32> {
-    let size = inputs.len();
-    let pof2 = 1 << size.ilog2();
-    let extra = size - pof2;
-    let add = |a: &[f32], b: &[f32]| -> Vec<f32> { a.iter().zip(b).map(|(x, y)| x + y).collect() };
-    let mut level: Vec<Vec<f32>> = (0..pof2)
-        .map(|v| {
-            if v < extra {
-                add(&inputs[2 * v], &inputs[2 * v + 1])
-            } else {
-                inputs[v + extra].clone()
-            }
-        })
-        .collect();
-    while level.len() > 1 {
-        level = level.chunks(2).map(|p| add(&p[0], &p[1])).collect();
-    }
-    level.pop().expect("at least one rank")
+    testing::doubling_tree(inputs, |a, b| a.iter().zip(b).map(|(x, y)| x + y).collect())
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

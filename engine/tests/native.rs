@@ -102,11 +102,7 @@ fn check_failed_fast(o: &RankOutput, both: &[Call; 2]) {
         "rank {}: names neither a peer nor both calls: {message}",
         o.rank
     );
-    assert!(
-        !o.lines("AGAIN ").is_empty(),
-        "rank {}: no later call reported",
-        o.rank
-    );
+    again_reported(o);
 }
 
 /// Reports `error` after `took` ([`report_failure`]), then checks that the group stays
@@ -117,6 +113,15 @@ fn report_and_again(g: &Group, error: &Error, took: Duration) {
         .all_sum(&mut [1.0f32])
         .expect_err("the group stays failed");
     println!("AGAIN {again}");
+}
+
+/// Checks that rank `o` went on to report the next call's error ([`report_and_again`]).
+fn again_reported(o: &RankOutput) {
+    assert!(
+        !o.lines("AGAIN ").is_empty(),
+        "rank {}: no later call reported",
+        o.rank
+    );
 }
 
 fn check_mismatch(o: &RankOutput, both: &[Call; 2]) {
@@ -131,11 +136,7 @@ fn check_mismatch(o: &RankOutput, both: &[Call; 2]) {
             );
         }
     }
-    assert!(
-        !o.lines("AGAIN ").is_empty(),
-        "rank {}: no later call reported",
-        o.rank
-    );
+    again_reported(o);
 }
 
 test_cases!(mismatch {

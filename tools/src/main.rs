@@ -371,16 +371,9 @@ fn flight(args: &FlightArgs) -> ExitCode {
     };
     let verdict = nuvec_tools::flight::analyse(&dumps);
     if args.json {
-        match serde_json::to_string_pretty(&verdict) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("nuvec flight: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", verdict.text());
+        return print_json("flight", &verdict);
     }
+    print!("{}", verdict.text());
     ExitCode::SUCCESS
 }
 
@@ -425,17 +418,24 @@ fn plan_rows(args: &PlanArgs) -> Vec<PlanRow> {
     rows
 }
 
+/// Prints `value` as pretty JSON for `nuvec command`, or says why it cannot.
+fn print_json(command: &str, value: &impl serde::Serialize) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nuvec {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn plan(args: &PlanArgs) -> ExitCode {
     let rows = plan_rows(args);
     if args.json {
-        match serde_json::to_string_pretty(&rows) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("nuvec plan: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-        return ExitCode::SUCCESS;
+        return print_json("plan", &rows);
     }
     let cost = args.link.cost();
     let source = if args.link == Link::Network {

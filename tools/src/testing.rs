@@ -380,6 +380,33 @@ pub const JACCL_LAUNCH_VARS: [&str; 10] = [
     "NUVEC_JACCL_BUFFERS",
 ];
 
+/// The result recursive doubling and halving-doubling compute over one input per rank
+/// (`native::protocol`'s `Exchange::doubling`): with `pof2` the largest power of two not
+/// above P and `extra = P - pof2`, leaf `v` is `fold(x(2v), x(2v + 1))` for `v < extra` and
+/// `x(v + extra)` after, and every inner node is `fold(left, right)`, in rank order.
+///
+/// # Panics
+///
+/// If `inputs` is empty.
+pub fn doubling_tree<T: Clone>(inputs: &[T], fold: impl Fn(&T, &T) -> T) -> T {
+    let size = inputs.len();
+    let pof2 = 1 << size.ilog2();
+    let extra = size - pof2;
+    let mut level: Vec<T> = (0..pof2)
+        .map(|v| {
+            if v < extra {
+                fold(&inputs[2 * v], &inputs[2 * v + 1])
+            } else {
+                inputs[v + extra].clone()
+            }
+        })
+        .collect();
+    while level.len() > 1 {
+        level = level.chunks(2).map(|p| fold(&p[0], &p[1])).collect();
+    }
+    level.pop().expect("at least one rank")
+}
+
 /// A full mesh's device file (MLX's `MLX_IBV_DEVICES` matrix, as JSON) of `size` ranks:
 /// rank `i` reaches rank `j` through `device(i, j)`.
 pub fn mesh_matrix(size: usize, device: impl Fn(usize, usize) -> String) -> String {

@@ -552,6 +552,22 @@ mod tests {
     }
 
     /// A policy that never spins.
+    /// Runs `f`, waiting on a receive, with a 20 s timeout under `policy` while the group
+    /// is closed 50 ms in: the collective ends aborted, long before the timeout.
+    fn ended_by_a_close(f: &mut Fake, policy: &mut WaitPolicy) {
+        f.activity.posted(0, PeerOp::Receive);
+        let closer = close_later(f, Duration::from_millis(50));
+        let start = Instant::now();
+        let e = progress(f, Duration::from_secs(20), policy).unwrap_err();
+        closer.join().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
     fn no_spin() -> WaitPolicy {
         WaitPolicy::fixed(Spin {
             total: Duration::ZERO,
@@ -694,26 +710,11 @@ mod tests {
     fn a_close_ends_a_spinning_collective() {
         // Spins for up to 10 s without ever waiting: only the per-round check can end it.
         let mut f = Fake::new(vec![], 1);
-        f.activity.posted(0, PeerOp::Receive);
         let spin = Spin {
             total: Duration::from_secs(10),
             eager: Duration::ZERO,
         };
-        let closer = close_later(&f, Duration::from_millis(50));
-        let start = Instant::now();
-        let e = progress(
-            &mut f,
-            Duration::from_secs(20),
-            &mut WaitPolicy::fixed(spin),
-        )
-        .unwrap_err();
-        closer.join().unwrap();
-        assert!(matches!(e, Error::Aborted { .. }), "{e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
-        );
+        ended_by_a_close(&mut f, &mut WaitPolicy::fixed(spin));
         assert_eq!(f.waits, 0);
     }
 
@@ -721,17 +722,7 @@ mod tests {
     fn a_close_ends_a_waiting_collective_without_a_stall() {
         let mut f = Fake::new(vec![], 1);
         f.nap = Some(Duration::from_millis(5));
-        f.activity.posted(0, PeerOp::Receive);
-        let closer = close_later(&f, Duration::from_millis(50));
-        let start = Instant::now();
-        let e = progress(&mut f, Duration::from_secs(20), &mut no_spin()).unwrap_err();
-        closer.join().unwrap();
-        assert!(matches!(e, Error::Aborted { .. }), "{e}");
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
-        );
+        ended_by_a_close(&mut f, &mut no_spin());
         assert!(
             f.waits >= 2,
             "it waited before the close ({} waits)",

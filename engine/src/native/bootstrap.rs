@@ -446,6 +446,15 @@ impl<'a> Setup<'a> {
             .min()
     }
 
+    /// Registers a connection being formed for reads and writes under `token`; `what` names
+    /// the step in the error.
+    fn register(&self, stream: &mut TcpStream, token: Token, what: &str) -> Result<()> {
+        self.poll
+            .registry()
+            .register(stream, token, Interest::READABLE | Interest::WRITABLE)
+            .map_err(|e| Error::local(what, e))
+    }
+
     fn start_due_dials(&mut self) -> Result<()> {
         let now = Instant::now();
         for i in 0..self.dials.len() {
@@ -454,14 +463,8 @@ impl<'a> Setup<'a> {
             }
             match tcp::dial(self.targets[i].addr, &self.tuning) {
                 Ok(mut stream) => {
-                    self.poll
-                        .registry()
-                        .register(
-                            &mut stream,
-                            bootstrap::dial_token(i),
-                            Interest::READABLE | Interest::WRITABLE,
-                        )
-                        .map_err(|e| Error::local("registering a connection", e))?;
+                    let token = bootstrap::dial_token(i);
+                    self.register(&mut stream, token, "registering a connection")?;
                     self.dials[i] = Dial::Connecting(stream);
                 }
                 Err(e) => self.retry(i, describe_io(&e)),
@@ -609,14 +612,8 @@ impl<'a> Setup<'a> {
                     self.candidates.len() - 1
                 }
             };
-            self.poll
-                .registry()
-                .register(
-                    &mut stream,
-                    bootstrap::candidate_token(id),
-                    Interest::READABLE | Interest::WRITABLE,
-                )
-                .map_err(|e| Error::local("registering an accepted connection", e))?;
+            let token = bootstrap::candidate_token(id);
+            self.register(&mut stream, token, "registering an accepted connection")?;
             let acceptor = hello::Acceptor::new(self.expect.clone(), self.key, slot as u32);
             self.candidates[id] = Some(Candidate {
                 stream,
@@ -1320,18 +1317,7 @@ mod tests {
     #[test]
     fn other_versions_and_wires_are_named_at_once() {
         let long = Duration::from_secs(20);
-        let mut v3 = hello::Hello {
-            identity: Identity {
-                capabilities: 0,
-                size: 2,
-                group: [0; 32],
-                host: [0; 16],
-            },
-            from: 1,
-            to: 0,
-            kind: Kind::Ring(0),
-        }
-        .encode();
+        let mut v3 = hello::Hello::plain(2, 1, 0, Kind::Ring(0)).encode();
         v3[8] = 3;
         let mlx_keyed = auth::Hello::new(2, 1, 0, 0).unwrap().encode().to_vec();
         for (bytes, says) in [
@@ -1358,18 +1344,7 @@ mod tests {
 
     #[test]
     fn a_broken_hello_is_misbehaviour_named_at_once() {
-        let mut broken = hello::Hello {
-            identity: Identity {
-                capabilities: 0,
-                size: 2,
-                group: [0; 32],
-                host: [0; 16],
-            },
-            from: 1,
-            to: 0,
-            kind: Kind::Accepted(0),
-        }
-        .encode();
+        let mut broken = hello::Hello::plain(2, 1, 0, Kind::Accepted(0)).encode();
         broken[9] = 1;
         let (e, took) = against(broken.to_vec(), Duration::from_secs(20), None);
         assert!(took < Duration::from_secs(3), "took {took:?}: {e}");
@@ -1437,6 +1412,21 @@ mod tests {
     }
 
     /// Reads from an MLX-wire ring's connection until it fails; the error it reports.
+    /// Waits for a native rank formed against an MLX-wire rank 1: it fails within 5 s,
+    /// blaming rank 1 as incompatible with an error that says `says`.
+    fn native_refuses_the_mlx_wire(
+        native: thread::JoinHandle<(Result<Formed>, Duration)>,
+        says: &str,
+    ) {
+        let (result, took) = native.join().unwrap();
+        let e = result.expect_err("formed against the MLX wire");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(
+            matches!(&e, Error::PeerIncompatible { peer: 1, .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
+
     fn first_failure(mut t: Connections) -> Error {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut buf = [0u8; 64];
@@ -1469,14 +1459,7 @@ mod tests {
                 if reason.contains("rank 0 runs the native wire and this rank the MLX wire")),
             "{e}"
         );
-        let (result, took) = native.join().unwrap();
-        let e = result.expect_err("formed against the MLX wire");
-        assert!(took < Duration::from_secs(5), "took {took:?}");
-        assert!(
-            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
-                && e.to_string().contains("is on the MLX wire"),
-            "{e}"
-        );
+        native_refuses_the_mlx_wire(native, "is on the MLX wire");
         // With a key on the MLX-wire rank: its handshake names the native hello, and the
         // native rank its keyed greeting.
         let nodes = hostfile(2, 1);
@@ -1492,13 +1475,6 @@ mod tests {
                 if reason.contains("runs the native wire (NUVEC_DISTRIBUTED_WIRE=native)")),
             "{e}"
         );
-        let (result, took) = native.join().unwrap();
-        let e = result.expect_err("formed against the MLX wire");
-        assert!(took < Duration::from_secs(5), "took {took:?}");
-        assert!(
-            matches!(&e, Error::PeerIncompatible { peer: 1, .. })
-                && e.to_string().contains("MLX wire's keyed handshake"),
-            "{e}"
-        );
+        native_refuses_the_mlx_wire(native, "MLX wire's keyed handshake");
     }
 }

@@ -630,16 +630,12 @@ impl Connector {
     /// the group's key and both nonces of its handshake, once that is established with a
     /// key; `None` without a key.
     pub(crate) fn channel(&self) -> Option<Box<Channel>> {
-        let (key, auth) = (self.key?, self.auth.as_ref()?);
-        let (connector, acceptor) = auth.nonces()?;
-        let peer = self.peer as usize;
-        Some(Box::new(Channel::new(
-            &key,
+        sealed(
+            self.key,
+            self.auth.as_ref()?.nonces(),
             Side::Connector,
-            &connector,
-            &acceptor,
-            peer,
-        )))
+            self.peer as usize,
+        )
     }
 
     /// Whether any byte arrived from the acceptor.
@@ -694,6 +690,21 @@ impl Connector {
 }
 
 hello_handshake!(Connector, |_: &Hello| None);
+
+/// The sealed records of a connection to `peer`, on this rank's `side`, keyed by the group's
+/// key and both nonces of the handshake (the connector's, then the acceptor's); `None`
+/// without a key or before the keyed handshake is established.
+fn sealed(
+    key: Option<Key>,
+    nonces: Option<([u8; 32], [u8; 32])>,
+    side: Side,
+    peer: usize,
+) -> Option<Box<Channel>> {
+    let (key, (connector, acceptor)) = (key?, nonces?);
+    Some(Box::new(Channel::new(
+        &key, side, &connector, &acceptor, peer,
+    )))
+}
 
 /// The connections an acceptor takes on one of its addresses: ring connection `slot` from
 /// the left neighbour, and on address 0 the mesh connections of the lower ranks that are
@@ -751,16 +762,8 @@ impl Acceptor {
 
     /// The sealed records of the connection, as [`Connector::channel`].
     pub(crate) fn channel(&self) -> Option<Box<Channel>> {
-        let (key, auth) = (self.key?, self.auth.as_ref()?);
-        let (connector, acceptor) = auth.nonces()?;
         let peer = self.exchange.peer?.from as usize;
-        Some(Box::new(Channel::new(
-            &key,
-            Side::Acceptor,
-            &connector,
-            &acceptor,
-            peer,
-        )))
+        sealed(self.key, self.auth.as_ref()?.nonces(), Side::Acceptor, peer)
     }
 
     /// Whether a rejected client is a stranger rather than a rank: its first bytes were not
@@ -881,18 +884,31 @@ mod tests {
         }
     }
 
-    fn sample() -> Hello {
-        Hello {
-            identity: Identity {
-                capabilities: 0x0102_0304_0506_0708,
-                size: 6,
-                group: [3; 32],
-                host: [4; 16],
-            },
-            from: 5,
-            to: 2,
-            kind: Kind::Ring(1),
+    impl Hello {
+        /// A hello from `from` to `to` in a group of `size` that offers no capabilities and
+        /// names an all-zero group and host: the fields a test varies, the rest neutral.
+        pub(crate) fn plain(size: u32, from: u32, to: u32, kind: Kind) -> Self {
+            Hello {
+                identity: Identity {
+                    capabilities: 0,
+                    size,
+                    group: [0; 32],
+                    host: [0; 16],
+                },
+                from,
+                to,
+                kind,
+            }
         }
+    }
+
+    /// A hello whose every field is distinct and not zero, so that a misplaced field shows.
+    fn sample() -> Hello {
+        let mut hello = Hello::plain(6, 5, 2, Kind::Ring(1));
+        hello.identity.capabilities = 0x0102_0304_0506_0708;
+        hello.identity.group = [3; 32];
+        hello.identity.host = [4; 16];
+        hello
     }
 
     fn rejection(o: &Outcome) -> &Rejection {

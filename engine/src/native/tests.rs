@@ -153,27 +153,11 @@ fn reference(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
 /// `P - pof2` and `x(v + P - pof2)` after; every node folds its right subtree into its left
 /// by the scalar kernel.
 fn tree_reference(op: ReduceOp, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
-    let size = inputs.len();
-    let pof2 = 1 << size.ilog2();
-    let extra = size - pof2;
-    let fold = |a: &[u8], b: &[u8]| {
-        let mut acc = a.to_vec();
+    nuvec_tools::testing::doubling_tree(inputs, |a, b| {
+        let mut acc = a.clone();
         reduce_scalar(op, dtype, &mut acc, b);
         acc
-    };
-    let mut level: Vec<Vec<u8>> = (0..pof2)
-        .map(|v| {
-            if v < extra {
-                fold(&inputs[2 * v], &inputs[2 * v + 1])
-            } else {
-                inputs[v + extra].clone()
-            }
-        })
-        .collect();
-    while level.len() > 1 {
-        level = level.chunks(2).map(|p| fold(&p[0], &p[1])).collect();
-    }
-    level.pop().expect("at least one rank")
+    })
 }
 
 #[test]

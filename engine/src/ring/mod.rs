@@ -118,20 +118,24 @@ impl Ring {
     /// Runs the lanes in `state.lanes` over `bufs`; a transport error fails the group.
     /// `traced` describes the collective to the tracing probes.
     fn run(&self, state: &mut State, bufs: &mut Buffers<'_>, traced: Traced) -> Result<()> {
+        self.traced(traced, || self.run_lanes(state, bufs, traced.context))
+    }
+
+    /// Runs the lanes in `state.lanes` over `bufs`, without a tracing probe of its own (the
+    /// caller's collective has one); a transport error fails the group.
+    fn run_lanes(&self, state: &mut State, bufs: &mut Buffers<'_>, context: Phase) -> Result<()> {
         let State {
             transport,
             spin,
             staging,
             lanes,
         } = state;
-        self.traced(traced, || {
-            let mut machine = Lanes {
-                lanes,
-                bufs,
-                stages: &mut staging.lanes,
-            };
-            self.drive((transport, spin), &mut machine, traced.context)
-        })
+        let mut machine = Lanes {
+            lanes,
+            bufs,
+            stages: &mut staging.lanes,
+        };
+        self.drive((transport, spin), &mut machine, context)
     }
 
     /// Runs `machine` over `transport` to its end; a fatal error fails the group.
@@ -411,21 +415,11 @@ impl Ring {
         }
         let topo = self.topology(state);
         protocol::plan_shift(&mut state.lanes, &topo, input.len(), output.len());
-        let State {
-            transport,
-            spin,
-            staging,
-            lanes,
-        } = state;
-        let mut machine = Lanes {
-            lanes,
-            bufs: &mut Buffers {
-                data: output,
-                input,
-            },
-            stages: &mut staging.lanes,
+        let mut bufs = Buffers {
+            data: output,
+            input,
         };
-        self.drive((transport, spin), &mut machine, context)
+        self.run_lanes(state, &mut bufs, context)
     }
 
     /// A broadcast pipelined rightwards around the ring from `root`, in chunks of
