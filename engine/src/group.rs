@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use crate::comm::{Communicator, Transport};
+use crate::comm::{Blocks, Communicator, Transport, check_blocks};
 use crate::config::hostfile::RingAddresses;
 use crate::element::{DType, Element};
 use crate::error::{Error, Result};
@@ -950,39 +950,6 @@ impl Communicator for Single {
     fn close(&self) -> Result<()> {
         Ok(())
     }
-}
-
-/// Which buffer of a gather or scatter holds one block per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Blocks {
-    /// `all_gather`: the output holds every rank's input.
-    Gather,
-    /// `sum_scatter`: the input holds a block for every rank's output.
-    Scatter,
-}
-
-/// Checks the lengths (in elements) of a gather or scatter `call` in a group of `size`:
-/// the buffer `blocks` names must hold `size` blocks as long as the other. The error names
-/// the call and the lengths.
-pub(crate) fn check_blocks(
-    call: &str,
-    blocks: Blocks,
-    input: usize,
-    output: usize,
-    size: usize,
-) -> Result<()> {
-    let ((whole_name, whole), (block_name, block)) = match blocks {
-        Blocks::Gather => (("output", output), ("input", input)),
-        Blocks::Scatter => (("input", input), ("output", output)),
-    };
-    if whole != block * size {
-        return Err(Error::invalid(format!(
-            "{call}: the {whole_name} holds {whole} elements but {size} ranks x {block} \
-             {block_name} elements need {}",
-            block * size
-        )));
-    }
-    Ok(())
 }
 
 fn copy_same_length(input: &[u8], output: &mut [u8]) -> Result<()> {

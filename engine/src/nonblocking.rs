@@ -10,10 +10,9 @@ use std::thread::JoinHandle;
 use ffi::lend::{Ledger, Lender, Loan, LoanMut};
 use zerocopy::IntoBytes;
 
-use crate::comm::Communicator;
+use crate::comm::{Blocks, Communicator, check_blocks};
 use crate::element::{Complex64, DType, Element};
 use crate::error::{Error, Phase, Result};
-use crate::group::{Blocks, check_blocks};
 use crate::recorder::{Call, FlightOp, Recorded};
 use crate::reduce::ReduceOp;
 

@@ -32,6 +32,39 @@ pub(crate) fn part(n: usize, parts: usize, i: usize) -> Range<usize> {
     (i * step).min(n)..((i + 1) * step).min(n)
 }
 
+/// Which buffer of a gather or scatter holds one block per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Blocks {
+    /// `all_gather`: the output holds every rank's input.
+    Gather,
+    /// `sum_scatter`: the input holds a block for every rank's output.
+    Scatter,
+}
+
+/// Checks the lengths (in elements) of a gather or scatter `call` in a group of `size`:
+/// the buffer `blocks` names must hold `size` blocks as long as the other. The error names
+/// the call and the lengths.
+pub(crate) fn check_blocks(
+    call: &str,
+    blocks: Blocks,
+    input: usize,
+    output: usize,
+    size: usize,
+) -> Result<()> {
+    let ((whole_name, whole), (block_name, block)) = match blocks {
+        Blocks::Gather => (("output", output), ("input", input)),
+        Blocks::Scatter => (("input", input), ("output", output)),
+    };
+    if whole != block * size {
+        return Err(Error::invalid(format!(
+            "{call}: the {whole_name} holds {whole} elements but {size} ranks x {block} \
+             {block_name} elements need {}",
+            block * size
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `peer` is a rank `comm` can send to or receive from (`what`: "send to" or
 /// "receive from"): in range and not this rank, with an error that says which.
 pub(crate) fn check_peer(comm: &dyn Communicator, what: &str, peer: usize) -> Result<()> {
