@@ -678,6 +678,118 @@ impl<T: Sample> Work<T> {
     }
 }
 
+/// One case measured on an unkeyed native group and on a keyed (sealed) one, as
+/// `nuvec bench --sealed` reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SealedRow {
+    /// The collective.
+    pub op: Op,
+    /// Its reduction (`None` for all_gather and sendrecv).
+    pub redop: Option<RedOp>,
+    /// The element type.
+    #[serde(with = "dtype_name")]
+    pub dtype: DType,
+    /// Ranks in the group.
+    pub ranks: usize,
+    /// Bytes per rank.
+    pub bytes: usize,
+    /// The unkeyed median, µs.
+    pub unkeyed_us: f64,
+    /// The keyed median, µs.
+    pub keyed_us: f64,
+    /// `keyed_us / unkeyed_us`: above 1, sealing costs that much time.
+    pub time_ratio: f64,
+    /// The unkeyed bus bandwidth, GB/s.
+    pub unkeyed_busbw_gbs: f64,
+    /// The keyed bus bandwidth, GB/s.
+    pub keyed_busbw_gbs: f64,
+    /// The keyed bus bandwidth as a percentage of the unkeyed one.
+    pub busbw_percent: f64,
+    /// Wrong elements of the two runs together.
+    pub wrong: u64,
+}
+
+/// Pairs the unkeyed and keyed measurements of the same case (collective, reduction,
+/// dtype, size), in the unkeyed order. Both runs ran the same sweep, so every case is in
+/// both; one missing from either side is left out.
+pub fn sealed_rows(unkeyed: &[Measurement], keyed: &[Measurement]) -> Vec<SealedRow> {
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 && a.is_finite() {
+            a / b
+        } else {
+            f64::NAN
+        }
+    };
+    unkeyed
+        .iter()
+        .filter_map(|u| {
+            let k = keyed.iter().find(|k| {
+                (k.op, k.redop, k.dtype, k.bytes, k.ranks)
+                    == (u.op, u.redop, u.dtype, u.bytes, u.ranks)
+            })?;
+            Some(SealedRow {
+                op: u.op,
+                redop: u.redop,
+                dtype: u.dtype,
+                ranks: u.ranks,
+                bytes: u.bytes,
+                unkeyed_us: u.median_us,
+                keyed_us: k.median_us,
+                time_ratio: ratio(k.median_us, u.median_us),
+                unkeyed_busbw_gbs: u.busbw_gbs,
+                keyed_busbw_gbs: k.busbw_gbs,
+                busbw_percent: 100.0 * ratio(k.busbw_gbs, u.busbw_gbs),
+                wrong: u.wrong + k.wrong,
+            })
+        })
+        .collect()
+}
+
+/// The side-by-side table of [`sealed_rows`] for one rank count: per case, both medians,
+/// keyed / unkeyed time, both bus bandwidths and keyed as % of unkeyed.
+pub fn sealed_table(ranks: usize, rows: &[SealedRow]) -> String {
+    let mut out =
+        format!("\n# sealed (AES-256-GCM) beside unkeyed, native wire over TCP, {ranks} ranks\n");
+    out.push_str(&format!(
+        "#{:>11} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>9} {:>7}\n",
+        "size", "op", "type", "redop", "unkeyed", "keyed", "keyed/", "unkeyed", "keyed", "keyed"
+    ));
+    out.push_str(&format!(
+        "#{:>11} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>9} {:>7}\n",
+        "(B)", "", "", "", "(µs)", "(µs)", "unkeyed", "busbw", "busbw", "busbw"
+    ));
+    out.push_str(&format!(
+        "#{:>11} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>9} {:>7}\n",
+        "", "", "", "", "", "", "", "(GB/s)", "(GB/s)", "(%)"
+    ));
+    for r in rows {
+        let percent = if r.busbw_percent.is_finite() {
+            format!("{:.0}%", r.busbw_percent)
+        } else {
+            "-".into()
+        };
+        let times = if r.time_ratio.is_finite() {
+            format!("{:.2}", r.time_ratio)
+        } else {
+            "-".into()
+        };
+        out.push_str(&format!(
+            "{:>12} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9.3} {:>9.3} {:>7}\n",
+            r.bytes,
+            r.op.name(),
+            r.dtype.name(),
+            r.redop.map_or("none", RedOp::name),
+            micros(r.unkeyed_us),
+            micros(r.keyed_us),
+            times,
+            r.unkeyed_busbw_gbs,
+            r.keyed_busbw_gbs,
+            percent,
+        ));
+    }
+    out
+}
+
 /// A human-readable size: `4 B`, `8 KiB`, `64 MiB`.
 pub fn human(bytes: usize) -> String {
     for (unit, div) in [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
@@ -817,6 +929,65 @@ mod tests {
         let (alg, bus) = bandwidths(Op::AllGather, 4, 1_000_000, 1000.0);
         assert!((alg - 4.0).abs() < 1e-12 && (bus - 3.0).abs() < 1e-12);
         assert_eq!(bandwidths(Op::SendRecv, 2, 10, 0.0), (0.0, 0.0));
+    }
+
+    fn measured(op: Op, bytes: usize, median_us: f64, busbw_gbs: f64) -> Measurement {
+        Measurement {
+            op,
+            redop: op.reduces().then_some(RedOp::Sum),
+            dtype: DType::F32,
+            ranks: 2,
+            bytes,
+            count: bytes / 4,
+            iters: 10,
+            min_us: median_us,
+            median_us,
+            p99_us: median_us,
+            max_us: median_us,
+            algbw_gbs: busbw_gbs,
+            busbw_gbs,
+            wrong: 0,
+        }
+    }
+
+    #[test]
+    fn sealed_rows_pair_each_case_with_its_ratios() {
+        let unkeyed = [
+            measured(Op::AllSum, 4, 20.0, 0.0),
+            measured(Op::AllSum, 1 << 20, 500.0, 2.0),
+            measured(Op::SendRecv, 4, 10.0, 0.5),
+        ];
+        // The keyed run in another order, and without the sendrecv case.
+        let mut keyed = [
+            measured(Op::AllSum, 1 << 20, 1250.0, 0.8),
+            measured(Op::AllSum, 4, 21.0, 0.0),
+        ];
+        keyed[1].wrong = 3;
+        let rows = sealed_rows(&unkeyed, &keyed);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!((rows[0].bytes, rows[0].keyed_us), (4, 21.0));
+        assert!((rows[0].time_ratio - 1.05).abs() < 1e-9);
+        // No unkeyed bandwidth: no percentage, printed as a dash.
+        assert!(rows[0].busbw_percent.is_nan());
+        assert_eq!(rows[0].wrong, 3);
+        assert!((rows[1].time_ratio - 2.5).abs() < 1e-9);
+        assert!((rows[1].busbw_percent - 40.0).abs() < 1e-9);
+        let text = sealed_table(2, &rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{text}");
+        assert!(lines[1].ends_with(", 2 ranks"), "{text}");
+        let cells: Vec<&str> = lines[4].split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "4", "all_sum", "float32", "sum", "20.00", "21.00", "1.05", "0.000", "0.000", "-"
+            ]
+        );
+        let cells: Vec<&str> = lines[5].split_whitespace().collect();
+        assert_eq!(
+            &cells[4..],
+            ["500.0", "1250.0", "2.50", "2.000", "0.800", "40%"]
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nuvec_distributed_engine::Backend as Wire;
-use nuvec_distributed_engine::DType;
 use nuvec_distributed_engine::{Collective, Link, plan as engine_plan};
+use nuvec_distributed_engine::{DType, KEY_VAR, SHM_VAR};
 use nuvec_tools::anchors::{self, Anchors, Wanted};
 use nuvec_tools::bench::{self, Case, Measurement, Op, RedOp, Sweep};
 use nuvec_tools::chaos;
@@ -273,6 +273,15 @@ struct BenchArgs {
     /// delay (default 300).
     #[arg(long, value_delimiter = ',', value_name = "D,...")]
     skew: Vec<u64>,
+    /// Measure the cost of sealing: for each rank count, the sweep on an unkeyed native
+    /// group, then on one keyed with a fresh random key (NUVEC_DISTRIBUTED_KEY, passed to
+    /// the keyed ranks only), each case side by side with keyed / unkeyed time and keyed
+    /// bus bandwidth as % of unkeyed. Needs --wire native (MLX's wire is not sealed).
+    /// Shared memory is never sealed, so both series run over TCP
+    /// (NUVEC_DISTRIBUTED_SHM=0). Refused when NUVEC_DISTRIBUTED_KEY is already set: the
+    /// unkeyed series could not run without it.
+    #[arg(long)]
+    sealed: bool,
     /// Write everything measured (nuvec, the anchors, the comparison) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -684,6 +693,9 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
             ));
         }
     }
+    if args.sealed {
+        check_sealed(args, std::env::var_os(KEY_VAR).is_some())?;
+    }
     if !args.skew.is_empty() {
         return bench_skew(args);
     }
@@ -712,6 +724,17 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     }
     let anchors = locate_anchors(args, wanted)?;
     let header = print_header(args);
+    // A fresh key per invocation: the keyed series measures sealing, and a key that
+    // outlives the run would be one more secret to keep.
+    let key = args.sealed.then(fresh_key);
+    if args.sealed {
+        println!(
+            "# {:<12} unkeyed, then keyed with a fresh random key, per rank count; shared \
+             memory off (NUVEC_DISTRIBUTED_SHM=0) for both: it is never sealed",
+            "sealed"
+        );
+    }
+    let mut sealed: Vec<SealedRun> = Vec::new();
     let mut report = Report {
         header: Some(header),
         ..Report::default()
@@ -745,13 +768,33 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         if runner::interrupted() {
             return Err("interrupted".into());
         }
-        let (measurements, transport) = run_nuvec(args, ranks)?;
+        let (measurements, transport) = run_nuvec(args, ranks, Keying::from(key.is_some()))?;
         let run = NuvecRun {
             ranks,
             transport,
             measurements,
         };
         print!("{}", report::nuvec_tables(&run));
+        if let Some(key) = &key {
+            let (measurements, transport) = run_nuvec(args, ranks, Keying::Keyed(key))?;
+            let keyed = NuvecRun {
+                ranks,
+                transport,
+                measurements,
+            };
+            print!(
+                "{}",
+                report::nuvec_tables(&keyed).replace("# nuvec, ", "# nuvec sealed, ")
+            );
+            let rows = bench::sealed_rows(&run.measurements, &keyed.measurements);
+            print!("{}", bench::sealed_table(ranks, &rows));
+            sealed.push(SealedRun {
+                ranks,
+                transport: keyed.transport,
+                measurements: keyed.measurements,
+                comparison: rows,
+            });
+        }
         report.nuvec.push(run);
         if let Some(anchors) = &anchors {
             if wanted.mlx {
@@ -778,19 +821,27 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
     if report.has_anchors() {
         print!("{}", report::comparison_table(&report.comparison));
     }
-    let nuvec_wrong: Vec<String> = report
-        .nuvec
-        .iter()
-        .flat_map(|r| &r.measurements)
-        .filter(|m| !m.correct())
-        .map(|m| {
-            let redop = m.redop.map(|r| format!(" {r}")).unwrap_or_default();
-            format!(
-                "n={} {} {}{redop} {} B: {} elements",
-                m.ranks, m.op, m.dtype, m.bytes, m.wrong
-            )
-        })
-        .collect();
+    let wrong_of = |series: &'static str, runs: Vec<&[Measurement]>| {
+        runs.into_iter()
+            .flatten()
+            .filter(|m| !m.correct())
+            .map(move |m| {
+                let redop = m.redop.map(|r| format!(" {r}")).unwrap_or_default();
+                format!(
+                    "{series}n={} {} {}{redop} {} B: {} elements",
+                    m.ranks, m.op, m.dtype, m.bytes, m.wrong
+                )
+            })
+            .collect::<Vec<String>>()
+    };
+    let mut nuvec_wrong = wrong_of(
+        "",
+        report.nuvec.iter().map(|r| &r.measurements[..]).collect(),
+    );
+    nuvec_wrong.extend(wrong_of(
+        "sealed ",
+        sealed.iter().map(|r| &r.measurements[..]).collect(),
+    ));
     let wrong: Vec<String> = report
         .mlx
         .iter()
@@ -803,7 +854,14 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         })
         .collect();
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        if args.sealed
+            && let Some(object) = value.as_object_mut()
+        {
+            let runs = serde_json::to_value(&sealed).map_err(|e| e.to_string())?;
+            object.insert("sealed".into(), runs);
+        }
+        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
         println!("\nJSON: {}", path.display());
     }
@@ -864,10 +922,77 @@ fn follow_progress(path: &Path, cases: &[Case], bar: &ProgressBar, stop: &Atomic
     }
 }
 
+/// The keyed series of `--sealed`, for one rank count: its measurements, and each case
+/// beside the unkeyed one (in the JSON report under `sealed`).
+#[derive(serde::Serialize)]
+struct SealedRun {
+    ranks: usize,
+    transport: String,
+    measurements: Vec<Measurement>,
+    comparison: Vec<bench::SealedRow>,
+}
+
+/// How a run's ranks are keyed.
+#[derive(Clone, Copy)]
+enum Keying<'a> {
+    /// As the launcher's environment says (no `--sealed`).
+    Inherited,
+    /// `--sealed`'s unkeyed series: shared memory off; [`check_sealed`] made sure no key
+    /// is inherited.
+    Unkeyed,
+    /// `--sealed`'s keyed series: this key, shared memory off.
+    Keyed(&'a str),
+}
+
+impl From<bool> for Keying<'_> {
+    /// The first series of a run: unkeyed with `--sealed`, else as inherited.
+    fn from(sealed: bool) -> Self {
+        if sealed {
+            Keying::Unkeyed
+        } else {
+            Keying::Inherited
+        }
+    }
+}
+
+/// What `--sealed` needs of the other options and of the environment (`key_set`: whether
+/// NUVEC_DISTRIBUTED_KEY is set here).
+fn check_sealed(args: &BenchArgs, key_set: bool) -> Result<(), String> {
+    if args.wire != Wire::Native {
+        return Err(
+            "--sealed measures the native wire's sealing, and MLX's wire is not sealed: add \
+             --wire native"
+                .into(),
+        );
+    }
+    if !args.skew.is_empty() {
+        return Err("--sealed measures the sweep: it does not combine with --skew".into());
+    }
+    if key_set {
+        return Err(format!(
+            "--sealed makes its own random key for the keyed series, and the unkeyed series \
+             cannot run with {KEY_VAR} set, which every rank inherits: unset it"
+        ));
+    }
+    Ok(())
+}
+
+/// A fresh random key: 32 random bytes, hex-encoded (64 characters; the key needs 16).
+fn fresh_key() -> String {
+    rand::random::<[u8; 32]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Starts `ranks` workers (this program again) through the launcher and returns what rank
 /// 0 measured, and what carried each link as the ranks reported it.
-fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String), String> {
-    let (text, transport) = run_workers(args, ranks)?;
+fn run_nuvec(
+    args: &BenchArgs,
+    ranks: usize,
+    keying: Keying<'_>,
+) -> Result<(Vec<Measurement>, String), String> {
+    let (text, transport) = run_workers(args, ranks, keying)?;
     let measurements = serde_json::from_str(&text)
         .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
     Ok((measurements, transport))
@@ -875,7 +1000,11 @@ fn run_nuvec(args: &BenchArgs, ranks: usize) -> Result<(Vec<Measurement>, String
 
 /// Starts `ranks` workers through the launcher and returns the results rank 0 wrote (JSON)
 /// and what carried each link.
-fn run_workers(args: &BenchArgs, ranks: usize) -> Result<(String, String), String> {
+fn run_workers(
+    args: &BenchArgs,
+    ranks: usize,
+    keying: Keying<'_>,
+) -> Result<(String, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let port = match args.starting_port {
         Some(port) => port,
@@ -885,8 +1014,16 @@ fn run_workers(args: &BenchArgs, ranks: usize) -> Result<(String, String), Strin
     let results = dir.path().join(format!("nuvec-n{ranks}.json"));
     let mut command = vec![exe.to_string_lossy().into_owned(), "bench".into()];
     command.extend(worker_args(args, &results, &dir.path().join("progress")));
-    let plan = launch::local_ring(ranks, args.connections, port, Some(args.wire), command)
+    let mut plan = launch::local_ring(ranks, args.connections, port, Some(args.wire), command)
         .map_err(|e| e.to_string())?;
+    match keying {
+        Keying::Inherited => {}
+        Keying::Unkeyed => plan.env.push((SHM_VAR.into(), "0".into())),
+        Keying::Keyed(key) => {
+            plan.env.push((SHM_VAR.into(), "0".into()));
+            plan.env.push((KEY_VAR.into(), key.into()));
+        }
+    }
     let options = RunOptions {
         prefix_output: false,
         forward_stdin: false,
@@ -1013,7 +1150,7 @@ fn bench_skew(args: &BenchArgs) -> Result<(), String> {
         if runner::interrupted() {
             return Err("interrupted".into());
         }
-        let (text, transport) = run_workers(args, ranks)?;
+        let (text, transport) = run_workers(args, ranks, Keying::Inherited)?;
         let points: Vec<skew::SkewPoint> = serde_json::from_str(&text)
             .map_err(|e| format!("{ranks} ranks: reading the results: {e}"))?;
         let title = format!(
@@ -1233,5 +1370,29 @@ mod tests {
         assert_eq!(a.cases(2), b.cases(2));
         assert_eq!((b.min_iters, b.max_iters), (7, 7));
         assert_eq!(b.dtypes, [DType::BF16, DType::I8]);
+    }
+
+    #[test]
+    fn sealed_wants_the_native_wire_no_skew_and_no_key_of_its_own() {
+        let native = bench_args(&["--sealed", "--wire", "native"]).unwrap();
+        assert_eq!(check_sealed(&native, false), Ok(()));
+        let err = check_sealed(&native, true).unwrap_err();
+        assert!(err.contains("--sealed") && err.contains(KEY_VAR), "{err}");
+        let mlx = bench_args(&["--sealed"]).unwrap();
+        let err = check_sealed(&mlx, false).unwrap_err();
+        assert!(
+            err.contains("--sealed") && err.contains("--wire native"),
+            "{err}"
+        );
+        let skew = bench_args(&["--sealed", "--wire", "native", "--skew", "0"]).unwrap();
+        assert!(check_sealed(&skew, false).unwrap_err().contains("--skew"));
+    }
+
+    #[test]
+    fn fresh_keys_are_long_enough_and_differ() {
+        let (a, b) = (fresh_key(), fresh_key());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
     }
 }

@@ -219,3 +219,84 @@ fn a_skew_run_reports_each_delay_for_each_rank_count() {
         }
     }
 }
+
+#[test]
+fn a_sealed_run_measures_each_size_unkeyed_and_keyed() {
+    let (out, report) = bench_report(&[
+        "-n",
+        "2",
+        "--wire",
+        "native",
+        "--sealed",
+        "--ops",
+        "all_sum,sendrecv",
+        "--sizes",
+        "4,64K",
+        "--iters",
+        "10",
+        "-q",
+    ]);
+    let stdout = &out.stdout;
+    assert!(
+        stdout.contains("# sealed       unkeyed, then keyed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("NUVEC_DISTRIBUTED_SHM=0"), "{stdout}");
+    for title in [
+        "# nuvec, 2 ranks: all_sum",
+        "# nuvec sealed, 2 ranks: all_sum",
+        "# nuvec sealed, 2 ranks: sendrecv",
+        "# sealed (AES-256-GCM) beside unkeyed, native wire over TCP, 2 ranks",
+    ] {
+        assert!(stdout.contains(title), "no {title:?} in:\n{stdout}");
+    }
+    // One verdict per table: all_sum and sendrecv, unkeyed and keyed.
+    assert_eq!(
+        stdout.matches("# wrong elements    : 0 (OK)").count(),
+        4,
+        "{stdout}"
+    );
+    let unkeyed = report["nuvec"][0]["measurements"].as_array().unwrap();
+    let sealed = &report["sealed"][0];
+    assert_eq!(sealed["ranks"], 2);
+    // Both series ran over TCP: shared memory is off for both.
+    for transport in [&report["nuvec"][0]["transport"], &sealed["transport"]] {
+        let transport = transport.as_str().unwrap();
+        assert!(transport.starts_with("tcp (every link"), "{transport}");
+    }
+    let keyed = sealed["measurements"].as_array().unwrap();
+    let rows = sealed["comparison"].as_array().unwrap();
+    assert_eq!(
+        (unkeyed.len(), keyed.len(), rows.len()),
+        (4, 4, 4),
+        "{report}"
+    );
+    for m in unkeyed.iter().chain(keyed) {
+        assert_eq!(m["wrong"], 0, "{m}");
+        assert_eq!(m["iters"], 10, "{m}");
+    }
+    for (row, m) in rows.iter().zip(unkeyed) {
+        assert_eq!(
+            (&row["op"], &row["bytes"]),
+            (&m["op"], &m["bytes"]),
+            "{row}"
+        );
+        assert_eq!(row["unkeyed_us"], m["median_us"], "{row}");
+        assert_eq!(row["wrong"], 0, "{row}");
+        assert!(row["time_ratio"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["busbw_percent"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
+#[test]
+fn sealed_needs_the_native_wire() {
+    let out = bench(&["--sealed", "--wire", "mlx", "--sizes", "4", "-q"]);
+    assert!(!out.status.success(), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("--sealed") && out.stderr.contains("--wire native"),
+        "{}",
+        out.stderr
+    );
+    // Refused before anything ran.
+    assert!(!out.stdout.contains("# nuvec"), "{}", out.stdout);
+}
