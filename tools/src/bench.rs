@@ -974,16 +974,17 @@ mod tests {
         assert!((rows[1].busbw_percent - 40.0).abs() < 1e-9);
         let text = sealed_table(2, &rows);
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 6, "{text}");
+        // A blank line, the title, three heading lines, a row per case.
+        assert_eq!(lines.len(), 7, "{text}");
         assert!(lines[1].ends_with(", 2 ranks"), "{text}");
-        let cells: Vec<&str> = lines[4].split_whitespace().collect();
+        let cells: Vec<&str> = lines[5].split_whitespace().collect();
         assert_eq!(
             cells,
             [
                 "4", "all_sum", "float32", "sum", "20.00", "21.00", "1.05", "0.000", "0.000", "-"
             ]
         );
-        let cells: Vec<&str> = lines[5].split_whitespace().collect();
+        let cells: Vec<&str> = lines[6].split_whitespace().collect();
         assert_eq!(
             &cells[4..],
             ["500.0", "1250.0", "2.50", "2.000", "0.800", "40%"]
