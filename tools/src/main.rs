@@ -776,6 +776,9 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
         };
         print!("{}", report::nuvec_tables(&run));
         if let Some(key) = &key {
+            if runner::interrupted() {
+                return Err("interrupted".into());
+            }
             let (measurements, transport) = run_nuvec(args, ranks, Keying::Keyed(key))?;
             let keyed = NuvecRun {
                 ranks,
