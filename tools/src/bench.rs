@@ -815,6 +815,7 @@ pub fn micros(us: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::tests::measurement;
 
     #[test]
     fn dtypes_parse_by_mlx_and_rust_names() {
@@ -931,36 +932,17 @@ mod tests {
         assert_eq!(bandwidths(Op::SendRecv, 2, 10, 0.0), (0.0, 0.0));
     }
 
-    fn measured(op: Op, bytes: usize, median_us: f64, busbw_gbs: f64) -> Measurement {
-        Measurement {
-            op,
-            redop: op.reduces().then_some(RedOp::Sum),
-            dtype: DType::F32,
-            ranks: 2,
-            bytes,
-            count: bytes / 4,
-            iters: 10,
-            min_us: median_us,
-            median_us,
-            p99_us: median_us,
-            max_us: median_us,
-            algbw_gbs: busbw_gbs,
-            busbw_gbs,
-            wrong: 0,
-        }
-    }
-
     #[test]
     fn sealed_rows_pair_each_case_with_its_ratios() {
         let unkeyed = [
-            measured(Op::AllSum, 4, 20.0, 0.0),
-            measured(Op::AllSum, 1 << 20, 500.0, 2.0),
-            measured(Op::SendRecv, 4, 10.0, 0.5),
+            measurement(Op::AllSum, 2, 4, 20.0, 0.0),
+            measurement(Op::AllSum, 2, 1 << 20, 500.0, 2.0),
+            measurement(Op::SendRecv, 2, 4, 10.0, 0.5),
         ];
         // The keyed run in another order, and without the sendrecv case.
         let mut keyed = [
-            measured(Op::AllSum, 1 << 20, 1250.0, 0.8),
-            measured(Op::AllSum, 4, 21.0, 0.0),
+            measurement(Op::AllSum, 2, 1 << 20, 1250.0, 0.8),
+            measurement(Op::AllSum, 2, 4, 21.0, 0.0),
         ];
         keyed[1].wrong = 3;
         let rows = sealed_rows(&unkeyed, &keyed);

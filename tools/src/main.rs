@@ -785,10 +785,7 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
                 transport,
                 measurements,
             };
-            print!(
-                "{}",
-                report::nuvec_tables(&keyed).replace("# nuvec, ", "# nuvec sealed, ")
-            );
+            print!("{}", report::named_tables(&keyed, "nuvec sealed"));
             let rows = bench::sealed_rows(&run.measurements, &keyed.measurements);
             print!("{}", bench::sealed_table(ranks, &rows));
             sealed.push(SealedRun {

@@ -414,6 +414,12 @@ fn calls(op: Op, redops: &[&'static str]) -> String {
 
 /// nuvec's tables for one rank count, one per collective.
 pub fn nuvec_tables(run: &NuvecRun) -> String {
+    named_tables(run, "nuvec")
+}
+
+/// [`nuvec_tables`] under another series name in each title (`nuvec sealed` for the keyed
+/// series of `nuvec bench --sealed`).
+pub fn named_tables(run: &NuvecRun, name: &str) -> String {
     let mut out = String::new();
     if !run.transport.is_empty() {
         out.push_str(&format!("\n# {:<12} {}\n", "transport", run.transport));
@@ -432,7 +438,7 @@ pub fn nuvec_tables(run: &NuvecRun) -> String {
         let lines: Vec<Line> = ms.into_iter().map(Line::from).collect();
         out.push('\n');
         out.push_str(&table(
-            &format!("nuvec, {} ranks: {}", run.ranks, calls(op, &redops)),
+            &format!("{name}, {} ranks: {}", run.ranks, calls(op, &redops)),
             &lines,
         ));
     }
@@ -764,7 +770,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn measurement(
+    pub(crate) fn measurement(
         op: Op,
         ranks: usize,
         bytes: usize,
