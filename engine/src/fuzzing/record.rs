@@ -69,7 +69,7 @@ fn open_stream(key: &Key, data: &[u8]) -> usize {
             }
             Err(e) => {
                 assert_eq!(e.peer(), CONNECTOR, "{e}");
-                let error = e.clone().into_error(Phase::Recv);
+                let error = e.clone().into_error(Phase::Recv, None);
                 assert_eq!(error.peer(), Some(CONNECTOR), "{error}");
                 // A record whose tag failed has its body zeroed (the cipher decrypts as it
                 // authenticates and wipes what it decrypted); every other byte is as it came.

@@ -138,20 +138,7 @@ impl Conn {
     pub(crate) fn failed(&self, op: PeerOp, context: Phase, e: io::Error) -> Error {
         // Records that did not open, or could not be sealed: that is what failed.
         if let Some(error) = self.seal.as_ref().and_then(|c| c.error()) {
-            return match error.clone().into_error(context) {
-                Error::Auth {
-                    peer,
-                    addr: None,
-                    context,
-                    reason,
-                } => Error::Auth {
-                    peer,
-                    addr: Some(self.addr),
-                    context,
-                    reason,
-                },
-                other => other,
-            };
+            return error.clone().into_error(context, Some(self.addr));
         }
         // A peer whose first bytes showed it cannot speak with this rank: that, not the
         // system call, is what to report.

@@ -44,6 +44,7 @@
 //! a reduction fold each one as it arrives.
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
 
@@ -224,11 +225,12 @@ impl RecordError {
     /// The error a call made during `context` fails with: bytes that do not authenticate
     /// are an authentication failure naming the peer; a stream cut inside a record is the
     /// peer closing mid-message (a crash looks the same, and no unverified byte was passed
-    /// on); used-up record numbers are a local limit; misuse is a bug here.
-    pub(crate) fn into_error(self, context: Phase) -> Error {
+    /// on); used-up record numbers are a local limit; misuse is a bug here. `addr` is the
+    /// peer's address, when the caller knows it.
+    pub(crate) fn into_error(self, context: Phase, addr: Option<SocketAddr>) -> Error {
         let peer = self.peer();
         match self {
-            RecordError::Failed(first) => first.into_error(context),
+            RecordError::Failed(first) => first.into_error(context, addr),
             RecordError::Truncated { .. } => Error::Closed {
                 peer,
                 op: PeerOp::Receive,
@@ -244,7 +246,7 @@ impl RecordError {
             },
             RecordError::Forged { .. } | RecordError::TooLong { .. } => Error::Auth {
                 peer,
-                addr: None,
+                addr,
                 context,
                 reason: self.to_string(),
             },
@@ -903,7 +905,7 @@ mod tests {
             "the record from rank 1 failed authentication (altered, injected, replayed or \
              reordered): record 0 of the connection"
         );
-        let err = err.into_error(Phase::AllSum);
+        let err = err.into_error(Phase::AllSum, None);
         assert_eq!(err.peer(), Some(1));
         assert!(matches!(err, Error::Auth { .. }), "{err:?}");
         assert!(err.to_string().contains("failed authentication"), "{err}");
@@ -987,7 +989,7 @@ mod tests {
                 matches!(err, RecordError::Truncated { peer: 1, .. }),
                 "cut at {cut}: {err:?}"
             );
-            let closed = err.into_error(Phase::Recv);
+            let closed = err.into_error(Phase::Recv, None);
             assert!(
                 matches!(closed, Error::Closed { peer: 1, .. }),
                 "{closed:?}"
@@ -1061,7 +1063,10 @@ mod tests {
                 announced: MAX_PLAINTEXT + 1
             }
         );
-        assert!(matches!(err.into_error(Phase::AllSum), Error::Auth { .. }));
+        assert!(matches!(
+            err.into_error(Phase::AllSum, None),
+            Error::Auth { .. }
+        ));
     }
 
     #[test]
@@ -1077,7 +1082,10 @@ mod tests {
         assert!(matches!(err, RecordError::Misuse { .. }), "{err:?}");
         let err = cs.seal_in_place(&mut [0; OVERHEAD - 1]).unwrap_err();
         assert!(matches!(err, RecordError::Misuse { .. }), "{err:?}");
-        assert!(matches!(err.into_error(Phase::Send), Error::Bug { .. }));
+        assert!(matches!(
+            err.into_error(Phase::Send, None),
+            Error::Bug { .. }
+        ));
         // None of these used a record number: the next record still opens as record 0.
         let (_, _, _, mut ao) = ends();
         assert_eq!(open_all(&mut ao, &sealed(&mut cs, b"ok")).unwrap(), [b"ok"]);
@@ -1094,7 +1102,10 @@ mod tests {
         assert_eq!(err, RecordError::Exhausted { peer: 2 });
         let err = ao.open(&mut last.clone()).unwrap_err();
         assert_eq!(err, RecordError::Exhausted { peer: 1 });
-        assert!(matches!(err.into_error(Phase::AllSum), Error::Local { .. }));
+        assert!(matches!(
+            err.into_error(Phase::AllSum, None),
+            Error::Local { .. }
+        ));
     }
 
     /// A connector's and an acceptor's channel of one connection.
