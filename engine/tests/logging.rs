@@ -163,10 +163,14 @@ fn a_forming_rank_says_whom_it_waits_for_and_names_the_missing_peer_by_its_addre
     let mut cases = Vec::new();
     for wire in ["mlx", "native"] {
         for clash in [false, true] {
-            let ports = testing::free_ports(2, 1);
-            let nodes = testing::loopback_nodes(&ports);
+            let mut nodes = testing::loopback_nodes(&testing::free_ports(2, 1));
+            // The other program holds a port the kernel chose, so that nothing else can be
+            // listening there already.
+            let squatter = clash.then(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+            if let Some(s) = &squatter {
+                nodes[1][0] = s.local_addr().unwrap().to_string();
+            }
             let (mine, theirs) = (nodes[0][0].clone(), nodes[1][0].clone());
-            let squatter = clash.then(|| std::net::TcpListener::bind(&theirs).unwrap());
             let ranks = Launch::new(2, 1)
                 .nodes(nodes)
                 .skip(1)

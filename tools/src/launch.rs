@@ -673,11 +673,25 @@ pub fn shell_quote(s: &str) -> String {
 ///
 /// Within a process, successive calls hand out blocks that follow each other, so parallel
 /// launches from one process (tests) never share ports; the first block starts at a point
-/// spread by time and process, so that separate processes rarely try the same ports.
+/// spread by time and process. Across processes, every port handed out is also reserved
+/// until this process exits by an exclusive lock on a file named after it in
+/// `$TMPDIR/nuvec-distributed-ports/`, which other callers skip: test binaries, doctests
+/// and launchers running at once never get the same port, even in the moment between this
+/// check releasing a port and the ranks listening on it.
 ///
 /// # Errors
 ///
-/// No free block after many tries.
+/// No free block after many tries, or the lock directory cannot be created.
+///
+/// # Examples
+///
+/// ```
+/// let first = nuvec_tools::launch::free_port_block(2)?;
+/// let a = std::net::TcpListener::bind(("127.0.0.1", first))?;
+/// let b = std::net::TcpListener::bind(("127.0.0.1", first + 1))?;
+/// # drop((a, b));
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn free_port_block(count: usize) -> io::Result<u16> {
     // 20000..32000 is below the default ephemeral range (32768..60999).
     const LOW: u32 = 20_000;
@@ -695,23 +709,83 @@ pub fn free_port_block(count: usize) -> io::Result<u16> {
             .unwrap_or(0);
         (nanos ^ std::process::id().wrapping_mul(2_654_435_761)) % SPAN
     });
+    let dir = std::env::temp_dir().join("nuvec-distributed-ports");
     for _ in 0..200 {
         if offset + count > SPAN {
             offset = 0;
         }
         let first = LOW + offset;
+        offset += count;
+        let Some(locks) = reserve_ports(&dir, first..first + count)? else {
+            continue;
+        };
         let held: io::Result<Vec<TcpListener>> = (first..first + count)
             .map(|p| TcpListener::bind(("127.0.0.1", p as u16)))
             .collect();
-        offset += count;
         if held.is_ok() {
             *cursor = Some(offset);
+            RESERVED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(locks);
             return Ok(first as u16);
         }
     }
     Err(io::Error::other(format!(
         "found no {count} consecutive free ports on 127.0.0.1"
     )))
+}
+
+/// The lock files of the ports [`free_port_block`] handed out, held until this process exits.
+static RESERVED: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+
+/// Takes an exclusive lock on the file of every port in `ports` under `dir`: all of them
+/// (the locks, released when dropped) or `None` when another process holds any.
+fn reserve_ports(
+    dir: &std::path::Path,
+    ports: std::ops::Range<u32>,
+) -> io::Result<Option<Vec<std::fs::File>>> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if !dir.is_dir() {
+        let made = std::fs::DirBuilder::new().mode(0o1777).create(dir);
+        match made {
+            // The mode is masked by the umask; every user's launches share the directory.
+            Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+                .map_err(|e| annotate(e, dir))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(annotate(e, dir)),
+        }
+    }
+    let mut locks = Vec::new();
+    for port in ports {
+        let path = dir.join(port.to_string());
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(&path)
+            .or_else(|e| match e.kind() {
+                // Another user's file: a read-only descriptor takes the lock as well.
+                io::ErrorKind::PermissionDenied => std::fs::File::open(&path),
+                _ => Err(e),
+            })
+            .map_err(|e| annotate(e, &path))?;
+        match file.try_lock() {
+            Ok(()) => locks.push(file),
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => return Err(annotate(e, &path)),
+        }
+    }
+    Ok(Some(locks))
+}
+
+fn annotate(e: io::Error, path: &std::path::Path) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("reserving free ports: {}: {e}", path.display()),
+    )
 }
 
 #[cfg(test)]
@@ -1177,5 +1251,27 @@ mod tests {
             third >= second + 4 || third + 3 <= second,
             "{second} {third}"
         );
+    }
+
+    /// A port this process was handed is skipped by another process while this one lives,
+    /// though nothing listens on it.
+    #[test]
+    fn another_process_skips_the_ports_this_one_reserved() {
+        let first = free_port_block(2).unwrap() as u32;
+        let dir = std::env::temp_dir().join("nuvec-distributed-ports");
+        let out = std::process::Command::new("flock")
+            .args(["--nonblock", "--exclusive"])
+            .arg(dir.join(first.to_string()))
+            .arg("true")
+            .status()
+            .expect("flock(1) from util-linux");
+        assert!(
+            !out.success(),
+            "port {first}'s lock was free to another process"
+        );
+        // A free neighbouring port is not reserved by this process.
+        let free =
+            (first + 2..first + 200).find(|p| reserve_ports(&dir, *p..*p + 1).unwrap().is_some());
+        assert!(free.is_some(), "no unreserved port after {first}");
     }
 }
