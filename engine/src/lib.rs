@@ -217,8 +217,9 @@ pub use backend::{
     HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
 };
 pub use comm::Communicator;
-// The cost model behind the native wire's choice of algorithm, for `nuvec plan`.
-pub use comm::algorithm::{Collective, Link, LinkCost, Plan, plan};
+// The cost model behind the native wire's choice of algorithm, for `nuvec plan`, and the
+// names of the algorithms the flight recorder records.
+pub use comm::algorithm::{Algorithm, Collective, Link, LinkCost, Plan, plan};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, Fault, PeerOp, Phase, Result};
 pub use group::{

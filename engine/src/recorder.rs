@@ -17,58 +17,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+pub use crate::comm::FlightOp;
+use crate::comm::algorithm::Algorithm;
 use crate::comm::{Communicator, Transport};
 use crate::element::DType;
 use crate::error::{Error, Fault, Result};
 use crate::options::{MAX_FLIGHT_RECORDS, Options};
 use crate::reduce::ReduceOp;
-
-/// What a recorded call was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FlightOp {
-    /// An all-reduce with its operation: [`Group::all_sum`](crate::Group::all_sum) and
-    /// its siblings.
-    AllReduce(ReduceOp),
-    /// [`Group::all_gather`](crate::Group::all_gather).
-    AllGather,
-    /// [`Group::sum_scatter`](crate::Group::sum_scatter).
-    SumScatter,
-    /// [`Group::send`](crate::Group::send); [`FlightEntry::peer`] is the destination.
-    Send,
-    /// [`Group::recv`](crate::Group::recv); [`FlightEntry::peer`] is the source.
-    Recv,
-    /// [`Group::barrier`](crate::Group::barrier).
-    Barrier,
-    /// [`Group::broadcast`](crate::Group::broadcast); [`FlightEntry::peer`] is the root.
-    Broadcast,
-    /// [`Group::all_to_all`](crate::Group::all_to_all).
-    AllToAll,
-}
-
-impl FlightOp {
-    /// The call's name as the API spells it: `"all_sum"`, `"all_max"`, `"all_min"`,
-    /// `"all_gather"`, `"sum_scatter"`, `"send"`, `"recv"`, `"barrier"`, `"broadcast"`,
-    /// `"all_to_all"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            FlightOp::AllReduce(op) => op.collective(),
-            FlightOp::AllGather => "all_gather",
-            FlightOp::SumScatter => "sum_scatter",
-            FlightOp::Send => "send",
-            FlightOp::Recv => "recv",
-            FlightOp::Barrier => "barrier",
-            FlightOp::Broadcast => "broadcast",
-            FlightOp::AllToAll => "all_to_all",
-        }
-    }
-}
-
-impl fmt::Display for FlightOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// How a recorded call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +61,9 @@ pub struct FlightEntry {
     pub bytes: u64,
     /// The peer of a send or receive, the root of a broadcast.
     pub peer: Option<usize>,
+    /// The algorithm the backend took for it ([`Communicator::algorithm`]); `None` for a
+    /// send or receive, a group of one, and a backend that does not say.
+    pub algorithm: Option<Algorithm>,
     /// What carries the call: the link to [`FlightEntry::peer`] for a send or receive,
     /// else the link every peer shares, or `None` when links to different peers differ
     /// (shared memory on this host, TCP to others).
@@ -153,8 +111,9 @@ pub struct FlightRecord {
 
 impl FlightRecord {
     /// The record as JSON: the fields of [`FlightRecord`], and per entry its fields with
-    /// names for the enums (`"op": "all_sum"`, `"dtype": "float32"`, `"outcome": "ok"`,
-    /// `"running"` or `"failed"` with an `"error"` object of `kind`, `fault` and `peer`).
+    /// names for the enums (`"op": "all_sum"`, `"dtype": "float32"`, `"algorithm":
+    /// "ring"` or `null`, `"outcome": "ok"`, `"running"` or `"failed"` with an `"error"`
+    /// object of `kind`, `fault` and `peer`).
     /// `nuvec flight` reads it.
     ///
     /// # Examples
@@ -191,7 +150,8 @@ impl FlightRecord {
     /// Perfetto open): one complete (`"X"`) event per call, in the process `pid` = rank,
     /// on the Unix time line in microseconds so that the traces of different ranks line up
     /// when loaded together (as far as the hosts' clocks agree). A call still running
-    /// lasts until the record was taken.
+    /// lasts until the record was taken. Each event's `args` are the entry's JSON fields
+    /// but the op (its name): the algorithm among them.
     ///
     /// # Examples
     ///
@@ -276,6 +236,7 @@ fn entry_json(e: &FlightEntry) -> Value {
         "count": e.count(),
         "bytes": e.bytes,
         "peer": e.peer,
+        "algorithm": e.algorithm.map(Algorithm::name),
         "transport": e.transport.map_or("mixed", Transport::name),
         "start_ns": e.start_ns,
         "end_ns": e.end_ns,
@@ -388,6 +349,7 @@ impl Recorder {
             dtype: None,
             bytes: 0,
             peer: None,
+            algorithm: None,
             transport: None,
             start_ns: 0,
             end_ns: None,
@@ -430,9 +392,11 @@ impl Recorder {
         ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the start of `call`; where its record is, or `None` when the recorder is off.
-    fn begin(&self, call: Call) -> Option<Slot> {
+    /// Records the start of `call`, which `comm` makes; where its record is, or `None` when
+    /// the recorder is off.
+    fn begin(&self, call: Call, comm: &dyn Communicator) -> Option<Slot> {
         let ring = self.ring.as_ref()?;
+        let algorithm = comm.algorithm(call.op, call.dtype, call.bytes);
         let transport = match (call.op, call.peer) {
             (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
             _ => self.common,
@@ -452,6 +416,7 @@ impl Recorder {
             dtype: call.dtype,
             bytes: call.bytes as u64,
             peer: call.peer,
+            algorithm,
             transport,
             start_ns,
             end_ns: None,
@@ -602,7 +567,7 @@ impl Recorded {
         call: Call,
         f: impl FnOnce(&dyn Communicator) -> Result<()>,
     ) -> Result<()> {
-        let slot = self.recorder.begin(call);
+        let slot = self.recorder.begin(call, &*self.inner);
         let result = f(&*self.inner);
         self.recorder.end(slot, &result);
         result
@@ -679,7 +644,7 @@ mod tests {
     use super::*;
 
     /// A communicator of `size` ranks whose calls succeed, except a receive, which fails
-    /// blaming its source.
+    /// blaming its source; its all-reduces go one-shot, its other calls name no algorithm.
     #[derive(Debug)]
     struct Fake {
         size: usize,
@@ -725,6 +690,9 @@ mod tests {
         fn close(&self) -> Result<()> {
             Ok(())
         }
+        fn algorithm(&self, op: FlightOp, _: Option<DType>, _: usize) -> Option<Algorithm> {
+            matches!(op, FlightOp::AllReduce(_)).then_some(Algorithm::OneShot)
+        }
     }
 
     fn recorded(capacity: usize, dir: Option<PathBuf>) -> Recorded {
@@ -756,6 +724,10 @@ mod tests {
             (FlightOp::Send, Some(2), 5)
         );
         assert_eq!(e[1].transport, Some(Transport::Unknown));
+        assert_eq!(
+            (e[0].algorithm, e[1].algorithm),
+            (Some(Algorithm::OneShot), None)
+        );
         assert_eq!(e[2].op, FlightOp::Barrier);
         for e in e {
             assert_eq!(e.outcome, FlightOutcome::Ok);
@@ -904,5 +876,7 @@ mod tests {
             (&"all_sum".into(), &0.into())
         );
         assert_eq!(calls[1]["args"]["count"], 2);
+        assert_eq!(calls[1]["args"]["algorithm"], "one_shot");
+        assert_eq!(calls[0]["args"]["algorithm"], Value::Null);
     }
 }

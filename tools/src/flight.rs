@@ -49,6 +49,10 @@ pub struct Entry {
     pub bytes: u64,
     /// The peer of a send or receive, the root of a broadcast.
     pub peer: Option<usize>,
+    /// The algorithm the backend took (`one_shot`, `ring`, ...), when it said; absent
+    /// from records written before the recorder named it.
+    #[serde(default)]
+    pub algorithm: Option<String>,
     /// What carried it.
     pub transport: String,
     /// Start, in nanoseconds since the group formed.
@@ -104,6 +108,14 @@ impl Entry {
         text
     }
 
+    /// The call with its algorithm, when recorded: `all_sum float32 x10 by ring`.
+    pub fn describe_taken(&self) -> String {
+        match &self.algorithm {
+            Some(algorithm) => format!("{} by {algorithm}", self.describe()),
+            None => self.describe(),
+        }
+    }
+
     /// How the call ended, in words.
     pub fn ending(&self) -> String {
         match (self.outcome.as_str(), &self.error) {
@@ -152,7 +164,7 @@ pub struct RankState {
 pub struct CallState {
     /// The call's number.
     pub seq: u64,
-    /// `all_sum float32 x10`.
+    /// `all_sum float32 x10`, with `by <algorithm>` when the record names it.
     pub call: String,
     /// `ok`, `running` or `failed (...)`.
     pub ending: String,
@@ -171,6 +183,19 @@ pub struct Divergence {
     /// Whether point-to-point calls are involved (then ranks that do not take part in
     /// them number their calls differently, and the difference may be by design).
     pub point_to_point: bool,
+}
+
+/// A call the ranks made alike (the same op, length, element type and root) whose
+/// algorithms differ between them: their backends disagree on how to run it (different
+/// builds, or options that should agree), which can hang or corrupt the call.
+#[derive(Clone, Debug, Serialize)]
+pub struct AlgorithmSplit {
+    /// The call's number.
+    pub seq: u64,
+    /// The call, described (`all_sum float32 x10`).
+    pub call: String,
+    /// Each algorithm with the ranks that took it, the largest group first.
+    pub algorithms: Vec<CallGroup>,
 }
 
 /// Ranks that made the same call.
@@ -216,6 +241,8 @@ pub struct Verdict {
     pub ranks: Vec<RankState>,
     /// The first call at which the ranks' records differ.
     pub divergence: Option<Divergence>,
+    /// The first call that the ranks made alike but by different algorithms.
+    pub algorithms: Option<AlgorithmSplit>,
     /// Ranks that made fewer calls than most.
     pub behind: Vec<Lag>,
     /// Ranks that made more calls than most.
@@ -304,7 +331,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         .collect();
     let state = |e: &Entry| CallState {
         seq: e.seq,
-        call: e.describe(),
+        call: e.describe_taken(),
         ending: e.ending(),
     };
     let ranks: Vec<RankState> = dumps
@@ -328,6 +355,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         })
         .collect();
     let divergence = divergence(dumps);
+    let algorithms = algorithm_split(dumps, divergence.as_ref().map_or(u64::MAX, |d| d.seq));
 
     // The usual number of calls: the most common, the larger on a tie.
     let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
@@ -385,6 +413,19 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
             );
         }
         summary.push(line);
+    }
+    if let Some(split) = &algorithms {
+        let taken: Vec<String> = split
+            .algorithms
+            .iter()
+            .map(|g| format!("{} by {}", rank_list(&g.ranks), g.call))
+            .collect();
+        summary.push(format!(
+            "the ranks ran call {} ({}) by different algorithms: {}",
+            split.seq,
+            split.call,
+            taken.join("; ")
+        ));
     }
     for lag in &behind {
         let others: Vec<usize> = dumps
@@ -456,11 +497,55 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         missing,
         ranks,
         divergence,
+        algorithms,
         behind,
         ahead,
         unfinished,
         summary,
     }
+}
+
+/// The first call before `before`, among those every record still holds, that the ranks
+/// made alike but whose records name different algorithms (a rank whose record names
+/// none is left out of the comparison).
+fn algorithm_split(dumps: &[Dump], before: u64) -> Option<AlgorithmSplit> {
+    let first = dumps
+        .iter()
+        .map(|d| d.entries.first().map_or(u64::MAX, |e| e.seq))
+        .max()?;
+    let end = dumps.iter().map(|d| d.calls).min()?.min(before);
+    (first..end).find_map(|seq| {
+        let entries: Vec<(usize, &Entry)> = dumps
+            .iter()
+            .filter_map(|d| d.entry(seq).map(|e| (d.rank, e)))
+            .collect();
+        let (_, head) = entries.first()?;
+        if head.is_point_to_point() || !entries.iter().all(|(_, e)| head.agrees_with(e)) {
+            return None;
+        }
+        let mut groups: Vec<CallGroup> = Vec::new();
+        for (rank, e) in &entries {
+            let Some(algorithm) = &e.algorithm else {
+                continue;
+            };
+            match groups.iter_mut().find(|g| &g.call == algorithm) {
+                Some(g) => g.ranks.push(*rank),
+                None => groups.push(CallGroup {
+                    call: algorithm.clone(),
+                    ranks: vec![*rank],
+                }),
+            }
+        }
+        if groups.len() < 2 {
+            return None;
+        }
+        groups.sort_by_key(|g| std::cmp::Reverse(g.ranks.len()));
+        Some(AlgorithmSplit {
+            seq,
+            call: head.describe(),
+            algorithms: groups,
+        })
+    })
 }
 
 /// The first call, among those every record still holds, at which the ranks' calls do not
@@ -579,6 +664,7 @@ mod tests {
             count: Some(count),
             bytes: 4 * count,
             peer: None,
+            algorithm: Some("one_shot".into()),
             transport: "tcp".into(),
             start_ns: seq * 1000,
             end_ns: (outcome != "running").then_some(seq * 1000 + 500),
@@ -716,6 +802,62 @@ mod tests {
         e1[2].bytes = 36;
         let v = analyse(&[d0, dump(1, e1)]);
         assert!(v.divergence.is_none(), "{v:?}");
+    }
+
+    #[test]
+    fn names_the_ranks_whose_algorithm_differs_for_a_call_made_alike() {
+        let calls = |rank, second: &str| {
+            let mut e = vec![entry(0, "all_sum", 4, "ok"), entry(1, "all_sum", 4, "ok")];
+            e[1].algorithm = Some(second.into());
+            dump(rank, e)
+        };
+        let v = analyse(&[calls(0, "ring"), calls(1, "one_shot"), calls(2, "ring")]);
+        assert!(v.divergence.is_none(), "{v:?}");
+        let split = v.algorithms.clone().expect("the algorithms differ");
+        assert_eq!((split.seq, split.call.as_str()), (1, "all_sum float32 x4"));
+        assert_eq!(
+            split.algorithms,
+            [
+                CallGroup {
+                    call: "ring".into(),
+                    ranks: vec![0, 2]
+                },
+                CallGroup {
+                    call: "one_shot".into(),
+                    ranks: vec![1]
+                }
+            ]
+        );
+        assert_eq!(
+            v.summary[0],
+            "the ranks ran call 1 (all_sum float32 x4) by different algorithms: ranks 0, 2 \
+             by ring; rank 1 by one_shot"
+        );
+        // A record that names no algorithm (a backend that does not say, or one written
+        // before the recorder named them) differs from none.
+        let mut quiet = calls(1, "one_shot");
+        quiet.entries[1].algorithm = None;
+        let v = analyse(&[calls(0, "ring"), quiet]);
+        assert!(v.algorithms.is_none(), "{v:?}");
+        assert!(
+            v.text().contains("call 1: all_sum float32 x4 by ring, ok"),
+            "{}",
+            v.text()
+        );
+    }
+
+    #[test]
+    fn a_record_without_algorithms_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut json = serde_json::to_value(dump(0, vec![entry(0, "barrier", 0, "ok")])).unwrap();
+        json["entries"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("algorithm");
+        let path = dir.path().join("flight-rank0.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let dumps = read(&[path]).unwrap();
+        assert_eq!(dumps[0].entries[0].algorithm, None);
     }
 
     #[test]

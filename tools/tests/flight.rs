@@ -187,6 +187,16 @@ fn a_rank_that_never_calls_is_behind(name: &str, wire: &str) {
     assert!(v.summary[0].starts_with("rank 2 is behind"), "{v:#?}");
     let stuck: Vec<usize> = v.unfinished.iter().map(|u| u.rank).collect();
     assert_eq!(stuck, [0, 1], "{v:#?}");
+    // Every call is a collective, so every entry names its algorithm: the ring on MLX's
+    // wire, the table's choice on the native one (which depends on shared memory).
+    for d in flight::read(&[dir.path().to_path_buf()]).unwrap() {
+        for e in &d.entries {
+            match wire {
+                "mlx" => assert_eq!(e.algorithm.as_deref(), Some("ring"), "{e:?}"),
+                _ => assert!(e.algorithm.is_some(), "{e:?}"),
+            }
+        }
+    }
 }
 
 #[test]
