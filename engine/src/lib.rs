@@ -237,8 +237,8 @@ pub use recorder::{FlightEntry, FlightOp, FlightOutcome, FlightRecord};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{
-    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, IO_VAR, SHM_VAR, SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR,
-    TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, IO_VAR, SHM_VAR, SIMD_VAR,
+    SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the

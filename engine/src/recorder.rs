@@ -7,7 +7,10 @@
 //! thread's nonblocking ones alike, each with its element type. A call takes the
 //! recorder's lock twice, to write its record when it starts and to write its end and
 //! outcome when it returns; nothing is allocated per call. A group whose capacity is 0
-//! takes no lock and records nothing.
+//! takes no lock and records nothing. A group that opts in also writes its record on
+//! SIGUSR1 (`signal`).
+
+mod signal;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -539,7 +542,9 @@ fn kind(e: &Error) -> &'static str {
 /// bytes.
 pub(crate) struct Recorded {
     inner: Arc<dyn Communicator>,
-    recorder: Recorder,
+    /// Shared with the registry of groups that write their record on SIGUSR1, which holds
+    /// a weak reference (see `signal`).
+    recorder: Arc<Recorder>,
 }
 
 impl fmt::Debug for Recorded {
@@ -551,13 +556,18 @@ impl fmt::Debug for Recorded {
 impl Recorded {
     /// `inner` with a recorder of `options.flight_records` calls that dumps into
     /// `options.flight_dir`, or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR) when that is
-    /// `None`.
+    /// `None`; and on SIGUSR1 when `options.flight_signal` or
+    /// [`FLIGHT_SIGNAL_VAR`](crate::FLIGHT_SIGNAL_VAR) says so and the recorder is on.
     pub(crate) fn new(inner: Arc<dyn Communicator>, options: &Options) -> Recorded {
+        use crate::config::env;
         let dir = options
             .flight_dir
             .clone()
-            .or_else(|| crate::config::env::flight_dir(&crate::config::env::process));
-        let recorder = Recorder::new(&*inner, options.flight_records, dir);
+            .or_else(|| env::flight_dir(&env::process));
+        let recorder = Arc::new(Recorder::new(&*inner, options.flight_records, dir));
+        if recorder.ring.is_some() && (options.flight_signal || env::flight_signal(&env::process)) {
+            signal::register(&recorder);
+        }
         Recorded { inner, recorder }
     }
 
@@ -858,6 +868,48 @@ mod tests {
         let r = recorded(4, Some(file.join("under-a-file")));
         let err = r.recv(&mut [0; 8], 1).unwrap_err();
         assert!(matches!(err, Error::Timeout { peer: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_live_group_that_opted_in_is_written_on_request_and_a_dropped_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = |sub: &str| {
+            Options::default()
+                .flight_records(4)
+                .flight_dir(dir.path().join(sub))
+                .flight_signal(true)
+        };
+        let kept = Recorded::new(Arc::new(Fake { size: 3 }), &options("kept"));
+        kept.barrier().unwrap();
+        kept.all_reduce(ReduceOp::Sum, DType::F32, &mut [0; 8])
+            .unwrap();
+        drop(Recorded::new(
+            Arc::new(Fake { size: 3 }),
+            &options("dropped"),
+        ));
+        let silent = Recorded::new(
+            Arc::new(Fake { size: 3 }),
+            &Options::default()
+                .flight_records(4)
+                .flight_dir(dir.path().join("silent")),
+        );
+        silent.barrier().unwrap();
+        // Other tests of this process may have live groups that opted in: only this
+        // test's directories are looked at.
+        let lines = signal::dump_live();
+        let json = dir.path().join("kept/flight-rank0.json");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("rank 0 of 3 (fake, 2 calls)")
+                    && l.ends_with(&format!("flight record in {}", json.display()))),
+            "{lines:?}"
+        );
+        let dumped: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(dumped["entries"][1]["op"], "all_sum");
+        assert_eq!(dumped["entries"][1]["algorithm"], "one_shot");
+        assert!(!dir.path().join("dropped").exists());
+        assert!(!dir.path().join("silent").exists());
     }
 
     #[test]
