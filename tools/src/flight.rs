@@ -230,6 +230,23 @@ pub struct Lag {
     pub missed: Option<String>,
 }
 
+/// The rank that most of the other ranks' failed calls blame for a peer's failure: they
+/// timed out waiting for it, or lost their connection to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Blamed {
+    /// The rank.
+    pub rank: usize,
+    /// The ranks whose call that did not finish blames it.
+    pub by: Vec<usize>,
+    /// Their call (the lowest of those ranks').
+    pub call: CallState,
+    /// Whether one of them timed out waiting for it (rather than all losing their
+    /// connections to it): it hung, or was stopped.
+    pub timed_out: bool,
+    /// Its own call that did not finish, if its record holds one.
+    pub own: Option<CallState>,
+}
+
 /// What `nuvec flight` concludes.
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
@@ -245,6 +262,8 @@ pub struct Verdict {
     pub algorithms: Option<AlgorithmSplit>,
     /// Ranks that made fewer calls than most.
     pub behind: Vec<Lag>,
+    /// The rank the others' failed calls blame, when most of them blame one.
+    pub blamed: Option<Blamed>,
     /// Ranks that made more calls than most.
     pub ahead: Vec<Lag>,
     /// Per rank, a call that did not finish well: still running when the record was
@@ -355,6 +374,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         })
         .collect();
     let divergence = divergence(dumps);
+    let blamed = blamed(dumps, &unfinished);
     let algorithms = algorithm_split(dumps, divergence.as_ref().map_or(u64::MAX, |d| d.seq));
 
     // The usual number of calls: the most common, the larger on a tie.
@@ -449,6 +469,32 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         }
         summary.push(line);
     }
+    // A rank behind, or without a record, has a line of its own.
+    if let Some(b) = blamed
+        .as_ref()
+        .filter(|b| !behind.iter().any(|lag| lag.rank == b.rank) && !missing.contains(&b.rank))
+    {
+        let (verb, how) = if b.timed_out {
+            ("hung", "waiting for it")
+        } else {
+            ("failed", "losing their connection to it")
+        };
+        let mut line = format!(
+            "rank {} {verb}: {} failed call {} ({}) {how}",
+            b.rank,
+            rank_list(&b.by),
+            b.call.seq,
+            b.call.call
+        );
+        if let Some(own) = &b.own {
+            let _ = write!(
+                line,
+                "; its own call {} ({}): {}",
+                own.seq, own.call, own.ending
+            );
+        }
+        summary.push(line);
+    }
     for lag in &ahead {
         summary.push(format!(
             "rank {} is ahead: it started {} calls, most ranks {}",
@@ -499,10 +545,48 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         divergence,
         algorithms,
         behind,
+        blamed,
         ahead,
         unfinished,
         summary,
     }
+}
+
+/// The rank blamed, for a peer's failure (`PeerFailed`), by the calls in `unfinished` of
+/// more ranks than any other rank, and by at least half of the other ranks with a record.
+fn blamed(dumps: &[Dump], unfinished: &[Unfinished]) -> Option<Blamed> {
+    let failure = |u: &Unfinished| {
+        let d = dumps.iter().find(|d| d.rank == u.rank)?;
+        let e = d.entry(u.call.seq)?;
+        let error = e.error.as_ref().filter(|e| e.fault == "PeerFailed")?;
+        Some((
+            error.peer.filter(|&p| p != u.rank)?,
+            error.kind == "Timeout",
+        ))
+    };
+    let mut by: BTreeMap<usize, Vec<(&Unfinished, bool)>> = BTreeMap::new();
+    for u in unfinished {
+        if let Some((peer, timed_out)) = failure(u) {
+            by.entry(peer).or_default().push((u, timed_out));
+        }
+    }
+    let most = by.values().map(Vec::len).max()?;
+    let mut leaders = by.iter().filter(|(_, v)| v.len() == most);
+    let (&rank, blamers) = leaders.next()?;
+    let others = dumps.iter().filter(|d| d.rank != rank).count();
+    if leaders.next().is_some() || 2 * most < others {
+        return None;
+    }
+    Some(Blamed {
+        rank,
+        by: blamers.iter().map(|(u, _)| u.rank).collect(),
+        call: blamers[0].0.call.clone(),
+        timed_out: blamers.iter().any(|&(_, t)| t),
+        own: unfinished
+            .iter()
+            .find(|u| u.rank == rank)
+            .map(|u| u.call.clone()),
+    })
 }
 
 /// The first call before `before`, among those every record still holds, that the ranks
@@ -775,6 +859,48 @@ mod tests {
             "{first}"
         );
         assert!(v.text().contains("rank 2: no record"), "{}", v.text());
+    }
+
+    #[test]
+    fn names_the_rank_the_others_timed_out_on_though_it_went_on() {
+        // Rank 1 was stopped after it finished call 1: the others failed in call 1 on it,
+        // and once let go it started call 2 and failed there.
+        let failed = |rank, seq, kind: &str, peer| {
+            let mut last = entry(seq, "all_sum", 4, "failed");
+            last.error = Some(CallError {
+                kind: kind.into(),
+                fault: "PeerFailed".into(),
+                peer: Some(peer),
+            });
+            let mut entries: Vec<Entry> = (0..seq).map(|s| entry(s, "all_sum", 4, "ok")).collect();
+            entries.push(last);
+            dump(rank, entries)
+        };
+        let v = analyse(&[
+            failed(0, 1, "Timeout", 1),
+            failed(1, 2, "Timeout", 2),
+            failed(2, 1, "Lost", 1),
+        ]);
+        let b = v.blamed.clone().expect("a rank to blame");
+        assert_eq!(
+            (b.rank, b.by.as_slice(), b.timed_out),
+            (1, &[0, 2][..], true)
+        );
+        assert_eq!(b.own.map(|c| c.seq), Some(2));
+        assert_eq!(
+            v.summary[0],
+            "rank 1 hung: ranks 0, 2 failed call 1 (all_sum float32 x4 by one_shot) waiting \
+             for it; its own call 2 (all_sum float32 x4 by one_shot): failed (Timeout, \
+             blaming rank 2)"
+        );
+        // Blame split evenly names no one.
+        let v = analyse(&[failed(0, 1, "Timeout", 1), failed(1, 1, "Timeout", 0)]);
+        assert!(v.blamed.is_none(), "{v:?}");
+        // A mismatch is not a peer's failure.
+        let mut mismatch = failed(0, 1, "Mismatch", 1);
+        mismatch.entries[1].error.as_mut().unwrap().fault = "Misuse".into();
+        let v = analyse(&[mismatch, failed(1, 1, "Lost", 0)]);
+        assert_eq!(v.blamed.map(|b| (b.rank, b.timed_out)), Some((0, false)));
     }
 
     #[test]

@@ -390,3 +390,40 @@ fn sigusr1_writes_the_record_of_a_live_group() {
         assert!(o.stderr.contains(&said), "no {said:?}:\n{o}");
     }
 }
+
+/// A rank stopped (SIGSTOP) while the ranks loop over all_sums hangs the others: they time
+/// out and write their records; once it is let go (SIGCONT) its own call fails and it
+/// writes its own. The verdict names the stopped rank as the one that hung, in the call
+/// the others waited in.
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_hung() {
+    const NAME: &str = "a_stopped_rank_is_named_as_the_one_that_hung";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut ranks) = three_ranks(dir.path(), "native").start(NAME, |g| {
+        testing::until_failure(|| g.all_sum(&mut [1.0f32; 4]));
+        print_calls(&g);
+    }) else {
+        return;
+    };
+    ranks.strike(1, "STOP", Duration::from_millis(200));
+    let outputs = ranks.finish();
+    testing::assert_all_finished(&outputs);
+    let v = verdict(dir.path(), &outputs);
+    let blamed = v.blamed.as_ref().expect("a rank the others failed on");
+    assert_eq!((blamed.rank, blamed.timed_out), (1, true), "{v:#?}");
+    assert!(blamed.by.contains(&0) && blamed.by.contains(&2), "{v:#?}");
+    // The call the others waited in: their last, one of the all_sums.
+    let waited = calls(&outputs[0]) - 1;
+    assert_eq!(
+        (
+            blamed.call.seq,
+            blamed.call.call.starts_with("all_sum float32 x4 by ")
+        ),
+        (waited, true),
+        "{v:#?}"
+    );
+    assert!(
+        v.summary[0].starts_with(&format!("rank 1 hung: ranks 0, 2 failed call {waited}")),
+        "{v:#?}"
+    );
+}
