@@ -123,10 +123,11 @@ pub struct Options {
     /// Whether SIGUSR1 makes the process write this group's flight record (with that of
     /// every other group alive that opted in) into [`Options::flight_dir`], or a directory
     /// of the process under the system's temporary directory when it names none, saying
-    /// where on stderr. Default `false`; [`FLIGHT_SIGNAL_VAR`](crate::FLIGHT_SIGNAL_VAR) `1`
-    /// turns it on for every group of the process. The first group that opts in installs
-    /// the handler (replacing SIGUSR1's default action, which ends the process) and a
-    /// thread that waits for the signal, both for the life of the process.
+    /// where on stderr (a group whose recorder is off has no record to write). Default
+    /// `false`; [`FLIGHT_SIGNAL_VAR`](crate::FLIGHT_SIGNAL_VAR) `1` turns it on for every
+    /// group of the process. The first group that opts in installs the handler (replacing
+    /// SIGUSR1's default action, which ends the process) and a thread that waits for the
+    /// signal, both for the life of the process.
     pub flight_signal: bool,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,

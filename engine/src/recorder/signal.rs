@@ -13,6 +13,7 @@
 //! [`Options::flight_signal`]: crate::Options::flight_signal
 //! [`FlightRecord::write`]: super::FlightRecord::write
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
@@ -51,8 +52,10 @@ fn listen() -> Result<(), String> {
         .name("nuvec-flight-signal".into())
         .spawn(move || {
             for _ in signals.forever() {
+                let mut stderr = std::io::stderr().lock();
                 for line in dump_live() {
-                    eprintln!("nuvec: SIGUSR1: {line}");
+                    // Not `eprintln!`, which panics when stderr is closed.
+                    let _ = writeln!(stderr, "nuvec: SIGUSR1: {line}");
                 }
             }
         })
