@@ -317,16 +317,14 @@ fn signal_for_record(
 /// rank 0 waits in an all_gather rank 1 has not called yet, rank 1 waits for the test
 /// between calls; each is sent SIGUSR1 and writes its record, rank 0's with the
 /// all_gather running, and both then finish the all_gather.
-#[test]
-fn sigusr1_writes_the_record_of_a_live_group() {
-    const NAME: &str = "sigusr1_writes_the_record_of_a_live_group";
+fn sigusr1_writes_the_record_of_a_live_group(name: &str, wire: &str, backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let Some(mut ranks) = Launch::new(2, 1)
         .timeout(60.0)
-        .env("NUVEC_DISTRIBUTED_WIRE", "native")
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
         .env(FLIGHT_DIR_VAR, &dir.path().to_string_lossy())
         .env(FLIGHT_SIGNAL_VAR, "1")
-        .start(NAME, |g| {
+        .start(name, |g| {
             g.barrier().expect("a barrier");
             for _ in 0..3 {
                 g.all_sum(&mut [1.0f32; 4]).expect("a matching all_sum");
@@ -382,13 +380,31 @@ fn sigusr1_writes_the_record_of_a_live_group() {
     for o in &outputs {
         let json = dir.path().join(format!("flight-rank{}.json", o.rank));
         let said = format!(
-            "nuvec: SIGUSR1: rank {} of 2 (native, {} calls): flight record in {}",
+            "nuvec: SIGUSR1: rank {} of 2 ({backend}, {} calls): flight record in {}",
             o.rank,
             4 + u64::from(o.rank == 0),
             json.display()
         );
         assert!(o.stderr.contains(&said), "no {said:?}:\n{o}");
     }
+}
+
+#[test]
+fn sigusr1_writes_the_record_of_a_live_group_native() {
+    sigusr1_writes_the_record_of_a_live_group(
+        "sigusr1_writes_the_record_of_a_live_group_native",
+        "native",
+        "native",
+    );
+}
+
+#[test]
+fn sigusr1_writes_the_record_of_a_live_group_mlx() {
+    sigusr1_writes_the_record_of_a_live_group(
+        "sigusr1_writes_the_record_of_a_live_group_mlx",
+        "mlx",
+        "ring",
+    );
 }
 
 /// A rank stopped (SIGSTOP) while the ranks loop over all_sums hangs the others: they time
