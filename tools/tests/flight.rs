@@ -411,11 +411,9 @@ fn sigusr1_writes_the_record_of_a_live_group_mlx() {
 /// out and write their records; once it is let go (SIGCONT) its own call fails and it
 /// writes its own. The verdict names the stopped rank as the one that hung, in the call
 /// the others waited in.
-#[test]
-fn a_stopped_rank_is_named_as_the_one_that_hung() {
-    const NAME: &str = "a_stopped_rank_is_named_as_the_one_that_hung";
+fn a_stopped_rank_is_named_as_the_one_that_hung(name: &str, wire: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut ranks) = three_ranks(dir.path(), "native").start(NAME, |g| {
+    let Some(mut ranks) = three_ranks(dir.path(), wire).start(name, |g| {
         testing::until_failure(|| g.all_sum(&mut [1.0f32; 4]));
         print_calls(&g);
     }) else {
@@ -441,5 +439,21 @@ fn a_stopped_rank_is_named_as_the_one_that_hung() {
     assert!(
         v.summary[0].starts_with(&format!("rank 1 hung: ranks 0, 2 failed call {waited}")),
         "{v:#?}"
+    );
+}
+
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_hung_native() {
+    a_stopped_rank_is_named_as_the_one_that_hung(
+        "a_stopped_rank_is_named_as_the_one_that_hung_native",
+        "native",
+    );
+}
+
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_hung_mlx() {
+    a_stopped_rank_is_named_as_the_one_that_hung(
+        "a_stopped_rank_is_named_as_the_one_that_hung_mlx",
+        "mlx",
     );
 }
