@@ -1,5 +1,6 @@
 //! What every transport and backend shares, knowing none of them: the [`Communicator`]
-//! trait the backends implement, the group state that a transport error fails
+//! trait the backends implement (with [`FlightOp`], the calls it names to the flight
+//! recorder when it says which algorithm each takes), the group state that a transport error fails
 //! ([`state`]), ring neighbours ([`neighbours`]), the protocol vocabulary every collective's
 //! state machine speaks ([`machine`]), which algorithm the native wire's collectives take
 //! ([`algorithm`]), and the loop that drives a collective until it
@@ -37,13 +38,16 @@ pub enum FlightOp {
     AllGather,
     /// [`Group::sum_scatter`](crate::Group::sum_scatter).
     SumScatter,
-    /// [`Group::send`](crate::Group::send); [`FlightEntry::peer`](crate::FlightEntry::peer) is the destination.
+    /// [`Group::send`](crate::Group::send); the destination is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
     Send,
-    /// [`Group::recv`](crate::Group::recv); [`FlightEntry::peer`](crate::FlightEntry::peer) is the source.
+    /// [`Group::recv`](crate::Group::recv); the source is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
     Recv,
     /// [`Group::barrier`](crate::Group::barrier).
     Barrier,
-    /// [`Group::broadcast`](crate::Group::broadcast); [`FlightEntry::peer`](crate::FlightEntry::peer) is the root.
+    /// [`Group::broadcast`](crate::Group::broadcast); the root is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
     Broadcast,
     /// [`Group::all_to_all`](crate::Group::all_to_all).
     AllToAll,
