@@ -913,6 +913,68 @@ mod tests {
     }
 
     #[test]
+    fn a_group_that_names_no_directory_writes_into_one_of_the_process() {
+        if crate::config::env::flight_dir(&crate::config::env::process).is_some() {
+            return; // the environment names one for every group
+        }
+        /// A rank no other test's group has, so that its file is this test's alone.
+        #[derive(Debug)]
+        struct Rank7(Fake);
+        impl Communicator for Rank7 {
+            fn rank(&self) -> usize {
+                7
+            }
+            fn size(&self) -> usize {
+                self.0.size()
+            }
+            fn backend(&self) -> &'static str {
+                self.0.backend()
+            }
+            fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+                self.0.all_reduce(op, dtype, data)
+            }
+            fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+                self.0.all_gather(input, output)
+            }
+            fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+                self.0.sum_scatter(dtype, input, output)
+            }
+            fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+                self.0.send(data, dst)
+            }
+            fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+                self.0.recv(data, src)
+            }
+            fn barrier(&self) -> Result<()> {
+                self.0.barrier()
+            }
+            fn health(&self) -> Result<()> {
+                self.0.health()
+            }
+            fn close(&self) -> Result<()> {
+                self.0.close()
+            }
+        }
+        let options = Options::default().flight_records(2).flight_signal(true);
+        let r = Recorded::new(Arc::new(Rank7(Fake { size: 8 })), &options);
+        r.barrier().unwrap();
+        let dir = std::env::temp_dir().join(format!("nuvec-flight-{}", std::process::id()));
+        let json = dir.join("flight-rank7.json");
+        let lines = signal::dump_live();
+        assert!(
+            lines.iter().any(|l| l
+                == &format!(
+                    "rank 7 of 8 (fake, 1 call): flight record in {}",
+                    json.display()
+                )),
+            "{lines:?}"
+        );
+        let dumped: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(dumped["entries"][0]["op"], "barrier");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_trace_has_one_complete_event_per_call_on_the_rank() {
         let r = recorded(4, None);
         r.barrier().unwrap();

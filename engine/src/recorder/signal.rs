@@ -80,8 +80,12 @@ pub(crate) fn dump_live() -> Vec<String> {
             let dir = recorder.dump_dir.clone().unwrap_or_else(fallback_dir);
             let record = recorder.snapshot();
             let group = format!(
-                "rank {} of {} ({}, {} calls)",
-                record.rank, record.size, record.backend, record.calls
+                "rank {} of {} ({}, {} call{})",
+                record.rank,
+                record.size,
+                record.backend,
+                record.calls,
+                if record.calls == 1 { "" } else { "s" }
             );
             match record.write(&dir) {
                 Ok([json, _]) => format!("{group}: flight record in {}", json.display()),
