@@ -2,8 +2,10 @@
 //! backend whose calls do nothing, so that only the group's own work remains.
 //!
 //! Rows: `backend` calls the no-op communicator directly; `group` makes the same call
-//! through a [`Group`] over it, which records it (two uncontended lock round trips and two
-//! clock reads); `group, records 0` through a group whose recorder is off. The difference
+//! through a [`Group`] over it, which records it (two uncontended lock round trips, two
+//! clock reads, and the backend's [`Communicator::algorithm`], which this one answers as
+//! the native wire does, from the table); `group, records 0` through a group whose
+//! recorder is off. The difference
 //! between the last two is the recorder's cost per call. Each row is the median of 31
 //! batches of 100 000 calls; the machine may be shared: run it twice and trust only
 //! differences that repeat.
@@ -14,7 +16,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nuvec_distributed_engine::{Communicator, DType, Error, Group, Options, ReduceOp, Result};
+use nuvec_distributed_engine::{
+    Algorithm, Communicator, DType, Error, FlightOp, Group, Options, ReduceOp, Result,
+};
 use zerocopy::IntoBytes;
 
 /// A backend of two ranks whose calls return at once.
@@ -55,6 +59,14 @@ impl Communicator for Noop {
     }
     fn close(&self) -> Result<()> {
         Ok(())
+    }
+    fn algorithm(&self, op: FlightOp, _: Option<DType>, bytes: usize) -> Option<Algorithm> {
+        // The native wire's row for a small all-reduce at P = 2 over TCP.
+        match op {
+            FlightOp::AllReduce(_) if black_box(bytes) <= 32 << 10 => Some(Algorithm::OneShot),
+            FlightOp::AllReduce(_) => Some(Algorithm::Ring),
+            _ => None,
+        }
     }
 }
 

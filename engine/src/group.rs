@@ -661,15 +661,16 @@ impl Group {
     /// A copy of the group's flight recorder: its last calls (up to
     /// [`Options::flight_records`], default
     /// [`DEFAULT_FLIGHT_RECORDS`](crate::DEFAULT_FLIGHT_RECORDS)), oldest first, each with
-    /// its number, op, element type, length, peer or root, transport, start and end times
-    /// and outcome. Every call that moves data is recorded when it reaches the backend,
+    /// its number, op, element type, length, peer or root, algorithm, transport, start and
+    /// end times and outcome. Every call that moves data is recorded when it reaches the backend,
     /// blocking or not; calls refused for their arguments, and the calls of a group of one,
     /// are not. A call still running on another thread shows as
     /// [`FlightOutcome::Running`](crate::FlightOutcome::Running).
     ///
     /// When a call fails the group, the record is also written to
     /// [`Options::flight_dir`] (or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR)) if set, once
-    /// per group; `nuvec flight` compares the records of every rank.
+    /// per group, and on SIGUSR1 if [`Options::flight_signal`] says so; `nuvec flight`
+    /// compares the records of every rank.
     ///
     /// Recording allocates nothing per call; it takes two clock reads and two uncontended
     /// lock round trips: 60 to 140 ns of CPU per call on the 2-vCPU VM this was measured

@@ -217,8 +217,9 @@ pub use backend::{
     HOSTFILE_VAR, RANK_VAR, init_backend, init_with, is_available, unavailable_reason,
 };
 pub use comm::Communicator;
-// The cost model behind the native wire's choice of algorithm, for `nuvec plan`.
-pub use comm::algorithm::{Collective, Link, LinkCost, Plan, plan};
+// The cost model behind the native wire's choice of algorithm, for `nuvec plan`, and the
+// names of the algorithms the flight recorder records.
+pub use comm::algorithm::{Algorithm, Collective, Link, LinkCost, Plan, plan};
 pub use element::{Complex64, DType, Element};
 pub use error::{Error, Fault, PeerOp, Phase, Result};
 pub use group::{
@@ -236,8 +237,8 @@ pub use recorder::{FlightEntry, FlightOp, FlightOutcome, FlightRecord};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{
-    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, IO_VAR, SHM_VAR, SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR,
-    TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, IO_VAR, SHM_VAR, SIMD_VAR,
+    SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the

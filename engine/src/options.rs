@@ -120,6 +120,15 @@ pub struct Options {
     /// [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR), read when the group forms, and no dump if
     /// that is unset too.
     pub flight_dir: Option<PathBuf>,
+    /// Whether SIGUSR1 makes the process write this group's flight record (with that of
+    /// every other group alive that opted in) into [`Options::flight_dir`], or a directory
+    /// of the process under the system's temporary directory when it names none, saying
+    /// where on stderr (a group whose recorder is off has no record to write). Default
+    /// `false`; [`FLIGHT_SIGNAL_VAR`](crate::FLIGHT_SIGNAL_VAR) `1` turns it on for every
+    /// group of the process. The first group that opts in installs the handler (replacing
+    /// SIGUSR1's default action, which ends the process) and a thread that waits for the
+    /// signal, both for the life of the process.
+    pub flight_signal: bool,
     /// The pre-shared secret every connection authenticates with (see [`Options::key`]).
     pub(crate) key: Option<Secret>,
 }
@@ -268,6 +277,7 @@ impl Default for Options {
             io: Io::Auto,
             flight_records: DEFAULT_FLIGHT_RECORDS,
             flight_dir: None,
+            flight_signal: false,
             key: None,
         }
     }
@@ -285,6 +295,7 @@ impl fmt::Debug for Options {
             .field("io", &self.io)
             .field("flight_records", &self.flight_records)
             .field("flight_dir", &self.flight_dir)
+            .field("flight_signal", &self.flight_signal)
             .field("key", &self.key)
             .finish()
     }
@@ -494,6 +505,22 @@ impl Options {
     /// ```
     pub fn flight_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.flight_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets whether SIGUSR1 writes the group's flight record (see
+    /// [`Options::flight_signal`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use nuvec_distributed_engine::Options;
+    ///
+    /// assert!(!Options::default().flight_signal);
+    /// assert!(Options::default().flight_signal(true).flight_signal);
+    /// ```
+    pub fn flight_signal(mut self, on: bool) -> Self {
+        self.flight_signal = on;
         self
     }
 

@@ -7,7 +7,10 @@
 //! thread's nonblocking ones alike, each with its element type. A call takes the
 //! recorder's lock twice, to write its record when it starts and to write its end and
 //! outcome when it returns; nothing is allocated per call. A group whose capacity is 0
-//! takes no lock and records nothing.
+//! takes no lock and records nothing. A group that opts in also writes its record on
+//! SIGUSR1 (`signal`).
+
+mod signal;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -17,58 +20,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+pub use crate::comm::FlightOp;
+use crate::comm::algorithm::Algorithm;
 use crate::comm::{Communicator, Transport};
 use crate::element::DType;
 use crate::error::{Error, Fault, Result};
 use crate::options::{MAX_FLIGHT_RECORDS, Options};
 use crate::reduce::ReduceOp;
-
-/// What a recorded call was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FlightOp {
-    /// An all-reduce with its operation: [`Group::all_sum`](crate::Group::all_sum) and
-    /// its siblings.
-    AllReduce(ReduceOp),
-    /// [`Group::all_gather`](crate::Group::all_gather).
-    AllGather,
-    /// [`Group::sum_scatter`](crate::Group::sum_scatter).
-    SumScatter,
-    /// [`Group::send`](crate::Group::send); [`FlightEntry::peer`] is the destination.
-    Send,
-    /// [`Group::recv`](crate::Group::recv); [`FlightEntry::peer`] is the source.
-    Recv,
-    /// [`Group::barrier`](crate::Group::barrier).
-    Barrier,
-    /// [`Group::broadcast`](crate::Group::broadcast); [`FlightEntry::peer`] is the root.
-    Broadcast,
-    /// [`Group::all_to_all`](crate::Group::all_to_all).
-    AllToAll,
-}
-
-impl FlightOp {
-    /// The call's name as the API spells it: `"all_sum"`, `"all_max"`, `"all_min"`,
-    /// `"all_gather"`, `"sum_scatter"`, `"send"`, `"recv"`, `"barrier"`, `"broadcast"`,
-    /// `"all_to_all"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            FlightOp::AllReduce(op) => op.collective(),
-            FlightOp::AllGather => "all_gather",
-            FlightOp::SumScatter => "sum_scatter",
-            FlightOp::Send => "send",
-            FlightOp::Recv => "recv",
-            FlightOp::Barrier => "barrier",
-            FlightOp::Broadcast => "broadcast",
-            FlightOp::AllToAll => "all_to_all",
-        }
-    }
-}
-
-impl fmt::Display for FlightOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// How a recorded call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +64,9 @@ pub struct FlightEntry {
     pub bytes: u64,
     /// The peer of a send or receive, the root of a broadcast.
     pub peer: Option<usize>,
+    /// The algorithm the backend took for it ([`Communicator::algorithm`]); `None` for a
+    /// send or receive, a group of one, and a backend that does not say.
+    pub algorithm: Option<Algorithm>,
     /// What carries the call: the link to [`FlightEntry::peer`] for a send or receive,
     /// else the link every peer shares, or `None` when links to different peers differ
     /// (shared memory on this host, TCP to others).
@@ -153,8 +114,9 @@ pub struct FlightRecord {
 
 impl FlightRecord {
     /// The record as JSON: the fields of [`FlightRecord`], and per entry its fields with
-    /// names for the enums (`"op": "all_sum"`, `"dtype": "float32"`, `"outcome": "ok"`,
-    /// `"running"` or `"failed"` with an `"error"` object of `kind`, `fault` and `peer`).
+    /// names for the enums (`"op": "all_sum"`, `"dtype": "float32"`, `"algorithm":
+    /// "ring"` or `null`, `"outcome": "ok"`, `"running"` or `"failed"` with an `"error"`
+    /// object of `kind`, `fault` and `peer`).
     /// `nuvec flight` reads it.
     ///
     /// # Examples
@@ -191,7 +153,8 @@ impl FlightRecord {
     /// Perfetto open): one complete (`"X"`) event per call, in the process `pid` = rank,
     /// on the Unix time line in microseconds so that the traces of different ranks line up
     /// when loaded together (as far as the hosts' clocks agree). A call still running
-    /// lasts until the record was taken.
+    /// lasts until the record was taken. Each event's `args` are the entry's JSON fields
+    /// but the op (its name): the algorithm among them.
     ///
     /// # Examples
     ///
@@ -276,6 +239,7 @@ fn entry_json(e: &FlightEntry) -> Value {
         "count": e.count(),
         "bytes": e.bytes,
         "peer": e.peer,
+        "algorithm": e.algorithm.map(Algorithm::name),
         "transport": e.transport.map_or("mixed", Transport::name),
         "start_ns": e.start_ns,
         "end_ns": e.end_ns,
@@ -388,6 +352,7 @@ impl Recorder {
             dtype: None,
             bytes: 0,
             peer: None,
+            algorithm: None,
             transport: None,
             start_ns: 0,
             end_ns: None,
@@ -430,9 +395,11 @@ impl Recorder {
         ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the start of `call`; where its record is, or `None` when the recorder is off.
-    fn begin(&self, call: Call) -> Option<Slot> {
+    /// Records the start of `call`, which `comm` makes; where its record is, or `None` when
+    /// the recorder is off.
+    fn begin(&self, call: Call, comm: &dyn Communicator) -> Option<Slot> {
         let ring = self.ring.as_ref()?;
+        let algorithm = comm.algorithm(call.op, call.dtype, call.bytes);
         let transport = match (call.op, call.peer) {
             (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
             _ => self.common,
@@ -452,6 +419,7 @@ impl Recorder {
             dtype: call.dtype,
             bytes: call.bytes as u64,
             peer: call.peer,
+            algorithm,
             transport,
             start_ns,
             end_ns: None,
@@ -574,7 +542,9 @@ fn kind(e: &Error) -> &'static str {
 /// bytes.
 pub(crate) struct Recorded {
     inner: Arc<dyn Communicator>,
-    recorder: Recorder,
+    /// Shared with the registry of groups that write their record on SIGUSR1, which holds
+    /// a weak reference (see `signal`).
+    recorder: Arc<Recorder>,
 }
 
 impl fmt::Debug for Recorded {
@@ -586,13 +556,18 @@ impl fmt::Debug for Recorded {
 impl Recorded {
     /// `inner` with a recorder of `options.flight_records` calls that dumps into
     /// `options.flight_dir`, or [`FLIGHT_DIR_VAR`](crate::FLIGHT_DIR_VAR) when that is
-    /// `None`.
+    /// `None`; and on SIGUSR1 when `options.flight_signal` or
+    /// [`FLIGHT_SIGNAL_VAR`](crate::FLIGHT_SIGNAL_VAR) says so and the recorder is on.
     pub(crate) fn new(inner: Arc<dyn Communicator>, options: &Options) -> Recorded {
+        use crate::config::env;
         let dir = options
             .flight_dir
             .clone()
-            .or_else(|| crate::config::env::flight_dir(&crate::config::env::process));
-        let recorder = Recorder::new(&*inner, options.flight_records, dir);
+            .or_else(|| env::flight_dir(&env::process));
+        let recorder = Arc::new(Recorder::new(&*inner, options.flight_records, dir));
+        if recorder.ring.is_some() && (options.flight_signal || env::flight_signal(&env::process)) {
+            signal::register(&recorder);
+        }
         Recorded { inner, recorder }
     }
 
@@ -602,7 +577,7 @@ impl Recorded {
         call: Call,
         f: impl FnOnce(&dyn Communicator) -> Result<()>,
     ) -> Result<()> {
-        let slot = self.recorder.begin(call);
+        let slot = self.recorder.begin(call, &*self.inner);
         let result = f(&*self.inner);
         self.recorder.end(slot, &result);
         result
@@ -679,7 +654,7 @@ mod tests {
     use super::*;
 
     /// A communicator of `size` ranks whose calls succeed, except a receive, which fails
-    /// blaming its source.
+    /// blaming its source; its all-reduces go one-shot, its other calls name no algorithm.
     #[derive(Debug)]
     struct Fake {
         size: usize,
@@ -725,6 +700,9 @@ mod tests {
         fn close(&self) -> Result<()> {
             Ok(())
         }
+        fn algorithm(&self, op: FlightOp, _: Option<DType>, _: usize) -> Option<Algorithm> {
+            matches!(op, FlightOp::AllReduce(_)).then_some(Algorithm::OneShot)
+        }
     }
 
     fn recorded(capacity: usize, dir: Option<PathBuf>) -> Recorded {
@@ -756,6 +734,10 @@ mod tests {
             (FlightOp::Send, Some(2), 5)
         );
         assert_eq!(e[1].transport, Some(Transport::Unknown));
+        assert_eq!(
+            (e[0].algorithm, e[1].algorithm),
+            (Some(Algorithm::OneShot), None)
+        );
         assert_eq!(e[2].op, FlightOp::Barrier);
         for e in e {
             assert_eq!(e.outcome, FlightOutcome::Ok);
@@ -889,6 +871,110 @@ mod tests {
     }
 
     #[test]
+    fn a_live_group_that_opted_in_is_written_on_request_and_a_dropped_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = |sub: &str| {
+            Options::default()
+                .flight_records(4)
+                .flight_dir(dir.path().join(sub))
+                .flight_signal(true)
+        };
+        let kept = Recorded::new(Arc::new(Fake { size: 3 }), &options("kept"));
+        kept.barrier().unwrap();
+        kept.all_reduce(ReduceOp::Sum, DType::F32, &mut [0; 8])
+            .unwrap();
+        drop(Recorded::new(
+            Arc::new(Fake { size: 3 }),
+            &options("dropped"),
+        ));
+        let silent = Recorded::new(
+            Arc::new(Fake { size: 3 }),
+            &Options::default()
+                .flight_records(4)
+                .flight_dir(dir.path().join("silent")),
+        );
+        silent.barrier().unwrap();
+        // Other tests of this process may have live groups that opted in: only this
+        // test's directories are looked at.
+        let lines = signal::dump_live();
+        let json = dir.path().join("kept/flight-rank0.json");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("rank 0 of 3 (fake, 2 calls)")
+                    && l.ends_with(&format!("flight record in {}", json.display()))),
+            "{lines:?}"
+        );
+        let dumped: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(dumped["entries"][1]["op"], "all_sum");
+        assert_eq!(dumped["entries"][1]["algorithm"], "one_shot");
+        assert!(!dir.path().join("dropped").exists());
+        assert!(!dir.path().join("silent").exists());
+    }
+
+    #[test]
+    fn a_group_that_names_no_directory_writes_into_one_of_the_process() {
+        if crate::config::env::flight_dir(&crate::config::env::process).is_some() {
+            return; // the environment names one for every group
+        }
+        /// A rank no other test's group has, so that its file is this test's alone.
+        #[derive(Debug)]
+        struct Rank7(Fake);
+        impl Communicator for Rank7 {
+            fn rank(&self) -> usize {
+                7
+            }
+            fn size(&self) -> usize {
+                self.0.size()
+            }
+            fn backend(&self) -> &'static str {
+                self.0.backend()
+            }
+            fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
+                self.0.all_reduce(op, dtype, data)
+            }
+            fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
+                self.0.all_gather(input, output)
+            }
+            fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
+                self.0.sum_scatter(dtype, input, output)
+            }
+            fn send(&self, data: &[u8], dst: usize) -> Result<()> {
+                self.0.send(data, dst)
+            }
+            fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
+                self.0.recv(data, src)
+            }
+            fn barrier(&self) -> Result<()> {
+                self.0.barrier()
+            }
+            fn health(&self) -> Result<()> {
+                self.0.health()
+            }
+            fn close(&self) -> Result<()> {
+                self.0.close()
+            }
+        }
+        let options = Options::default().flight_records(2).flight_signal(true);
+        let r = Recorded::new(Arc::new(Rank7(Fake { size: 8 })), &options);
+        r.barrier().unwrap();
+        let dir = std::env::temp_dir().join(format!("nuvec-flight-{}", std::process::id()));
+        let json = dir.join("flight-rank7.json");
+        let lines = signal::dump_live();
+        assert!(
+            lines.iter().any(|l| l
+                == &format!(
+                    "rank 7 of 8 (fake, 1 call): flight record in {}",
+                    json.display()
+                )),
+            "{lines:?}"
+        );
+        let dumped: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(dumped["entries"][0]["op"], "barrier");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_trace_has_one_complete_event_per_call_on_the_rank() {
         let r = recorded(4, None);
         r.barrier().unwrap();
@@ -904,5 +990,7 @@ mod tests {
             (&"all_sum".into(), &0.into())
         );
         assert_eq!(calls[1]["args"]["count"], 2);
+        assert_eq!(calls[1]["args"]["algorithm"], "one_shot");
+        assert_eq!(calls[0]["args"]["algorithm"], Value::Null);
     }
 }

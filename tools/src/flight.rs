@@ -49,6 +49,10 @@ pub struct Entry {
     pub bytes: u64,
     /// The peer of a send or receive, the root of a broadcast.
     pub peer: Option<usize>,
+    /// The algorithm the backend took (`one_shot`, `ring`, ...), when it said; absent
+    /// from records written before the recorder named it.
+    #[serde(default)]
+    pub algorithm: Option<String>,
     /// What carried it.
     pub transport: String,
     /// Start, in nanoseconds since the group formed.
@@ -104,6 +108,14 @@ impl Entry {
         text
     }
 
+    /// The call with its algorithm, when recorded: `all_sum float32 x10 by ring`.
+    pub fn describe_taken(&self) -> String {
+        match &self.algorithm {
+            Some(algorithm) => format!("{} by {algorithm}", self.describe()),
+            None => self.describe(),
+        }
+    }
+
     /// How the call ended, in words.
     pub fn ending(&self) -> String {
         match (self.outcome.as_str(), &self.error) {
@@ -152,7 +164,7 @@ pub struct RankState {
 pub struct CallState {
     /// The call's number.
     pub seq: u64,
-    /// `all_sum float32 x10`.
+    /// `all_sum float32 x10`, with `by <algorithm>` when the record names it.
     pub call: String,
     /// `ok`, `running` or `failed (...)`.
     pub ending: String,
@@ -171,6 +183,19 @@ pub struct Divergence {
     /// Whether point-to-point calls are involved (then ranks that do not take part in
     /// them number their calls differently, and the difference may be by design).
     pub point_to_point: bool,
+}
+
+/// A call the ranks made alike (the same op, length, element type and root) whose
+/// algorithms differ between them: their backends disagree on how to run it (different
+/// builds, or options that should agree), which can hang or corrupt the call.
+#[derive(Clone, Debug, Serialize)]
+pub struct AlgorithmSplit {
+    /// The call's number.
+    pub seq: u64,
+    /// The call, described (`all_sum float32 x10`).
+    pub call: String,
+    /// Each algorithm with the ranks that took it, the largest group first.
+    pub algorithms: Vec<CallGroup>,
 }
 
 /// Ranks that made the same call.
@@ -205,6 +230,23 @@ pub struct Lag {
     pub missed: Option<String>,
 }
 
+/// The rank that most of the other ranks' failed calls blame for a peer's failure: they
+/// timed out waiting for it, or lost their connection to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Blamed {
+    /// The rank.
+    pub rank: usize,
+    /// The ranks whose call that did not finish blames it.
+    pub by: Vec<usize>,
+    /// Their call (the lowest of those ranks').
+    pub call: CallState,
+    /// Whether one of them timed out waiting for it (rather than all losing their
+    /// connections to it): it hung, or was stopped.
+    pub timed_out: bool,
+    /// Its own call that did not finish, if its record holds one.
+    pub own: Option<CallState>,
+}
+
 /// What `nuvec flight` concludes.
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
@@ -216,8 +258,12 @@ pub struct Verdict {
     pub ranks: Vec<RankState>,
     /// The first call at which the ranks' records differ.
     pub divergence: Option<Divergence>,
+    /// The first call that the ranks made alike but by different algorithms.
+    pub algorithms: Option<AlgorithmSplit>,
     /// Ranks that made fewer calls than most.
     pub behind: Vec<Lag>,
+    /// The rank the others' failed calls blame, when most of them blame one.
+    pub blamed: Option<Blamed>,
     /// Ranks that made more calls than most.
     pub ahead: Vec<Lag>,
     /// Per rank, a call that did not finish well: still running when the record was
@@ -304,7 +350,7 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         .collect();
     let state = |e: &Entry| CallState {
         seq: e.seq,
-        call: e.describe(),
+        call: e.describe_taken(),
         ending: e.ending(),
     };
     let ranks: Vec<RankState> = dumps
@@ -328,6 +374,8 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         })
         .collect();
     let divergence = divergence(dumps);
+    let blamed = blamed(dumps, &unfinished);
+    let algorithms = algorithm_split(dumps, divergence.as_ref().map_or(u64::MAX, |d| d.seq));
 
     // The usual number of calls: the most common, the larger on a tie.
     let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
@@ -386,6 +434,19 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         }
         summary.push(line);
     }
+    if let Some(split) = &algorithms {
+        let taken: Vec<String> = split
+            .algorithms
+            .iter()
+            .map(|g| format!("{} by {}", rank_list(&g.ranks), g.call))
+            .collect();
+        summary.push(format!(
+            "the ranks ran call {} ({}) by different algorithms: {}",
+            split.seq,
+            split.call,
+            taken.join("; ")
+        ));
+    }
     for lag in &behind {
         let others: Vec<usize> = dumps
             .iter()
@@ -404,6 +465,32 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
                 line,
                 "; it never started call {} ({missed}), which they wait in or failed in",
                 lag.calls
+            );
+        }
+        summary.push(line);
+    }
+    // A rank behind, or without a record, has a line of its own.
+    if let Some(b) = blamed
+        .as_ref()
+        .filter(|b| !behind.iter().any(|lag| lag.rank == b.rank) && !missing.contains(&b.rank))
+    {
+        let (verb, how) = if b.timed_out {
+            ("hung", "waiting for it")
+        } else {
+            ("failed", "losing their connection to it")
+        };
+        let mut line = format!(
+            "rank {} {verb}: {} failed call {} ({}) {how}",
+            b.rank,
+            rank_list(&b.by),
+            b.call.seq,
+            b.call.call
+        );
+        if let Some(own) = &b.own {
+            let _ = write!(
+                line,
+                "; its own call {} ({}): {}",
+                own.seq, own.call, own.ending
             );
         }
         summary.push(line);
@@ -456,11 +543,93 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
         missing,
         ranks,
         divergence,
+        algorithms,
         behind,
+        blamed,
         ahead,
         unfinished,
         summary,
     }
+}
+
+/// The rank blamed, for a peer's failure (`PeerFailed`), by the calls in `unfinished` of
+/// more ranks than any other rank, and by at least half of the other ranks with a record.
+fn blamed(dumps: &[Dump], unfinished: &[Unfinished]) -> Option<Blamed> {
+    let failure = |u: &Unfinished| {
+        let d = dumps.iter().find(|d| d.rank == u.rank)?;
+        let e = d.entry(u.call.seq)?;
+        let error = e.error.as_ref().filter(|e| e.fault == "PeerFailed")?;
+        Some((
+            error.peer.filter(|&p| p != u.rank)?,
+            error.kind == "Timeout",
+        ))
+    };
+    let mut by: BTreeMap<usize, Vec<(&Unfinished, bool)>> = BTreeMap::new();
+    for u in unfinished {
+        if let Some((peer, timed_out)) = failure(u) {
+            by.entry(peer).or_default().push((u, timed_out));
+        }
+    }
+    let most = by.values().map(Vec::len).max()?;
+    let mut leaders = by.iter().filter(|(_, v)| v.len() == most);
+    let (&rank, blamers) = leaders.next()?;
+    let others = dumps.iter().filter(|d| d.rank != rank).count();
+    if leaders.next().is_some() || 2 * most < others {
+        return None;
+    }
+    Some(Blamed {
+        rank,
+        by: blamers.iter().map(|(u, _)| u.rank).collect(),
+        call: blamers[0].0.call.clone(),
+        timed_out: blamers.iter().any(|&(_, t)| t),
+        own: unfinished
+            .iter()
+            .find(|u| u.rank == rank)
+            .map(|u| u.call.clone()),
+    })
+}
+
+/// The first call before `before`, among those every record still holds, that the ranks
+/// made alike but whose records name different algorithms (a rank whose record names
+/// none is left out of the comparison).
+fn algorithm_split(dumps: &[Dump], before: u64) -> Option<AlgorithmSplit> {
+    let first = dumps
+        .iter()
+        .map(|d| d.entries.first().map_or(u64::MAX, |e| e.seq))
+        .max()?;
+    let end = dumps.iter().map(|d| d.calls).min()?.min(before);
+    (first..end).find_map(|seq| {
+        let entries: Vec<(usize, &Entry)> = dumps
+            .iter()
+            .filter_map(|d| d.entry(seq).map(|e| (d.rank, e)))
+            .collect();
+        let (_, head) = entries.first()?;
+        if head.is_point_to_point() || !entries.iter().all(|(_, e)| head.agrees_with(e)) {
+            return None;
+        }
+        let mut groups: Vec<CallGroup> = Vec::new();
+        for (rank, e) in &entries {
+            let Some(algorithm) = &e.algorithm else {
+                continue;
+            };
+            match groups.iter_mut().find(|g| &g.call == algorithm) {
+                Some(g) => g.ranks.push(*rank),
+                None => groups.push(CallGroup {
+                    call: algorithm.clone(),
+                    ranks: vec![*rank],
+                }),
+            }
+        }
+        if groups.len() < 2 {
+            return None;
+        }
+        groups.sort_by_key(|g| std::cmp::Reverse(g.ranks.len()));
+        Some(AlgorithmSplit {
+            seq,
+            call: head.describe(),
+            algorithms: groups,
+        })
+    })
 }
 
 /// The first call, among those every record still holds, at which the ranks' calls do not
@@ -579,6 +748,7 @@ mod tests {
             count: Some(count),
             bytes: 4 * count,
             peer: None,
+            algorithm: Some("one_shot".into()),
             transport: "tcp".into(),
             start_ns: seq * 1000,
             end_ns: (outcome != "running").then_some(seq * 1000 + 500),
@@ -692,6 +862,48 @@ mod tests {
     }
 
     #[test]
+    fn names_the_rank_the_others_timed_out_on_though_it_went_on() {
+        // Rank 1 was stopped after it finished call 1: the others failed in call 1 on it,
+        // and once let go it started call 2 and failed there.
+        let failed = |rank, seq, kind: &str, peer| {
+            let mut last = entry(seq, "all_sum", 4, "failed");
+            last.error = Some(CallError {
+                kind: kind.into(),
+                fault: "PeerFailed".into(),
+                peer: Some(peer),
+            });
+            let mut entries: Vec<Entry> = (0..seq).map(|s| entry(s, "all_sum", 4, "ok")).collect();
+            entries.push(last);
+            dump(rank, entries)
+        };
+        let v = analyse(&[
+            failed(0, 1, "Timeout", 1),
+            failed(1, 2, "Timeout", 2),
+            failed(2, 1, "Lost", 1),
+        ]);
+        let b = v.blamed.clone().expect("a rank to blame");
+        assert_eq!(
+            (b.rank, b.by.as_slice(), b.timed_out),
+            (1, &[0, 2][..], true)
+        );
+        assert_eq!(b.own.map(|c| c.seq), Some(2));
+        assert_eq!(
+            v.summary[0],
+            "rank 1 hung: ranks 0, 2 failed call 1 (all_sum float32 x4 by one_shot) waiting \
+             for it; its own call 2 (all_sum float32 x4 by one_shot): failed (Timeout, \
+             blaming rank 2)"
+        );
+        // Blame split evenly names no one.
+        let v = analyse(&[failed(0, 1, "Timeout", 1), failed(1, 1, "Timeout", 0)]);
+        assert!(v.blamed.is_none(), "{v:?}");
+        // A mismatch is not a peer's failure.
+        let mut mismatch = failed(0, 1, "Mismatch", 1);
+        mismatch.entries[1].error.as_mut().unwrap().fault = "Misuse".into();
+        let v = analyse(&[mismatch, failed(1, 1, "Lost", 0)]);
+        assert_eq!(v.blamed.map(|b| (b.rank, b.timed_out)), Some((0, false)));
+    }
+
+    #[test]
     fn pairs_of_sends_and_receives_agree() {
         let mut send = entry(0, "send", 2, "ok");
         send.peer = Some(1);
@@ -716,6 +928,62 @@ mod tests {
         e1[2].bytes = 36;
         let v = analyse(&[d0, dump(1, e1)]);
         assert!(v.divergence.is_none(), "{v:?}");
+    }
+
+    #[test]
+    fn names_the_ranks_whose_algorithm_differs_for_a_call_made_alike() {
+        let calls = |rank, second: &str| {
+            let mut e = vec![entry(0, "all_sum", 4, "ok"), entry(1, "all_sum", 4, "ok")];
+            e[1].algorithm = Some(second.into());
+            dump(rank, e)
+        };
+        let v = analyse(&[calls(0, "ring"), calls(1, "one_shot"), calls(2, "ring")]);
+        assert!(v.divergence.is_none(), "{v:?}");
+        let split = v.algorithms.clone().expect("the algorithms differ");
+        assert_eq!((split.seq, split.call.as_str()), (1, "all_sum float32 x4"));
+        assert_eq!(
+            split.algorithms,
+            [
+                CallGroup {
+                    call: "ring".into(),
+                    ranks: vec![0, 2]
+                },
+                CallGroup {
+                    call: "one_shot".into(),
+                    ranks: vec![1]
+                }
+            ]
+        );
+        assert_eq!(
+            v.summary[0],
+            "the ranks ran call 1 (all_sum float32 x4) by different algorithms: ranks 0, 2 \
+             by ring; rank 1 by one_shot"
+        );
+        // A record that names no algorithm (a backend that does not say, or one written
+        // before the recorder named them) differs from none.
+        let mut quiet = calls(1, "one_shot");
+        quiet.entries[1].algorithm = None;
+        let v = analyse(&[calls(0, "ring"), quiet]);
+        assert!(v.algorithms.is_none(), "{v:?}");
+        assert!(
+            v.text().contains("call 1: all_sum float32 x4 by ring, ok"),
+            "{}",
+            v.text()
+        );
+    }
+
+    #[test]
+    fn a_record_without_algorithms_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut json = serde_json::to_value(dump(0, vec![entry(0, "barrier", 0, "ok")])).unwrap();
+        json["entries"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("algorithm");
+        let path = dir.path().join("flight-rank0.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let dumps = read(&[path]).unwrap();
+        assert_eq!(dumps[0].entries[0].algorithm, None);
     }
 
     #[test]

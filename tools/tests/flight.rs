@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use nuvec_distributed_engine::{Backend, FLIGHT_DIR_VAR, Group, Options, init_with};
+use nuvec_distributed_engine::{
+    Backend, FLIGHT_DIR_VAR, FLIGHT_SIGNAL_VAR, Group, Options, init_with,
+};
 use nuvec_tools::flight::{self, Verdict};
 use nuvec_tools::testing::{self, Launch, RankOutput};
 
@@ -187,6 +189,16 @@ fn a_rank_that_never_calls_is_behind(name: &str, wire: &str) {
     assert!(v.summary[0].starts_with("rank 2 is behind"), "{v:#?}");
     let stuck: Vec<usize> = v.unfinished.iter().map(|u| u.rank).collect();
     assert_eq!(stuck, [0, 1], "{v:#?}");
+    // Every call is a collective, so every entry names its algorithm: the ring on MLX's
+    // wire, the table's choice on the native one (which depends on shared memory).
+    for d in flight::read(&[dir.path().to_path_buf()]).unwrap() {
+        for e in &d.entries {
+            match wire {
+                "mlx" => assert_eq!(e.algorithm.as_deref(), Some("ring"), "{e:?}"),
+                _ => assert!(e.algorithm.is_some(), "{e:?}"),
+            }
+        }
+    }
 }
 
 #[test]
@@ -266,4 +278,182 @@ fn nuvec_launch_analyses_the_records_after_a_failure() {
         f.stderr
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The record `path` holds, once it is whole: `None` until then.
+fn record_at(path: &Path) -> Option<flight::Dump> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Sends SIGUSR1 to `rank` until its record in `dir` holds `calls` calls (the call it is
+/// about to start may not have begun when the first signal arrives), and returns it.
+fn signal_for_record(
+    ranks: &mut testing::Ranks,
+    dir: &Path,
+    rank: usize,
+    calls: u64,
+) -> flight::Dump {
+    let path = dir.join(format!("flight-rank{rank}.json"));
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        ranks.signal(rank, "USR1");
+        let sent = std::time::Instant::now();
+        while sent.elapsed() < Duration::from_secs(1) {
+            if let Some(record) = record_at(&path).filter(|r| r.calls >= calls) {
+                return record;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "rank {rank} wrote no record of {calls} calls on SIGUSR1: {:?}",
+            record_at(&path).map(|r| r.calls)
+        );
+    }
+}
+
+/// With `NUVEC_DISTRIBUTED_FLIGHT_SIGNAL=1`, SIGUSR1 writes the record of a live group:
+/// rank 0 waits in an all_gather rank 1 has not called yet, rank 1 waits for the test
+/// between calls; each is sent SIGUSR1 and writes its record, rank 0's with the
+/// all_gather running, and both then finish the all_gather.
+fn sigusr1_writes_the_record_of_a_live_group(name: &str, wire: &str, backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut ranks) = Launch::new(2, 1)
+        .timeout(60.0)
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
+        .env(FLIGHT_DIR_VAR, &dir.path().to_string_lossy())
+        .env(FLIGHT_SIGNAL_VAR, "1")
+        .start(name, |g| {
+            g.barrier().expect("a barrier");
+            for _ in 0..3 {
+                g.all_sum(&mut [1.0f32; 4]).expect("a matching all_sum");
+            }
+            testing::mark("called");
+            if g.rank() == 1 {
+                testing::wait_for_parent();
+            }
+            g.all_gather_vec(&[7u16; 3]).expect("the all_gather");
+        })
+    else {
+        return;
+    };
+    ranks.wait_for(1, "called", Duration::from_secs(60));
+    ranks.wait_for(0, "called", Duration::from_secs(60));
+    let hung = signal_for_record(&mut ranks, dir.path(), 0, 5);
+    let idle = signal_for_record(&mut ranks, dir.path(), 1, 4);
+    ranks.release();
+    let outputs = ranks.finish();
+    testing::assert_all_finished(&outputs);
+
+    let ops = |d: &flight::Dump| -> Vec<(u64, String, String)> {
+        d.entries
+            .iter()
+            .map(|e| (e.seq, e.op.clone(), e.outcome.clone()))
+            .collect()
+    };
+    let ok = |seq, op: &str| (seq, op.to_string(), "ok".to_string());
+    let before = [
+        ok(0, "barrier"),
+        ok(1, "all_sum"),
+        ok(2, "all_sum"),
+        ok(3, "all_sum"),
+    ];
+    assert_eq!(ops(&idle), before, "{idle:#?}");
+    let mut want = before.to_vec();
+    want.push((4, "all_gather".into(), "running".into()));
+    assert_eq!(ops(&hung), want, "{hung:#?}");
+    let gather = &hung.entries[4];
+    assert_eq!(
+        (gather.dtype.as_deref(), gather.count, gather.end_ns),
+        (Some("uint16"), Some(3), None)
+    );
+    assert!(
+        hung.entries.iter().all(|e| e.algorithm.is_some()),
+        "{hung:#?}"
+    );
+    // The records are a run's like any other: nuvec flight names rank 1 as behind, in
+    // the call rank 0 waits in.
+    let v = flight::analyse(&[hung, idle]);
+    assert!(v.summary[0].starts_with("rank 1 is behind"), "{v:#?}");
+    // Each rank said where its record went.
+    for o in &outputs {
+        let json = dir.path().join(format!("flight-rank{}.json", o.rank));
+        let said = format!(
+            "nuvec: SIGUSR1: rank {} of 2 ({backend}, {} calls): flight record in {}",
+            o.rank,
+            4 + u64::from(o.rank == 0),
+            json.display()
+        );
+        assert!(o.stderr.contains(&said), "no {said:?}:\n{o}");
+    }
+}
+
+#[test]
+fn sigusr1_writes_the_record_of_a_live_group_native() {
+    sigusr1_writes_the_record_of_a_live_group(
+        "sigusr1_writes_the_record_of_a_live_group_native",
+        "native",
+        "native",
+    );
+}
+
+#[test]
+fn sigusr1_writes_the_record_of_a_live_group_mlx() {
+    sigusr1_writes_the_record_of_a_live_group(
+        "sigusr1_writes_the_record_of_a_live_group_mlx",
+        "mlx",
+        "ring",
+    );
+}
+
+/// A rank stopped (SIGSTOP) while the ranks loop over all_sums hangs the others: they time
+/// out and write their records; once it is let go (SIGCONT) its own call fails and it
+/// writes its own. The verdict names the stopped rank as the one that hung, in the call
+/// the others waited in.
+fn a_stopped_rank_is_named_as_the_one_that_hung(name: &str, wire: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut ranks) = three_ranks(dir.path(), wire).start(name, |g| {
+        testing::until_failure(|| g.all_sum(&mut [1.0f32; 4]));
+        print_calls(&g);
+    }) else {
+        return;
+    };
+    ranks.strike(1, "STOP", Duration::from_millis(200));
+    let outputs = ranks.finish();
+    testing::assert_all_finished(&outputs);
+    let v = verdict(dir.path(), &outputs);
+    let blamed = v.blamed.as_ref().expect("a rank the others failed on");
+    assert_eq!((blamed.rank, blamed.timed_out), (1, true), "{v:#?}");
+    assert!(blamed.by.contains(&0) && blamed.by.contains(&2), "{v:#?}");
+    // The call the others waited in: their last, one of the all_sums.
+    let waited = calls(&outputs[0]) - 1;
+    assert_eq!(
+        (
+            blamed.call.seq,
+            blamed.call.call.starts_with("all_sum float32 x4 by ")
+        ),
+        (waited, true),
+        "{v:#?}"
+    );
+    assert!(
+        v.summary[0].starts_with(&format!("rank 1 hung: ranks 0, 2 failed call {waited}")),
+        "{v:#?}"
+    );
+}
+
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_hung_native() {
+    a_stopped_rank_is_named_as_the_one_that_hung(
+        "a_stopped_rank_is_named_as_the_one_that_hung_native",
+        "native",
+    );
+}
+
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_hung_mlx() {
+    a_stopped_rank_is_named_as_the_one_that_hung(
+        "a_stopped_rank_is_named_as_the_one_that_hung_mlx",
+        "mlx",
+    );
 }

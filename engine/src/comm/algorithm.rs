@@ -223,8 +223,86 @@
 
 use super::Transport;
 
+/// The algorithm a collective took, as the flight recorder names it
+/// ([`FlightEntry::algorithm`](crate::FlightEntry::algorithm)): the names of this table's
+/// algorithms (those [`Plan::algorithm`] gives), and the schedules of the paths and wires
+/// the table does not choose for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Every rank hands its whole vector to every other in one hop.
+    OneShot,
+    /// Reduce-scatter, then all-gather (a broadcast: the root scatters, the ranks
+    /// all-gather).
+    ScatterGather,
+    /// A ring: MLX's pipelined ring (the native wire's large all-reduces, every collective
+    /// of MLX's wire and of JACCL's ring), or this crate's schedules over MLX's ring
+    /// connections (broadcast and all_to_all on that wire).
+    Ring,
+    /// Recursive doubling: log2 P rounds of one message each.
+    RecursiveDoubling,
+    /// Recursive halving, then recursive doubling (Rabenseifner's all-reduce).
+    HalvingDoubling,
+    /// One round in which every rank sends to every rank that needs its data (its block,
+    /// its header, the root's vector), and the collectives that have no other algorithm
+    /// (sum_scatter, all_to_all).
+    Direct,
+    /// A hierarchical native group's three phases: shared memory inside each host, TCP
+    /// between the hosts' leaders, shared memory again.
+    Hierarchical,
+}
+
+impl Algorithm {
+    /// The name: `"one_shot"`, `"scatter_gather"`, `"ring"`, `"recursive_doubling"`,
+    /// `"halving_doubling"`, `"direct"` or `"hierarchical"`.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl From<AllReduce> for Algorithm {
+    fn from(a: AllReduce) -> Algorithm {
+        match a {
+            AllReduce::OneShot => Algorithm::OneShot,
+            AllReduce::ScatterGather => Algorithm::ScatterGather,
+            AllReduce::Ring => Algorithm::Ring,
+            AllReduce::RecursiveDoubling => Algorithm::RecursiveDoubling,
+            AllReduce::HalvingDoubling => Algorithm::HalvingDoubling,
+        }
+    }
+}
+
+impl From<AllGather> for Algorithm {
+    fn from(a: AllGather) -> Algorithm {
+        match a {
+            AllGather::Direct => Algorithm::Direct,
+            AllGather::RecursiveDoubling => Algorithm::RecursiveDoubling,
+        }
+    }
+}
+
+impl From<Barrier> for Algorithm {
+    fn from(a: Barrier) -> Algorithm {
+        match a {
+            Barrier::Direct => Algorithm::Direct,
+            Barrier::RecursiveDoubling => Algorithm::RecursiveDoubling,
+        }
+    }
+}
+
+impl From<Broadcast> for Algorithm {
+    fn from(a: Broadcast) -> Algorithm {
+        match a {
+            Broadcast::Direct => Algorithm::Direct,
+            Broadcast::ScatterGather => Algorithm::ScatterGather,
+        }
+    }
+}
+
 /// How an all-reduce goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[strum(serialize_all = "snake_case")]
 pub(crate) enum AllReduce {
     /// One hop: every rank hands its whole vector to every other and folds all of them.
@@ -247,6 +325,7 @@ pub(crate) enum AllReduce {
 
 /// How an all_gather goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[strum(serialize_all = "snake_case")]
 pub(crate) enum AllGather {
     /// One round: every rank sends its block to every other.
@@ -259,6 +338,7 @@ pub(crate) enum AllGather {
 
 /// How a barrier goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[strum(serialize_all = "snake_case")]
 pub(crate) enum Barrier {
     /// One round: every rank sends its header to every other.
@@ -270,6 +350,7 @@ pub(crate) enum Barrier {
 
 /// How a broadcast goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[cfg_attr(test, derive(strum::EnumIter))]
 #[strum(serialize_all = "snake_case")]
 pub(crate) enum Broadcast {
     /// The root sends the whole vector to every rank.
@@ -879,6 +960,21 @@ pub(crate) fn broadcast_shape(algorithm: Broadcast, ranks: usize, bytes: f64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recorders_names_are_the_tables() {
+        use strum::IntoEnumIterator as _;
+        let mut names: Vec<(&str, Algorithm)> = Vec::new();
+        names.extend(AllReduce::iter().map(|a| (a.into(), a.into())));
+        names.extend(AllGather::iter().map(|a| (a.into(), a.into())));
+        names.extend(Barrier::iter().map(|a| (a.into(), a.into())));
+        names.extend(Broadcast::iter().map(|a| (a.into(), a.into())));
+        for (table, recorded) in names {
+            assert_eq!(table, recorded.name());
+            assert_eq!(table, recorded.to_string());
+        }
+        assert_eq!(Algorithm::Hierarchical.name(), "hierarchical");
+    }
 
     #[test]
     fn the_table_s_rows() {

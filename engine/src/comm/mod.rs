@@ -1,5 +1,6 @@
 //! What every transport and backend shares, knowing none of them: the [`Communicator`]
-//! trait the backends implement, the group state that a transport error fails
+//! trait the backends implement (with [`FlightOp`], the calls it names to the flight
+//! recorder when it says which algorithm each takes), the group state that a transport error fails
 //! ([`state`]), ring neighbours ([`neighbours`]), the protocol vocabulary every collective's
 //! state machine speaks ([`machine`]), which algorithm the native wire's collectives take
 //! ([`algorithm`]), and the loop that drives a collective until it
@@ -23,6 +24,58 @@ use std::ops::Range;
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
+use algorithm::Algorithm;
+
+/// What a call was, as the flight recorder ([`FlightEntry::op`](crate::FlightEntry::op))
+/// and [`Communicator::algorithm`] name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FlightOp {
+    /// An all-reduce with its operation: [`Group::all_sum`](crate::Group::all_sum) and
+    /// its siblings.
+    AllReduce(ReduceOp),
+    /// [`Group::all_gather`](crate::Group::all_gather).
+    AllGather,
+    /// [`Group::sum_scatter`](crate::Group::sum_scatter).
+    SumScatter,
+    /// [`Group::send`](crate::Group::send); the destination is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
+    Send,
+    /// [`Group::recv`](crate::Group::recv); the source is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
+    Recv,
+    /// [`Group::barrier`](crate::Group::barrier).
+    Barrier,
+    /// [`Group::broadcast`](crate::Group::broadcast); the root is
+    /// [`FlightEntry::peer`](crate::FlightEntry::peer).
+    Broadcast,
+    /// [`Group::all_to_all`](crate::Group::all_to_all).
+    AllToAll,
+}
+
+impl FlightOp {
+    /// The call's name as the API spells it: `"all_sum"`, `"all_max"`, `"all_min"`,
+    /// `"all_gather"`, `"sum_scatter"`, `"send"`, `"recv"`, `"barrier"`, `"broadcast"`,
+    /// `"all_to_all"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlightOp::AllReduce(op) => op.collective(),
+            FlightOp::AllGather => "all_gather",
+            FlightOp::SumScatter => "sum_scatter",
+            FlightOp::Send => "send",
+            FlightOp::Recv => "recv",
+            FlightOp::Barrier => "barrier",
+            FlightOp::Broadcast => "broadcast",
+            FlightOp::AllToAll => "all_to_all",
+        }
+    }
+}
+
+impl fmt::Display for FlightOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Element range `[start, end)` of part `i` when `n` elements are cut into `parts` parts of
 /// `ceil(n / parts)` elements (MLX's cut of a ring collective, which the native and
@@ -158,6 +211,18 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     fn transport(&self, peer: usize) -> Transport {
         let _ = peer;
         Transport::Unknown
+    }
+
+    /// The algorithm this rank's part of a call of `op` takes, for the flight recorder
+    /// ([`FlightEntry::algorithm`](crate::FlightEntry::algorithm)): over `bytes` bytes (an
+    /// all-reduce's, send's or receive's data; the input of an all_gather, sum_scatter or
+    /// all_to_all; a broadcast's vector; 0 for a barrier) of `dtype` elements when the
+    /// caller said which. The group asks before every call it records, so it must be
+    /// cheap and never wait on the group. The default, for a backend that does not say, is
+    /// `None`, as for a call that has no algorithm (send, recv, a group of one).
+    fn algorithm(&self, op: FlightOp, dtype: Option<DType>, bytes: usize) -> Option<Algorithm> {
+        let _ = (op, dtype, bytes);
+        None
     }
 
     /// Copies rank `root`'s `data` into every other rank's `data` (same length on every

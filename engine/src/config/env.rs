@@ -63,6 +63,12 @@ pub const FLIGHT_RECORDS_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_RECORDS";
 /// communicator. `nuvec launch` sets it for every rank when it is unset.
 pub const FLIGHT_DIR_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_DIR";
 
+/// The variable that makes SIGUSR1 write the flight record of every group alive in the
+/// process ([`Options::flight_signal`]): `1`, or `0` (the default). [`init`](crate::init)
+/// reads it with the other variables (a value that is neither fails it); every group,
+/// however formed, reads it when it forms (where such a value is logged and taken as `0`).
+pub const FLIGHT_SIGNAL_VAR: &str = "NUVEC_DISTRIBUTED_FLIGHT_SIGNAL";
+
 /// The environment variable that lowers the SIMD level of reductions: `scalar`, `avx2`,
 /// `avx512` or `neon` (a level the CPU lacks leaves the detected one). [`init`](crate::init)
 /// rejects a value that names no level. See [`simd_level`](crate::simd_level).
@@ -191,7 +197,8 @@ pub(crate) fn ring_launch(vars: Lookup<'_>) -> Result<std::result::Result<RingLa
 
 /// [`Options`] from [`TIMEOUT_VAR`], [`TCP_CONGESTION_VAR`], [`SOCKET_BUFFER_VAR`],
 /// [`SPIN_VAR`], [`WIRE_VAR`], [`SHM_VAR`], [`IO_VAR`], [`FLIGHT_RECORDS_VAR`],
-/// [`FLIGHT_DIR_VAR`] and [`KEY_VAR`]; unset variables keep the defaults.
+/// [`FLIGHT_DIR_VAR`], [`FLIGHT_SIGNAL_VAR`] and [`KEY_VAR`]; unset variables keep the
+/// defaults.
 ///
 /// An empty value of any of them is an error naming it (see [`value`]); an empty key in
 /// particular never means "no authentication": unset the variable for that.
@@ -270,6 +277,9 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
     if let Some(text) = value(vars, FLIGHT_DIR_VAR)? {
         options.flight_dir = Some(PathBuf::from(text));
     }
+    if let Some(text) = value(vars, FLIGHT_SIGNAL_VAR)? {
+        options.flight_signal = switch(FLIGHT_SIGNAL_VAR, &text)?;
+    }
     if let Some(text) = value(vars, SOCKET_BUFFER_VAR)? {
         let bytes = text
             .trim()
@@ -295,6 +305,34 @@ pub(crate) fn flight_dir(vars: Lookup<'_>) -> Option<PathBuf> {
             log::warn!("{e}; the group's flight record will not be written on failure");
             None
         }
+    }
+}
+
+/// [`FLIGHT_SIGNAL_VAR`] for a group however formed: `false` when unset, and when its value
+/// is neither `1` nor `0` (logged, as `Group::new` cannot fail; `init` fails naming the
+/// variable).
+pub(crate) fn flight_signal(vars: Lookup<'_>) -> bool {
+    match value(vars, FLIGHT_SIGNAL_VAR).and_then(|text| match text {
+        Some(text) => switch(FLIGHT_SIGNAL_VAR, &text),
+        None => Ok(false),
+    }) {
+        Ok(on) => on,
+        Err(e) => {
+            log::warn!("{e}; SIGUSR1 will not write the group's flight record");
+            false
+        }
+    }
+}
+
+/// A switch variable's value: `1` on, `0` off (surrounding blanks ignored).
+fn switch(var: &'static str, text: &str) -> Result<bool> {
+    match text.trim() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        _ => Err(Error::Environment {
+            var,
+            reason: format!("{text:?} is neither 1 (on) nor 0 (off)"),
+        }),
     }
 }
 

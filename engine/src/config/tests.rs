@@ -330,6 +330,8 @@ fn option_variables_name_themselves_when_wrong() {
             "not a number of calls",
         ),
         (env::FLIGHT_DIR_VAR, " ", "is set but empty"),
+        (env::FLIGHT_SIGNAL_VAR, "yes", "neither 1"),
+        (env::FLIGHT_SIGNAL_VAR, "", "is set but empty"),
     ];
     for (name, value, why) in cases {
         let vars = from_pairs(&[(name, value)]);
@@ -373,6 +375,15 @@ fn option_variables_name_themselves_when_wrong() {
     assert_eq!(options.socket_buffer, None);
     assert_eq!(options.tcp_congestion, None);
     assert!(options.key.is_none());
+    assert!(!options.flight_signal);
+    for (value, on) in [("1", true), (" 0 ", false)] {
+        let vars = from_pairs(&[(env::FLIGHT_SIGNAL_VAR, value)]);
+        assert_eq!(env::options(&lookup(&vars)).unwrap().flight_signal, on);
+        assert_eq!(env::flight_signal(&lookup(&vars)), on);
+    }
+    // A group that cannot fail takes a value that is neither as off.
+    let vars = from_pairs(&[(env::FLIGHT_SIGNAL_VAR, "on")]);
+    assert!(!env::flight_signal(&lookup(&vars)));
 }
 
 #[test]

@@ -27,6 +27,7 @@ use super::frames::{CQ_ENTRIES, MESH_MAX_RANKS, PIPELINE, RING_MAX_CONNECTIONS, 
 use super::machine::{Algorithm, Counted};
 use super::{mesh, ring};
 use crate::comm::Communicator;
+use crate::comm::algorithm;
 use crate::comm::neighbours::Neighbours;
 use crate::comm::progress::{Activity, Spin, WaitPolicy};
 use crate::comm::state::Guarded;
@@ -502,6 +503,34 @@ impl<F: Fabric + 'static> Communicator for Jaccl<F> {
     /// Every peer's data moves over RDMA (TCP only sets the group up).
     fn transport(&self, _peer: usize) -> crate::comm::Transport {
         crate::comm::Transport::Rdma
+    }
+
+    /// MLX's schedules: a mesh's all-reduce one-shot or by scatter-gather (as `reduce`
+    /// picks; a barrier is an all-reduce of one byte), its all_gather and sum_scatter
+    /// direct; every collective of a ring by the ring.
+    fn algorithm(
+        &self,
+        op: crate::comm::FlightOp,
+        _dtype: Option<DType>,
+        bytes: usize,
+    ) -> Option<algorithm::Algorithm> {
+        use crate::comm::FlightOp;
+        use algorithm::Algorithm as A;
+        if self.size == 1 {
+            return None;
+        }
+        match (self.kind, op) {
+            (_, FlightOp::Send | FlightOp::Recv | FlightOp::Broadcast | FlightOp::AllToAll) => None,
+            (Kind::Ring { .. }, _) => Some(A::Ring),
+            (Kind::Mesh, FlightOp::AllReduce(_) | FlightOp::Barrier) => {
+                Some(if mesh::uses_scatter_gather(self.size, bytes.max(1)) {
+                    A::ScatterGather
+                } else {
+                    A::OneShot
+                })
+            }
+            (Kind::Mesh, FlightOp::AllGather | FlightOp::SumScatter) => Some(A::Direct),
+        }
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {

@@ -101,14 +101,14 @@ use header::{Call, Header, Kind};
 use hier::Path;
 use protocol::{Exchange, Exchanging, Memory, Routes};
 
-use crate::comm::Communicator;
 use crate::comm::Transport;
-use crate::comm::algorithm::{self, AllGather, AllReduce, Barrier, Broadcast};
+use crate::comm::algorithm::{self, Algorithm, AllGather, AllReduce, Barrier, Broadcast};
 use crate::comm::progress::WaitPolicy;
 use crate::comm::ring::protocol::{self as lanes, Buffers, Lane, Lanes, Topology};
 use crate::comm::ring::staging::Staging;
 use crate::comm::state::Guarded;
 use crate::comm::trace;
+use crate::comm::{Communicator, FlightOp};
 use crate::element::DType;
 use crate::error::{Error, Phase, Result};
 use crate::options::Options;
@@ -135,7 +135,21 @@ pub(crate) struct Native {
     /// (what `transport` reports): every rank on a single-host segment, this host's ranks
     /// in a hierarchical group.
     shared: Vec<bool>,
+    /// Which way the group collectives go (the kind of `State::path`, which is fixed when
+    /// the group forms), for [`Communicator::algorithm`], which must not take the lock.
+    route: Route,
     state: Guarded<State>,
+}
+
+/// The kind of a group's [`Path`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// One shared-memory segment.
+    Segment,
+    /// Shared memory inside each host, TCP between hosts.
+    Hierarchical,
+    /// TCP between every pair.
+    Tcp,
 }
 
 struct State {
@@ -256,16 +270,20 @@ impl Native {
         // A close from another thread wakes a collective blocked on the poller; should the
         // wake-up fail, the collective still sees the flag at its next event or deadline.
         let waker = transport.waker();
-        let shared = match &path {
-            Path::Flat(_) => vec![true; size],
-            Path::Hier(h) => (0..size).map(|r| h.sharing().contains(&r)).collect(),
-            Path::Tcp => vec![false; size],
+        let (shared, route) = match &path {
+            Path::Flat(_) => (vec![true; size], Route::Segment),
+            Path::Hier(h) => (
+                (0..size).map(|r| h.sharing().contains(&r)).collect(),
+                Route::Hierarchical,
+            ),
+            Path::Tcp => (vec![false; size], Route::Tcp),
         };
         Ok(Native {
             rank,
             size,
             timeout: options.timeout,
             shared,
+            route,
             state: Guarded::new(State {
                 transport,
                 spin,
@@ -634,6 +652,42 @@ impl Communicator for Native {
         } else {
             Transport::Tcp
         }
+    }
+
+    /// What the table (`comm::algorithm`) takes on this group's path: the choices
+    /// `all_reduce`, `all_gather`, `barrier` and `broadcast` make below, by the same
+    /// functions of the same arguments.
+    fn algorithm(&self, op: FlightOp, dtype: Option<DType>, bytes: usize) -> Option<Algorithm> {
+        let p = self.size;
+        if p == 1 {
+            return None;
+        }
+        let elems = bytes / dtype.map_or(1, DType::size);
+        Some(match (self.route, op) {
+            (_, FlightOp::Send | FlightOp::Recv) => return None,
+            (Route::Segment, FlightOp::AllReduce(_)) if algorithm::shm_one_shot(p, bytes) => {
+                Algorithm::OneShot
+            }
+            (Route::Segment, FlightOp::AllReduce(_)) => Algorithm::ScatterGather,
+            (Route::Segment, _) => Algorithm::Direct,
+            // broadcast and all_to_all go over TCP after a barrier through the hierarchy.
+            (
+                Route::Hierarchical,
+                FlightOp::AllReduce(_)
+                | FlightOp::AllGather
+                | FlightOp::SumScatter
+                | FlightOp::Barrier,
+            ) => Algorithm::Hierarchical,
+            (_, FlightOp::Broadcast) => algorithm::broadcast(p, bytes).into(),
+            (_, FlightOp::AllToAll | FlightOp::SumScatter) => Algorithm::Direct,
+            (Route::Tcp, FlightOp::AllReduce(_)) => {
+                algorithm::all_reduce(Transport::Tcp, p, bytes, elems).into()
+            }
+            (Route::Tcp, FlightOp::AllGather) => {
+                algorithm::all_gather(Transport::Tcp, p, bytes.saturating_mul(p)).into()
+            }
+            (Route::Tcp, FlightOp::Barrier) => algorithm::barrier(Transport::Tcp, p).into(),
+        })
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {

@@ -403,6 +403,70 @@ fn gather_scatter_barrier_and_messages_between_any_two_ranks() {
     }
 }
 
+/// The flight record names the algorithm of each call as the table's rows at P = 4 over
+/// TCP take it (see `comm::algorithm`), and none for a send or receive.
+#[test]
+fn the_flight_record_names_the_algorithm_each_call_took() {
+    let groups: Vec<crate::Group> = group(4, 1, Duration::from_secs(20))
+        .into_iter()
+        .map(|n| crate::Group::with_options(std::sync::Arc::new(n), &Options::default()))
+        .collect();
+    let records = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|g| {
+                s.spawn(move || {
+                    let me = g.rank();
+                    let fail = |what: &str, e: Error| panic!("rank {me}: {what}: {e}");
+                    // 4 B, 64 KiB and 1 MiB: recursive doubling, halving-doubling, the ring.
+                    for elems in [1, 16 << 10, TCP_RING_MIN / 4] {
+                        g.all_sum(&mut vec![1.0f32; elems])
+                            .unwrap_or_else(|e| fail("all_sum", e));
+                    }
+                    g.barrier().unwrap_or_else(|e| fail("barrier", e));
+                    g.all_gather(&[me as u8], &mut [0u8; 4])
+                        .unwrap_or_else(|e| fail("all_gather", e));
+                    g.broadcast(&mut [0u32; 4], 1)
+                        .unwrap_or_else(|e| fail("broadcast", e));
+                    g.sum_scatter(&[1i64; 8], &mut [0i64; 2])
+                        .unwrap_or_else(|e| fail("sum_scatter", e));
+                    match me {
+                        0 => g.send(&[1u8; 3], 1).unwrap_or_else(|e| fail("send", e)),
+                        1 => g.recv(&mut [0u8; 3], 0).unwrap_or_else(|e| fail("recv", e)),
+                        _ => {}
+                    }
+                    g.flight_record()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect::<Vec<_>>()
+    });
+    let collectives = [
+        "recursive_doubling",
+        "halving_doubling",
+        "ring",
+        "recursive_doubling",
+        "direct",
+        "direct",
+        "direct",
+    ];
+    for record in &records {
+        let names: Vec<Option<&str>> = record
+            .entries
+            .iter()
+            .map(|e| e.algorithm.map(crate::Algorithm::name))
+            .collect();
+        let mut want: Vec<Option<&str>> = collectives.iter().copied().map(Some).collect();
+        if record.rank < 2 {
+            want.push(None);
+        }
+        assert_eq!(names, want, "rank {}", record.rank);
+    }
+}
+
 #[test]
 fn every_algorithm_at_any_size_gives_identical_bits_on_every_rank() {
     // 6: two ranks past the largest power of two hand in and take out.

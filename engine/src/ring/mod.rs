@@ -207,6 +207,23 @@ impl Communicator for Ring {
         crate::comm::Transport::Tcp
     }
 
+    /// MLX's ring for every collective (fewer elements than ranks padded to one per rank,
+    /// as MLX does; the barrier an all-reduce of one element), and this crate's schedules
+    /// over the same ring for broadcast and all_to_all.
+    fn algorithm(
+        &self,
+        op: crate::comm::FlightOp,
+        _dtype: Option<DType>,
+        _bytes: usize,
+    ) -> Option<crate::comm::algorithm::Algorithm> {
+        use crate::comm::FlightOp;
+        match op {
+            _ if self.size == 1 => None,
+            FlightOp::Send | FlightOp::Recv => None,
+            _ => Some(crate::comm::algorithm::Algorithm::Ring),
+        }
+    }
+
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
         let code = Traced::reduce(op, dtype, 0).op;
         self.reduce(op, dtype, data, code)

@@ -511,3 +511,57 @@ fn empty_collectives_move_nothing() {
         }
     }
 }
+
+/// The flight record names MLX's schedules: on a mesh of 3, the all-reduce one-shot up to
+/// 32 KiB and by scatter-gather past it (`mesh::uses_scatter_gather`), the barrier (an
+/// all-reduce of one byte) one-shot, all_gather and sum_scatter direct, send and receive
+/// none; on a ring, the ring for every collective.
+#[test]
+fn the_flight_record_names_mlxs_schedules() {
+    let calls = |g: &Group| {
+        let me = g.rank();
+        g.all_sum(&mut [1.0f32; 4]).unwrap();
+        g.all_sum(&mut vec![1.0f32; (32 << 10) / 4 + 1]).unwrap();
+        g.barrier().unwrap();
+        g.all_gather(&[1u8], &mut [0u8; 3]).unwrap();
+        g.sum_scatter(&[1i32; 3], &mut [0i32; 1]).unwrap();
+        match me {
+            0 => g.send(&[1u8], 1).unwrap(),
+            1 => g.recv(&mut [0u8], 0).unwrap(),
+            _ => {}
+        }
+        g.flight_record()
+            .entries
+            .iter()
+            .map(|e| e.algorithm.map(crate::Algorithm::name))
+            .collect::<Vec<_>>()
+    };
+    let net = Network::new();
+    for (rank, names) in run_ok(Layout::mesh(3), &net, |_, g| calls(&g))
+        .into_iter()
+        .enumerate()
+    {
+        let mut want = vec![
+            Some("one_shot"),
+            Some("scatter_gather"),
+            Some("one_shot"),
+            Some("direct"),
+            Some("direct"),
+        ];
+        if rank < 2 {
+            want.push(None);
+        }
+        assert_eq!(names, want, "mesh, rank {rank}");
+    }
+    let net = Network::new();
+    for (rank, names) in run_ok(Layout::ring(3, 1), &net, |_, g| calls(&g))
+        .into_iter()
+        .enumerate()
+    {
+        let mut want = vec![Some("ring"); 5];
+        if rank < 2 {
+            want.push(None);
+        }
+        assert_eq!(names, want, "ring, rank {rank}");
+    }
+}
