@@ -226,6 +226,7 @@ pub use group::{
     Group, all_gather, all_max, all_min, all_sum, barrier, default_group, recv, send,
     set_default_group, sum_scatter,
 };
+pub use native::timed::{MAX_SIMULATED_RANKS, Simulated, simulate};
 // Which transport each link uses.
 pub use comm::Transport;
 // Broadcast, all_to_all and the allocating conveniences.

@@ -104,3 +104,62 @@ fn a_link_that_does_not_exist_is_refused_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("loopback"), "{stderr}");
 }
+
+/// `--simulate` lists every algorithm of every collective with the formula's time and the
+/// simulated clock's: exactly one chosen per collective and size, the chosen one the same
+/// as the plain plan's, and the ring (not an exchange) said to be not simulated.
+#[test]
+fn simulate_lists_every_algorithm_with_both_times() {
+    let args = ["-n", "32", "--sizes", "4,64K", "--link", "loopback"];
+    let plain = plan(&args);
+    let rows = plan(&[&args[..], &["--simulate"]].concat());
+    let mut want = [
+        "algorithm",
+        "bytes",
+        "chosen",
+        "collective",
+        "link",
+        "not_simulated",
+        "predicted_us",
+        "ranks",
+        "simulated_us",
+    ];
+    want.sort_unstable();
+    for row in &rows {
+        let mut keys: Vec<&str> = row
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, want, "{row}");
+        let simulated = row["simulated_us"].as_f64();
+        let why = row["not_simulated"].as_str();
+        assert!(simulated.is_some() != why.is_some(), "{row}");
+        if row["algorithm"] == "ring" {
+            assert!(why.unwrap().contains("ring"), "{row}");
+        } else {
+            assert!(simulated.unwrap() > 0.0, "{row}");
+        }
+    }
+    for p in &plain {
+        let chosen: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["collective"] == p["collective"] && r["bytes"] == p["bytes"])
+            .filter(|r| r["chosen"] == true)
+            .collect();
+        assert_eq!(chosen.len(), 1, "{p}: {chosen:?}");
+        assert_eq!(chosen[0]["algorithm"], p["algorithm"], "{p}");
+        assert_eq!(chosen[0]["predicted_us"], p["predicted_us"], "{p}");
+    }
+    // At P = 32 a 4 B all-reduce by recursive doubling takes 5 rounds of one message on
+    // the clock, far below the one-shot's 31 messages queued on each rank.
+    let time = |name: &str| {
+        rows.iter()
+            .find(|r| r["collective"] == "all_reduce" && r["bytes"] == 4 && r["algorithm"] == name)
+            .and_then(|r| r["simulated_us"].as_f64())
+            .unwrap()
+    };
+    assert!(time("recursive_doubling") * 2.0 < time("one_shot"));
+}

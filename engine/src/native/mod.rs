@@ -90,6 +90,7 @@ pub(crate) mod protocol;
 mod shm_tests;
 #[cfg(test)]
 mod tests;
+pub(crate) mod timed;
 // The tests of broadcast and all_to_all.
 #[cfg(test)]
 mod bcast_tests;

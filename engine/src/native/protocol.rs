@@ -97,7 +97,6 @@ enum Dst {
 #[derive(Clone, Debug)]
 struct Out {
     conn: usize,
-    #[cfg_attr(not(test), allow(dead_code, reason = "the simulator routes by it"))]
     peer: usize,
     /// The header, if the message has one, and how many of its bytes are gone.
     header: Option<[u8; HEADER_BYTES]>,
@@ -1040,6 +1039,27 @@ impl Exchange {
         Ok(())
     }
 
+    /// The round in progress (the round count once finished).
+    pub(crate) fn round(&self) -> usize {
+        self.current
+    }
+
+    /// The bytes round `round`'s fold combines: its target once per contribution folded
+    /// into it (0 for a round without a fold).
+    pub(crate) fn fold_bytes(&self, round: usize) -> usize {
+        match self.rounds.get(round).and_then(|r| r.fold.as_ref()) {
+            Some(Fold::Ranks { target, .. }) => target.len() * self.size.saturating_sub(1),
+            Some(Fold::Pair { target, .. }) => target.len(),
+            None => 0,
+        }
+    }
+
+    /// The most messages this rank sends in one round of the collective.
+    pub(crate) fn fan_out(&self) -> usize {
+        let rounds = &self.rounds[..self.count];
+        rounds.iter().map(|r| r.outs.len()).max().unwrap_or(0)
+    }
+
     /// Completes the rounds whose messages all moved: runs each one's fold and moves on.
     /// Returns whether it completed any.
     pub(crate) fn complete(&mut self, mem: &mut Memory<'_>) -> bool {
@@ -1119,13 +1139,11 @@ impl Exchange {
     }
 
     /// The peer of message `i` in.
-    #[cfg(test)]
     pub(crate) fn in_peer(&self, i: usize) -> usize {
         self.rounds[self.current].ins[i].peer
     }
 
     /// The peer of message `i` out.
-    #[cfg(test)]
     pub(crate) fn out_peer(&self, i: usize) -> usize {
         self.rounds[self.current].outs[i].peer
     }
