@@ -407,18 +407,22 @@ struct PlanRow {
     predicted_us: f64,
 }
 
+/// The sizes `nuvec plan` lists `collective` at: the barrier once, with no bytes.
+fn plan_sizes(args: &PlanArgs, collective: Collective) -> Vec<u64> {
+    if collective == Collective::Barrier {
+        vec![0]
+    } else {
+        args.sizes.iter().map(|&b| b as u64).collect()
+    }
+}
+
 /// The rows of `nuvec plan`: every collective at every size (the barrier once, with no
 /// bytes).
 fn plan_rows(args: &PlanArgs) -> Vec<PlanRow> {
     let ranks = args.ranks as usize;
     let mut rows = Vec::new();
     for collective in Collective::ALL {
-        let sizes: Vec<u64> = if collective == Collective::Barrier {
-            vec![0]
-        } else {
-            args.sizes.iter().map(|&b| b as u64).collect()
-        };
-        for bytes in sizes {
+        for bytes in plan_sizes(args, collective) {
             let p = engine_plan(collective, args.link, ranks, bytes);
             rows.push(PlanRow {
                 collective: collective.into(),
@@ -468,12 +472,7 @@ fn simulated_rows(args: &PlanArgs) -> Result<Vec<SimulatedRow>, nuvec_distribute
     let ranks = args.ranks as usize;
     let mut rows = Vec::new();
     for collective in Collective::ALL {
-        let sizes: Vec<u64> = if collective == Collective::Barrier {
-            vec![0]
-        } else {
-            args.sizes.iter().map(|&b| b as u64).collect()
-        };
-        for bytes in sizes {
+        for bytes in plan_sizes(args, collective) {
             for s in nuvec_distributed_engine::simulate(collective, args.link, ranks, bytes)? {
                 rows.push(SimulatedRow {
                     collective: collective.into(),

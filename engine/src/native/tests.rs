@@ -14,7 +14,9 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
 use super::header::{Call, Header, Kind};
-use super::protocol::{Exchange, Memory, Routes};
+use super::protocol::{Exchange, Memory};
+// Every rank's end of every pair is connection `peer` (one queue each way).
+use super::timed::Direct;
 use super::{Formed, Native, Peer};
 use crate::comm::Communicator;
 use crate::comm::Transport;
@@ -980,18 +982,6 @@ fn close_from_another_thread_aborts_a_call_in_flight() {
 }
 
 // ---- The simulator: the protocol over byte queues, cut at random. ----
-
-/// Every rank's end of every pair is connection `peer` (one queue each way).
-struct Direct;
-
-impl Routes for Direct {
-    fn send_conn(&self, peer: usize) -> usize {
-        peer
-    }
-    fn recv_conn(&self, peer: usize) -> usize {
-        peer
-    }
-}
 
 /// Runs one exchange per rank over queues that move at most `max` bytes per transfer,
 /// visiting ranks in a random order. Returns each rank's outcome.

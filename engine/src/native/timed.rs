@@ -211,7 +211,7 @@ pub fn simulate(
 }
 
 /// Every pair of ranks has one connection each way, numbered by the peer.
-struct Direct;
+pub(crate) struct Direct;
 
 impl Routes for Direct {
     fn send_conn(&self, peer: usize) -> usize {
