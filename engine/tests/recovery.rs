@@ -94,6 +94,21 @@ fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize, len: u
         .timeout(TIMEOUT_S)
         .deadline(Duration::from_secs(120))
         .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    kill_shrink_rejoin_in(&launch, name, victim, len);
+}
+
+/// [`kill_shrink_rejoin`] with a key: the rendezvous and both formations are keyed.
+fn keyed_kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
+    let launch = Launch::new(size, 1)
+        .timeout(TIMEOUT_S)
+        .deadline(Duration::from_secs(120))
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
+        .env("NUVEC_DISTRIBUTED_KEY", "correct horse battery staple 2026");
+    kill_shrink_rejoin_in(&launch, name, victim, 16);
+}
+
+fn kill_shrink_rejoin_in(launch: &Launch, name: &str, victim: usize, len: usize) {
+    let (size, wire) = (launch.size, wire_of(launch));
     let all: Vec<usize> = (0..size).collect();
     let survivors: Vec<usize> = all.iter().copied().filter(|&r| r != victim).collect();
     let Some(mut running) = launch.start_raw(name, || {
@@ -124,10 +139,26 @@ fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize, len: u
     let mut running = wait_shrunk(running, &survivors);
     running.restart(victim, &[(RESTARTED_VAR, "1")]);
     let outputs = running.finish();
-    report(&outputs, wire, size);
+    report(&outputs, &wire, size);
     for o in &outputs {
         assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
         assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
+    }
+}
+
+/// The wire a launch sets, with "+key" when it sets a key, for the printed times.
+fn wire_of(launch: &Launch) -> String {
+    let get = |k: &str| {
+        launch
+            .env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    let wire = get("NUVEC_DISTRIBUTED_WIRE").unwrap_or_else(|| "mlx".into());
+    match get("NUVEC_DISTRIBUTED_KEY") {
+        Some(_) => format!("{wire}+key"),
+        None => wire,
     }
 }
 
@@ -224,6 +255,9 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
     for o in &outputs {
         assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
         if o.rank == victim {
+            for what in ["VICTIM_ERROR", "VICTIM_AGAIN", "VICTIM_SHRINK"] {
+                println!("stopped rank {victim}: {what}: {}", o.lines(what).join(""));
+            }
             let said = o.lines("VICTIM_SHRINK").join("\n");
             assert!(said.contains("left out"), "{o}");
         } else {
@@ -231,6 +265,11 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
         }
     }
 }
+
+test_cases!(keyed_kill_shrink_rejoin {
+    keyed_mlx_p4: "mlx", 4, 1;
+    keyed_native_p4: "native", 4, 3;
+});
 
 test_cases!(stop_shrink {
     mlx_stopped_rank_is_left_out_p3: "mlx", 3, 2;

@@ -134,8 +134,7 @@ impl Agreement {
     }
 
     /// Whether this survivor coordinates (in its view now).
-    #[cfg(test)]
-    fn coordinates(&self) -> bool {
+    pub(crate) fn coordinates(&self) -> bool {
         self.coordinator() == self.me
     }
 }
@@ -168,6 +167,10 @@ pub(crate) enum Kind {
     Report = 1,
     /// "The members are" (the set is the members).
     Decide = 2,
+    /// "My rendezvous listener is closed" (a member to the coordinator; the set is empty).
+    Ready = 3,
+    /// "Form now": every member's listener is closed (the set is the members).
+    Go = 4,
 }
 
 /// A rendezvous message.
@@ -265,6 +268,8 @@ pub(crate) fn decode(
     let kind = match bytes[8] {
         1 => Kind::Report,
         2 => Kind::Decide,
+        3 => Kind::Ready,
+        4 => Kind::Go,
         k => return Err(Refused::Malformed(format!("unknown message kind {k}"))),
     };
     if from >= size {

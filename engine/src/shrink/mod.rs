@@ -169,7 +169,11 @@ fn shrink(parent: &Group) -> Result<Group> {
             started.elapsed()
         );
         if members.len() < 2 || !members.contains(&me) {
-            return Err(excluded(me, started.elapsed(), "the agreement left it out"));
+            return Err(excluded(
+                me,
+                started.elapsed(),
+                "no other rank answered at its hostfile address or reported to it",
+            ));
         }
         match form(lineage, options, &members, generation, &identity) {
             Ok(group) => {
@@ -193,7 +197,8 @@ fn shrink(parent: &Group) -> Result<Group> {
             }
         }
     }
-    Err(last_error.unwrap_or_else(|| excluded(me, started.elapsed(), "no attempt formed")))
+    Err(last_error
+        .unwrap_or_else(|| excluded(me, started.elapsed(), "no formation attempt was made")))
 }
 
 /// The peer whose failure `e` reports, also when the group had failed earlier.
@@ -208,11 +213,10 @@ fn blamed(e: &Error) -> Option<usize> {
 fn excluded(me: usize, after: Duration, why: &str) -> Error {
     Error::local(
         format!(
-            "shrink: first rank {me} is left out of the shrunk group ({why}, after {after:?}): \
-             no other rank answered it at its hostfile address; the survivors formed a \
-             group without this rank, or every other rank failed"
+            "shrink: first rank {me} is left out of the shrunk group after {after:.1?}: {why}; \
+             the survivors formed a group without this rank, or every other rank failed"
         ),
-        io::Error::new(io::ErrorKind::NotConnected, "no survivor answered"),
+        io::Error::new(io::ErrorKind::NotConnected, "no survivor took this rank in"),
     )
 }
 
@@ -228,7 +232,7 @@ fn form(
     let new_rank = members
         .iter()
         .position(|&m| m == me)
-        .ok_or_else(|| excluded(me, Duration::ZERO, "it is not among the members"))?;
+        .ok_or_else(|| excluded(me, Duration::ZERO, "the decision does not list it"))?;
     let nodes: Vec<Vec<String>> = members
         .iter()
         .filter_map(|&m| lineage.nodes.get(m).cloned())
@@ -448,7 +452,15 @@ impl Rendezvous<'_> {
 
             match agreement.next() {
                 Next::Decided(members) => {
-                    self.announce(&members, &mut incoming, now + timeout);
+                    // No rendezvous listener may be open once anyone forms: a formation's
+                    // dial would land in it (on MLX's wire, without a key, nothing tells).
+                    drop(listener);
+                    match dial.take().and_then(|d| d.conn) {
+                        Some(conn) if !agreement.coordinates() => {
+                            self.ready(conn, now + timeout * 2)
+                        }
+                        _ => self.announce(&members, &mut incoming, now + timeout),
+                    }
                     return Ok(members);
                 }
                 Next::Collect(missing) => {
@@ -497,7 +509,11 @@ impl Rendezvous<'_> {
                 }
             }
             if now >= hard {
-                return Err(excluded(me, now - started, "the agreement ran out of time"));
+                return Err(excluded(
+                    me,
+                    now - started,
+                    "the agreement found no coordinator that decided in time",
+                ));
             }
             std::thread::sleep(POLL);
         }
@@ -530,22 +546,76 @@ impl Rendezvous<'_> {
         }
     }
 
-    /// Sends the decision to every member that reported here, waiting at most until
-    /// `until` for the messages to go out.
+    /// As coordinator: sends the decision to every member that reported here, waits until
+    /// each has answered that it closed its rendezvous listener (or left, or `until`),
+    /// then tells them all to form.
     fn announce(&self, members: &[usize], incoming: &mut [Conn], until: Instant) {
+        let len = agree::message_len(self.size);
         let set: BTreeSet<usize> = members.iter().copied().collect();
         let decision = self.encode(Kind::Decide, &set);
-        for conn in incoming.iter_mut() {
-            if conn.peer.is_some_and(|p| set.contains(&p)) {
-                conn.outbox = decision.clone();
-                conn.sent = 0;
-            }
+        let mut waiting: Vec<&mut Conn> = incoming
+            .iter_mut()
+            .filter(|c| c.peer.is_some_and(|p| set.contains(&p)))
+            .collect();
+        for conn in waiting.iter_mut() {
+            conn.outbox.clone_from(&decision);
+            conn.sent = 0;
+            conn.inbox.clear();
         }
-        while Instant::now() < until && incoming.iter().any(|c| !c.closed && !c.flushed()) {
-            for conn in incoming.iter_mut() {
+        let ready = |conn: &Conn| {
+            conn.inbox.len() == len
+                && self
+                    .decode(&conn.inbox)
+                    .is_ok_and(|m| m.kind == Kind::Ready && Some(m.from) == conn.peer)
+        };
+        while Instant::now() < until && waiting.iter().any(|c| !c.closed && !ready(c)) {
+            for conn in waiting.iter_mut() {
+                conn.pump(len);
+            }
+            std::thread::sleep(POLL);
+        }
+        let go = self.encode(Kind::Go, &set);
+        for conn in waiting.iter_mut().filter(|c| ready(c)) {
+            conn.outbox.clone_from(&go);
+            conn.sent = 0;
+        }
+        while Instant::now() < until && waiting.iter().any(|c| !c.closed && !c.flushed()) {
+            for conn in waiting.iter_mut() {
                 conn.pump(0);
             }
             std::thread::sleep(POLL);
+        }
+        if let Some(late) = waiting.iter().find(|c| !ready(c)) {
+            verbose!(
+                warn: self.me,
+                "shrink: rank {:?} did not confirm the decision; forming regardless",
+                late.peer
+            );
+        }
+    }
+
+    /// As a member, its rendezvous listener closed: tells the coordinator, and waits for
+    /// its word to form (at most until `until`; a coordinator that fails now fails the
+    /// formation, which agrees again).
+    fn ready(&self, mut conn: Conn, until: Instant) {
+        let len = agree::message_len(self.size);
+        conn.outbox = self.encode(Kind::Ready, &BTreeSet::new());
+        conn.sent = 0;
+        conn.inbox.clear();
+        while Instant::now() < until && !conn.closed && conn.inbox.len() < len {
+            conn.pump(len);
+            std::thread::sleep(POLL);
+        }
+        let go = conn.inbox.len() == len
+            && self
+                .decode(&conn.inbox)
+                .is_ok_and(|m| m.kind == Kind::Go && Some(m.from) == conn.peer);
+        if !go {
+            verbose!(
+                warn: self.me,
+                "shrink: coordinator {:?} did not say to form; forming regardless",
+                conn.peer
+            );
         }
     }
 
