@@ -1130,6 +1130,35 @@ mod tests {
     }
 
     #[test]
+    fn a_shrunk_group_identity_differs_by_digest_in_the_hostfile_half() {
+        let k = key(SECRET);
+        let base = group_identity(&all(3), Some(&k));
+        assert_eq!(shrunk_identity(base, None), base);
+        let one = shrunk_identity(base, Some(&[1; 32]));
+        assert_ne!(one[..16], base[..16]);
+        assert_eq!(
+            one[16..],
+            base[16..],
+            "the key half stays, so a key mismatch still says so"
+        );
+        assert_ne!(shrunk_identity(base, Some(&[2; 32]))[..16], one[..16]);
+        assert_eq!(shrunk_identity(base, Some(&[1; 32])), one);
+        // Survivors with different digests refuse each other as another group.
+        let mut a_exp = expect(0, 4, None);
+        a_exp.identity.group = shrunk_identity(a_exp.identity.group, Some(&[1; 32]));
+        let mut c_exp = expect(3, 4, None);
+        c_exp.identity.group = shrunk_identity(c_exp.identity.group, Some(&[2; 32]));
+        let mut c = Connector::new(c_exp, None, 0, Kind::Ring(1));
+        let mut a = Acceptor::new(a_exp, None, 1);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        for o in [c.outcome(), a.outcome()] {
+            let r = rejection(o);
+            assert_eq!(r.fault, Fault::Incompatible);
+            assert!(r.reason.contains("Group::shrink"), "{}", r.reason);
+        }
+    }
+
+    #[test]
     fn the_group_identity_names_what_differs() {
         let k = key(SECRET);
         let other = key("another secret of enough length");
