@@ -266,6 +266,46 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
     }
 }
 
+/// Without shrinking: the survivors call `rejoin` on the failed group itself, and the
+/// restarted victim's plain init completes the full group.
+fn kill_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
+    let launch = Launch::new(size, 1)
+        .timeout(TIMEOUT_S)
+        .deadline(Duration::from_secs(120))
+        .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    let all: Vec<usize> = (0..size).collect();
+    let survivors: Vec<usize> = all.iter().copied().filter(|&r| r != victim).collect();
+    let Some(mut running) = launch.start_raw(name, || {
+        let g = nuvec_distributed_engine::init(true).expect("the group forms");
+        if std::env::var_os(RESTARTED_VAR).is_none() {
+            g.barrier().unwrap();
+            testing::until_failure(|| sum_of(&g, 16));
+            let full = g.rejoin().unwrap_or_else(|e| panic!("rejoin: {e}"));
+            assert_eq!((full.rank(), full.size()), (this_rank(), size));
+            verified_sums(&full, &all, ROUNDS, || {});
+        } else {
+            verified_sums(&g, &all, ROUNDS, || {});
+        }
+        println!("REJOINED");
+    }) else {
+        return;
+    };
+    running.strike(victim, "KILL", random_settle());
+    for &r in &survivors {
+        running.wait_for(r, "failed", Duration::from_secs(30));
+    }
+    running.restart(victim, &[(RESTARTED_VAR, "1")]);
+    for o in &running.finish() {
+        assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
+        assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
+    }
+}
+
+test_cases!(kill_rejoin {
+    mlx_rejoin_without_shrinking_p3: "mlx", 3, 0;
+    native_rejoin_without_shrinking_p4: "native", 4, 2;
+});
+
 test_cases!(keyed_kill_shrink_rejoin {
     keyed_mlx_p4: "mlx", 4, 1;
     keyed_native_p4: "native", 4, 3;
