@@ -706,3 +706,72 @@ enum Progress {
     Decided(Vec<usize>),
     Failed(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three loopback addresses, one per rank, on ports the kernel had free.
+    fn nodes() -> Vec<Vec<String>> {
+        let held: Vec<std::net::TcpListener> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        held.iter()
+            .map(|l| vec![l.local_addr().unwrap().to_string()])
+            .collect()
+    }
+
+    fn lineage(nodes: &[Vec<String>], rank: usize, options: &Options) -> Lineage {
+        Lineage {
+            nodes: nodes.to_vec(),
+            place: hostfile::IN_CODE.into(),
+            rank,
+            members: (0..nodes.len()).collect(),
+            generation: 0,
+            options: options.clone(),
+        }
+    }
+
+    /// Survivors that decided differently never form: on the native wire the hello refuses
+    /// the other digest; on MLX's wire, which takes whatever connects, the first all_gather
+    /// of the digests does. First rank 1 decides that rank 2 failed while ranks 0 and 2
+    /// keep all three; then all decide the same members but rank 2 in another generation
+    /// (a rank of another shrink), where the rings are alike and only the digest tells.
+    #[test]
+    fn survivors_that_decided_differently_do_not_form() {
+        type Decision = (&'static [usize], u64);
+        let cases: [[Decision; 3]; 2] = [
+            [(&[0, 1, 2], 1), (&[0, 1], 1), (&[0, 1, 2], 1)],
+            [(&[0, 1, 2], 1), (&[0, 1, 2], 1), (&[0, 1, 2], 2)],
+        ];
+        for backend in [Backend::Ring, Backend::Native] {
+            for decisions in &cases {
+                let nodes = nodes();
+                let options = Options::default()
+                    .timeout(Duration::from_secs(2))
+                    .backend(backend);
+                let identity = [1u8; 32];
+                let results: Vec<Result<Group>> = std::thread::scope(|s| {
+                    let ranks: Vec<_> = (0..3)
+                        .map(|r| {
+                            let (nodes, options) = (&nodes, &options);
+                            s.spawn(move || {
+                                let lineage = lineage(nodes, r, options);
+                                let (members, generation) = decisions[r];
+                                form(&lineage, options, members, generation, &identity)
+                            })
+                        })
+                        .collect();
+                    ranks.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                for (r, result) in results.iter().enumerate() {
+                    assert!(
+                        result.is_err(),
+                        "{backend:?}: rank {r} formed, deciding {:?}",
+                        decisions[r]
+                    );
+                }
+            }
+        }
+    }
+}
