@@ -97,9 +97,10 @@ fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize, len: u
     kill_shrink_rejoin_in(&launch, name, victim, len);
 }
 
-/// [`kill_shrink_rejoin`] with a key: the rendezvous and both formations are keyed.
+/// [`kill_shrink_rejoin`] with a key (the rendezvous and both formations are keyed) and
+/// two connections per rank (the rendezvous uses the first address, the groups both).
 fn keyed_kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
-    let launch = Launch::new(size, 1)
+    let launch = Launch::new(size, 2)
         .timeout(TIMEOUT_S)
         .deadline(Duration::from_secs(120))
         .env("NUVEC_DISTRIBUTED_WIRE", wire)
