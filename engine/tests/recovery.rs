@@ -315,6 +315,8 @@ test_cases!(keyed_kill_shrink_rejoin {
 test_cases!(stop_shrink {
     mlx_stopped_rank_is_left_out_p3: "mlx", 3, 2;
     native_stopped_rank_is_left_out_p4: "native", 4, 1;
+    /// The stopped rank is the one every survivor would have asked to coordinate.
+    mlx_stopped_rank_0_is_left_out_p4: "mlx", 4, 0;
 });
 
 /// A group of one shrinks and rejoins to itself; a group not formed from addresses cannot.
