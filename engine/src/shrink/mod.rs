@@ -5,7 +5,9 @@
 //! survivor's own first address in the first group's hostfile: a group closes its forming
 //! listeners once it has formed, so those ports are free. The agreement is a short
 //! rendezvous there: each survivor listens on its address and reports to the coordinator
-//! of its view, which answers with the members (see [`agree`] for the rules). The
+//! of its view, which answers with the members (see [`agree`] for the rules). It says
+//! to form only once every member has answered that its rendezvous listener is closed:
+//! a formation's dial that landed in one would look connected on MLX's wire. The
 //! formation then runs on the members' hostfile entries, renumbered in their original
 //! order, with the first group's options. It carries a digest of the first group, the
 //! shrink's generation and the members: in the native wire's hello (in the group
