@@ -726,14 +726,45 @@ pub(crate) struct Origin {
     pub(crate) listen: Vec<SocketAddr>,
     /// The options the group was formed with; its sub-groups are formed with them too.
     pub(crate) options: Options,
+    /// The group it descends from by [`Group::shrink`](crate::Group::shrink), for
+    /// shrinking it again and for [`Group::rejoin`](crate::Group::rejoin).
+    pub(crate) lineage: Lineage,
+}
+
+/// The group a group was first formed as (by `init` or `init_with`), and how this one
+/// descends from it by shrinking.
+#[derive(Clone, Debug)]
+pub(crate) struct Lineage {
+    /// Every rank's addresses in the first group, as written.
+    pub(crate) nodes: Vec<Vec<String>>,
+    /// Where they come from (a hostfile, or [`hostfile::IN_CODE`](crate::config::hostfile::IN_CODE)), for errors.
+    pub(crate) place: std::path::PathBuf,
+    /// This rank in the first group.
+    pub(crate) rank: usize,
+    /// For each rank of this group, its rank in the first group (the identity for the
+    /// first group itself).
+    pub(crate) members: Vec<usize>,
+    /// How many shrinks this group is from the first group: 0 for the first group and for
+    /// a rejoined one.
+    pub(crate) generation: u64,
+    /// The options the first group was formed with.
+    pub(crate) options: Options,
 }
 
 impl Origin {
-    /// The origin of a group formed from `addrs` with `options`.
+    /// The origin of a group formed from `addrs` with `options`: a first group.
     pub(crate) fn new(addrs: &RingAddresses, options: &Options) -> Origin {
         Origin {
             listen: addrs.listen.clone(),
             options: options.clone(),
+            lineage: Lineage {
+                nodes: addrs.all.clone(),
+                place: addrs.origin.clone(),
+                rank: addrs.rank,
+                members: (0..addrs.size).collect(),
+                generation: 0,
+                options: options.clone(),
+            },
         }
     }
 }

@@ -208,6 +208,7 @@ mod options;
 mod recorder;
 mod reduce;
 mod ring;
+mod shrink;
 mod split;
 mod transport;
 mod verbose;

@@ -61,6 +61,7 @@ const LAYERS: &[(&str, u8)] = &[
     // L5 formation: a group from the environment, and re-formation.
     ("backend", 5),
     ("split", 5),
+    ("shrink", 5),
     // L6 the crate root, and the hidden entry points of the fuzz targets.
     ("fuzzing", 6),
     ("crate", 6),

@@ -575,6 +575,12 @@ pub fn mark(what: &str) {
     std::fs::write(Path::new(&dir).join(format!("{rank}-{what}")), b"").expect("writing a marker");
 }
 
+/// In a rank started by [`Launch::start`]: whether `rank` has called [`mark`] with `what`.
+pub fn marked(rank: usize, what: &str) -> bool {
+    let dir = std::env::var(MARKERS_VAR).expect("started by Launch::start");
+    Path::new(&dir).join(format!("{rank}-{what}")).exists()
+}
+
 /// In a rank started by [`Launch::start`]: waits until the parent calls
 /// [`Ranks::release`].
 pub fn wait_for_parent() {
@@ -1275,30 +1281,36 @@ impl Launch {
         let hostfile = write_hostfile(dir.path(), &nodes);
         let markers = dir.path().join("markers");
         std::fs::create_dir(&markers).expect("the markers directory");
-        let mut children = Vec::new();
-        for rank in (0..self.size).filter(|r| !self.skip.contains(r)) {
-            let mut command = match &self.command {
+        let (command, name, timeout) = (self.command.clone(), name.to_string(), self.timeout_secs);
+        let (env, marks) = (self.env.clone(), markers.clone());
+        let start: Arc<StartRank> = Arc::new(move |rank, extra| {
+            let mut command = match &command {
                 Some(make) => make(rank),
-                None => this_test(name),
+                None => this_test(&name),
             };
-            let child = command
+            command
                 .env("MLX_HOSTFILE", &hostfile)
                 .env("MLX_RANK", rank.to_string())
-                .env("NUVEC_DISTRIBUTED_TIMEOUT", self.timeout_secs.to_string())
-                .env(MARKERS_VAR, &markers)
-                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .env("NUVEC_DISTRIBUTED_TIMEOUT", timeout.to_string())
+                .env(MARKERS_VAR, &marks)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .envs(extra.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .unwrap_or_else(|e| panic!("starting rank {rank} ({command:?}): {e}"));
-            children.push((rank, child));
-        }
+                .unwrap_or_else(|e| panic!("starting rank {rank} ({command:?}): {e}"))
+        });
+        let children = (0..self.size)
+            .filter(|r| !self.skip.contains(r))
+            .map(|rank| (rank, start(rank, &[])))
+            .collect();
         Ranks {
             children,
             markers,
             ports,
             deadline: self.deadline,
+            start,
             _dir: dir,
         }
     }
@@ -1309,6 +1321,9 @@ fn form_group() -> Group {
     nuvec_distributed_engine::init(true).expect("the ring forms")
 }
 
+/// Starts rank `.0` of a launch, with the extra environment `.1`.
+type StartRank = dyn Fn(usize, &[(String, String)]) -> Child + Send + Sync;
+
 /// Ranks started by [`Launch::start`] or [`Launch::spawn`], still running.
 pub struct Ranks {
     children: Vec<(usize, Child)>,
@@ -1316,10 +1331,40 @@ pub struct Ranks {
     /// Each rank's listening ports, as in the hostfile (empty with [`Launch::nodes`]).
     pub ports: Vec<Vec<u16>>,
     deadline: Duration,
+    start: Arc<StartRank>,
     _dir: tempfile::TempDir,
 }
 
 impl Ranks {
+    /// Starts `rank` again, as a fresh process with the launch's environment and `extra`,
+    /// once its previous process has exited (killed, say); waits up to a minute for that
+    /// one and drops its output.
+    pub fn restart(&mut self, rank: usize, extra: &[(&str, &str)]) {
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (_, child) = self
+            .children
+            .iter_mut()
+            .find(|(r, _)| *r == rank)
+            .expect("a started rank");
+        let until = Instant::now() + Duration::from_secs(60);
+        while matches!(child.try_wait(), Ok(None)) {
+            assert!(
+                Instant::now() < until,
+                "rank {rank} did not exit to be restarted"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        *child = (self.start)(rank, &extra);
+    }
+
+    /// Whether `rank` has called [`mark`] with `what`.
+    pub fn has_marked(&self, rank: usize, what: &str) -> bool {
+        self.markers.join(format!("{rank}-{what}")).exists()
+    }
+
     /// Waits until `rank` has called [`mark`] with `what`; panics after `within`.
     pub fn wait_for(&self, rank: usize, what: &str, within: Duration) {
         let path = self.markers.join(format!("{rank}-{what}"));

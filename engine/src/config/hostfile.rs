@@ -49,6 +49,11 @@ pub(crate) struct RingAddresses {
     pub(crate) all: Vec<Vec<String>>,
     /// The hostfile (or [`IN_CODE`]) they come from, for errors.
     pub(crate) origin: PathBuf,
+    /// For a group formed by `Group::shrink`: the digest of the original group, the
+    /// shrink's generation and its members, which the native wire's hello carries in the
+    /// group identity so that survivors that decided differently cannot form together.
+    /// `None` for a group formed from a hostfile or by `init_with`.
+    pub(crate) shrunk: Option<[u8; 32]>,
 }
 
 impl RingAddresses {
@@ -217,6 +222,7 @@ pub(crate) fn resolve(nodes: &[Vec<String>], rank: usize, origin: &Path) -> Resu
         local_ranks,
         all: nodes.to_vec(),
         origin: origin.to_path_buf(),
+        shrunk: None,
     })
 }
 

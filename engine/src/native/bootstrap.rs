@@ -312,7 +312,10 @@ impl<'a> Setup<'a> {
                     0
                 },
                 size: word(size)?,
-                group: hello::group_identity(&addrs.all, key.as_ref()),
+                group: hello::shrunk_identity(
+                    hello::group_identity(&addrs.all, key.as_ref()),
+                    addrs.shrunk.as_ref(),
+                ),
                 host: hello::host_identity(),
             },
             keyed: key.is_some(),

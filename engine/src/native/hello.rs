@@ -297,6 +297,24 @@ pub(crate) fn group_identity(all: &[Vec<String>], key: Option<&Key>) -> [u8; 32]
     group
 }
 
+/// The group identity of a group formed by `Group::shrink`: the hostfile half of
+/// `identity` (the survivors' addresses) hashed with `shrunk` (the digest of the original
+/// group, the generation and the members), so that survivors that decided different members
+/// or belong to another shrink refuse each other's hellos as another group's. Without
+/// `shrunk`, `identity` as it is.
+pub(crate) fn shrunk_identity(mut identity: [u8; 32], shrunk: Option<&[u8; 32]>) -> [u8; 32] {
+    if let Some(digest) = shrunk {
+        let mut h = blake3::Hasher::new_derive_key(SHRUNK_CONTEXT);
+        h.update(&identity[..16]);
+        h.update(digest);
+        identity[..16].copy_from_slice(&h.finalize().as_bytes()[..16]);
+    }
+    identity
+}
+
+/// The `derive_key` context of [`shrunk_identity`].
+const SHRUNK_CONTEXT: &str = "nuvec-distributed 2026-12-06 native wire shrunk group identity v1";
+
 /// Identifies this host: equal for the processes of one host and boot, zeros when unknown
 /// (which no rank may take for "the same host").
 ///
@@ -391,8 +409,8 @@ fn check_group(expect: &Expect, hello: &Hello) -> Result<(), (Fault, String)> {
             format!(
                 "belongs to another group: its hostfile lists other addresses, or lists them in \
                  another order, than this rank's (a rank of another job on the same ports, or \
-                 a rank started with another hostfile); give every rank the same hostfile \
-                 ({})",
+                 a rank started with another hostfile, or a survivor of Group::shrink that \
+                 agreed on other members); give every rank the same hostfile ({})",
                 crate::config::env::HOSTFILE_VAR
             ),
         ));
@@ -1109,6 +1127,35 @@ mod tests {
             "{}",
             r.reason
         );
+    }
+
+    #[test]
+    fn a_shrunk_group_identity_differs_by_digest_in_the_hostfile_half() {
+        let k = key(SECRET);
+        let base = group_identity(&all(3), Some(&k));
+        assert_eq!(shrunk_identity(base, None), base);
+        let one = shrunk_identity(base, Some(&[1; 32]));
+        assert_ne!(one[..16], base[..16]);
+        assert_eq!(
+            one[16..],
+            base[16..],
+            "the key half stays, so a key mismatch still says so"
+        );
+        assert_ne!(shrunk_identity(base, Some(&[2; 32]))[..16], one[..16]);
+        assert_eq!(shrunk_identity(base, Some(&[1; 32])), one);
+        // Survivors with different digests refuse each other as another group.
+        let mut a_exp = expect(0, 4, None);
+        a_exp.identity.group = shrunk_identity(a_exp.identity.group, Some(&[1; 32]));
+        let mut c_exp = expect(3, 4, None);
+        c_exp.identity.group = shrunk_identity(c_exp.identity.group, Some(&[2; 32]));
+        let mut c = Connector::new(c_exp, None, 0, Kind::Ring(1));
+        let mut a = Acceptor::new(a_exp, None, 1);
+        converse(&mut c, &mut a, &mut || usize::MAX);
+        for o in [c.outcome(), a.outcome()] {
+            let r = rejection(o);
+            assert_eq!(r.fault, Fault::Incompatible);
+            assert!(r.reason.contains("Group::shrink"), "{}", r.reason);
+        }
     }
 
     #[test]
