@@ -29,6 +29,10 @@ pub(crate) enum Call {
     Send(usize),
     Recv(usize),
     Split,
+    /// Replacing the default group by the survivors' ([`crate::shrink`]).
+    Shrink,
+    /// Forming the full group again ([`crate::rejoin`]).
+    Rejoin,
 }
 
 impl fmt::Display for Call {
@@ -43,6 +47,8 @@ impl fmt::Display for Call {
             Call::Send(dst) => write!(f, "send to rank {dst}"),
             Call::Recv(src) => write!(f, "recv from rank {src}"),
             Call::Split => f.write_str("split"),
+            Call::Shrink => f.write_str("shrink"),
+            Call::Rejoin => f.write_str("rejoin"),
         }
     }
 }

@@ -67,6 +67,17 @@
 //! phase. After a peer failure the group is failed and every later collective on it fails
 //! at once, as in the engine.
 //!
+//! # Recovery
+//!
+//! After a peer failure every survivor calls [`shrink`]: the default group is replaced by
+//! a group of the survivors (renumbered in their first order, with the same options), so
+//! collectives passed `None` for their group go on among them. Once the failed ranks are
+//! restarted at their hostfile addresses (with a plain [`init`]), the survivors call
+//! [`rejoin`] and the full group, every rank at its first rank, is the default again. Both
+//! act on the default group this crate installed ([`init`], [`init_backend`]); a group of
+//! [`init_with`] recovers through the engine ([`engine::Group::shrink`] and
+//! [`engine::Group::rejoin`], then [`from_engine`]).
+//!
 //! # Using the engine directly
 //!
 //! Programs without nuvec arrays use the [`engine`]'s slice-level API (`all_sum(&mut
@@ -84,7 +95,7 @@
 mod comm;
 mod error;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nuvec_core::Result;
 use nuvec_core::distributed::{Group, set_default_group};
@@ -153,9 +164,101 @@ pub fn init(strict: bool) -> Result<Group> {
 /// ```
 pub fn init_backend(strict: bool, backend: Backend) -> Result<Group> {
     let group = engine::init_backend(strict, backend).map_err(|e| Call::Init.error(e))?;
-    let group = from_engine(group);
-    set_default_group(group.clone());
-    Ok(group)
+    Ok(install(group))
+}
+
+/// The engine group behind the default group this crate installed last, for [`shrink`] and
+/// [`rejoin`] (nuvec's group hides its communicator's type).
+static INSTALLED: Mutex<Option<engine::Group>> = Mutex::new(None);
+
+/// Makes `group` nuvec's default group and returns it.
+fn install(group: engine::Group) -> Group {
+    let nuvec_group = from_engine(group.clone());
+    set_default_group(nuvec_group.clone());
+    *INSTALLED.lock().unwrap_or_else(|e| e.into_inner()) = Some(group);
+    nuvec_group
+}
+
+/// The engine group of the default group this crate installed, or the error `call` gives
+/// without one.
+fn installed(call: Call) -> Result<engine::Group> {
+    let group = INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    group.ok_or_else(|| {
+        error::unsupported(
+            call,
+            "no default group was formed by nuvec_distributed::init or init_backend; a \
+             group of init_with recovers through engine::Group::shrink and rejoin"
+                .into(),
+        )
+    })
+}
+
+/// Replaces the default group, after a peer failed, with a group of the surviving ranks:
+/// every survivor calls it and gets the same group, renumbered in the order of the ranks'
+/// first ranks, with the options of the first group; it is the default group from then on.
+/// See [`engine::Group::shrink`] for the agreement, its bounds and what a rank that was
+/// left out sees.
+///
+/// # Errors
+///
+/// An [`InvalidArgument`](nuvec_core::Error::InvalidArgument) error when this crate did
+/// not install the default group, or the backend cannot shrink (JACCL); an
+/// [`Io`](nuvec_core::Error::Io) error when this rank was left out or the survivors could
+/// not form. The default group is then unchanged.
+///
+/// # Examples
+///
+/// ```no_run
+/// use nuvec_core::{array, distributed};
+///
+/// nuvec_distributed::init(true)?;
+/// let x = array![1.0f32, 2.0];
+/// let total = match distributed::all_sum(&x, None).to_vec::<f32>() {
+///     Ok(total) => total,
+///     Err(e) => {
+///         eprintln!("{e}; going on without the failed ranks");
+///         let survivors = nuvec_distributed::shrink()?;
+///         eprintln!("now rank {} of {}", survivors.rank(), survivors.size());
+///         distributed::all_sum(&x, None).to_vec::<f32>()?
+///     }
+/// };
+/// # drop(total);
+/// # Ok::<(), nuvec_core::Error>(())
+/// ```
+pub fn shrink() -> Result<Group> {
+    let group = installed(Call::Shrink)?;
+    let survivors = group.shrink().map_err(|e| Call::Shrink.error(e))?;
+    Ok(install(survivors))
+}
+
+/// Forms the full group again once the failed ranks are restarted at their hostfile
+/// addresses (each calling [`init`] as the first time), and makes it the default group:
+/// every survivor calls it, after [`shrink`] or on the failed group, and waits up to the
+/// group's timeout for the restarted ranks. Every rank has its first rank again, so a
+/// sharded model's layout is whole. The group it replaces is closed. See
+/// [`engine::Group::rejoin`].
+///
+/// # Errors
+///
+/// As [`shrink`]; an [`Io`](nuvec_core::Error::Io) error naming the rank that did not
+/// come. The default group is then unchanged, and the survivors can go on with it.
+///
+/// # Examples
+///
+/// ```no_run
+/// // On a survivor, once the supervisor has restarted the failed rank:
+/// let full = nuvec_distributed::rejoin()?;
+/// println!("rank {} of {} again", full.rank(), full.size());
+/// # Ok::<(), nuvec_core::Error>(())
+/// ```
+pub fn rejoin() -> Result<Group> {
+    let group = installed(Call::Rejoin)?;
+    let full = group.rejoin().map_err(|e| Call::Rejoin.error(e))?;
+    // The shrunk group is superseded: its connections among the survivors go now rather
+    // than when the last handle to it drops, and a collective still called on it fails
+    // saying the group was closed.
+    let _ = group.close();
+    Ok(install(full))
 }
 
 /// Connects rank `rank` of the ring over `nodes` (per rank its addresses, one connection
