@@ -317,6 +317,23 @@ pub enum Error {
     #[error("the group was closed; form a new one (init_with) to communicate again")]
     GroupClosed,
 
+    /// [`Group::shrink`](crate::Group::shrink) did not take this rank in: no survivor
+    /// answered it, because the survivors formed a group without it (it was stopped or cut
+    /// off while they agreed) or every other rank failed. Its group is closed; started
+    /// again with a plain `init`, it joins the survivors' [`Group::rejoin`](crate::Group::rejoin).
+    #[error(
+        "shrink: first rank {rank} is left out of the shrunk group after {after:.1?}: {why}; \
+         the survivors formed a group without this rank, or every other rank failed"
+    )]
+    Excluded {
+        /// This rank's rank in the first group.
+        rank: usize,
+        /// How long it tried.
+        after: std::time::Duration,
+        /// What it saw last.
+        why: String,
+    },
+
     /// The collective was interrupted: the group was closed by another thread during
     /// `context` ([`Group::close`](crate::Group::close) from any thread aborts a collective
     /// in flight). No peer failed and none is blamed; the peers see this rank close its
@@ -483,6 +500,12 @@ impl fmt::Debug for Error {
                 .field("source", source)
                 .finish(),
             Error::GroupClosed => f.write_str("GroupClosed"),
+            Error::Excluded { rank, after, why } => f
+                .debug_struct("Excluded")
+                .field("rank", rank)
+                .field("after", after)
+                .field("why", why)
+                .finish(),
             Error::Aborted { context } => {
                 f.debug_struct("Aborted").field("context", context).finish()
             }
@@ -561,7 +584,7 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 /// | [`Fault::Config`] | [`Environment`](Error::Environment), [`Config`](Error::Config) | an environment variable, hostfile or device file is unusable | fix the configuration named in the message |
 /// | [`Fault::Unavailable`] | [`Unavailable`](Error::Unavailable) | the backend cannot run in this build or on this machine | build with its feature, or pick another backend |
 /// | [`Fault::FailedEarlier`] | [`Failed`](Error::Failed) | the group failed before this call; the first error is inside | close the group and form a new one |
-/// | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed), [`Aborted`](Error::Aborted) | the group was closed (by another thread during the call, for `Aborted`) | form a new one |
+/// | [`Fault::Closed`] | [`GroupClosed`](Error::GroupClosed), [`Aborted`](Error::Aborted), [`Excluded`](Error::Excluded) | the group was closed (by another thread during the call, for `Aborted`; by the survivors' shrink without this rank, for `Excluded`) | form a new one (a rank left out: start again, to join the survivors' rejoin) |
 ///
 /// Errors that involve a peer name it ([`Error::peer`]): its rank, its address where there
 /// is one, and what this rank was doing. Only a peer failure ([`Error::lost_peer`]) makes a
@@ -653,7 +676,7 @@ impl Error {
             Error::Environment { .. } | Error::Config { .. } => Fault::Config,
             Error::Unavailable { .. } => Fault::Unavailable,
             Error::Failed(_) => Fault::FailedEarlier,
-            Error::GroupClosed | Error::Aborted { .. } => Fault::Closed,
+            Error::GroupClosed | Error::Aborted { .. } | Error::Excluded { .. } => Fault::Closed,
         }
     }
 

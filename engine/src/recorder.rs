@@ -528,6 +528,7 @@ fn kind(e: &Error) -> &'static str {
         Error::Bug { .. } => "Bug",
         Error::Local { .. } => "Local",
         Error::GroupClosed => "GroupClosed",
+        Error::Excluded { .. } => "Excluded",
         Error::Aborted { .. } => "Aborted",
         Error::Failed(_) => "Failed",
         Error::Unsupported(_) => "Unsupported",

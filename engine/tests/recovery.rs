@@ -226,6 +226,11 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
             println!("VICTIM_AGAIN {again}");
             let left_out = g.shrink().expect_err("the survivors shrank without it");
             println!("VICTIM_SHRINK {left_out}");
+            assert!(
+                matches!(left_out, nuvec_distributed_engine::Error::Excluded { rank, .. } if rank == victim)
+                    && left_out.fault() == Fault::Closed,
+                "{left_out:?}"
+            );
             mark("left-out");
             return;
         }

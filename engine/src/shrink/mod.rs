@@ -71,11 +71,11 @@ impl Group {
     ///
     /// [`Error::Unsupported`] for a JACCL group or a group over another communicator.
     /// When no other rank answers within the timeout, an error saying that this rank was
-    /// left out (the others formed without it, or all failed): it is a [`Fault::Local`]
-    /// error, because no peer can be blamed. A formation that fails every attempt returns
+    /// left out (the others formed without it, or all failed): [`Error::Excluded`], a
+    /// [`Fault::Closed`] error, because no peer can be blamed. A formation that fails every attempt returns
     /// its last error.
     ///
-    /// [`Fault::Local`]: crate::Fault::Local
+    /// [`Fault::Closed`]: crate::Fault::Closed
     pub fn shrink(&self) -> Result<Group> {
         shrink(self)
     }
@@ -213,13 +213,11 @@ fn blamed(e: &Error) -> Option<usize> {
 
 /// The error of a rank that the survivors did not take in.
 fn excluded(me: usize, after: Duration, why: &str) -> Error {
-    Error::local(
-        format!(
-            "shrink: first rank {me} is left out of the shrunk group after {after:.1?}: {why}; \
-             the survivors formed a group without this rank, or every other rank failed"
-        ),
-        io::Error::new(io::ErrorKind::NotConnected, "no survivor took this rank in"),
-    )
+    Error::Excluded {
+        rank: me,
+        after,
+        why: why.into(),
+    }
 }
 
 /// Forms the group of `members` (first ranks, in order) as the shrink of `generation`.
