@@ -5,11 +5,11 @@
 //! plain `init`, the survivors call `nuvec_distributed::rejoin`, and the full group is the
 //! default again. Every sum is checked exactly (small integers in float32).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nuvec_core::{Array, distributed};
 use nuvec_tools::test_cases;
-use nuvec_tools::testing::{Launch, mark};
+use nuvec_tools::testing::{Launch, mark, random_settle};
 
 /// The groups' timeout.
 const TIMEOUT_S: f64 = 3.0;
@@ -40,14 +40,6 @@ fn verified_sums(firsts: &[usize], rounds: usize) {
             assert_eq!(*v, want, "round {round}, element {j}");
         }
     }
-}
-
-/// A pause of 100 to 400 ms that differs from run to run.
-fn random_settle() -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    Duration::from_millis(100 + u64::from(nanos % 300))
 }
 
 fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
@@ -91,14 +83,8 @@ fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
         return;
     };
     running.strike(victim, "KILL", random_settle());
-    let until = Instant::now() + Duration::from_secs(60);
-    while !survivors.iter().all(|&r| running.has_marked(r, "shrunk")) {
-        if Instant::now() > until {
-            let outputs = running.finish();
-            let all: Vec<String> = outputs.iter().map(|o| o.to_string()).collect();
-            panic!("the survivors did not shrink:\n{}", all.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    for &r in &survivors {
+        running.wait_for(r, "shrunk", Duration::from_secs(60));
     }
     running.restart(victim, &[(RESTARTED_VAR, "1")]);
     let outputs = running.finish();

@@ -10,11 +10,11 @@
 //! collective's failure being returned to the end of the first verified all_sum of the
 //! shrunk group (the test asserts nothing about it).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nuvec_distributed_engine::{Fault, Group};
 use nuvec_tools::test_cases;
-use nuvec_tools::testing::{self, Launch, RankOutput, Ranks, mark};
+use nuvec_tools::testing::{self, Launch, RankOutput, Ranks, mark, random_settle, sum_of};
 
 /// The groups' timeout: how long survivors wait for each other, and for a restarted rank.
 const TIMEOUT_S: f64 = 3.0;
@@ -53,27 +53,8 @@ fn verified_sums(group: &Group, firsts: &[usize], rounds: usize, mut after_first
     }
 }
 
-/// An all_sum of `len` f32 per rank, on a buffer the calling thread keeps.
-fn sum_of(g: &Group, len: usize) -> nuvec_distributed_engine::Result<()> {
-    thread_local!(static DATA: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) });
-    DATA.with(|d| {
-        let mut d = d.borrow_mut();
-        d.resize(len, 1.0);
-        g.all_sum(&mut d)
-    })
-}
-
 fn this_rank() -> usize {
     std::env::var("MLX_RANK").unwrap().parse().unwrap()
-}
-
-/// A pause of 100 to 500 ms, different from run to run: where in the loop the victim is
-/// struck.
-fn random_settle() -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    Duration::from_millis(100 + u64::from(nanos % 400))
 }
 
 /// Shrinks after a failure, timing it to the first verified collective; returns the shrunk

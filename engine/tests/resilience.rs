@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use nuvec_distributed_engine::{Error, Group, Options};
 use nuvec_tools::test_cases;
-use nuvec_tools::testing::{self, Launch, RankOutput, mark, report_failure};
+use nuvec_tools::testing::{self, Launch, RankOutput, mark, report_failure, sum_of};
 
 /// A key long enough for `Options::key`.
 const KEY: &str = "correct horse battery staple 2026";
@@ -29,17 +29,6 @@ fn until_failure(g: &Group, collective: Collective) {
 
 fn small_sum(g: &Group) -> nuvec_distributed_engine::Result<()> {
     g.all_sum(&mut [1.0f32])
-}
-
-/// An all_sum of `len` f32 per rank, on a buffer the calling thread keeps (made once: a
-/// rank loops on one size).
-fn sum_of(g: &Group, len: usize) -> nuvec_distributed_engine::Result<()> {
-    thread_local!(static DATA: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) });
-    DATA.with(|d| {
-        let mut d = d.borrow_mut();
-        d.resize(len, 1.0);
-        g.all_sum(&mut d)
-    })
 }
 
 fn large_sum(g: &Group) -> nuvec_distributed_engine::Result<()> {

@@ -603,6 +603,26 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     (out, start.elapsed())
 }
 
+/// An all_sum of `len` f32 per rank, on a buffer the calling thread keeps (made once: a
+/// rank loops on one size), for loops that run until a fault strikes.
+pub fn sum_of(g: &Group, len: usize) -> nuvec_distributed_engine::Result<()> {
+    thread_local!(static DATA: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) });
+    DATA.with(|d| {
+        let mut d = d.borrow_mut();
+        d.resize(len, 1.0);
+        g.all_sum(&mut d)
+    })
+}
+
+/// A pause of 100 to 500 ms that differs from run to run: where in a loop of collectives
+/// a fault strikes (see [`Ranks::strike`]).
+pub fn random_settle() -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    Duration::from_millis(100 + u64::from(nanos % 400))
+}
+
 /// In a rank started by [`Launch::start`]: marks "looping", then calls `collective` until
 /// it fails; reports the failure with the time since the last success
 /// ([`report_failure`]), marks "failed" and returns the error.
