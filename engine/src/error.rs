@@ -319,11 +319,13 @@ pub enum Error {
 
     /// [`Group::shrink`](crate::Group::shrink) did not take this rank in: no survivor
     /// answered it, because the survivors formed a group without it (it was stopped or cut
-    /// off while they agreed) or every other rank failed. Its group is closed; started
+    /// off while they agreed) or every other rank failed; or the ranks it agreed with are
+    /// not more than half of the group (a shrink keeps a majority, so that two parts of a
+    /// group never both form). Its group is closed; started
     /// again with a plain `init`, it joins the survivors' [`Group::rejoin`](crate::Group::rejoin).
     #[error(
         "shrink: first rank {rank} is left out of the shrunk group after {after:.1?}: {why}; \
-         the survivors formed a group without this rank, or every other rank failed"
+         the survivors formed a group without this rank, or too few ranks survived"
     )]
     Excluded {
         /// This rank's rank in the first group.

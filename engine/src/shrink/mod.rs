@@ -62,7 +62,9 @@ impl Group {
     /// the others shrank, finds its connections closed, and its own `shrink` fails saying
     /// that it was left out; it cannot join the new group. Every wait is bounded by the
     /// group's timeout: the survivors wait up to it for each other, and the whole call takes
-    /// at most a few timeouts.
+    /// at most a few timeouts. The survivors must be more than half of this group: two
+    /// parts of a group can then never both form (a group of two cannot shrink, nor one
+    /// that lost half its ranks at once).
     ///
     /// Works on both TCP wires, among ranks of this crate (MLX's own ranks have no shrink).
     /// A rank restarted in place of a failed one joins again through [`Group::rejoin`].
@@ -176,6 +178,35 @@ fn shrink(parent: &Group) -> Result<Group> {
                 started.elapsed(),
                 "no other rank answered at its hostfile address or reported to it",
             ));
+        }
+        // Only a decision that keeps more than half of this group forms: two disjoint
+        // parts of it can then never both form. Without this rule, survivors that blamed
+        // a live rank for the failure (its close, made to shrink, read as its death) chose
+        // different coordinators, and at P = 5 ranks {1, 4} and {2, 3} formed two groups
+        // (`nuvec chaos --recover --wire mlx`, seed 1248191706). A minority agrees again
+        // from what it saw itself: the ranks earlier shrinks dropped, and the ranks the
+        // rendezvous finds unreachable, not the blame its failed collective carried.
+        if members.len() * 2 <= lineage.members.len() {
+            verbose!(
+                warn: me,
+                "shrink: first ranks {members:?} are not more than half of the {} ranks of \
+                 this group: agreeing again",
+                lineage.members.len()
+            );
+            if attempt + 1 == ATTEMPTS {
+                return Err(excluded(
+                    me,
+                    started.elapsed(),
+                    &format!(
+                        "the survivors it agreed with, first ranks {members:?}, are not more \
+                         than half of the {} ranks of the group, and a shrink keeps a majority \
+                         so that two parts of a group never both form",
+                        lineage.members.len()
+                    ),
+                ));
+            }
+            known = (0..size).filter(|r| !lineage.members.contains(r)).collect();
+            continue;
         }
         match form(lineage, options, &members, generation, &identity) {
             Ok(group) => {
