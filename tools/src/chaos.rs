@@ -15,6 +15,19 @@
 //! success despite the fault), a wrong result, a verdict later than that, a hang (no verdict
 //! at all within 10 s more; the rank is then killed), or a panic.
 //!
+//! With `--recover` ([`Options::recover`]) the faults are kill and stop only (a cut link or
+//! a late rank leaves no failed process to restart), and a round goes on after the fault:
+//! every survivor calls [`Group::shrink`] and verifies [`RECOVER_STEPS`] collectives of
+//! random op and size on the shrunk group, checked exactly as the loop's are; a stopped
+//! victim is then woken (SIGCONT), and its own shrink must fail saying it was left out while
+//! the shrunk group keeps computing right; the victim is killed and started again at its
+//! hostfile address with a plain `init`, the survivors call [`Group::rejoin`], and the full
+//! group verifies [`RECOVER_STEPS`] more. The round is correct only if every step verified;
+//! otherwise it counts as a failed shrink, a failed rejoin, a wrong result, a hang (a phase
+//! still running past its bound) or a panic. Each round prints the slowest survivor's time
+//! from its failed collective to its first verified collective on the shrunk group; the
+//! summary gives their median and maximum (measured, not asserted).
+//!
 //! Each round has its own seed, printed with it; `--seed S` starts at round seed S, so
 //! `tools/chaos.sh 1 --seed S` replays that round (the fault's moment within a collective
 //! varies with scheduling, the rest is the same).
@@ -1812,5 +1825,163 @@ mod tests {
             judge(&late, t0, in_time, "", Some(&line("FAIL 1 x".into(), 1))).0,
             Verdict::WrongBlame
         );
+    }
+
+    /// A recover round's lines, judged for one survivor (first rank 2 of 4, the victim 1).
+    #[test]
+    fn recover_verdicts() {
+        let round = Round {
+            seed: 1,
+            size: 4,
+            fault: Fault::Kill,
+            victim: 1,
+            at: 3,
+            late_start: false,
+            pause: Duration::ZERO,
+        };
+        let t0 = Instant::now();
+        let in_time = Duration::from_secs(3);
+        let expect = Expect {
+            shrunk: (1, 3),
+            full: (2, 4),
+        };
+        let lines = |texts: &[&str]| -> Vec<Line> {
+            texts
+                .iter()
+                .map(|t| Line {
+                    rank: 2,
+                    text: t.to_string(),
+                    at: t0 + Duration::from_millis(100),
+                })
+                .collect()
+        };
+        let v = |texts: &[&str], stderr: &str, hung: bool, rejoin: Option<bool>| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_survivor(&round, t0, in_time, stderr, &mine, expect, hung, rejoin).0
+        };
+        let good = [
+            "READY",
+            "AT 3",
+            "FAIL 1 lost",
+            "SHRUNK 1 3",
+            "FIRST_MS 20",
+            "SHRUNK_OK",
+            "FULL 2 4",
+            "REJOINED",
+        ];
+        assert_eq!(v(&good, "", false, Some(false)), Verdict::Correct);
+        // Judged only as far as the round went.
+        assert_eq!(v(&good[..6], "", false, None), Verdict::Correct);
+        assert_eq!(v(&good[..6], "", false, Some(true)), Verdict::Hang);
+        assert_eq!(v(&good[..6], "", false, Some(false)), Verdict::RejoinFailed);
+        let panic = "thread 'main' panicked at src/x.rs:1:1";
+        assert_eq!(v(&good, panic, false, Some(false)), Verdict::Panic);
+        assert_eq!(
+            v(&["FAIL 0 lost", "SHRUNK 1 3", "SHRUNK_OK"], "", false, None),
+            Verdict::WrongBlame
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRINKFAIL x"], "", false, None),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 0 3", "SHRUNK_OK"], "", false, None),
+            Verdict::ShrinkFailed,
+            "renumbered wrongly"
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 1 4", "SHRUNK_OK"], "", false, None),
+            Verdict::ShrinkFailed,
+            "the victim is still in"
+        );
+        assert_eq!(v(&["FAIL 1 lost"], "", true, None), Verdict::Hang);
+        assert_eq!(v(&["FAIL 1 lost"], "", false, None), Verdict::ShrinkFailed);
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 1 3"], "", true, None),
+            Verdict::Hang
+        );
+        assert_eq!(
+            v(
+                &["FAIL 1 lost", "SHRUNK 1 3", "BAD step 1000"],
+                "",
+                false,
+                None
+            ),
+            Verdict::WrongResult
+        );
+        let mut rejoined_wrongly = good;
+        rejoined_wrongly[6] = "FULL 1 4";
+        assert_eq!(
+            v(&rejoined_wrongly, "", false, Some(false)),
+            Verdict::RejoinFailed
+        );
+        let mut rejoin_failed = good.to_vec();
+        rejoin_failed.truncate(6);
+        rejoin_failed.push("REJOINFAIL timed out");
+        assert_eq!(
+            v(&rejoin_failed, "", false, Some(false)),
+            Verdict::RejoinFailed
+        );
+
+        let woken = |texts: &[&str], hung: bool| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_woken("", &mine, hung).0
+        };
+        let left_out = "SHRINKFAIL shrink: first rank 1 is left out of the shrunk group";
+        assert_eq!(woken(&["FAIL 0 x", left_out], false), Verdict::Correct);
+        assert_eq!(
+            woken(&["FAIL 0 x", "SHRINKFAIL timed out"], false),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(
+            woken(&["FAIL 0 x", "SHRUNK 0 2", "SHRUNK_OK"], false),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(woken(&["FAIL 0 x"], true), Verdict::Hang);
+        assert_eq!(woken(&[], false), Verdict::ShrinkFailed);
+
+        let restarted = |texts: &[&str], hung: bool| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_restarted("", &mine, (1, 4), hung).0
+        };
+        assert_eq!(
+            restarted(&["FULL 1 4", "REJOINED"], false),
+            Verdict::Correct
+        );
+        assert_eq!(
+            restarted(&["FULL 0 4", "REJOINED"], false),
+            Verdict::RejoinFailed
+        );
+        assert_eq!(
+            restarted(&["REJOINFAIL init: x"], false),
+            Verdict::RejoinFailed
+        );
+        assert_eq!(restarted(&["FULL 1 4"], true), Verdict::Hang);
+        assert_eq!(
+            restarted(&["FULL 1 4", "BAD step 3000"], false),
+            Verdict::WrongResult
+        );
+    }
+
+    #[test]
+    fn recover_summary() {
+        let mut summary = Summary {
+            recover: true,
+            ..Summary::default()
+        };
+        summary.verdicts.insert(Verdict::Correct, 3);
+        summary.verdicts.insert(Verdict::RejoinFailed, 1);
+        summary.recovered = [30, 10, 20].map(Duration::from_millis).to_vec();
+        let text = summary.to_string();
+        assert!(text.contains("4 rounds, 3 shrunk and rejoined"), "{text}");
+        assert!(text.contains("1 failed rejoins"), "{text}");
+        assert!(
+            text.contains("median 20 ms, max 30 ms (3 rounds)"),
+            "{text}"
+        );
+        assert_eq!(summary.failures(), 1);
     }
 }
