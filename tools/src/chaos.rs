@@ -1306,6 +1306,9 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
         );
     }
     drop(tx);
+    // What ranks say once the driver ends them (a shrunk group whose members are killed
+    // fails) is not theirs to answer for.
+    let ended_at = Instant::now();
     procs.iter_mut().for_each(end);
     let drain_until = Instant::now() + Duration::from_secs(2);
     while let Ok(line) = rx.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
@@ -1322,7 +1325,12 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
         return Ok((Verdict::Missed, notes, None));
     }
     let stderr_of = |p: &RankProcess| p.stderr.lock().map(|s| s.clone()).unwrap_or_default();
-    let mine = |tag: usize| -> Vec<&Line> { lines.iter().filter(|l| l.rank == tag).collect() };
+    let mine = |tag: usize| -> Vec<&Line> {
+        lines
+            .iter()
+            .filter(|l| l.rank == tag && l.at <= ended_at)
+            .collect()
+    };
     let mut findings: Vec<(String, (Verdict, String))> = Vec::new();
     for (position, &r) in survivors.iter().enumerate() {
         let expect = Expect {
