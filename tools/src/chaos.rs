@@ -18,7 +18,8 @@
 //! With `--recover` ([`Options::recover`]) the faults are kill and stop only (a cut link or
 //! a late rank leaves no failed process to restart), and a round goes on after the fault:
 //! every survivor calls [`Group::shrink`] and verifies [`RECOVER_STEPS`] collectives of
-//! random op and size on the shrunk group, checked exactly as the loop's are; a stopped
+//! random op and size on the shrunk group, checked exactly as the loop's are (the fault
+//! comes once every rank has formed: a rank still in `init` has no group to shrink); a stopped
 //! victim is then woken (SIGCONT), and its own shrink must fail saying it was left out while
 //! the shrunk group keeps computing right; the victim is killed and started again at its
 //! hostfile address with a plain `init`, the survivors call [`Group::rejoin`], and the full
@@ -1160,7 +1161,8 @@ fn end(p: &mut RankProcess) {
     p.exited = true;
 }
 
-/// One recover round: the loop and the fault as in [`run_round`] (kill or stop), then:
+/// One recover round: the loop and the fault as in [`run_round`] (kill or stop, once every
+/// rank has formed), then:
 ///
 /// 1. every survivor shrinks and verifies its shrunk group ([`recover`]) and keeps it busy;
 /// 2. a stopped victim is woken (SIGCONT): its collective fails, and so must its shrink,
@@ -1212,14 +1214,20 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
     let mut lines: Vec<Line> = Vec::new();
     let mut notes = Vec::new();
 
-    // The fault, once the victim announces the step.
+    // The fault, once every rank has formed (a rank still in `init` has no group to shrink;
+    // a failure then is init's to report, as plain chaos checks) and the victim announces
+    // the step.
     let want = format!("AT {}", round.at);
     collect(
         &rx,
         &mut lines,
         &mut procs,
         Instant::now() + Duration::from_secs(60),
-        |lines, procs| said(lines, victim, |t| t == want).is_some() || procs[victim].reap(),
+        |lines, procs| {
+            (said(lines, victim, |t| t == want).is_some()
+                && (0..round.size).all(|r| said(lines, r, |t| t == "READY").is_some()))
+                || procs.iter_mut().any(|p| p.reap())
+        },
     );
     if said(&lines, victim, |t| t == want).is_none() {
         notes.push(format!(
