@@ -27,7 +27,8 @@
 //! otherwise it counts as a failed shrink, a failed rejoin, a wrong result, a hang (a phase
 //! still running past its bound) or a panic. Each round prints the slowest survivor's time
 //! from its failed collective to its first verified collective on the shrunk group; the
-//! summary gives their median and maximum (measured, not asserted).
+//! summary gives their median and maximum (measured, not asserted). A fault that comes after
+//! the loop (every survivor finished it) missed, and is counted so.
 //!
 //! Each round has its own seed, printed with it; `--seed S` starts at round seed S, so
 //! `tools/chaos.sh 1 --seed S` replays that round (the fault's moment within a collective
@@ -1323,9 +1324,19 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
         lines.push(line);
     }
 
+    // Survivors that finished the loop had every collective complete, the victim's part
+    // included: the fault came after it (the victim may not have printed DONE yet), and
+    // there is nothing to recover from.
+    let finished = |r: usize| {
+        lines
+            .iter()
+            .filter(|l| l.rank == r && l.at <= ended_at)
+            .any(|l| l.text == "DONE")
+    };
     if lines
         .iter()
         .any(|l| l.rank == victim && l.text == "DONE" && l.at <= fault_at)
+        || survivors.iter().all(|&r| finished(r))
     {
         notes.push(format!(
             "rank {victim} finished the loop before the fault took effect"
