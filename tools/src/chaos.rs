@@ -927,14 +927,17 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         if late_start && rank == round.victim {
             thread::sleep(round.pause);
         }
-        let late = (round.fault == Fault::Late && !round.late_start && rank == round.victim)
-            .then_some((round.at, round.pause));
+        let start = if round.fault == Fault::Late && !round.late_start && rank == round.victim {
+            Start::Late(round.at, round.pause)
+        } else {
+            Start::Plain
+        };
         let process = spawn_rank(
             rank,
             round,
             options,
             &hostfile,
-            late,
+            start,
             netns.as_ref(),
             Tagged(rank, tx.clone()),
         );
@@ -1196,7 +1199,7 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
             round,
             options,
             &hostfile,
-            None,
+            Start::Plain,
             None,
             Tagged(rank, tx.clone()),
         ) {
@@ -1284,7 +1287,7 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
             round,
             options,
             &hostfile,
-            Some((usize::MAX, Duration::ZERO)),
+            Start::Restarted,
             None,
             Tagged(restarted, tx.clone()),
         );
@@ -1676,15 +1679,25 @@ fn judge(
 /// rank has another).
 struct Tagged(usize, mpsc::Sender<Line>);
 
+/// How a rank starts.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// Runs the loop.
+    Plain,
+    /// Runs the loop, pausing this long before this step.
+    Late(usize, Duration),
+    /// Restarted in place of a failed rank (recover mode): joins the rejoin.
+    Restarted,
+}
+
 /// Starts one rank of `round`, in its namespace when there is one; its stdout lines go to
-/// `lines`, its stderr is kept. In recover mode its stdin is a pipe (for [`GO`]), and a
-/// `late` of `(usize::MAX, _)` starts it as a restarted rank.
+/// `lines`, its stderr is kept. In recover mode its stdin is a pipe (for [`GO`]).
 fn spawn_rank(
     rank: usize,
     round: &Round,
     options: &Options,
     hostfile: &Path,
-    late: Option<(usize, Duration)>,
+    start: Start,
     netns: Option<&Netns>,
     Tagged(tag, lines): Tagged,
 ) -> std::io::Result<RankProcess> {
@@ -1702,17 +1715,15 @@ fn spawn_rank(
     if options.recover {
         argv.push("--recover".into());
     }
-    if let Some((at, pause)) = late {
-        if at == usize::MAX {
-            argv.push("--restarted".into());
-        } else {
-            argv.extend([
-                "--late-at".into(),
-                at.to_string(),
-                "--late-ms".into(),
-                pause.as_millis().to_string(),
-            ]);
-        }
+    match start {
+        Start::Plain => {}
+        Start::Late(at, pause) => argv.extend([
+            "--late-at".into(),
+            at.to_string(),
+            "--late-ms".into(),
+            pause.as_millis().to_string(),
+        ]),
+        Start::Restarted => argv.push("--restarted".into()),
     }
     let mut command = Command::new(&argv[0]);
     command
