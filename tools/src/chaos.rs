@@ -1318,9 +1318,12 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
         );
     }
     drop(tx);
-    // What ranks say once the driver ends them (a shrunk group whose members are killed
-    // fails) is not theirs to answer for.
+    // What ranks still running say once the driver ends them (a shrunk group whose members
+    // are killed fails) is not theirs to answer for. A rank that had exited said everything
+    // before, although its reader may deliver its last lines later.
     let ended_at = Instant::now();
+    let exited: Vec<bool> = procs.iter_mut().map(|p| p.reap()).collect();
+    let counts = |l: &Line| exited.get(l.rank).copied().unwrap_or(false) || l.at <= ended_at;
     procs.iter_mut().for_each(end);
     let drain_until = Instant::now() + Duration::from_secs(2);
     while let Ok(line) = rx.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
@@ -1333,7 +1336,7 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
     let finished = |r: usize| {
         lines
             .iter()
-            .filter(|l| l.rank == r && l.at <= ended_at)
+            .filter(|l| l.rank == r && counts(l))
             .any(|l| l.text == "DONE")
     };
     if lines
@@ -1350,7 +1353,7 @@ fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, St
     let mine = |tag: usize| -> Vec<&Line> {
         lines
             .iter()
-            .filter(|l| l.rank == tag && l.at <= ended_at)
+            .filter(|l| l.rank == tag && counts(l))
             .collect()
     };
     let mut findings: Vec<(String, (Verdict, String))> = Vec::new();
