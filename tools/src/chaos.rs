@@ -15,6 +15,21 @@
 //! success despite the fault), a wrong result, a verdict later than that, a hang (no verdict
 //! at all within 10 s more; the rank is then killed), or a panic.
 //!
+//! With `--recover` ([`Options::recover`]) the faults are kill and stop only (a cut link or
+//! a late rank leaves no failed process to restart), and a round goes on after the fault:
+//! every survivor calls [`Group::shrink`] and verifies [`RECOVER_STEPS`] collectives of
+//! random op and size on the shrunk group, checked exactly as the loop's are (the fault
+//! comes once every rank has formed: a rank still in `init` has no group to shrink); a stopped
+//! victim is then woken (SIGCONT), and its own shrink must fail saying it was left out while
+//! the shrunk group keeps computing right; the victim is killed and started again at its
+//! hostfile address with a plain `init`, the survivors call [`Group::rejoin`], and the full
+//! group verifies [`RECOVER_STEPS`] more. The round is correct only if every step verified;
+//! otherwise it counts as a failed shrink, a failed rejoin, a wrong result, a hang (a phase
+//! still running past its bound) or a panic. Each round prints the slowest survivor's time
+//! from its failed collective to its first verified collective on the shrunk group; the
+//! summary gives their median and maximum (measured, not asserted). A fault that comes after
+//! the loop (every survivor finished it) missed, and is counted so.
+//!
 //! Each round has its own seed, printed with it; `--seed S` starts at round seed S, so
 //! `tools/chaos.sh 1 --seed S` replays that round (the fault's moment within a collective
 //! varies with scheduling, the rest is the same).
@@ -26,7 +41,7 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -202,6 +217,48 @@ pub struct RankPlan {
     pub steps: usize,
     /// Pause this long before this step (a late rank).
     pub late: Option<(usize, Duration)>,
+    /// Recover after a failed collective: shrink, verify, wait for the driver's word, rejoin,
+    /// verify (see [`recover`]).
+    pub recover: bool,
+    /// A rank restarted in place of a failed one: a plain `init`, then the full group's
+    /// verified collectives.
+    pub restarted: bool,
+}
+
+/// Verified collectives on the shrunk group, and again on the rejoined full group.
+pub const RECOVER_STEPS: usize = 5;
+/// Step indices (and so inputs) of the shrunk group's, the holding loop's and the full
+/// group's collectives: apart from the loop's and from each other.
+const SHRUNK_BASE: usize = 1000;
+const HOLD_BASE: usize = 2000;
+const FULL_BASE: usize = 3000;
+/// The largest collective of the holding loop (f32 elements): it keeps the shrunk group
+/// busy while the driver wakes or restarts the victim, without slowing that down.
+const HOLD_MAX: usize = 4096;
+/// The line a recovering survivor reads on its stdin before it rejoins.
+const GO: &str = "REJOIN";
+
+/// The steps of a recovery phase (`salt` tells the phases apart): random ops and sizes,
+/// as in the loop.
+fn recover_steps(seed: u64, salt: u64, count: usize) -> Vec<Step> {
+    steps(seed ^ salt, count)
+}
+
+/// Runs `steps` on `group` as step indices `base..`, calling `after_first` once the first
+/// one is verified.
+fn verify(
+    group: &Group,
+    base: usize,
+    steps: &[Step],
+    mut after_first: impl FnMut(),
+) -> Result<(), StepError> {
+    for (i, &step) in steps.iter().enumerate() {
+        run_step(group, base + i, step)?;
+        if i == 0 {
+            after_first();
+        }
+    }
+    Ok(())
 }
 
 /// A chaos rank: forms the ring from MLX's environment and runs the round's steps, printing
@@ -216,6 +273,9 @@ pub fn rank(plan: &RankPlan) -> u8 {
         let peer = e.peer().map_or("-".to_string(), |p| p.to_string());
         format!("FAIL {peer} {e}")
     };
+    if plan.restarted {
+        return restarted(plan, &mut say);
+    }
     let group = match nuvec_distributed_engine::init(true) {
         Ok(group) => group,
         Err(e) => {
@@ -235,7 +295,11 @@ pub fn rank(plan: &RankPlan) -> u8 {
             Ok(()) => {}
             Err(StepError::Failed(e)) => {
                 say(fail(&e));
-                return 1;
+                return if plan.recover {
+                    recover(&group, Instant::now(), plan, &mut say)
+                } else {
+                    1
+                };
             }
             Err(StepError::Wrong(what)) => {
                 say(format!("BAD {what}"));
@@ -245,6 +309,159 @@ pub fn rank(plan: &RankPlan) -> u8 {
     }
     say("DONE".into());
     0
+}
+
+/// A recovering rank, after its collective failed at `failed_at`: shrinks, printing
+/// `SHRUNK <rank> <size>`, runs [`RECOVER_STEPS`] verified collectives on the shrunk group
+/// (`FIRST_MS <ms>` after the first: the time from the failure being returned), prints
+/// `SHRUNK_OK`, then keeps the shrunk group running small verified collectives until the
+/// driver writes [`GO`] on its stdin (every member stops at the same one: each loop agrees
+/// on the word first); then rejoins, printing `FULL <rank> <size>`, runs the full group's
+/// verified collectives and prints `REJOINED`.
+///
+/// Ends early with `SHRINKFAIL <error>` (exit code 3: the shrink, or a collective of the
+/// shrunk group, failed; what a stopped rank woken after the others shrank must print),
+/// `REJOINFAIL <error>` (4) or `BAD <what>` (2).
+fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
+    let go = go_word();
+    let shrunk = match group.shrink() {
+        Ok(shrunk) => shrunk,
+        Err(e) => {
+            say(format!("SHRINKFAIL {e}"));
+            return 3;
+        }
+    };
+    say(format!("SHRUNK {} {}", shrunk.rank(), shrunk.size()));
+    let verified = verify(
+        &shrunk,
+        SHRUNK_BASE,
+        &recover_steps(plan.seed, 0x5A81_7C00, RECOVER_STEPS),
+        || say(format!("FIRST_MS {}", failed_at.elapsed().as_millis())),
+    );
+    if let Some(code) = step_failed(
+        verified,
+        "SHRINKFAIL a collective of the shrunk group",
+        3,
+        say,
+    ) {
+        return code;
+    }
+    say("SHRUNK_OK".into());
+    let hold = recover_steps(plan.seed, 0x401D_0000, 64);
+    let mut told = false;
+    for i in 0.. {
+        told |= go.try_recv().is_ok();
+        let mut word = [f32::from(u8::from(told))];
+        if let Err(e) = shrunk.all_max(&mut word) {
+            say(format!(
+                "SHRINKFAIL the shrunk group failed while the victim was woken or restarted: {e}"
+            ));
+            return 3;
+        }
+        if word[0] > 0.0 {
+            break;
+        }
+        let step = hold[i % hold.len()];
+        let step = Step {
+            elements: step.elements.min(HOLD_MAX),
+            ..step
+        };
+        let held = run_step(&shrunk, HOLD_BASE + i, step);
+        if let Some(code) = step_failed(
+            held,
+            "SHRINKFAIL the shrunk group failed while the victim was woken or restarted",
+            3,
+            say,
+        ) {
+            return code;
+        }
+        // The victim's start or wake-up shares the machine's cores with this loop.
+        thread::sleep(Duration::from_millis(5));
+    }
+    let full = match shrunk.rejoin() {
+        Ok(full) => full,
+        Err(e) => {
+            say(format!("REJOINFAIL {e}"));
+            return 4;
+        }
+    };
+    let code = full_group(&full, plan, say);
+    let _ = shrunk.close();
+    let _ = full.close();
+    code
+}
+
+/// A rank restarted in place of a failed one: forms the group with a plain `init` at its
+/// hostfile address (the survivors' rejoin forms it with it), then runs the full group's
+/// verified collectives.
+fn restarted(plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
+    match nuvec_distributed_engine::init(true) {
+        Ok(full) => {
+            let code = full_group(&full, plan, say);
+            let _ = full.close();
+            code
+        }
+        Err(e) => {
+            say(format!("REJOINFAIL init of the restarted rank: {e}"));
+            4
+        }
+    }
+}
+
+/// The rejoined full group's part: `FULL <rank> <size>`, its verified collectives, then
+/// `REJOINED` (0), `REJOINFAIL` (4) or `BAD` (2).
+fn full_group(full: &Group, plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
+    say(format!("FULL {} {}", full.rank(), full.size()));
+    let verified = verify(
+        full,
+        FULL_BASE,
+        &recover_steps(plan.seed, 0xF011_0000, RECOVER_STEPS),
+        || {},
+    );
+    if let Some(code) = step_failed(
+        verified,
+        "REJOINFAIL a collective of the rejoined group",
+        4,
+        say,
+    ) {
+        return code;
+    }
+    say("REJOINED".into());
+    0
+}
+
+/// Says how `result` failed, if it did (`failed` and the error, or `BAD`), and returns the
+/// exit code (`code`, or 2 for a wrong result).
+fn step_failed(
+    result: Result<(), StepError>,
+    failed: &str,
+    code: u8,
+    say: &mut dyn FnMut(String),
+) -> Option<u8> {
+    match result {
+        Ok(()) => None,
+        Err(StepError::Failed(e)) => {
+            say(format!("{failed}: {e}"));
+            Some(code)
+        }
+        Err(StepError::Wrong(what)) => {
+            say(format!("BAD {what}"));
+            Some(2)
+        }
+    }
+}
+
+/// A channel that gets a message when the driver writes [`GO`] on stdin.
+fn go_word() -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if line.trim() == GO && tx.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 // ---- The driver ------------------------------------------------------------------------
@@ -290,6 +507,9 @@ pub struct Options {
     pub verbose: bool,
     /// The wire the ranks speak (`NUVEC_DISTRIBUTED_WIRE`).
     pub wire: nuvec_distributed_engine::Backend,
+    /// Recover mode: kill and stop faults only; the survivors shrink, verify, and rejoin the
+    /// restarted victim (see [`run`]).
+    pub recover: bool,
 }
 
 /// How a round (or one survivor of it) ended, best first.
@@ -304,6 +524,13 @@ pub enum Verdict {
     Late,
     /// Another rank (or none) named, or success despite a fault, or an error for lateness.
     WrongBlame,
+    /// Recover mode: a survivor's shrink, or a collective of its shrunk group, failed, or
+    /// the shrunk group is not the survivors in order; or a stopped victim woken after the
+    /// shrink did not fail its own shrink saying it was left out.
+    ShrinkFailed,
+    /// Recover mode: the rejoin, the restarted victim's `init`, or a collective of the full
+    /// group failed, or the full group does not have every rank back at its first rank.
+    RejoinFailed,
     /// A collective returned a wrong result.
     WrongResult,
     /// No verdict within timeout + 12 s.
@@ -321,6 +548,11 @@ pub struct Summary {
     pub by_fault: HashMap<Fault, (usize, usize)>,
     /// Whether cut-link rounds were skipped (not root, or no `ip netns`).
     pub cut_skipped: bool,
+    /// Recover mode: per recovered round, the slowest survivor's time from its collective's
+    /// failure being returned to its first verified collective on the shrunk group.
+    pub recovered: Vec<Duration>,
+    /// Whether this was a recover run.
+    pub recover: bool,
 }
 
 impl Summary {
@@ -341,6 +573,41 @@ impl Summary {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let rounds: usize = self.verdicts.values().sum();
+        if self.recover {
+            writeln!(
+                f,
+                "chaos --recover: {rounds} rounds, {} shrunk and rejoined with every step \
+                 verified, {} wrong results, {} hangs, {} panics, {} failed shrinks, {} failed \
+                 rejoins, {} wrong blame, {} late verdicts, {} faults that missed the loop",
+                self.count(Verdict::Correct),
+                self.count(Verdict::WrongResult),
+                self.count(Verdict::Hang),
+                self.count(Verdict::Panic),
+                self.count(Verdict::ShrinkFailed),
+                self.count(Verdict::RejoinFailed),
+                self.count(Verdict::WrongBlame),
+                self.count(Verdict::Late),
+                self.count(Verdict::Missed),
+            )?;
+            let mut times = self.recovered.clone();
+            times.sort();
+            if let (Some(median), Some(max)) = (times.get(times.len() / 2), times.last()) {
+                writeln!(
+                    f,
+                    "  failure to the first verified collective of the shrunk group: median \
+                     {} ms, max {} ms ({} rounds)",
+                    median.as_millis(),
+                    max.as_millis(),
+                    times.len()
+                )?;
+            }
+            for fault in [Fault::Kill, Fault::Stop] {
+                if let Some((n, ok)) = self.by_fault.get(&fault) {
+                    writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
+                }
+            }
+            return Ok(());
+        }
         writeln!(
             f,
             "chaos: {rounds} rounds, {} correct verdicts, {} wrong blame, {} wrong results, \
@@ -531,6 +798,8 @@ struct Line {
 /// A started rank.
 struct RankProcess {
     child: Child,
+    /// Recover mode: where the driver writes [`GO`].
+    stdin: Option<ChildStdin>,
     stderr: Arc<Mutex<String>>,
     /// Set once the child has been waited for (its PID may then be reused: never signal it).
     exited: bool,
@@ -553,17 +822,33 @@ impl RankProcess {
 
 /// Runs the chaos rounds and returns the counts.
 pub fn run(options: &Options) -> Summary {
-    let mut summary = Summary::default();
+    let mut summary = Summary {
+        recover: options.recover,
+        ..Summary::default()
+    };
     let mut faults = vec![Fault::Kill, Fault::Stop, Fault::Late];
-    if can_cut_links() {
+    if options.recover {
+        // A cut link or a late rank leaves no rank to restart: recovery is for a rank that
+        // died (kill) or stopped answering (stop).
+        faults = vec![Fault::Kill, Fault::Stop];
+    } else if can_cut_links() {
         faults.insert(2, Fault::Cut);
     } else {
         summary.cut_skipped = true;
         println!("chaos: cut-link faults SKIPPED: they need root and a working `ip netns`");
     }
     println!(
-        "chaos: {} rounds from seed {}, timeout {:?}, {} collectives per round, {} wire",
-        options.rounds, options.seed, options.timeout, options.steps, options.wire
+        "chaos: {} rounds from seed {}, timeout {:?}, {} collectives per round, {} wire{}",
+        options.rounds,
+        options.seed,
+        options.timeout,
+        options.steps,
+        options.wire,
+        if options.recover {
+            ", recover mode (shrink, verify, restart the victim, rejoin, verify)"
+        } else {
+            ""
+        }
     );
     for i in 0..options.rounds {
         if crate::runner::interrupted() {
@@ -572,11 +857,26 @@ pub fn run(options: &Options) -> Summary {
         }
         let seed = options.seed.wrapping_add(i as u64);
         let round = Round::new(seed, &faults, options.steps, options.timeout);
-        let (verdict, notes) = match run_round(&round, options) {
-            Ok(result) => result,
-            Err(e) => (Verdict::WrongBlame, vec![format!("could not run: {e}")]),
+        let result = if options.recover {
+            run_recover_round(&round, options)
+        } else {
+            run_round(&round, options).map(|(verdict, notes)| (verdict, notes, None))
         };
-        println!("round {i}: {round}: {verdict:?}");
+        let (verdict, notes, recovered) = match result {
+            Ok(result) => result,
+            Err(e) => (
+                Verdict::WrongBlame,
+                vec![format!("could not run: {e}")],
+                None,
+            ),
+        };
+        match recovered {
+            Some(times) => {
+                println!("round {i}: {round}: {verdict:?}; {times}");
+                summary.recovered.push(times.known);
+            }
+            None => println!("round {i}: {round}: {verdict:?}"),
+        }
         for note in &notes {
             println!("    {note}");
         }
@@ -627,16 +927,19 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         if late_start && rank == round.victim {
             thread::sleep(round.pause);
         }
-        let late = (round.fault == Fault::Late && !round.late_start && rank == round.victim)
-            .then_some((round.at, round.pause));
+        let start = if round.fault == Fault::Late && !round.late_start && rank == round.victim {
+            Start::Late(round.at, round.pause)
+        } else {
+            Start::Plain
+        };
         let process = spawn_rank(
             rank,
             round,
             options,
             &hostfile,
-            late,
+            start,
             netns.as_ref(),
-            tx.clone(),
+            Tagged(rank, tx.clone()),
         );
         match process {
             Ok(p) => ranks[rank] = Some(p),
@@ -791,6 +1094,526 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
     Ok((worst, notes))
 }
 
+/// Recover mode: how fast a round's survivors computed again.
+#[derive(Clone, Copy, Debug)]
+pub struct Recovered {
+    /// The slowest survivor's time from its collective's failure being returned to its first
+    /// verified collective on the shrunk group (the shrink and one collective).
+    pub known: Duration,
+    /// From the fault's injection to the last survivor's report of that collective (adds
+    /// the time to notice the failure: up to the timeout for a stopped rank).
+    pub from_fault: Duration,
+}
+
+impl fmt::Display for Recovered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "failure to the first verified collective of the shrunk group {} ms ({} ms from \
+             the fault)",
+            self.known.as_millis(),
+            self.from_fault.as_millis()
+        )
+    }
+}
+
+/// A round's verdict, what went wrong, and in recover mode how fast it recovered.
+type RoundResult = (Verdict, Vec<String>, Option<Recovered>);
+
+/// Whether `text` ends a recovering rank's run (`SHRUNK_OK` ends its shrink only).
+fn is_end(text: &str) -> bool {
+    text == "DONE"
+        || text == "REJOINED"
+        || ["BAD ", "SHRINKFAIL ", "REJOINFAIL "]
+            .iter()
+            .any(|p| text.starts_with(p))
+}
+
+/// Rank `tag`'s first line that `pred` accepts.
+fn said(lines: &[Line], tag: usize, pred: impl Fn(&str) -> bool) -> Option<&Line> {
+    lines.iter().find(|l| l.rank == tag && pred(&l.text))
+}
+
+/// Collects lines until `done` holds (true) or `until` passes (false).
+fn collect(
+    rx: &mpsc::Receiver<Line>,
+    lines: &mut Vec<Line>,
+    procs: &mut [RankProcess],
+    until: Instant,
+    mut done: impl FnMut(&[Line], &mut [RankProcess]) -> bool,
+) -> bool {
+    loop {
+        if done(lines, procs) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok(line) => lines.push(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Ends a rank (a stopped one too) and waits for it.
+fn end(p: &mut RankProcess) {
+    p.signal(Signal::SIGKILL);
+    p.signal(Signal::SIGCONT);
+    let _ = p.child.wait();
+    p.exited = true;
+}
+
+/// One recover round: the loop and the fault as in [`run_round`] (kill or stop, once every
+/// rank has formed), then:
+///
+/// 1. every survivor shrinks and verifies its shrunk group ([`recover`]) and keeps it busy;
+/// 2. a stopped victim is woken (SIGCONT): its collective fails, and so must its shrink,
+///    saying it was left out; then it is killed;
+/// 3. the victim is started again at its hostfile address (a plain `init`), the driver tells
+///    the survivors to rejoin, and every rank verifies the full group.
+///
+/// Each phase runs only if the one before completed on every survivor. Waits are bounded:
+/// the shrink by timeout + 2 s (noticing the failure) + 4 timeouts + 10 s, the woken
+/// victim's shrink by 5 timeouts + 10 s, the rejoin by 3 timeouts + 20 s; a rank still
+/// running then hangs.
+fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let first = crate::launch::free_port_block(round.size).map_err(|e| e.to_string())?;
+    let nodes: Vec<Vec<String>> = (0..round.size)
+        .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
+        .collect();
+    let hostfile = dir.path().join("hostfile.json");
+    std::fs::write(
+        &hostfile,
+        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
+    )
+    .map_err(|e| e.to_string())?;
+
+    let (tx, rx) = mpsc::channel::<Line>();
+    let mut procs: Vec<RankProcess> = Vec::new();
+    for rank in 0..round.size {
+        match spawn_rank(
+            rank,
+            round,
+            options,
+            &hostfile,
+            Start::Plain,
+            None,
+            Tagged(rank, tx.clone()),
+        ) {
+            Ok(p) => procs.push(p),
+            Err(e) => {
+                procs.iter_mut().for_each(end);
+                return Err(format!("starting rank {rank}: {e}"));
+            }
+        }
+    }
+    let victim = round.victim;
+    // The restarted victim's lines carry this tag; it is also its index in `procs`.
+    let restarted = round.size;
+    let survivors: Vec<usize> = (0..round.size).filter(|&r| r != victim).collect();
+    let timeout = options.timeout;
+    let mut lines: Vec<Line> = Vec::new();
+    let mut notes = Vec::new();
+
+    // The fault, once every rank has formed (a rank still in `init` has no group to shrink;
+    // a failure then is init's to report, as plain chaos checks) and the victim announces
+    // the step.
+    let want = format!("AT {}", round.at);
+    collect(
+        &rx,
+        &mut lines,
+        &mut procs,
+        Instant::now() + Duration::from_secs(60),
+        |lines, procs| {
+            (said(lines, victim, |t| t == want).is_some()
+                && (0..round.size).all(|r| said(lines, r, |t| t == "READY").is_some()))
+                || procs.iter_mut().any(|p| p.reap())
+        },
+    );
+    if said(&lines, victim, |t| t == want).is_none() {
+        notes.push(format!(
+            "rank {victim} never reached step {}: no fault injected",
+            round.at
+        ));
+    }
+    thread::sleep(Duration::from_micros(
+        Rng::new(round.seed ^ 0xFA17).range(0, 3000),
+    ));
+    match round.fault {
+        Fault::Stop => procs[victim].signal(Signal::SIGSTOP),
+        _ => procs[victim].signal(Signal::SIGKILL),
+    }
+    let fault_at = Instant::now();
+
+    // 1. Every survivor notices the failure, shrinks and verifies.
+    let in_time = timeout + Duration::from_secs(2);
+    let shrunk_by = fault_at + in_time + timeout * 4 + Duration::from_secs(10);
+    let settled = |r: usize, lines: &[Line], procs: &mut [RankProcess]| {
+        said(lines, r, |t| t == "SHRUNK_OK" || is_end(t)).is_some() || procs[r].reap()
+    };
+    collect(&rx, &mut lines, &mut procs, shrunk_by, |lines, procs| {
+        survivors.iter().all(|&r| settled(r, lines, procs))
+    });
+    let hung_shrinking: Vec<usize> = survivors
+        .iter()
+        .copied()
+        .filter(|&r| !settled(r, &lines, &mut procs))
+        .collect();
+    let shrunk = survivors
+        .iter()
+        .all(|&r| said(&lines, r, |t| t == "SHRUNK_OK").is_some());
+
+    // 2. A stopped victim wakes into a world that shrank without it.
+    let mut woken_hung = None;
+    if shrunk && round.fault == Fault::Stop {
+        procs[victim].signal(Signal::SIGCONT);
+        let by = Instant::now() + timeout * 5 + Duration::from_secs(10);
+        let answered = collect(&rx, &mut lines, &mut procs, by, |lines, procs| {
+            said(lines, victim, |t| is_end(t) || t.starts_with("SHRUNK ")).is_some()
+                || procs[victim].reap()
+        });
+        woken_hung = Some(!answered);
+    }
+    end(&mut procs[victim]);
+
+    // 3. The victim starts again in place; the survivors rejoin it.
+    let mut rejoin_hung: Option<Vec<usize>> = None;
+    if shrunk {
+        let again = spawn_rank(
+            victim,
+            round,
+            options,
+            &hostfile,
+            Start::Restarted,
+            None,
+            Tagged(restarted, tx.clone()),
+        );
+        match again {
+            Ok(p) => procs.push(p),
+            Err(e) => {
+                procs.iter_mut().for_each(end);
+                return Err(format!("restarting rank {victim}: {e}"));
+            }
+        }
+        for &r in &survivors {
+            if let Some(stdin) = procs[r].stdin.as_mut() {
+                let _ = writeln!(stdin, "{GO}").and_then(|()| stdin.flush());
+            }
+        }
+        let mut ranks = survivors.clone();
+        ranks.push(restarted);
+        let by = Instant::now() + timeout * 3 + Duration::from_secs(20);
+        collect(&rx, &mut lines, &mut procs, by, |_, procs| {
+            ranks.iter().all(|&r| procs[r].reap())
+        });
+        rejoin_hung = Some(
+            ranks
+                .iter()
+                .copied()
+                .filter(|&r| !procs[r].reap())
+                .collect(),
+        );
+    }
+    drop(tx);
+    // What ranks still running say once the driver ends them (a shrunk group whose members
+    // are killed fails) is not theirs to answer for. A rank that had exited said everything
+    // before, although its reader may deliver its last lines later.
+    let ended_at = Instant::now();
+    let exited: Vec<bool> = procs.iter_mut().map(|p| p.reap()).collect();
+    let counts = |l: &Line| exited.get(l.rank).copied().unwrap_or(false) || l.at <= ended_at;
+    procs.iter_mut().for_each(end);
+    let drain_until = Instant::now() + Duration::from_secs(2);
+    while let Ok(line) = rx.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
+        lines.push(line);
+    }
+
+    // Survivors that finished the loop had every collective complete, the victim's part
+    // included: the fault came after it (the victim may not have printed DONE yet), and
+    // there is nothing to recover from.
+    let finished = |r: usize| {
+        lines
+            .iter()
+            .filter(|l| l.rank == r && counts(l))
+            .any(|l| l.text == "DONE")
+    };
+    if lines
+        .iter()
+        .any(|l| l.rank == victim && l.text == "DONE" && l.at <= fault_at)
+        || survivors.iter().all(|&r| finished(r))
+    {
+        notes.push(format!(
+            "rank {victim} finished the loop before the fault took effect"
+        ));
+        return Ok((Verdict::Missed, notes, None));
+    }
+    let stderr_of = |p: &RankProcess| p.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+    let mine = |tag: usize| -> Vec<&Line> {
+        lines
+            .iter()
+            .filter(|l| l.rank == tag && counts(l))
+            .collect()
+    };
+    let mut findings: Vec<(String, (Verdict, String))> = Vec::new();
+    for (position, &r) in survivors.iter().enumerate() {
+        let expect = Expect {
+            shrunk: (position, survivors.len()),
+            full: (r, round.size),
+        };
+        let verdict = judge_survivor(
+            round,
+            fault_at,
+            in_time,
+            &stderr_of(&procs[r]),
+            &mine(r),
+            expect,
+            hung_shrinking.contains(&r),
+            rejoin_hung.as_ref().map(|h| h.contains(&r)),
+        );
+        findings.push((format!("rank {r}"), verdict));
+    }
+    if let Some(hung) = woken_hung {
+        let verdict = judge_woken(&stderr_of(&procs[victim]), &mine(victim), hung);
+        findings.push((format!("woken victim {victim}"), verdict));
+    }
+    if let Some(hung) = &rejoin_hung {
+        let verdict = judge_restarted(
+            &stderr_of(&procs[restarted]),
+            &mine(restarted),
+            (victim, round.size),
+            hung.contains(&restarted),
+        );
+        findings.push((format!("restarted victim {victim}"), verdict));
+    }
+    let mut worst = Verdict::Correct;
+    for (who, (verdict, note)) in findings {
+        if verdict != Verdict::Correct {
+            notes.push(format!("{who}: {verdict:?}: {note}"));
+        }
+        worst = worst.max(verdict);
+    }
+    if options.verbose && worst != Verdict::Correct {
+        for (tag, p) in procs.iter().enumerate() {
+            let out: Vec<String> = mine(tag)
+                .iter()
+                .map(|l| format!("{} ({:+.3}s)", l.text, signed(l.at, fault_at)))
+                .collect();
+            let who = if tag == restarted {
+                format!("restarted {victim}")
+            } else {
+                format!("rank {tag}")
+            };
+            notes.push(format!(
+                "{who} stdout (time from the fault): {}\n    stderr: {}",
+                out.join(" | "),
+                stderr_of(p).trim()
+            ));
+        }
+    }
+    let first_verified: Option<Vec<(Duration, Duration)>> = survivors
+        .iter()
+        .map(|&r| {
+            let line = said(&lines, r, |t| t.starts_with("FIRST_MS "))?;
+            let ms: u64 = line.text.strip_prefix("FIRST_MS ")?.parse().ok()?;
+            Some((
+                Duration::from_millis(ms),
+                line.at.saturating_duration_since(fault_at),
+            ))
+        })
+        .collect();
+    let recovered = first_verified.map(|times| Recovered {
+        known: times.iter().map(|t| t.0).max().unwrap_or_default(),
+        from_fault: times.iter().map(|t| t.1).max().unwrap_or_default(),
+    });
+    Ok((worst, notes, recovered))
+}
+
+/// The groups a survivor should be in: (rank, size) of the shrunk group and of the full one.
+#[derive(Clone, Copy, Debug)]
+struct Expect {
+    shrunk: (usize, usize),
+    full: (usize, usize),
+}
+
+/// Whether `line` is `<prefix> <rank> <size>` with the expected numbers; `Err` says what it
+/// says instead.
+fn check_group(line: Option<&&Line>, prefix: &str, want: (usize, usize)) -> Result<(), String> {
+    let Some(line) = line else {
+        return Err(format!("never printed {prefix}"));
+    };
+    let got = line.text.strip_prefix(prefix).unwrap_or_default().trim();
+    if got == format!("{} {}", want.0, want.1) {
+        Ok(())
+    } else {
+        Err(format!(
+            "is rank and size {got}, expected {} {}",
+            want.0, want.1
+        ))
+    }
+}
+
+/// The panic in `stderr`, if any.
+fn panicked(stderr: &str) -> Option<String> {
+    let i = stderr.find("panicked")?;
+    Some(stderr[i..].lines().next().unwrap_or_default().into())
+}
+
+/// A recover round's survivor: its blame of the fault (as in plain chaos), its shrink and
+/// shrunk group, and (`rejoin`: whether it hung there, when the rejoin was reached) its
+/// rejoin and full group. `hung_shrinking`: still running when the shrink's wait ended.
+#[allow(clippy::too_many_arguments)]
+fn judge_survivor(
+    round: &Round,
+    fault_at: Instant,
+    in_time: Duration,
+    stderr: &str,
+    mine: &[&Line],
+    expect: Expect,
+    hung_shrinking: bool,
+    rejoin: Option<bool>,
+) -> (Verdict, String) {
+    if let Some(text) = panicked(stderr) {
+        return (Verdict::Panic, text);
+    }
+    let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
+    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
+        return (Verdict::WrongResult, bad.text[4..].into());
+    }
+    let noticed = find(&|t| t == "DONE" || t.starts_with("FAIL "));
+    let (verdict, note) = judge(round, fault_at, in_time, "", noticed.copied());
+    if verdict != Verdict::Correct {
+        return (verdict, note);
+    }
+    if let Some(failed) = find(&|t| t.starts_with("SHRINKFAIL ")) {
+        return (Verdict::ShrinkFailed, failed.text[11..].into());
+    }
+    let stuck = |what: &str, hung: bool, otherwise: Verdict| {
+        if hung {
+            (Verdict::Hang, format!("still running, {what}"))
+        } else {
+            (otherwise, format!("ended {what}"))
+        }
+    };
+    if let Err(e) = check_group(
+        find(&|t| t.starts_with("SHRUNK ")),
+        "SHRUNK ",
+        expect.shrunk,
+    ) {
+        if find(&|t| t.starts_with("SHRUNK ")).is_none() {
+            return stuck(
+                "without a shrunk group",
+                hung_shrinking,
+                Verdict::ShrinkFailed,
+            );
+        }
+        return (Verdict::ShrinkFailed, format!("the shrunk group {e}"));
+    }
+    if find(&|t| t == "SHRUNK_OK").is_none() {
+        return stuck(
+            "before the shrunk group's collectives were verified",
+            hung_shrinking,
+            Verdict::ShrinkFailed,
+        );
+    }
+    let Some(hung) = rejoin else {
+        return (Verdict::Correct, String::new());
+    };
+    if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
+        return (Verdict::RejoinFailed, failed.text[11..].into());
+    }
+    if find(&|t| t.starts_with("FULL ")).is_none() {
+        return stuck("without a rejoined group", hung, Verdict::RejoinFailed);
+    }
+    if let Err(e) = check_group(find(&|t| t.starts_with("FULL ")), "FULL ", expect.full) {
+        return (Verdict::RejoinFailed, format!("the rejoined group {e}"));
+    }
+    if find(&|t| t == "REJOINED").is_none() {
+        return stuck(
+            "before the rejoined group's collectives were verified",
+            hung,
+            Verdict::RejoinFailed,
+        );
+    }
+    (Verdict::Correct, String::new())
+}
+
+/// A stopped victim woken after the survivors shrank: its shrink must fail saying it was
+/// left out. `hung`: no verdict within its wait.
+fn judge_woken(stderr: &str, mine: &[&Line], hung: bool) -> (Verdict, String) {
+    if let Some(text) = panicked(stderr) {
+        return (Verdict::Panic, text);
+    }
+    let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
+    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
+        return (Verdict::WrongResult, bad.text[4..].into());
+    }
+    if let Some(joined) = find(&|t| t.starts_with("SHRUNK ")) {
+        return (
+            Verdict::ShrinkFailed,
+            format!(
+                "its shrink succeeded ({}) although it was left out",
+                joined.text
+            ),
+        );
+    }
+    match find(&|t| t.starts_with("SHRINKFAIL ")) {
+        Some(l) if l.text.contains("left out") => (Verdict::Correct, String::new()),
+        Some(l) => (
+            Verdict::ShrinkFailed,
+            format!(
+                "its shrink failed without saying it was left out: {}",
+                &l.text[11..]
+            ),
+        ),
+        None if hung => (Verdict::Hang, "no shrink verdict after it was woken".into()),
+        None => (
+            Verdict::ShrinkFailed,
+            format!(
+                "ended without a shrink verdict; its last line: {}",
+                mine.last().map_or("none", |l| l.text.as_str())
+            ),
+        ),
+    }
+}
+
+/// The victim restarted at its hostfile address: its `init` must form the full group with
+/// the survivors' rejoin, at rank and size `want`, and verify it.
+fn judge_restarted(
+    stderr: &str,
+    mine: &[&Line],
+    want: (usize, usize),
+    hung: bool,
+) -> (Verdict, String) {
+    if let Some(text) = panicked(stderr) {
+        return (Verdict::Panic, text);
+    }
+    let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
+    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
+        return (Verdict::WrongResult, bad.text[4..].into());
+    }
+    if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
+        return (Verdict::RejoinFailed, failed.text[11..].into());
+    }
+    if let Some(full) = find(&|t| t.starts_with("FULL "))
+        && let Err(e) = check_group(Some(full), "FULL ", want)
+    {
+        return (Verdict::RejoinFailed, format!("its group {e}"));
+    }
+    match find(&|t| t == "REJOINED") {
+        Some(_) => (Verdict::Correct, String::new()),
+        None if hung => (
+            Verdict::Hang,
+            "still running, the full group not verified".into(),
+        ),
+        None => (
+            Verdict::RejoinFailed,
+            "ended before the full group was verified".into(),
+        ),
+    }
+}
+
 /// `at - from` in seconds, negative when `at` is earlier.
 fn signed(at: Instant, from: Instant) -> f64 {
     if at >= from {
@@ -855,16 +1678,31 @@ fn judge(
     (Verdict::Correct, String::new())
 }
 
+/// Where a rank's stdout lines go, and the number they carry there (its rank; a restarted
+/// rank has another).
+struct Tagged(usize, mpsc::Sender<Line>);
+
+/// How a rank starts.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// Runs the loop.
+    Plain,
+    /// Runs the loop, pausing this long before this step.
+    Late(usize, Duration),
+    /// Restarted in place of a failed rank (recover mode): joins the rejoin.
+    Restarted,
+}
+
 /// Starts one rank of `round`, in its namespace when there is one; its stdout lines go to
-/// `lines`, its stderr is kept.
+/// `lines`, its stderr is kept. In recover mode its stdin is a pipe (for [`GO`]).
 fn spawn_rank(
     rank: usize,
     round: &Round,
     options: &Options,
     hostfile: &Path,
-    late: Option<(usize, Duration)>,
+    start: Start,
     netns: Option<&Netns>,
-    lines: mpsc::Sender<Line>,
+    Tagged(tag, lines): Tagged,
 ) -> std::io::Result<RankProcess> {
     let mut argv: Vec<String> = Vec::new();
     if let Some(net) = netns {
@@ -877,13 +1715,18 @@ fn spawn_rank(
         "--steps".into(),
         options.steps.to_string(),
     ]);
-    if let Some((at, pause)) = late {
-        argv.extend([
+    if options.recover {
+        argv.push("--recover".into());
+    }
+    match start {
+        Start::Plain => {}
+        Start::Late(at, pause) => argv.extend([
             "--late-at".into(),
             at.to_string(),
             "--late-ms".into(),
             pause.as_millis().to_string(),
-        ]);
+        ]),
+        Start::Restarted => argv.push("--restarted".into()),
     }
     let mut command = Command::new(&argv[0]);
     command
@@ -904,7 +1747,11 @@ fn spawn_rank(
             nuvec_distributed_engine::WIRE_VAR,
             crate::wire_name(options.wire),
         )
-        .stdin(Stdio::null())
+        .stdin(if options.recover {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
@@ -916,11 +1763,12 @@ fn spawn_rank(
     // A killed chaos run must not leave ranks behind.
     ffi::process::kill_when_parent_dies(&mut command);
     let mut child = command.spawn()?;
+    let stdin = child.stdin.take();
     if let Some(out) = child.stdout.take() {
         thread::spawn(move || {
             for text in BufReader::new(out).lines().map_while(Result::ok) {
                 let line = Line {
-                    rank,
+                    rank: tag,
                     text,
                     at: Instant::now(),
                 };
@@ -943,6 +1791,7 @@ fn spawn_rank(
     }
     Ok(RankProcess {
         child,
+        stdin,
         stderr,
         exited: false,
     })
@@ -1017,5 +1866,163 @@ mod tests {
             judge(&late, t0, in_time, "", Some(&line("FAIL 1 x".into(), 1))).0,
             Verdict::WrongBlame
         );
+    }
+
+    /// A recover round's lines, judged for one survivor (first rank 2 of 4, the victim 1).
+    #[test]
+    fn recover_verdicts() {
+        let round = Round {
+            seed: 1,
+            size: 4,
+            fault: Fault::Kill,
+            victim: 1,
+            at: 3,
+            late_start: false,
+            pause: Duration::ZERO,
+        };
+        let t0 = Instant::now();
+        let in_time = Duration::from_secs(3);
+        let expect = Expect {
+            shrunk: (1, 3),
+            full: (2, 4),
+        };
+        let lines = |texts: &[&str]| -> Vec<Line> {
+            texts
+                .iter()
+                .map(|t| Line {
+                    rank: 2,
+                    text: t.to_string(),
+                    at: t0 + Duration::from_millis(100),
+                })
+                .collect()
+        };
+        let v = |texts: &[&str], stderr: &str, hung: bool, rejoin: Option<bool>| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_survivor(&round, t0, in_time, stderr, &mine, expect, hung, rejoin).0
+        };
+        let good = [
+            "READY",
+            "AT 3",
+            "FAIL 1 lost",
+            "SHRUNK 1 3",
+            "FIRST_MS 20",
+            "SHRUNK_OK",
+            "FULL 2 4",
+            "REJOINED",
+        ];
+        assert_eq!(v(&good, "", false, Some(false)), Verdict::Correct);
+        // Judged only as far as the round went.
+        assert_eq!(v(&good[..6], "", false, None), Verdict::Correct);
+        assert_eq!(v(&good[..6], "", false, Some(true)), Verdict::Hang);
+        assert_eq!(v(&good[..6], "", false, Some(false)), Verdict::RejoinFailed);
+        let panic = "thread 'main' panicked at src/x.rs:1:1";
+        assert_eq!(v(&good, panic, false, Some(false)), Verdict::Panic);
+        assert_eq!(
+            v(&["FAIL 0 lost", "SHRUNK 1 3", "SHRUNK_OK"], "", false, None),
+            Verdict::WrongBlame
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRINKFAIL x"], "", false, None),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 0 3", "SHRUNK_OK"], "", false, None),
+            Verdict::ShrinkFailed,
+            "renumbered wrongly"
+        );
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 1 4", "SHRUNK_OK"], "", false, None),
+            Verdict::ShrinkFailed,
+            "the victim is still in"
+        );
+        assert_eq!(v(&["FAIL 1 lost"], "", true, None), Verdict::Hang);
+        assert_eq!(v(&["FAIL 1 lost"], "", false, None), Verdict::ShrinkFailed);
+        assert_eq!(
+            v(&["FAIL 1 lost", "SHRUNK 1 3"], "", true, None),
+            Verdict::Hang
+        );
+        assert_eq!(
+            v(
+                &["FAIL 1 lost", "SHRUNK 1 3", "BAD step 1000"],
+                "",
+                false,
+                None
+            ),
+            Verdict::WrongResult
+        );
+        let mut rejoined_wrongly = good;
+        rejoined_wrongly[6] = "FULL 1 4";
+        assert_eq!(
+            v(&rejoined_wrongly, "", false, Some(false)),
+            Verdict::RejoinFailed
+        );
+        let mut rejoin_failed = good.to_vec();
+        rejoin_failed.truncate(6);
+        rejoin_failed.push("REJOINFAIL timed out");
+        assert_eq!(
+            v(&rejoin_failed, "", false, Some(false)),
+            Verdict::RejoinFailed
+        );
+
+        let woken = |texts: &[&str], hung: bool| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_woken("", &mine, hung).0
+        };
+        let left_out = "SHRINKFAIL shrink: first rank 1 is left out of the shrunk group";
+        assert_eq!(woken(&["FAIL 0 x", left_out], false), Verdict::Correct);
+        assert_eq!(
+            woken(&["FAIL 0 x", "SHRINKFAIL timed out"], false),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(
+            woken(&["FAIL 0 x", "SHRUNK 0 2", "SHRUNK_OK"], false),
+            Verdict::ShrinkFailed
+        );
+        assert_eq!(woken(&["FAIL 0 x"], true), Verdict::Hang);
+        assert_eq!(woken(&[], false), Verdict::ShrinkFailed);
+
+        let restarted = |texts: &[&str], hung: bool| {
+            let owned = lines(texts);
+            let mine: Vec<&Line> = owned.iter().collect();
+            judge_restarted("", &mine, (1, 4), hung).0
+        };
+        assert_eq!(
+            restarted(&["FULL 1 4", "REJOINED"], false),
+            Verdict::Correct
+        );
+        assert_eq!(
+            restarted(&["FULL 0 4", "REJOINED"], false),
+            Verdict::RejoinFailed
+        );
+        assert_eq!(
+            restarted(&["REJOINFAIL init: x"], false),
+            Verdict::RejoinFailed
+        );
+        assert_eq!(restarted(&["FULL 1 4"], true), Verdict::Hang);
+        assert_eq!(
+            restarted(&["FULL 1 4", "BAD step 3000"], false),
+            Verdict::WrongResult
+        );
+    }
+
+    #[test]
+    fn recover_summary() {
+        let mut summary = Summary {
+            recover: true,
+            ..Summary::default()
+        };
+        summary.verdicts.insert(Verdict::Correct, 3);
+        summary.verdicts.insert(Verdict::RejoinFailed, 1);
+        summary.recovered = [30, 10, 20].map(Duration::from_millis).to_vec();
+        let text = summary.to_string();
+        assert!(text.contains("4 rounds, 3 shrunk and rejoined"), "{text}");
+        assert!(text.contains("1 failed rejoins"), "{text}");
+        assert!(
+            text.contains("median 20 ms, max 30 ms (3 rounds)"),
+            "{text}"
+        );
+        assert_eq!(summary.failures(), 1);
     }
 }

@@ -120,6 +120,20 @@ fn parse_link(s: &str) -> Result<Link, String> {
 
 /// `nuvec chaos [N]`.
 #[derive(Args)]
+#[command(
+    after_help = "With --recover, each round's fault is a kill (-9) or a stop (SIGSTOP) only: a \
+                  cut link or a late rank leaves no failed process to restart. After the fault \
+                  every survivor calls Group::shrink and verifies 5 collectives of random op \
+                  and size on the shrunk group; a stopped victim is then woken (SIGCONT) and \
+                  its own shrink must fail saying it was left out while the shrunk group keeps \
+                  computing right; the victim is killed and started again at its hostfile \
+                  address with a plain init, the survivors call Group::rejoin, and the full \
+                  group verifies 5 more. A round is correct only if every step verified. The \
+                  summary counts wrong results, hangs, panics, failed shrinks and failed \
+                  rejoins apart, with the median and max time from a survivor's failed \
+                  collective to its first verified one on the shrunk group; the exit status \
+                  is non-zero if any round was not correct."
+)]
 struct ChaosArgs {
     /// Rounds to run.
     #[arg(default_value_t = 100)]
@@ -139,6 +153,10 @@ struct ChaosArgs {
     /// Print the ranks' output for rounds that are not correct.
     #[arg(long)]
     verbose: bool,
+    /// Recover after each fault: shrink, verify, restart the victim, rejoin, verify (kill and
+    /// stop faults only).
+    #[arg(long)]
+    recover: bool,
 }
 
 /// `nuvec chaos-rank`: what the chaos driver starts for each rank.
@@ -156,6 +174,12 @@ struct ChaosRankArgs {
     /// How long to pause, in milliseconds.
     #[arg(long, requires = "late_at")]
     late_ms: Option<u64>,
+    /// Recover after a failed collective (shrink, verify, rejoin on the driver's word).
+    #[arg(long)]
+    recover: bool,
+    /// Restarted in place of a failed rank: a plain init, then the full group's collectives.
+    #[arg(long)]
+    restarted: bool,
 }
 
 /// The flags of `mlx.launch` for the ring and JACCL backends.
@@ -372,6 +396,8 @@ fn main() -> ExitCode {
             seed: args.seed,
             steps: args.steps,
             late: args.late_at.zip(args.late_ms.map(Duration::from_millis)),
+            recover: args.recover,
+            restarted: args.restarted,
         })),
     }
 }
@@ -603,6 +629,7 @@ fn chaos(args: &ChaosArgs) -> ExitCode {
         rank_program: vec![exe, "chaos-rank".into()],
         verbose: args.verbose,
         wire: args.wire,
+        recover: args.recover,
     });
     print!("{summary}");
     if summary.failures() > 0 {
