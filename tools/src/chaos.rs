@@ -23,7 +23,9 @@
 //! victim is then woken (SIGCONT), and its own shrink must fail saying it was left out while
 //! the shrunk group keeps computing right; the victim is killed and started again at its
 //! hostfile address with a plain `init`, the survivors call [`Group::rejoin`], and the full
-//! group verifies [`RECOVER_STEPS`] more. The round is correct only if every step verified;
+//! group verifies [`RECOVER_STEPS`] more. A survivor's blame of the fault is judged as in
+//! plain chaos, but a round whose recovery held despite a wrong or late blame is counted
+//! apart ([`Verdict::RecoveredDespiteBlame`]), not as a failure. The round is correct only if every step verified;
 //! otherwise it counts as a failed shrink, a failed rejoin, a wrong result, a hang (a phase
 //! still running past its bound) or a panic. Each round prints the slowest survivor's time
 //! from its failed collective to its first verified collective on the shrunk group; the
@@ -520,6 +522,10 @@ pub enum Verdict {
     /// The fault came after the victim had finished the loop (a link cut takes an `ip`
     /// command, which may be slower than the last collectives): nothing to judge.
     Missed,
+    /// Recover mode: every step of the recovery verified, but a survivor named another
+    /// rank than the victim for the fault, or named it late. Counted apart, not a failure:
+    /// the plain chaos run judges blame, this mode the recovery.
+    RecoveredDespiteBlame,
     /// The right rank named, but later than timeout + 2 s after the fault.
     Late,
     /// Another rank (or none) named, or success despite a fault, or an error for lateness.
@@ -560,7 +566,12 @@ impl Summary {
     pub fn failures(&self) -> usize {
         self.verdicts
             .iter()
-            .filter(|(v, _)| !matches!(v, Verdict::Correct | Verdict::Missed))
+            .filter(|(v, _)| {
+                !matches!(
+                    v,
+                    Verdict::Correct | Verdict::Missed | Verdict::RecoveredDespiteBlame
+                )
+            })
             .map(|(_, n)| n)
             .sum()
     }
@@ -577,9 +588,11 @@ impl fmt::Display for Summary {
             writeln!(
                 f,
                 "chaos --recover: {rounds} rounds, {} shrunk and rejoined with every step \
-                 verified, {} wrong results, {} hangs, {} panics, {} failed shrinks, {} failed \
-                 rejoins, {} wrong blame, {} late verdicts, {} faults that missed the loop",
-                self.count(Verdict::Correct),
+                 verified ({} of them after a survivor blamed the wrong rank or blamed late), \
+                 {} wrong results, {} hangs, {} panics, {} failed shrinks, {} failed rejoins, \
+                 {} wrong blame, {} late verdicts, {} faults that missed the loop",
+                self.count(Verdict::Correct) + self.count(Verdict::RecoveredDespiteBlame),
+                self.count(Verdict::RecoveredDespiteBlame),
                 self.count(Verdict::WrongResult),
                 self.count(Verdict::Hang),
                 self.count(Verdict::Panic),
@@ -884,7 +897,10 @@ pub fn run(options: &Options) -> Summary {
         if verdict != Verdict::Missed {
             let entry = summary.by_fault.entry(round.fault).or_default();
             entry.0 += 1;
-            entry.1 += usize::from(verdict == Verdict::Correct);
+            entry.1 += usize::from(matches!(
+                verdict,
+                Verdict::Correct | Verdict::RecoveredDespiteBlame
+            ));
         }
     }
     summary
@@ -1482,10 +1498,20 @@ fn judge_survivor(
         return (Verdict::WrongResult, bad.text[4..].into());
     }
     let noticed = find(&|t| t == "DONE" || t.starts_with("FAIL "));
-    let (verdict, note) = judge(round, fault_at, in_time, "", noticed.copied());
-    if verdict != Verdict::Correct {
-        return (verdict, note);
+    let (blame, blame_note) = judge(round, fault_at, in_time, "", noticed.copied());
+    if matches!(blame, Verdict::Hang | Verdict::Panic | Verdict::WrongResult) {
+        return (blame, blame_note);
     }
+    // The recovery is judged whatever the blame: a survivor that named the wrong rank (or
+    // named it late) still has to shrink, verify, rejoin and verify, and a round in which
+    // all of that held is counted apart from both correct and failed rounds.
+    let recovered = || match blame {
+        Verdict::Correct => (Verdict::Correct, String::new()),
+        _ => (
+            Verdict::RecoveredDespiteBlame,
+            format!("recovered, but blamed: {blame_note}"),
+        ),
+    };
     if let Some(failed) = find(&|t| t.starts_with("SHRINKFAIL ")) {
         return (Verdict::ShrinkFailed, failed.text[11..].into());
     }
@@ -1518,7 +1544,7 @@ fn judge_survivor(
         );
     }
     let Some(hung) = rejoin else {
-        return (Verdict::Correct, String::new());
+        return recovered();
     };
     if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
         return (Verdict::RejoinFailed, failed.text[11..].into());
@@ -1536,7 +1562,7 @@ fn judge_survivor(
             Verdict::RejoinFailed,
         );
     }
-    (Verdict::Correct, String::new())
+    recovered()
 }
 
 /// A stopped victim woken after the survivors shrank: its shrink must fail saying it was
@@ -1918,9 +1944,15 @@ mod tests {
         assert_eq!(v(&good[..6], "", false, Some(false)), Verdict::RejoinFailed);
         let panic = "thread 'main' panicked at src/x.rs:1:1";
         assert_eq!(v(&good, panic, false, Some(false)), Verdict::Panic);
+        // Wrong blame is counted apart when the recovery held, and the recovery's failure
+        // is the verdict when it did not.
         assert_eq!(
             v(&["FAIL 0 lost", "SHRUNK 1 3", "SHRUNK_OK"], "", false, None),
-            Verdict::WrongBlame
+            Verdict::RecoveredDespiteBlame
+        );
+        assert_eq!(
+            v(&["FAIL 0 lost", "SHRINKFAIL x"], "", false, None),
+            Verdict::ShrinkFailed
         );
         assert_eq!(
             v(&["FAIL 1 lost", "SHRINKFAIL x"], "", false, None),
