@@ -220,7 +220,7 @@ pub struct RankPlan {
     /// Pause this long before this step (a late rank).
     pub late: Option<(usize, Duration)>,
     /// Recover after a failed collective: shrink, verify, wait for the driver's word, rejoin,
-    /// verify (see [`recover`]).
+    /// verify (see the module docs).
     pub recover: bool,
     /// A rank restarted in place of a failed one: a plain `init`, then the full group's
     /// verified collectives.
