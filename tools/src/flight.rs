@@ -240,6 +240,10 @@ pub struct Blamed {
     pub by: Vec<usize>,
     /// Their call (the lowest of those ranks').
     pub call: CallState,
+    /// Those of `by` that failed a later call than `call`, with that call's number: on a
+    /// ring, a neighbour of the hung rank can finish the call the others wait in and fail
+    /// the next.
+    pub later: Vec<(usize, u64)>,
     /// Whether one of them timed out waiting for it (rather than all losing their
     /// connections to it): it hung, or was stopped.
     pub timed_out: bool,
@@ -447,6 +451,38 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
             taken.join("; ")
         ));
     }
+    // The rank the others wait for comes first, before the ranks behind: one of those may
+    // only be stuck in an earlier call waiting for it (a ring's neighbour of the hung rank
+    // finishes the call the others wait in, then fails the next). A rank behind, or
+    // without a record, has a line of its own.
+    if let Some(b) = blamed
+        .as_ref()
+        .filter(|b| !behind.iter().any(|lag| lag.rank == b.rank) && !missing.contains(&b.rank))
+    {
+        let (verb, how) = if b.timed_out {
+            ("hung", "waiting for it")
+        } else {
+            ("failed", "losing their connection to it")
+        };
+        let mut line = format!(
+            "rank {} {verb}: {} failed call {} ({}) {how}",
+            b.rank,
+            rank_list(&b.by),
+            b.call.seq,
+            b.call.call
+        );
+        for (rank, seq) in &b.later {
+            let _ = write!(line, " (rank {rank} in call {seq})");
+        }
+        if let Some(own) = &b.own {
+            let _ = write!(
+                line,
+                "; its own call {} ({}): {}",
+                own.seq, own.call, own.ending
+            );
+        }
+        summary.push(line);
+    }
     for lag in &behind {
         let others: Vec<usize> = dumps
             .iter()
@@ -467,31 +503,8 @@ pub fn analyse(dumps: &[Dump]) -> Verdict {
                 lag.calls
             );
         }
-        summary.push(line);
-    }
-    // A rank behind, or without a record, has a line of its own.
-    if let Some(b) = blamed
-        .as_ref()
-        .filter(|b| !behind.iter().any(|lag| lag.rank == b.rank) && !missing.contains(&b.rank))
-    {
-        let (verb, how) = if b.timed_out {
-            ("hung", "waiting for it")
-        } else {
-            ("failed", "losing their connection to it")
-        };
-        let mut line = format!(
-            "rank {} {verb}: {} failed call {} ({}) {how}",
-            b.rank,
-            rank_list(&b.by),
-            b.call.seq,
-            b.call.call
-        );
-        if let Some(own) = &b.own {
-            let _ = write!(
-                line,
-                "; its own call {} ({}): {}",
-                own.seq, own.call, own.ending
-            );
+        if let Some(b) = blamed.as_ref().filter(|b| b.by.contains(&lag.rank)) {
+            let _ = write!(line, "; its own last call failed on rank {}", b.rank);
         }
         summary.push(line);
     }
@@ -577,10 +590,16 @@ fn blamed(dumps: &[Dump], unfinished: &[Unfinished]) -> Option<Blamed> {
     if leaders.next().is_some() || 2 * most < others {
         return None;
     }
+    let first = blamers.iter().map(|(u, _)| &u.call).min_by_key(|c| c.seq)?;
     Some(Blamed {
         rank,
         by: blamers.iter().map(|(u, _)| u.rank).collect(),
-        call: blamers[0].0.call.clone(),
+        later: blamers
+            .iter()
+            .filter(|(u, _)| u.call.seq > first.seq)
+            .map(|(u, _)| (u.rank, u.call.seq))
+            .collect(),
+        call: first.clone(),
         timed_out: blamers.iter().any(|&(_, t)| t),
         own: unfinished
             .iter()
@@ -834,6 +853,45 @@ mod tests {
         );
         assert!(
             v.summary[0].starts_with("rank 1 is behind"),
+            "{:?}",
+            v.summary
+        );
+    }
+
+    /// The records of a CI run on MLX's ring at P = 3 with rank 1 stopped: its neighbour
+    /// rank 2 finished call 1, which rank 0 still waits in, and failed call 2; rank 0 is
+    /// behind by a call only because it waits for rank 1, which is named first.
+    #[test]
+    fn the_rank_others_wait_for_comes_before_a_rank_behind_it() {
+        let failed = |seq, kind: &str, peer| {
+            let mut e = entry(seq, "all_sum", 4, "failed");
+            e.error = Some(CallError {
+                kind: kind.into(),
+                fault: "PeerFailed".into(),
+                peer: Some(peer),
+            });
+            e
+        };
+        let ok = |seq| entry(seq, "all_sum", 4, "ok");
+        let v = analyse(&[
+            dump(0, vec![ok(0), failed(1, "Timeout", 1)]),
+            dump(1, vec![ok(0), ok(1), failed(2, "Timeout", 2)]),
+            dump(2, vec![ok(0), ok(1), failed(2, "Lost", 1)]),
+        ]);
+        let b = v.blamed.clone().expect("a rank to blame");
+        assert_eq!(
+            (b.rank, b.by.as_slice(), b.call.seq, b.later.as_slice()),
+            (1, &[0, 2][..], 1, &[(2, 2)][..])
+        );
+        assert!(
+            v.summary[0].starts_with("rank 1 hung: ranks 0, 2 failed call 1 ")
+                && v.summary[0].contains("(rank 2 in call 2)"),
+            "{:?}",
+            v.summary
+        );
+        assert!(
+            v.summary[1].starts_with("rank 0 is behind")
+                && v.summary[1].ends_with("its own last call failed on rank 1"),
             "{:?}",
             v.summary
         );
