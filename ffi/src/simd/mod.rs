@@ -330,7 +330,17 @@ pub fn reduce(
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
-    dispatch(level, true, semantics, op, elem, acc, inc)
+    dispatch(
+        level,
+        true,
+        Reduction {
+            semantics,
+            op,
+            elem,
+        },
+        acc,
+        inc,
+    )
 }
 
 /// Whether `level` has a kernel for `(op, elem)` under `semantics` on this machine, that is,
@@ -338,6 +348,19 @@ pub fn reduce(
 pub fn covers(level: Level, semantics: Semantics, op: Op, elem: Elem) -> bool {
     // An empty reduction is free and answers exactly as a real one would.
     reduce(level, semantics, op, elem, &mut [], &[])
+}
+
+/// What a level's entry point computes: the operation, the element type, and the rule float
+/// `max` and `min` follow.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+struct Reduction {
+    semantics: Semantics,
+    op: Op,
+    elem: Elem,
 }
 
 // Shared by the intrinsic kernels of both instruction sets.
@@ -376,6 +399,36 @@ fn blocks<const N: usize>(
     }
 }
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// `max` or `min` of `size`-byte elements over whole `N`-byte blocks, as [`blocks`] cuts them,
+/// as [`portable::max_by`]/[`portable::min_by`] decide: the other operand replaces the kept one
+/// (the incoming value if `INC_KEPT`, else the accumulator) only in the elements where the
+/// comparison is strict. `load` reads a block as a vector, `less(x, y)` marks the lanes of the
+/// elements where `x < y`, and `store(block, kept, other, take)` writes `kept` with `other` in
+/// the lanes `take` marks.
+#[inline(always)]
+fn select<const INC_KEPT: bool, const N: usize, V: Copy, M>(
+    op: Op,
+    size: usize,
+    acc: &mut [u8],
+    inc: &[u8],
+    load: impl Fn(&[u8; N]) -> V,
+    less: impl Fn(V, V) -> M,
+    store: impl Fn(&mut [u8; N], V, V, M),
+) {
+    match op {
+        Op::Max => blocks::<N>(acc, inc, size, |a, b| {
+            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
+            store(a, kept, other, less(kept, other));
+        }),
+        Op::Min => blocks::<N>(acc, inc, size, |a, b| {
+            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
+            store(a, kept, other, less(other, kept));
+        }),
+        Op::Sum => unreachable!("select is called for max and min only"),
+    }
+}
+
 /// [`reduce`], with the choice of declining AVX512-BF16 (so that tests can check the kernel
 /// used without it on a machine that has it; aarch64 has no optional path to decline, and
 /// other architectures no kernels).
@@ -386,9 +439,7 @@ fn blocks<const N: usize>(
 fn dispatch(
     level: Level,
     use_avx512bf16: bool,
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
+    what: Reduction,
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
@@ -402,21 +453,21 @@ fn dispatch(
         Level::Avx2 => {
             // SAFETY: `is_available(Avx2)` just held, which runtime detection makes true only
             // when the CPU has AVX2, the one feature `reduce_avx2` is compiled for.
-            unsafe { x86_64::reduce_avx2(semantics, op, elem, acc, inc) }
+            unsafe { x86_64::reduce_avx2(what, acc, inc) }
         }
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => {
             // SAFETY: `is_available(Avx512)` just held, which runtime detection makes true
             // only when the CPU has AVX-512 F, BW and VL and the AVX2, FMA and F16C they
             // imply: every feature `reduce_avx512` is compiled for.
-            unsafe { x86_64::reduce_avx512(use_avx512bf16, semantics, op, elem, acc, inc) }
+            unsafe { x86_64::reduce_avx512(use_avx512bf16, what, acc, inc) }
         }
         #[cfg(target_arch = "aarch64")]
         Level::Neon => {
             // SAFETY: `reduce_neon` is compiled for `neon`, which is part of the baseline of
             // every aarch64 target Rust has (`detect` offers `Neon` only where
             // `cfg!(target_feature = "neon")` holds, and `is_available` just held).
-            unsafe { aarch64::reduce_neon(semantics, op, elem, acc, inc) }
+            unsafe { aarch64::reduce_neon(what, acc, inc) }
         }
         // The scalar level, and the levels of other architectures (never available here).
         _ => false,
@@ -539,25 +590,13 @@ mod tests {
                 let mut with = acc.clone();
                 let mut without = acc.clone();
                 // Sums are the same under both semantics: alternate them.
-                let semantics = Semantics::ALL[round % 2];
-                let ran = dispatch(
-                    level,
-                    true,
-                    semantics,
-                    Op::Sum,
-                    Elem::BF16,
-                    &mut with[1..],
-                    &inc[1..],
-                );
-                let ran_without = dispatch(
-                    level,
-                    false,
-                    semantics,
-                    Op::Sum,
-                    Elem::BF16,
-                    &mut without[1..],
-                    &inc[1..],
-                );
+                let sum = Reduction {
+                    semantics: Semantics::ALL[round % 2],
+                    op: Op::Sum,
+                    elem: Elem::BF16,
+                };
+                let ran = dispatch(level, true, sum, &mut with[1..], &inc[1..]);
+                let ran_without = dispatch(level, false, sum, &mut without[1..], &inc[1..]);
                 assert_eq!(ran, level != Level::Scalar, "{level}");
                 assert_eq!(ran_without, ran, "{level}");
                 if !ran {
