@@ -648,70 +648,56 @@ mod tests {
         }
     }
 
-    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, result)`. Sums with a
-    /// NaN are [`F16_NAN_SUMS`], which differ between targets.
+    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, ring, jaccl)`, the result
+    /// under each [`Semantics`]. Sums are the same under both; max and min differ where the
+    /// comparison decides nothing (NaN, equal zeros), the ring keeping the accumulator and
+    /// JACCL the incoming value. Sums with a NaN are [`F16_NAN_SUMS`], which differ between
+    /// targets.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    const F16_CASES: [(Op, u16, u16, u16); 20] = [
-        (Op::Sum, 0x3C00, 0x4000, 0x4200), // 1 + 2 = 3
-        (Op::Sum, 0x6800, 0x3C00, 0x6800), // 2048 + 1: a tie, to even
-        (Op::Sum, 0x6801, 0x3C00, 0x6802), // 2050 + 1: a tie, to even (up)
-        (Op::Sum, 0x7BFF, 0x7BFF, 0x7C00), // max + max overflows to infinity
-        (Op::Sum, 0x0001, 0x0001, 0x0002), // subnormals stay exact
-        (Op::Sum, 0x03FF, 0x0001, 0x0400), // into the normals
-        (Op::Sum, 0x8000, 0x8000, 0x8000), // -0 + -0 = -0
-        (Op::Sum, 0x8000, 0x0000, 0x0000), // -0 + 0 = 0
-        (Op::Max, 0x3C00, 0x4000, 0x4000),
-        (Op::Max, 0x4000, 0x3C00, 0x4000),
-        (Op::Max, 0x7E00, 0x3C00, 0x7E00), // a NaN in acc stays
-        (Op::Max, 0x3C00, 0x7E01, 0x3C00), // an incoming NaN is ignored
-        (Op::Max, 0x8000, 0x0000, 0x8000), // equal zeros keep acc's sign
-        (Op::Max, 0xFC00, 0x0001, 0x0001),
-        (Op::Min, 0x3C00, 0x4000, 0x3C00),
-        (Op::Min, 0x4000, 0x3C00, 0x3C00),
-        (Op::Min, 0xFE00, 0x3C00, 0xFE00),
-        (Op::Min, 0x3C00, 0xFE00, 0x3C00),
-        (Op::Min, 0x0000, 0x8000, 0x0000),
-        (Op::Min, 0x0001, 0xFC00, 0xFC00),
+    const F16_CASES: [(Op, u16, u16, u16, u16); 22] = [
+        (Op::Sum, 0x3C00, 0x4000, 0x4200, 0x4200), // 1 + 2 = 3
+        (Op::Sum, 0x6800, 0x3C00, 0x6800, 0x6800), // 2048 + 1: a tie, to even
+        (Op::Sum, 0x6801, 0x3C00, 0x6802, 0x6802), // 2050 + 1: a tie, to even (up)
+        (Op::Sum, 0x7BFF, 0x7BFF, 0x7C00, 0x7C00), // max + max overflows to infinity
+        (Op::Sum, 0x0001, 0x0001, 0x0002, 0x0002), // subnormals stay exact
+        (Op::Sum, 0x03FF, 0x0001, 0x0400, 0x0400), // into the normals
+        (Op::Sum, 0x8000, 0x8000, 0x8000, 0x8000), // -0 + -0 = -0
+        (Op::Sum, 0x8000, 0x0000, 0x0000, 0x0000), // -0 + 0 = 0
+        (Op::Max, 0x3C00, 0x4000, 0x4000, 0x4000),
+        (Op::Max, 0x4000, 0x3C00, 0x4000, 0x4000),
+        (Op::Max, 0x7E00, 0x3C00, 0x7E00, 0x3C00), // a NaN in acc: stays, or is replaced
+        (Op::Max, 0x3C00, 0x7E01, 0x3C00, 0x7E01), // an incoming NaN: ignored, or wins
+        (Op::Max, 0x8000, 0x0000, 0x8000, 0x0000), // equal zeros: acc's sign, or inc's
+        (Op::Max, 0x0000, 0x8000, 0x0000, 0x8000),
+        (Op::Max, 0xFC00, 0x0001, 0x0001, 0x0001),
+        (Op::Min, 0x3C00, 0x4000, 0x3C00, 0x3C00),
+        (Op::Min, 0x4000, 0x3C00, 0x3C00, 0x3C00),
+        (Op::Min, 0xFE00, 0x3C00, 0xFE00, 0x3C00),
+        (Op::Min, 0x3C00, 0xFE00, 0x3C00, 0xFE00),
+        (Op::Min, 0x0000, 0x8000, 0x0000, 0x8000),
+        (Op::Min, 0x8000, 0x0000, 0x8000, 0x0000),
+        (Op::Min, 0x0001, 0xFC00, 0xFC00, 0xFC00),
     ];
 
-    /// `f16` sums with a NaN on x86: MLX's software half makes any NaN the sign over
-    /// 0x7D00.
+    /// `f16` sums with a NaN on x86, as bits `(acc, inc, sum)`: MLX's software half makes any
+    /// NaN the sign over 0x7D00.
     #[cfg(target_arch = "x86_64")]
-    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
-        (Op::Sum, 0x7E00, 0x3C00, 0x7D00),
-        (Op::Sum, 0x3C00, 0xFE01, 0xFD00),
-        (Op::Sum, 0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
-        (Op::Sum, 0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
+    const F16_NAN_SUMS: [(u16, u16, u16); 4] = [
+        (0x7E00, 0x3C00, 0x7D00),
+        (0x3C00, 0xFE01, 0xFD00),
+        (0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
+        (0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
     ];
 
-    /// `f16` sums with a NaN on aarch64, where MLX adds in native `float16_t`: the NaN
-    /// operand, quieted, with its payload; the default NaN (positive) for inf - inf.
+    /// `f16` sums with a NaN on aarch64, as bits `(acc, inc, sum)`, where MLX adds in native
+    /// `float16_t`: the NaN operand, quieted, with its payload; the default NaN (positive)
+    /// for inf - inf.
     #[cfg(target_arch = "aarch64")]
-    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
-        (Op::Sum, 0x7E00, 0x3C00, 0x7E00),
-        (Op::Sum, 0x3C00, 0xFE01, 0xFE01),
-        (Op::Sum, 0xFC01, 0x3C00, 0xFE01), // a signalling NaN is quieted
-        (Op::Sum, 0x7C00, 0xFC00, 0x7E00),
-    ];
-
-    /// `f16` max and min with MLX's JACCL results, as bits: the incoming value wins on NaN
-    /// and on equality. (Sums are [`F16_CASES`]'.)
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    const F16_JACCL_CASES: [(Op, u16, u16, u16); 14] = [
-        (Op::Max, 0x3C00, 0x4000, 0x4000),
-        (Op::Max, 0x4000, 0x3C00, 0x4000),
-        (Op::Max, 0x7E00, 0x3C00, 0x3C00), // a NaN in acc is replaced
-        (Op::Max, 0x3C00, 0x7E01, 0x7E01), // an incoming NaN wins
-        (Op::Max, 0x8000, 0x0000, 0x0000), // equal zeros: the incoming sign
-        (Op::Max, 0x0000, 0x8000, 0x8000),
-        (Op::Max, 0xFC00, 0x0001, 0x0001),
-        (Op::Min, 0x3C00, 0x4000, 0x3C00),
-        (Op::Min, 0x4000, 0x3C00, 0x3C00),
-        (Op::Min, 0xFE00, 0x3C00, 0x3C00),
-        (Op::Min, 0x3C00, 0xFE00, 0xFE00),
-        (Op::Min, 0x0000, 0x8000, 0x8000),
-        (Op::Min, 0x8000, 0x0000, 0x0000),
-        (Op::Min, 0x0001, 0xFC00, 0xFC00),
+    const F16_NAN_SUMS: [(u16, u16, u16); 4] = [
+        (0x7E00, 0x3C00, 0x7E00),
+        (0x3C00, 0xFE01, 0xFE01),
+        (0xFC01, 0x3C00, 0xFE01), // a signalling NaN is quieted
+        (0x7C00, 0xFC00, 0x7E00),
     ];
 
     /// Every level with an `f16` kernel gives the known results, at every length around the
@@ -726,23 +712,22 @@ mod tests {
                 if !covers(level, semantics, op, Elem::F16) {
                     continue;
                 }
-                let table: &[_] = match (semantics, op) {
-                    (Semantics::Jaccl, Op::Max | Op::Min) => &F16_JACCL_CASES,
-                    _ => &F16_CASES,
-                };
-                let cases: Vec<_> = table
+                let cases: Vec<(u16, u16, u16)> = F16_CASES
                     .iter()
-                    .chain(&F16_NAN_SUMS)
-                    .copied()
                     .filter(|c| c.0 == op)
+                    .map(|&(_, a, b, ring, jaccl)| match semantics {
+                        Semantics::Ring => (a, b, ring),
+                        Semantics::Jaccl => (a, b, jaccl),
+                    })
+                    .chain(F16_NAN_SUMS.into_iter().filter(|_| op == Op::Sum))
                     .collect();
                 for n in 0..40 {
                     let case = |i: usize| cases[i % cases.len()];
                     let mut acc = vec![0xAAu8];
                     let mut inc = vec![0x55u8];
                     for i in 0..n {
-                        acc.extend_from_slice(&case(i).1.to_ne_bytes());
-                        inc.extend_from_slice(&case(i).2.to_ne_bytes());
+                        acc.extend_from_slice(&case(i).0.to_ne_bytes());
+                        inc.extend_from_slice(&case(i).1.to_ne_bytes());
                     }
                     acc.push(0xAA);
                     let end = acc.len() - 1;
@@ -758,7 +743,7 @@ mod tests {
                     assert_eq!((acc[0], acc[end]), (0xAA, 0xAA), "{what} n={n}");
                     for i in 0..n {
                         let got = u16::from_ne_bytes([acc[1 + 2 * i], acc[2 + 2 * i]]);
-                        let (_, a, b, want) = case(i);
+                        let (a, b, want) = case(i);
                         assert_eq!(got, want, "{what}({a:#06x}, {b:#06x}), element {i} of {n}");
                     }
                     checked += 1;
