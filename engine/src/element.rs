@@ -79,14 +79,9 @@ impl DType {
         DType::Complex64,
     ];
 
-    /// Bytes per element.
+    /// Bytes per element: the wire width the reduction kernels use for the same type.
     pub const fn size(self) -> usize {
-        match self {
-            DType::Bool | DType::U8 | DType::I8 => 1,
-            DType::U16 | DType::I16 | DType::F16 | DType::BF16 => 2,
-            DType::U32 | DType::I32 | DType::F32 => 4,
-            DType::U64 | DType::I64 | DType::F64 | DType::Complex64 => 8,
-        }
+        crate::reduce::simd_elem(self).size()
     }
 
     /// MLX's name for the dtype (`mx.float32` is `"float32"`).

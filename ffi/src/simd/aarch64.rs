@@ -26,35 +26,31 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::{Elem, Op, Semantics, blocks, order, portable};
+use super::{Elem, Op, Reduction, Semantics, blocks, portable};
 
 /// The NEON level: the plain loops, and the kernels of this module where they exist.
 #[target_feature(enable = "neon")]
-pub(super) fn reduce_neon(
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
-    acc: &mut [u8],
-    inc: &[u8],
-) -> bool {
+pub(super) fn reduce_neon(what: Reduction, acc: &mut [u8], inc: &[u8]) -> bool {
+    let (semantics, op, elem) = (what.semantics, what.op, what.elem);
     match (elem, op, semantics) {
-        (Elem::F16, Op::Sum, _) => blocks::<16>(acc, inc, 2, |a, b| {
-            let (a0, a1) = f16_widen(load(a));
-            let (b0, b1) = f16_widen(load(b));
-            store(a, f16_narrow(vaddq_f32(a0, b0), vaddq_f32(a1, b1)));
-        }),
-        (Elem::F16, _, Semantics::Ring) => select::<false>(op, 2, acc, inc, |x, y| f16_less(x, y)),
-        (Elem::F16, _, Semantics::Jaccl) => select::<true>(op, 2, acc, inc, |x, y| f16_less(x, y)),
-        (Elem::BF16, Op::Sum, _) => blocks::<16>(acc, inc, 2, |a, b| {
-            let (a0, a1) = bf16_widen(load(a));
-            let (b0, b1) = bf16_widen(load(b));
-            store(a, bf16_narrow(vaddq_f32(a0, b0), vaddq_f32(a1, b1)));
-        }),
+        (Elem::F16, Op::Sum, _) => half_sum(acc, inc, f16_widen, f16_narrow),
+        (Elem::F16, _, Semantics::Ring) => {
+            select::<false>(op, 2, acc, inc, |x, y| half_less(x, y, f16_widen))
+        }
+        (Elem::F16, _, Semantics::Jaccl) => {
+            select::<true>(op, 2, acc, inc, |x, y| half_less(x, y, f16_widen))
+        }
+        (Elem::BF16, Op::Sum, _) => half_sum(
+            acc,
+            inc,
+            |h| bf16_widen(h),
+            |low, high| bf16_narrow(low, high),
+        ),
         (Elem::BF16, _, Semantics::Ring) => {
-            select::<false>(op, 2, acc, inc, |x, y| bf16_less(x, y))
+            select::<false>(op, 2, acc, inc, |x, y| half_less(x, y, |h| bf16_widen(h)))
         }
         (Elem::BF16, _, Semantics::Jaccl) => {
-            select::<true>(op, 2, acc, inc, |x, y| bf16_less(x, y))
+            select::<true>(op, 2, acc, inc, |x, y| half_less(x, y, |h| bf16_widen(h)))
         }
         (Elem::Complex64, Op::Max | Op::Min, Semantics::Ring) => {
             select::<false>(op, 8, acc, inc, |x, y| complex_less(x, y))
@@ -68,9 +64,10 @@ pub(super) fn reduce_neon(
 }
 
 /// `max` or `min` of `size`-byte elements, sixteen bytes at a time, with `less` the
-/// element order (all ones over each element where `x < y`): the other operand replaces the
-/// kept one (the incoming value if `INC_KEPT`, else the accumulator) only where the
-/// comparison is strict, as [`portable::max_by`]/[`portable::min_by`].
+/// element order (all ones over each element where `x < y`): [`super::select`] on NEON
+/// vectors, so the other operand replaces the kept one (the incoming value if `INC_KEPT`,
+/// else the accumulator) only where the comparison is strict, as
+/// [`portable::max_by`]/[`portable::min_by`].
 #[target_feature(enable = "neon")]
 #[inline]
 fn select<const INC_KEPT: bool>(
@@ -80,17 +77,32 @@ fn select<const INC_KEPT: bool>(
     inc: &[u8],
     less: impl Fn(uint8x16_t, uint8x16_t) -> uint8x16_t,
 ) {
-    match op {
-        Op::Max => blocks::<16>(acc, inc, size, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
-            store(a, vbslq_u8(less(kept, other), other, kept));
-        }),
-        Op::Min => blocks::<16>(acc, inc, size, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
-            store(a, vbslq_u8(less(other, kept), other, kept));
-        }),
-        Op::Sum => unreachable!("select is called for max and min only"),
-    }
+    super::select::<INC_KEPT, 16, _, _>(
+        op,
+        size,
+        acc,
+        inc,
+        |a| load(a),
+        less,
+        |a, kept, other, take| store(a, vbslq_u8(take, other, kept)),
+    );
+}
+
+/// Sums of 16-bit floats, sixteen bytes at a time: each half widened to `f32` by `widen`
+/// (exactly), the pairs added in `f32`, and the sums narrowed back by `narrow` (rounded once).
+#[target_feature(enable = "neon")]
+#[inline]
+fn half_sum(
+    acc: &mut [u8],
+    inc: &[u8],
+    widen: impl Fn(uint8x16_t) -> (float32x4_t, float32x4_t),
+    narrow: impl Fn(float32x4_t, float32x4_t) -> uint8x16_t,
+) {
+    blocks::<16>(acc, inc, 2, |a, b| {
+        let (a0, a1) = widen(load(a));
+        let (b0, b1) = widen(load(b));
+        store(a, narrow(vaddq_f32(a0, b0), vaddq_f32(a1, b1)));
+    });
 }
 
 /// A 16-byte block as one vector.
@@ -163,12 +175,17 @@ fn narrow_mask(low: uint32x4_t, high: uint32x4_t) -> uint8x16_t {
     vreinterpretq_u8_u16(vmovn_high_u32(vmovn_u32(low), high))
 }
 
-/// All ones in the 16-bit lanes where `x < y` as `f16` values (false when either is NaN,
-/// and for +0 against -0), as [`portable::max`]/[`portable::min`] compare.
+/// All ones in the 16-bit lanes where `x < y` as 16-bit floats (`f16` or `bfloat16`, as
+/// `widen` makes them `f32`), false when either is NaN and for +0 against -0, as
+/// [`portable::max`]/[`portable::min`] compare.
 #[target_feature(enable = "neon")]
 #[inline]
-fn f16_less(x: uint8x16_t, y: uint8x16_t) -> uint8x16_t {
-    let ((x0, x1), (y0, y1)) = (f16_widen(x), f16_widen(y));
+fn half_less(
+    x: uint8x16_t,
+    y: uint8x16_t,
+    widen: impl Fn(uint8x16_t) -> (float32x4_t, float32x4_t),
+) -> uint8x16_t {
+    let ((x0, x1), (y0, y1)) = (widen(x), widen(y));
     narrow_mask(vcltq_f32(x0, y0), vcltq_f32(x1, y1))
 }
 
@@ -203,14 +220,6 @@ fn bf16_narrow(low: float32x4_t, high: float32x4_t) -> uint8x16_t {
     let ordered = narrow_mask(vceqq_f32(low, low), vceqq_f32(high, high));
     let nan = vreinterpretq_u8_u16(vdupq_n_u16(0x7FC0));
     vbslq_u8(ordered, vreinterpretq_u8_u16(rounded), nan)
-}
-
-/// All ones in the 16-bit lanes where `x < y` as `bfloat16` values, as [`f16_less`].
-#[target_feature(enable = "neon")]
-#[inline]
-fn bf16_less(x: uint8x16_t, y: uint8x16_t) -> uint8x16_t {
-    let ((x0, x1), (y0, y1)) = (bf16_widen(x), bf16_widen(y));
-    narrow_mask(vcltq_f32(x0, y0), vcltq_f32(x1, y1))
 }
 
 /// All ones over the whole `complex64` elements (two per vector) where `x < y` in MLX's

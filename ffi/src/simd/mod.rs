@@ -330,7 +330,17 @@ pub fn reduce(
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
-    dispatch(level, true, semantics, op, elem, acc, inc)
+    dispatch(
+        level,
+        true,
+        Reduction {
+            semantics,
+            op,
+            elem,
+        },
+        acc,
+        inc,
+    )
 }
 
 /// Whether `level` has a kernel for `(op, elem)` under `semantics` on this machine, that is,
@@ -338,6 +348,19 @@ pub fn reduce(
 pub fn covers(level: Level, semantics: Semantics, op: Op, elem: Elem) -> bool {
     // An empty reduction is free and answers exactly as a real one would.
     reduce(level, semantics, op, elem, &mut [], &[])
+}
+
+/// What a level's entry point computes: the operation, the element type, and the rule float
+/// `max` and `min` follow.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+struct Reduction {
+    semantics: Semantics,
+    op: Op,
+    elem: Elem,
 }
 
 // Shared by the intrinsic kernels of both instruction sets.
@@ -376,6 +399,36 @@ fn blocks<const N: usize>(
     }
 }
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// `max` or `min` of `size`-byte elements over whole `N`-byte blocks, as [`blocks`] cuts them,
+/// as [`portable::max_by`]/[`portable::min_by`] decide: the other operand replaces the kept one
+/// (the incoming value if `INC_KEPT`, else the accumulator) only in the elements where the
+/// comparison is strict. `load` reads a block as a vector, `less(x, y)` marks the lanes of the
+/// elements where `x < y`, and `store(block, kept, other, take)` writes `kept` with `other` in
+/// the lanes `take` marks.
+#[inline(always)]
+fn select<const INC_KEPT: bool, const N: usize, V: Copy, M>(
+    op: Op,
+    size: usize,
+    acc: &mut [u8],
+    inc: &[u8],
+    load: impl Fn(&[u8; N]) -> V,
+    less: impl Fn(V, V) -> M,
+    store: impl Fn(&mut [u8; N], V, V, M),
+) {
+    match op {
+        Op::Max => blocks::<N>(acc, inc, size, |a, b| {
+            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
+            store(a, kept, other, less(kept, other));
+        }),
+        Op::Min => blocks::<N>(acc, inc, size, |a, b| {
+            let (kept, other) = order::<INC_KEPT, _>(load(a), load(b));
+            store(a, kept, other, less(other, kept));
+        }),
+        Op::Sum => unreachable!("select is called for max and min only"),
+    }
+}
+
 /// [`reduce`], with the choice of declining AVX512-BF16 (so that tests can check the kernel
 /// used without it on a machine that has it; aarch64 has no optional path to decline, and
 /// other architectures no kernels).
@@ -386,9 +439,7 @@ fn blocks<const N: usize>(
 fn dispatch(
     level: Level,
     use_avx512bf16: bool,
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
+    what: Reduction,
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
@@ -402,21 +453,21 @@ fn dispatch(
         Level::Avx2 => {
             // SAFETY: `is_available(Avx2)` just held, which runtime detection makes true only
             // when the CPU has AVX2, the one feature `reduce_avx2` is compiled for.
-            unsafe { x86_64::reduce_avx2(semantics, op, elem, acc, inc) }
+            unsafe { x86_64::reduce_avx2(what, acc, inc) }
         }
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => {
             // SAFETY: `is_available(Avx512)` just held, which runtime detection makes true
             // only when the CPU has AVX-512 F, BW and VL and the AVX2, FMA and F16C they
             // imply: every feature `reduce_avx512` is compiled for.
-            unsafe { x86_64::reduce_avx512(use_avx512bf16, semantics, op, elem, acc, inc) }
+            unsafe { x86_64::reduce_avx512(use_avx512bf16, what, acc, inc) }
         }
         #[cfg(target_arch = "aarch64")]
         Level::Neon => {
             // SAFETY: `reduce_neon` is compiled for `neon`, which is part of the baseline of
             // every aarch64 target Rust has (`detect` offers `Neon` only where
             // `cfg!(target_feature = "neon")` holds, and `is_available` just held).
-            unsafe { aarch64::reduce_neon(semantics, op, elem, acc, inc) }
+            unsafe { aarch64::reduce_neon(what, acc, inc) }
         }
         // The scalar level, and the levels of other architectures (never available here).
         _ => false,
@@ -539,25 +590,13 @@ mod tests {
                 let mut with = acc.clone();
                 let mut without = acc.clone();
                 // Sums are the same under both semantics: alternate them.
-                let semantics = Semantics::ALL[round % 2];
-                let ran = dispatch(
-                    level,
-                    true,
-                    semantics,
-                    Op::Sum,
-                    Elem::BF16,
-                    &mut with[1..],
-                    &inc[1..],
-                );
-                let ran_without = dispatch(
-                    level,
-                    false,
-                    semantics,
-                    Op::Sum,
-                    Elem::BF16,
-                    &mut without[1..],
-                    &inc[1..],
-                );
+                let sum = Reduction {
+                    semantics: Semantics::ALL[round % 2],
+                    op: Op::Sum,
+                    elem: Elem::BF16,
+                };
+                let ran = dispatch(level, true, sum, &mut with[1..], &inc[1..]);
+                let ran_without = dispatch(level, false, sum, &mut without[1..], &inc[1..]);
                 assert_eq!(ran, level != Level::Scalar, "{level}");
                 assert_eq!(ran_without, ran, "{level}");
                 if !ran {
@@ -609,70 +648,56 @@ mod tests {
         }
     }
 
-    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, result)`. Sums with a
-    /// NaN are [`F16_NAN_SUMS`], which differ between targets.
+    /// `f16` cases with known MLX results, as bits: `(op, acc, inc, ring, jaccl)`, the result
+    /// under each [`Semantics`]. Sums are the same under both; max and min differ where the
+    /// comparison decides nothing (NaN, equal zeros), the ring keeping the accumulator and
+    /// JACCL the incoming value. Sums with a NaN are [`F16_NAN_SUMS`], which differ between
+    /// targets.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    const F16_CASES: [(Op, u16, u16, u16); 20] = [
-        (Op::Sum, 0x3C00, 0x4000, 0x4200), // 1 + 2 = 3
-        (Op::Sum, 0x6800, 0x3C00, 0x6800), // 2048 + 1: a tie, to even
-        (Op::Sum, 0x6801, 0x3C00, 0x6802), // 2050 + 1: a tie, to even (up)
-        (Op::Sum, 0x7BFF, 0x7BFF, 0x7C00), // max + max overflows to infinity
-        (Op::Sum, 0x0001, 0x0001, 0x0002), // subnormals stay exact
-        (Op::Sum, 0x03FF, 0x0001, 0x0400), // into the normals
-        (Op::Sum, 0x8000, 0x8000, 0x8000), // -0 + -0 = -0
-        (Op::Sum, 0x8000, 0x0000, 0x0000), // -0 + 0 = 0
-        (Op::Max, 0x3C00, 0x4000, 0x4000),
-        (Op::Max, 0x4000, 0x3C00, 0x4000),
-        (Op::Max, 0x7E00, 0x3C00, 0x7E00), // a NaN in acc stays
-        (Op::Max, 0x3C00, 0x7E01, 0x3C00), // an incoming NaN is ignored
-        (Op::Max, 0x8000, 0x0000, 0x8000), // equal zeros keep acc's sign
-        (Op::Max, 0xFC00, 0x0001, 0x0001),
-        (Op::Min, 0x3C00, 0x4000, 0x3C00),
-        (Op::Min, 0x4000, 0x3C00, 0x3C00),
-        (Op::Min, 0xFE00, 0x3C00, 0xFE00),
-        (Op::Min, 0x3C00, 0xFE00, 0x3C00),
-        (Op::Min, 0x0000, 0x8000, 0x0000),
-        (Op::Min, 0x0001, 0xFC00, 0xFC00),
+    const F16_CASES: [(Op, u16, u16, u16, u16); 22] = [
+        (Op::Sum, 0x3C00, 0x4000, 0x4200, 0x4200), // 1 + 2 = 3
+        (Op::Sum, 0x6800, 0x3C00, 0x6800, 0x6800), // 2048 + 1: a tie, to even
+        (Op::Sum, 0x6801, 0x3C00, 0x6802, 0x6802), // 2050 + 1: a tie, to even (up)
+        (Op::Sum, 0x7BFF, 0x7BFF, 0x7C00, 0x7C00), // max + max overflows to infinity
+        (Op::Sum, 0x0001, 0x0001, 0x0002, 0x0002), // subnormals stay exact
+        (Op::Sum, 0x03FF, 0x0001, 0x0400, 0x0400), // into the normals
+        (Op::Sum, 0x8000, 0x8000, 0x8000, 0x8000), // -0 + -0 = -0
+        (Op::Sum, 0x8000, 0x0000, 0x0000, 0x0000), // -0 + 0 = 0
+        (Op::Max, 0x3C00, 0x4000, 0x4000, 0x4000),
+        (Op::Max, 0x4000, 0x3C00, 0x4000, 0x4000),
+        (Op::Max, 0x7E00, 0x3C00, 0x7E00, 0x3C00), // a NaN in acc: stays, or is replaced
+        (Op::Max, 0x3C00, 0x7E01, 0x3C00, 0x7E01), // an incoming NaN: ignored, or wins
+        (Op::Max, 0x8000, 0x0000, 0x8000, 0x0000), // equal zeros: acc's sign, or inc's
+        (Op::Max, 0x0000, 0x8000, 0x0000, 0x8000),
+        (Op::Max, 0xFC00, 0x0001, 0x0001, 0x0001),
+        (Op::Min, 0x3C00, 0x4000, 0x3C00, 0x3C00),
+        (Op::Min, 0x4000, 0x3C00, 0x3C00, 0x3C00),
+        (Op::Min, 0xFE00, 0x3C00, 0xFE00, 0x3C00),
+        (Op::Min, 0x3C00, 0xFE00, 0x3C00, 0xFE00),
+        (Op::Min, 0x0000, 0x8000, 0x0000, 0x8000),
+        (Op::Min, 0x8000, 0x0000, 0x8000, 0x0000),
+        (Op::Min, 0x0001, 0xFC00, 0xFC00, 0xFC00),
     ];
 
-    /// `f16` sums with a NaN on x86: MLX's software half makes any NaN the sign over
-    /// 0x7D00.
+    /// `f16` sums with a NaN on x86, as bits `(acc, inc, sum)`: MLX's software half makes any
+    /// NaN the sign over 0x7D00.
     #[cfg(target_arch = "x86_64")]
-    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
-        (Op::Sum, 0x7E00, 0x3C00, 0x7D00),
-        (Op::Sum, 0x3C00, 0xFE01, 0xFD00),
-        (Op::Sum, 0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
-        (Op::Sum, 0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
+    const F16_NAN_SUMS: [(u16, u16, u16); 4] = [
+        (0x7E00, 0x3C00, 0x7D00),
+        (0x3C00, 0xFE01, 0xFD00),
+        (0xFC01, 0x3C00, 0xFD00), // a signalling NaN too
+        (0x7C00, 0xFC00, 0xFD00), // inf - inf: x86's default NaN is negative
     ];
 
-    /// `f16` sums with a NaN on aarch64, where MLX adds in native `float16_t`: the NaN
-    /// operand, quieted, with its payload; the default NaN (positive) for inf - inf.
+    /// `f16` sums with a NaN on aarch64, as bits `(acc, inc, sum)`, where MLX adds in native
+    /// `float16_t`: the NaN operand, quieted, with its payload; the default NaN (positive)
+    /// for inf - inf.
     #[cfg(target_arch = "aarch64")]
-    const F16_NAN_SUMS: [(Op, u16, u16, u16); 4] = [
-        (Op::Sum, 0x7E00, 0x3C00, 0x7E00),
-        (Op::Sum, 0x3C00, 0xFE01, 0xFE01),
-        (Op::Sum, 0xFC01, 0x3C00, 0xFE01), // a signalling NaN is quieted
-        (Op::Sum, 0x7C00, 0xFC00, 0x7E00),
-    ];
-
-    /// `f16` max and min with MLX's JACCL results, as bits: the incoming value wins on NaN
-    /// and on equality. (Sums are [`F16_CASES`]'.)
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    const F16_JACCL_CASES: [(Op, u16, u16, u16); 14] = [
-        (Op::Max, 0x3C00, 0x4000, 0x4000),
-        (Op::Max, 0x4000, 0x3C00, 0x4000),
-        (Op::Max, 0x7E00, 0x3C00, 0x3C00), // a NaN in acc is replaced
-        (Op::Max, 0x3C00, 0x7E01, 0x7E01), // an incoming NaN wins
-        (Op::Max, 0x8000, 0x0000, 0x0000), // equal zeros: the incoming sign
-        (Op::Max, 0x0000, 0x8000, 0x8000),
-        (Op::Max, 0xFC00, 0x0001, 0x0001),
-        (Op::Min, 0x3C00, 0x4000, 0x3C00),
-        (Op::Min, 0x4000, 0x3C00, 0x3C00),
-        (Op::Min, 0xFE00, 0x3C00, 0x3C00),
-        (Op::Min, 0x3C00, 0xFE00, 0xFE00),
-        (Op::Min, 0x0000, 0x8000, 0x8000),
-        (Op::Min, 0x8000, 0x0000, 0x0000),
-        (Op::Min, 0x0001, 0xFC00, 0xFC00),
+    const F16_NAN_SUMS: [(u16, u16, u16); 4] = [
+        (0x7E00, 0x3C00, 0x7E00),
+        (0x3C00, 0xFE01, 0xFE01),
+        (0xFC01, 0x3C00, 0xFE01), // a signalling NaN is quieted
+        (0x7C00, 0xFC00, 0x7E00),
     ];
 
     /// Every level with an `f16` kernel gives the known results, at every length around the
@@ -687,23 +712,22 @@ mod tests {
                 if !covers(level, semantics, op, Elem::F16) {
                     continue;
                 }
-                let table: &[_] = match (semantics, op) {
-                    (Semantics::Jaccl, Op::Max | Op::Min) => &F16_JACCL_CASES,
-                    _ => &F16_CASES,
-                };
-                let cases: Vec<_> = table
+                let cases: Vec<(u16, u16, u16)> = F16_CASES
                     .iter()
-                    .chain(&F16_NAN_SUMS)
-                    .copied()
                     .filter(|c| c.0 == op)
+                    .map(|&(_, a, b, ring, jaccl)| match semantics {
+                        Semantics::Ring => (a, b, ring),
+                        Semantics::Jaccl => (a, b, jaccl),
+                    })
+                    .chain(F16_NAN_SUMS.into_iter().filter(|_| op == Op::Sum))
                     .collect();
                 for n in 0..40 {
                     let case = |i: usize| cases[i % cases.len()];
                     let mut acc = vec![0xAAu8];
                     let mut inc = vec![0x55u8];
                     for i in 0..n {
-                        acc.extend_from_slice(&case(i).1.to_ne_bytes());
-                        inc.extend_from_slice(&case(i).2.to_ne_bytes());
+                        acc.extend_from_slice(&case(i).0.to_ne_bytes());
+                        inc.extend_from_slice(&case(i).1.to_ne_bytes());
                     }
                     acc.push(0xAA);
                     let end = acc.len() - 1;
@@ -719,7 +743,7 @@ mod tests {
                     assert_eq!((acc[0], acc[end]), (0xAA, 0xAA), "{what} n={n}");
                     for i in 0..n {
                         let got = u16::from_ne_bytes([acc[1 + 2 * i], acc[2 + 2 * i]]);
-                        let (_, a, b, want) = case(i);
+                        let (a, b, want) = case(i);
                         assert_eq!(got, want, "{what}({a:#06x}, {b:#06x}), element {i} of {n}");
                     }
                     checked += 1;

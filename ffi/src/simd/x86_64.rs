@@ -15,28 +15,23 @@
 
 use std::arch::x86_64::*;
 
-use super::{Elem, Op, Semantics, blocks, features, order, portable};
+use super::{Elem, Op, Reduction, Semantics, blocks, features, order, portable, select};
 
 /// The AVX2 level: the plain loops, and `f16` through F16C where the CPU has it.
 #[target_feature(enable = "avx2")]
-pub(super) fn reduce_avx2(
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
-    acc: &mut [u8],
-    inc: &[u8],
-) -> bool {
+pub(super) fn reduce_avx2(what: Reduction, acc: &mut [u8], inc: &[u8]) -> bool {
+    let (semantics, op, elem) = (what.semantics, what.op, what.elem);
     if matches!((elem, op), (Elem::F32 | Elem::F64, Op::Max | Op::Min)) {
         match semantics {
-            Semantics::Ring => float_select_avx2::<false>(op, elem, acc, inc),
-            Semantics::Jaccl => float_select_avx2::<true>(op, elem, acc, inc),
+            Semantics::Ring => avx2::float_select::<false>(op, elem, acc, inc),
+            Semantics::Jaccl => avx2::float_select::<true>(op, elem, acc, inc),
         }
         return true;
     }
     if matches!((elem, op), (Elem::Complex64, Op::Max | Op::Min)) {
         match semantics {
-            Semantics::Ring => complex_select_avx2::<false>(op, acc, inc),
-            Semantics::Jaccl => complex_select_avx2::<true>(op, acc, inc),
+            Semantics::Ring => avx2::complex_select::<false>(op, acc, inc),
+            Semantics::Jaccl => avx2::complex_select::<true>(op, acc, inc),
         }
         return true;
     }
@@ -47,8 +42,8 @@ pub(super) fn reduce_avx2(
         return false;
     }
     // SAFETY: runtime detection found F16C (checked just above) and AVX2 (this function
-    // runs only where it did), the features `f16_avx2` is compiled for.
-    unsafe { f16_avx2(semantics, op, acc, inc) };
+    // runs only where it did), the features `avx2::f16` is compiled for.
+    unsafe { avx2::f16(semantics, op, acc, inc) };
     true
 }
 
@@ -57,26 +52,25 @@ pub(super) fn reduce_avx2(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) fn reduce_avx512(
     use_avx512bf16: bool,
-    semantics: Semantics,
-    op: Op,
-    elem: Elem,
+    what: Reduction,
     acc: &mut [u8],
     inc: &[u8],
 ) -> bool {
+    let (semantics, op, elem) = (what.semantics, what.op, what.elem);
     match (elem, op, semantics) {
         (Elem::F32 | Elem::F64, Op::Max | Op::Min, Semantics::Ring) => {
-            float_select_avx512::<false>(op, elem, acc, inc)
+            avx512::float_select::<false>(op, elem, acc, inc)
         }
         (Elem::F32 | Elem::F64, Op::Max | Op::Min, Semantics::Jaccl) => {
-            float_select_avx512::<true>(op, elem, acc, inc)
+            avx512::float_select::<true>(op, elem, acc, inc)
         }
         (Elem::Complex64, Op::Max | Op::Min, Semantics::Ring) => {
-            complex_select_avx512::<false>(op, acc, inc)
+            avx512::complex_select::<false>(op, acc, inc)
         }
         (Elem::Complex64, Op::Max | Op::Min, Semantics::Jaccl) => {
-            complex_select_avx512::<true>(op, acc, inc)
+            avx512::complex_select::<true>(op, acc, inc)
         }
-        (Elem::F16, _, _) => f16_avx512(semantics, op, acc, inc),
+        (Elem::F16, _, _) => avx512::f16(semantics, op, acc, inc),
         (Elem::BF16, Op::Sum, _) if use_avx512bf16 && features().avx512bf16 => {
             // SAFETY: runtime detection found AVX512-BF16 (checked in the guard) and
             // AVX-512 F, BW and VL (this function runs only where it did), the features
@@ -88,57 +82,34 @@ pub(super) fn reduce_avx512(
     true
 }
 
-/// A 64-byte block as one vector.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn load512(bytes: &[u8; 64]) -> __m512i {
-    // SAFETY: `bytes` is a reference to 64 readable bytes, exactly the 512 bits read, and
-    // `loadu` has no alignment requirement; AVX-512F is enabled on this function.
-    unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
-}
+/// The vector types [`load`] and [`store`] move: plain bits, of which every pattern is a
+/// valid value.
+trait Vector: Copy {}
 
-/// One vector into a 64-byte block.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn store512(bytes: &mut [u8; 64], v: __m512i) {
-    // SAFETY: `bytes` is an exclusive reference to 64 writable bytes, exactly the 512 bits
-    // written, and `storeu` has no alignment requirement; AVX-512F is enabled on this
-    // function.
-    unsafe { _mm512_storeu_si512(bytes.as_mut_ptr().cast(), v) }
-}
+impl Vector for __m128i {}
+impl Vector for __m256i {}
+impl Vector for __m512i {}
 
-/// Eight halves from a 16-byte block.
+/// A block as the vector of its size: 16, 32 or 64 bytes as `__m128i`, `__m256i` or `__m512i`
+/// (`V` is inferred from the use; another size does not compile). The compiler emits the
+/// unaligned vector load of the calling kernel's features, as `_mm*_loadu_*` do.
 #[inline(always)]
-fn load128(bytes: &[u8; 16]) -> __m128i {
-    // SAFETY: `bytes` is a reference to 16 readable bytes, exactly the 128 bits read, and
-    // `loadu` has no alignment requirement; SSE2 is part of every x86_64 target.
-    unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+fn load<const N: usize, V: Vector>(bytes: &[u8; N]) -> V {
+    const { assert!(size_of::<V>() == N) };
+    // SAFETY: `bytes` is a reference to `N` readable bytes, exactly the size of `V` (asserted
+    // at compile time just above), `V` is plain vector bits that any pattern makes valid
+    // (`Vector`), and `read_unaligned` has no alignment requirement.
+    unsafe { bytes.as_ptr().cast::<V>().read_unaligned() }
 }
 
-/// Eight halves into a 16-byte block.
+/// A vector into the block of its size, as [`load`] reads it.
 #[inline(always)]
-fn store128(bytes: &mut [u8; 16], v: __m128i) {
-    // SAFETY: `bytes` is an exclusive reference to 16 writable bytes, exactly the 128 bits
-    // written, and `storeu` has no alignment requirement; SSE2 is part of every x86_64 target.
-    unsafe { _mm_storeu_si128(bytes.as_mut_ptr().cast(), v) }
-}
-
-/// Sixteen halves from a 32-byte block.
-#[target_feature(enable = "avx")]
-#[inline]
-fn load256(bytes: &[u8; 32]) -> __m256i {
-    // SAFETY: `bytes` is a reference to 32 readable bytes, exactly the 256 bits read, and
-    // `loadu` has no alignment requirement; AVX is enabled on this function.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
-}
-
-/// Sixteen halves into a 32-byte block.
-#[target_feature(enable = "avx")]
-#[inline]
-fn store256(bytes: &mut [u8; 32], v: __m256i) {
-    // SAFETY: `bytes` is an exclusive reference to 32 writable bytes, exactly the 256 bits
-    // written, and `storeu` has no alignment requirement; AVX is enabled on this function.
-    unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) }
+fn store<const N: usize, V: Vector>(bytes: &mut [u8; N], v: V) {
+    const { assert!(size_of::<V>() == N) };
+    // SAFETY: `bytes` is an exclusive reference to `N` writable bytes, exactly the size of
+    // `V` (asserted at compile time just above), and `write_unaligned` has no alignment
+    // requirement.
+    unsafe { bytes.as_mut_ptr().cast::<V>().write_unaligned(v) }
 }
 
 // `f32` and `f64` max and min use x86's own instructions. `max(other, kept)` is
@@ -149,104 +120,106 @@ fn store256(bytes: &mut [u8; 32], v: __m256i) {
 // `min(other, kept)` is `portable::min`. The plain loop would be vectorised too, but the compiler turns its
 // `acc = acc < inc ? inc : acc` into a masked store of `inc`, and AVX2's `vmaskmovps` is
 // several times slower than the scalar loop on AMD's Zen.
-
-/// `f32`/`f64` max or min with AVX, eight or four lanes at a time; the incoming value is the
-/// kept operand if `INC_KEPT`, else the accumulator.
-#[target_feature(enable = "avx2")]
-fn float_select_avx2<const INC_KEPT: bool>(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
-    match (elem, op) {
-        (Elem::F32, Op::Max) => blocks::<32>(acc, inc, 4, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm256_castsi256_ps(load256(a)),
-                _mm256_castsi256_ps(load256(b)),
-            );
-            store256(a, _mm256_castps_si256(_mm256_max_ps(other, kept)));
-        }),
-        (Elem::F32, Op::Min) => blocks::<32>(acc, inc, 4, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm256_castsi256_ps(load256(a)),
-                _mm256_castsi256_ps(load256(b)),
-            );
-            store256(a, _mm256_castps_si256(_mm256_min_ps(other, kept)));
-        }),
-        (Elem::F64, Op::Max) => blocks::<32>(acc, inc, 8, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm256_castsi256_pd(load256(a)),
-                _mm256_castsi256_pd(load256(b)),
-            );
-            store256(a, _mm256_castpd_si256(_mm256_max_pd(other, kept)));
-        }),
-        (Elem::F64, Op::Min) => blocks::<32>(acc, inc, 8, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm256_castsi256_pd(load256(a)),
-                _mm256_castsi256_pd(load256(b)),
-            );
-            store256(a, _mm256_castpd_si256(_mm256_min_pd(other, kept)));
-        }),
-        _ => unreachable!("float_select_avx2 is called for f32 and f64 max and min only"),
-    }
-}
-
-/// `f32`/`f64` max or min with AVX-512F, sixteen or eight lanes at a time, as
-/// [`float_select_avx2`].
-#[target_feature(enable = "avx512f")]
-fn float_select_avx512<const INC_KEPT: bool>(op: Op, elem: Elem, acc: &mut [u8], inc: &[u8]) {
-    match (elem, op) {
-        (Elem::F32, Op::Max) => blocks::<64>(acc, inc, 4, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm512_castsi512_ps(load512(a)),
-                _mm512_castsi512_ps(load512(b)),
-            );
-            store512(a, _mm512_castps_si512(_mm512_max_ps(other, kept)));
-        }),
-        (Elem::F32, Op::Min) => blocks::<64>(acc, inc, 4, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm512_castsi512_ps(load512(a)),
-                _mm512_castsi512_ps(load512(b)),
-            );
-            store512(a, _mm512_castps_si512(_mm512_min_ps(other, kept)));
-        }),
-        (Elem::F64, Op::Max) => blocks::<64>(acc, inc, 8, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm512_castsi512_pd(load512(a)),
-                _mm512_castsi512_pd(load512(b)),
-            );
-            store512(a, _mm512_castpd_si512(_mm512_max_pd(other, kept)));
-        }),
-        (Elem::F64, Op::Min) => blocks::<64>(acc, inc, 8, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(
-                _mm512_castsi512_pd(load512(a)),
-                _mm512_castsi512_pd(load512(b)),
-            );
-            store512(a, _mm512_castpd_si512(_mm512_min_pd(other, kept)));
-        }),
-        _ => unreachable!("float_select_avx512 is called for f32 and f64 max and min only"),
-    }
-}
-
+//
 // `complex64` max and min compare lexicographically, real part first
 // ([`portable::complex_less`]), and keep one operand's whole element: `other` replaces `kept`
 // only where the comparison is strict. Real parts are the even `f32` lanes, imaginary parts
 // the odd ones, so each element's decision is made from its two lanes' comparisons and then
 // applied to both lanes.
+//
+// `f16` max and min are [`portable::max_by`] and [`portable::min_by`] as blends, the comparison
+// done in `f32`; sums widen exactly, add in `f32` and round once.
 
-/// `complex64` max or min with AVX, four elements at a time; the incoming value is the kept
-/// operand if `INC_KEPT`, else the accumulator.
-#[target_feature(enable = "avx2")]
-fn complex_select_avx2<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
-    blocks::<32>(acc, inc, 8, |a, b| {
-        let (kept, other) = order::<INC_KEPT, _>(
-            _mm256_castsi256_ps(load256(a)),
-            _mm256_castsi256_ps(load256(b)),
-        );
-        // Called for max and min only: anything but max is min.
-        let take = if op == Op::Max {
-            complex_less4(kept, other)
-        } else {
-            complex_less4(other, kept)
-        };
-        store256(a, _mm256_castps_si256(_mm256_blendv_ps(kept, other, take)));
-    });
+/// `f32`/`f64` max or min over whole `$n`-byte blocks of `$size`-byte lanes: each block read as
+/// floats with `$to`, and x86's max or min `$pick(other, kept)` written back with `$from`; the
+/// incoming value is the kept operand if `INC_KEPT`, else the accumulator.
+macro_rules! float_pass {
+    ($acc:ident, $inc:ident, $n:literal, $size:literal, $to:ident, $pick:ident, $from:ident) => {
+        blocks::<$n>($acc, $inc, $size, |a, b| {
+            let (kept, other) = order::<INC_KEPT, _>($to(load(a)), $to(load(b)));
+            store(a, $from($pick(other, kept)));
+        })
+    };
+}
+
+/// Defines module `$width` with the kernels AVX2 and AVX-512 write alike but for the vector
+/// width: `float_select` (`f32`/`f64` max and min) and `complex_select` (`complex64` max and
+/// min), compiled for `$features` on `$n`-byte blocks, and `f16` (sum, max and min), compiled
+/// for `$f16_features` on `$h`-byte blocks, whose halves widen to one `$n`-byte vector of `f32`.
+/// The max and min kernels keep the incoming value if `INC_KEPT`, else the accumulator. Each
+/// width names its intrinsics and helpers: for `f32` and `f64` the casts from and to integer
+/// vectors and the max and min; the `complex64` and `f16` orders (`less`) and blends
+/// (`|kept, other, take|` is `kept` with `other` in the lanes `take` marks); the `f16` sum.
+macro_rules! width_kernels {
+    ($(
+        $width:ident: $features:literal, $n:literal bytes, $f16_features:literal, $h:literal bytes;
+        f32: $to_ps:ident, $max_ps:ident, $min_ps:ident, $from_ps:ident;
+        f64: $to_pd:ident, $max_pd:ident, $min_pd:ident, $from_pd:ident;
+        complex64: $complex_less:ident, $complex_blend:expr;
+        f16: $f16_sum:ident, $f16_less:ident, $f16_blend:expr;
+    )*) => {$(
+        mod $width {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            pub(super) fn float_select<const INC_KEPT: bool>(
+                op: Op,
+                elem: Elem,
+                acc: &mut [u8],
+                inc: &[u8],
+            ) {
+                match (elem, op) {
+                    (Elem::F32, Op::Max) => float_pass!(acc, inc, $n, 4, $to_ps, $max_ps, $from_ps),
+                    (Elem::F32, Op::Min) => float_pass!(acc, inc, $n, 4, $to_ps, $min_ps, $from_ps),
+                    (Elem::F64, Op::Max) => float_pass!(acc, inc, $n, 8, $to_pd, $max_pd, $from_pd),
+                    (Elem::F64, Op::Min) => float_pass!(acc, inc, $n, 8, $to_pd, $min_pd, $from_pd),
+                    _ => unreachable!("float_select is called for f32 and f64 max and min only"),
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) fn complex_select<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
+                let blend = |a: &mut [u8; $n], kept, other, take| {
+                    store(a, $from_ps(($complex_blend)(kept, other, take)))
+                };
+                let less = |x, y| $complex_less(x, y);
+                select::<INC_KEPT, $n, _, _>(op, 8, acc, inc, |a| $to_ps(load(a)), less, blend);
+            }
+
+            #[target_feature(enable = $f16_features)]
+            pub(super) fn f16(semantics: Semantics, op: Op, acc: &mut [u8], inc: &[u8]) {
+                let halves = |a: &[u8; $h]| load(a);
+                let less = |x, y| $f16_less(x, y);
+                let blend = |a: &mut [u8; $h], kept, other, take| {
+                    store(a, ($f16_blend)(kept, other, take))
+                };
+                let sum = |a: &mut [u8; $h], b: &[u8; $h]| store(a, $f16_sum(load(a), load(b)));
+                match (op, semantics) {
+                    (Op::Sum, _) => blocks::<$h>(acc, inc, 2, sum),
+                    (_, Semantics::Ring) => {
+                        select::<false, $h, _, _>(op, 2, acc, inc, halves, less, blend)
+                    }
+                    (_, Semantics::Jaccl) => {
+                        select::<true, $h, _, _>(op, 2, acc, inc, halves, less, blend)
+                    }
+                }
+            }
+        }
+    )*};
+}
+
+width_kernels! {
+    avx2: "avx2", 32 bytes, "avx2,f16c", 16 bytes;
+    f32: _mm256_castsi256_ps, _mm256_max_ps, _mm256_min_ps, _mm256_castps_si256;
+    f64: _mm256_castsi256_pd, _mm256_max_pd, _mm256_min_pd, _mm256_castpd_si256;
+    complex64: complex_less4, |kept, other, take| _mm256_blendv_ps(kept, other, take);
+    f16: f16_sum8, f16_less8, |kept, other, take| _mm_blendv_epi8(kept, other, take);
+
+    avx512: "avx512f", 64 bytes, "avx512f,avx512bw,avx512vl", 32 bytes;
+    f32: _mm512_castsi512_ps, _mm512_max_ps, _mm512_min_ps, _mm512_castps_si512;
+    f64: _mm512_castsi512_pd, _mm512_max_pd, _mm512_min_pd, _mm512_castpd_si512;
+    complex64: complex_less8, |kept, other, take| _mm512_mask_blend_ps(take, kept, other);
+    f16: f16_sum16, f16_less16, |kept, other, take| _mm256_mask_blend_epi16(take, kept, other);
 }
 
 /// All ones over the whole elements (both lanes) where `x < y` in MLX's complex order.
@@ -263,28 +236,6 @@ fn complex_less4(x: __m256, y: __m256) -> __m256 {
     _mm256_or_ps(real_less, _mm256_and_ps(real_equal, imag_less))
 }
 
-/// `complex64` max or min with AVX-512F, eight elements at a time, as
-/// [`complex_select_avx2`].
-#[target_feature(enable = "avx512f")]
-fn complex_select_avx512<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
-    blocks::<64>(acc, inc, 8, |a, b| {
-        let (kept, other) = order::<INC_KEPT, _>(
-            _mm512_castsi512_ps(load512(a)),
-            _mm512_castsi512_ps(load512(b)),
-        );
-        // Called for max and min only: anything but max is min.
-        let take = if op == Op::Max {
-            complex_less8(kept, other)
-        } else {
-            complex_less8(other, kept)
-        };
-        store512(
-            a,
-            _mm512_castps_si512(_mm512_mask_blend_ps(take, kept, other)),
-        );
-    });
-}
-
 /// The lanes of the whole elements where `x < y` in MLX's complex order, as a mask.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -295,35 +246,6 @@ fn complex_less8(x: __m512, y: __m512) -> __mmask16 {
     // bits, then copy each decision to the odd bit above it.
     let take = (less | (equal & (less >> 1))) & 0x5555;
     take | (take << 1)
-}
-
-/// `f16` sum, max or min with F16C, eight lanes at a time.
-#[target_feature(enable = "avx2,f16c")]
-fn f16_avx2(semantics: Semantics, op: Op, acc: &mut [u8], inc: &[u8]) {
-    match (op, semantics) {
-        (Op::Sum, _) => blocks::<16>(acc, inc, 2, |a, b| {
-            store128(a, f16_sum8(load128(a), load128(b)));
-        }),
-        (_, Semantics::Ring) => f16_select_avx2::<false>(op, acc, inc),
-        (_, Semantics::Jaccl) => f16_select_avx2::<true>(op, acc, inc),
-    }
-}
-
-/// `f16` max or min with F16C, eight lanes at a time: [`portable::max_by`] and
-/// [`portable::min_by`] as blends, the comparison done in `f32`.
-#[target_feature(enable = "avx2,f16c")]
-fn f16_select_avx2<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
-    match op {
-        Op::Max => blocks::<16>(acc, inc, 2, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load128(a), load128(b));
-            store128(a, _mm_blendv_epi8(kept, other, f16_less8(kept, other)));
-        }),
-        Op::Min => blocks::<16>(acc, inc, 2, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load128(a), load128(b));
-            store128(a, _mm_blendv_epi8(kept, other, f16_less8(other, kept)));
-        }),
-        Op::Sum => unreachable!("f16_select_avx2 is called for max and min only"),
-    }
 }
 
 /// 32-bit lanes that are all ones or all zeros, as 16-bit lanes in the same order.
@@ -352,54 +274,22 @@ fn f16_less8(x: __m128i, y: __m128i) -> __m128i {
 fn f16_sum8(a: __m128i, b: __m128i) -> __m128i {
     let sum = _mm256_add_ps(_mm256_cvtph_ps(a), _mm256_cvtph_ps(b));
     let rounded = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum);
-    // vcvtps2ph keeps a NaN's payload; MLX's software half makes every NaN the sum's sign
-    // over 0x7D00. NaNs are rare, so the fix-up is skipped for blocks without one.
+    // vcvtps2ph keeps a NaN's sign and payload; MLX's software half makes every NaN the
+    // sum's sign over 0x7D00, which is the converted NaN's sign over 0x7D00. NaNs are rare,
+    // so the fix-up is skipped for blocks without one.
     let unordered = _mm256_cmp_ps::<_CMP_UNORD_Q>(sum, sum);
     if _mm256_movemask_ps(unordered) == 0 {
         return rounded;
     }
-    let nan = narrow_mask8(_mm256_castps_si256(unordered));
-    let negative = narrow_mask8(_mm256_srai_epi32::<31>(_mm256_castps_si256(sum)));
     let mlx_nan = _mm_or_si128(
-        _mm_and_si128(negative, _mm_set1_epi16(i16::MIN)),
+        _mm_and_si128(rounded, _mm_set1_epi16(i16::MIN)),
         _mm_set1_epi16(0x7D00),
     );
-    _mm_blendv_epi8(rounded, mlx_nan, nan)
-}
-
-/// `f16` sum, max or min with AVX-512F's conversions, sixteen lanes at a time.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn f16_avx512(semantics: Semantics, op: Op, acc: &mut [u8], inc: &[u8]) {
-    match (op, semantics) {
-        (Op::Sum, _) => blocks::<32>(acc, inc, 2, |a, b| {
-            store256(a, f16_sum16(load256(a), load256(b)));
-        }),
-        (_, Semantics::Ring) => f16_select_avx512::<false>(op, acc, inc),
-        (_, Semantics::Jaccl) => f16_select_avx512::<true>(op, acc, inc),
-    }
-}
-
-/// `f16` max or min with AVX-512F's conversions, sixteen lanes at a time, as
-/// [`f16_select_avx2`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn f16_select_avx512<const INC_KEPT: bool>(op: Op, acc: &mut [u8], inc: &[u8]) {
-    match op {
-        Op::Max => blocks::<32>(acc, inc, 2, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load256(a), load256(b));
-            store256(
-                a,
-                _mm256_mask_blend_epi16(f16_less16(kept, other), kept, other),
-            );
-        }),
-        Op::Min => blocks::<32>(acc, inc, 2, |a, b| {
-            let (kept, other) = order::<INC_KEPT, _>(load256(a), load256(b));
-            store256(
-                a,
-                _mm256_mask_blend_epi16(f16_less16(other, kept), kept, other),
-            );
-        }),
-        Op::Sum => unreachable!("f16_select_avx512 is called for max and min only"),
-    }
+    _mm_blendv_epi8(
+        rounded,
+        mlx_nan,
+        narrow_mask8(_mm256_castps_si256(unordered)),
+    )
 }
 
 /// The lanes where `x < y` as `f32`, as [`f16_less8`].
@@ -419,10 +309,9 @@ fn f16_sum16(a: __m256i, b: __m256i) -> __m256i {
     if nan == 0 {
         return rounded;
     }
-    // The top 16 bits of each sum hold its sign, as MLX's software half takes it.
-    let high = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(_mm512_castps_si512(sum)));
+    // The converted NaN keeps the sum's sign, as MLX's software half takes it.
     let mlx_nan = _mm256_or_si256(
-        _mm256_and_si256(high, _mm256_set1_epi16(i16::MIN)),
+        _mm256_and_si256(rounded, _mm256_set1_epi16(i16::MIN)),
         _mm256_set1_epi16(0x7D00),
     );
     _mm256_mask_blend_epi16(nan, rounded, mlx_nan)
@@ -431,9 +320,7 @@ fn f16_sum16(a: __m256i, b: __m256i) -> __m256i {
 /// `bfloat16` sums with AVX512-BF16's conversion, sixteen lanes at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 fn bf16_sum_avx512bf16(acc: &mut [u8], inc: &[u8]) {
-    blocks::<32>(acc, inc, 2, |a, b| {
-        store256(a, bf16_sum16(load256(a), load256(b)));
-    });
+    blocks::<32>(acc, inc, 2, |a, b| store(a, bf16_sum16(load(a), load(b))));
 }
 
 /// Sixteen `bfloat16` as `f32`: exact, each is the top half of an `f32`.

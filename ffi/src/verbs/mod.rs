@@ -1136,25 +1136,23 @@ impl Connection {
     }
 }
 
-/// Stand-ins for an operations table with an empty entry: they fail like the library does.
-extern "C" fn missing_post_send(
-    _: *mut sys::ibv_qp,
-    _: *mut sys::ibv_send_wr,
-    _: *mut *mut sys::ibv_send_wr,
-) -> c_int {
-    libc::ENOSYS
+/// Defines stand-ins for an operations table's entries, each `name(argument types) -> result`:
+/// a function of the entry's C signature that ignores its arguments and returns `result`.
+macro_rules! stand_ins {
+    ($($name:ident($($arg:ty),*) -> $result:expr;)*) => {$(
+        extern "C" fn $name($(_: $arg),*) -> c_int {
+            $result
+        }
+    )*};
 }
 
-extern "C" fn missing_post_recv(
-    _: *mut sys::ibv_qp,
-    _: *mut sys::ibv_recv_wr,
-    _: *mut *mut sys::ibv_recv_wr,
-) -> c_int {
-    libc::ENOSYS
-}
-
-extern "C" fn missing_poll_cq(_: *mut sys::ibv_cq, _: c_int, _: *mut sys::ibv_wc) -> c_int {
-    -libc::ENOSYS
+// Stand-ins for an operations table with an empty entry: they fail like the library does.
+stand_ins! {
+    missing_post_send(*mut sys::ibv_qp, *mut sys::ibv_send_wr, *mut *mut sys::ibv_send_wr)
+        -> libc::ENOSYS;
+    missing_post_recv(*mut sys::ibv_qp, *mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr)
+        -> libc::ENOSYS;
+    missing_poll_cq(*mut sys::ibv_cq, c_int, *mut sys::ibv_wc) -> -libc::ENOSYS;
 }
 
 impl Drop for Connection {
