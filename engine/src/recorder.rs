@@ -442,7 +442,7 @@ impl Recorder {
                 slot.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
                     Err(e) => FlightOutcome::Failed {
-                        kind: kind(e),
+                        kind: e.into(),
                         fault: e.fault(),
                         peer: e.peer(),
                     },
@@ -507,32 +507,6 @@ impl Recorder {
             calls,
             entries,
         }
-    }
-}
-
-/// The variant of `e`, for the record.
-fn kind(e: &Error) -> &'static str {
-    match e {
-        Error::InvalidArgument(_) => "InvalidArgument",
-        Error::Environment { .. } => "Environment",
-        Error::Config { .. } => "Config",
-        Error::Io { .. } => "Io",
-        Error::Closed { .. } => "Closed",
-        Error::Lost { .. } => "Lost",
-        Error::Auth { .. } => "Auth",
-        Error::Rdma { .. } => "Rdma",
-        Error::Timeout { .. } => "Timeout",
-        Error::PeerMisbehaved { .. } => "PeerMisbehaved",
-        Error::PeerIncompatible { .. } => "PeerIncompatible",
-        Error::Mismatch { .. } => "Mismatch",
-        Error::Bug { .. } => "Bug",
-        Error::Local { .. } => "Local",
-        Error::GroupClosed => "GroupClosed",
-        Error::Excluded { .. } => "Excluded",
-        Error::Aborted { .. } => "Aborted",
-        Error::Failed(_) => "Failed",
-        Error::Unsupported(_) => "Unsupported",
-        Error::Unavailable { .. } => "Unavailable",
     }
 }
 
