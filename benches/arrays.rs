@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use nuvec_core::distributed::{self, AllReduce};
 use nuvec_core::{Array, DType};
-use nuvec_distributed::engine::{self, Group, ReduceOp, Transport};
+use nuvec_distributed::engine::{self, Group, Transport};
 use nuvec_distributed::{Backend, Options};
 use nuvec_tools::report::Header;
 use nuvec_tools::testing::{self, Launch};
@@ -64,47 +64,6 @@ fn env_number(var: &str, default: u64) -> u64 {
             .parse()
             .unwrap_or_else(|e| panic!("{var}={text:?}: {e}")),
         Err(_) => default,
-    }
-}
-
-/// Rank 0 of two whose transport moves nothing (a sum leaves this rank's data as it is):
-/// the in-process rows, which time the software without a network.
-#[derive(Debug)]
-struct NoTransport;
-
-impl engine::Communicator for NoTransport {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        RANKS
-    }
-    fn backend(&self) -> &'static str {
-        "none"
-    }
-    fn all_reduce(&self, _: ReduceOp, _: engine::DType, _: &mut [u8]) -> engine::Result<()> {
-        Ok(())
-    }
-    fn all_gather(&self, _: &[u8], _: &mut [u8]) -> engine::Result<()> {
-        Ok(())
-    }
-    fn sum_scatter(&self, _: engine::DType, _: &[u8], _: &mut [u8]) -> engine::Result<()> {
-        Ok(())
-    }
-    fn send(&self, _: &[u8], _: usize) -> engine::Result<()> {
-        Ok(())
-    }
-    fn recv(&self, _: &mut [u8], _: usize) -> engine::Result<()> {
-        Ok(())
-    }
-    fn barrier(&self) -> engine::Result<()> {
-        Ok(())
-    }
-    fn health(&self) -> engine::Result<()> {
-        Ok(())
-    }
-    fn close(&self) -> engine::Result<()> {
-        Ok(())
     }
 }
 
@@ -336,7 +295,9 @@ fn rank_main() {
         Wired::new(
             "none (in-process)",
             false,
-            Group::new(Arc::new(NoTransport)),
+            // Rank 0 of two whose transport moves nothing (a sum leaves this rank's data as
+            // it is): the in-process rows, which time the software without a network.
+            Group::new(Arc::new(engine::Stub::new(RANKS, "none"))),
         ),
     ];
     let mut cases: Vec<Case> = wires

@@ -5,18 +5,14 @@
 //! plain `init`, the survivors call `nuvec_distributed::rejoin`, and the full group is the
 //! default again. Every sum is checked exactly (small integers in float32).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nuvec_core::{Array, distributed};
 use nuvec_tools::test_cases;
-use nuvec_tools::testing::{Launch, mark, random_settle};
+use nuvec_tools::testing::{self, mark};
 
-/// The groups' timeout.
-const TIMEOUT_S: f64 = 3.0;
 /// Verified sums after the shrink, and again after the rejoin.
 const ROUNDS: usize = 50;
-/// Set in the restarted rank.
-const RESTARTED_VAR: &str = "NUVEC_FRONT_RECOVERY_RESTARTED";
 
 /// What first rank `first` adds at round `round`, element `j`.
 fn value(first: usize, round: usize, j: usize) -> f32 {
@@ -43,15 +39,12 @@ fn verified_sums(firsts: &[usize], rounds: usize) {
 }
 
 fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
-    let launch = Launch::new(size, 1)
-        .timeout(TIMEOUT_S)
-        .deadline(Duration::from_secs(120))
-        .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    let launch = testing::recovery_launch(size, 1, wire);
     let all: Vec<usize> = (0..size).collect();
     let survivors: Vec<usize> = all.iter().copied().filter(|&r| r != victim).collect();
-    let Some(mut running) = launch.start_raw(name, || {
+    let Some(outputs) = testing::kill_and_rejoin(&launch, name, victim, "shrunk", |restarted| {
         let group = nuvec_distributed::init(true).expect("the group forms");
-        if std::env::var_os(RESTARTED_VAR).is_some() {
+        if restarted {
             assert_eq!((group.rank(), group.size()), (victim, size));
             verified_sums(&all, ROUNDS);
             println!("REJOINED");
@@ -82,15 +75,7 @@ fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
     }) else {
         return;
     };
-    running.strike(victim, "KILL", random_settle());
-    for &r in &survivors {
-        running.wait_for(r, "shrunk", Duration::from_secs(60));
-    }
-    running.restart(victim, &[(RESTARTED_VAR, "1")]);
-    let outputs = running.finish();
     for o in &outputs {
-        assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
-        assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
         for line in o.lines("SHRINK_MS ") {
             println!(
                 "{wire} P={size} rank {}: shrink to verified sums {line} ms",

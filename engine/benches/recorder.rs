@@ -1,10 +1,10 @@
 //! `cargo bench --bench recorder`: what the flight recorder adds to a call, measured on a
 //! backend whose calls do nothing, so that only the group's own work remains.
 //!
-//! Rows: `backend` calls the no-op communicator directly; `group` makes the same call
-//! through a [`Group`] over it, which records it (two uncontended lock round trips, two
+//! Rows: `backend` calls the no-op communicator ([`Stub`]) directly; `group` makes the same
+//! call through a [`Group`] over it, which records it (two uncontended lock round trips, two
 //! clock reads, and the backend's [`Communicator::algorithm`], which this one answers as
-//! the native wire does, from the table); `group, records 0` through a group whose
+//! the native wire does, by the size of the call); `group, records 0` through a group whose
 //! recorder is off. The difference
 //! between the last two is the recorder's cost per call. Each row is the median of 31
 //! batches of 100 000 calls; the machine may be shared: run it twice and trust only
@@ -16,59 +16,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nuvec_distributed_engine::{
-    Algorithm, Communicator, DType, Error, FlightOp, Group, Options, ReduceOp, Result,
-};
+use nuvec_distributed_engine::{Communicator, DType, Group, Options, ReduceOp, Stub};
 use zerocopy::IntoBytes;
-
-/// A backend of two ranks whose calls return at once.
-#[derive(Debug)]
-struct Noop;
-
-impl Communicator for Noop {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn backend(&self) -> &'static str {
-        "noop"
-    }
-    fn all_reduce(&self, _: ReduceOp, _: DType, data: &mut [u8]) -> Result<()> {
-        black_box(data);
-        Ok(())
-    }
-    fn all_gather(&self, _: &[u8], _: &mut [u8]) -> Result<()> {
-        Ok(())
-    }
-    fn sum_scatter(&self, _: DType, _: &[u8], _: &mut [u8]) -> Result<()> {
-        Ok(())
-    }
-    fn send(&self, _: &[u8], _: usize) -> Result<()> {
-        Err(Error::Unsupported("noop".into()))
-    }
-    fn recv(&self, _: &mut [u8], _: usize) -> Result<()> {
-        Err(Error::Unsupported("noop".into()))
-    }
-    fn barrier(&self) -> Result<()> {
-        Ok(())
-    }
-    fn health(&self) -> Result<()> {
-        Ok(())
-    }
-    fn close(&self) -> Result<()> {
-        Ok(())
-    }
-    fn algorithm(&self, op: FlightOp, _: Option<DType>, bytes: usize) -> Option<Algorithm> {
-        // The native wire's row for a small all-reduce at P = 2 over TCP.
-        match op {
-            FlightOp::AllReduce(_) if black_box(bytes) <= 32 << 10 => Some(Algorithm::OneShot),
-            FlightOp::AllReduce(_) => Some(Algorithm::Ring),
-            _ => None,
-        }
-    }
-}
 
 /// Nanoseconds per call of `f`: the median of 31 batches of 100 000.
 fn per_call(mut f: impl FnMut()) -> f64 {
@@ -90,9 +39,11 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let backend = Noop;
-    let recorded = Group::new(Arc::new(Noop));
-    let off = Group::with_options(Arc::new(Noop), &Options::default().flight_records(0));
+    // Two ranks whose calls return at once.
+    let noop = || Stub::new(2, "noop");
+    let backend = noop();
+    let recorded = Group::new(Arc::new(noop()));
+    let off = Group::with_options(Arc::new(noop()), &Options::default().flight_records(0));
     let mut data = [1.0f32];
     let rows = [
         (

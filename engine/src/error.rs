@@ -82,12 +82,14 @@ impl Phase {
 /// returned from `main` (which Rust prints with `{:?}`), `unwrap`'s panic and a log line
 /// read as a sentence rather than a struct. `{:#?}` (`dbg!`, pretty debug output) prints
 /// the variant and its fields; in code, match the variants or ask [`Error::fault`] and
-/// [`Error::peer`].
+/// [`Error::peer`]. The variant's name alone is `<&str>::from(&e)`, as the flight
+/// recorder's [`FlightOutcome::Failed`](crate::FlightOutcome::Failed) records it.
 ///
 /// ```
 /// use nuvec_distributed_engine::Error;
 ///
 /// let e = Error::Environment { var: "MLX_RANK", reason: "\"x\" is not a rank".into() };
+/// assert_eq!(<&str>::from(&e), "Environment");
 /// assert_eq!(format!("{e:?}"), format!("{e}"));
 /// assert_eq!(format!("{e:?}"), r#"environment variable MLX_RANK: "x" is not a rank"#);
 /// assert!(format!("{e:#?}").starts_with("Environment {\n    var: \"MLX_RANK\","));
@@ -116,7 +118,7 @@ impl Phase {
 /// assert_eq!(err.peer(), None); // no peer to blame
 /// assert!(err.to_string().starts_with("invalid argument: all_gather"), "{err}");
 /// ```
-#[derive(Clone, thiserror::Error)]
+#[derive(Clone, thiserror::Error, strum::IntoStaticStr)]
 #[non_exhaustive]
 pub enum Error {
     /// The caller passed something unusable: buffer lengths that do not match, a rank out of

@@ -243,6 +243,10 @@ pub use config::env::{
     SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
+/// A communicator that moves nothing, for tests and benchmarks: not part of the API.
+#[doc(hidden)]
+pub use comm::stub::Stub;
+
 /// The scalar reduction, without SIMD: exported for `benches/kernels.rs`, not part of the
 /// API.
 #[doc(hidden)]

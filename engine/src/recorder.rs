@@ -442,7 +442,7 @@ impl Recorder {
                 slot.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
                     Err(e) => FlightOutcome::Failed {
-                        kind: kind(e),
+                        kind: e.into(),
                         fault: e.fault(),
                         peer: e.peer(),
                     },
@@ -507,32 +507,6 @@ impl Recorder {
             calls,
             entries,
         }
-    }
-}
-
-/// The variant of `e`, for the record.
-fn kind(e: &Error) -> &'static str {
-    match e {
-        Error::InvalidArgument(_) => "InvalidArgument",
-        Error::Environment { .. } => "Environment",
-        Error::Config { .. } => "Config",
-        Error::Io { .. } => "Io",
-        Error::Closed { .. } => "Closed",
-        Error::Lost { .. } => "Lost",
-        Error::Auth { .. } => "Auth",
-        Error::Rdma { .. } => "Rdma",
-        Error::Timeout { .. } => "Timeout",
-        Error::PeerMisbehaved { .. } => "PeerMisbehaved",
-        Error::PeerIncompatible { .. } => "PeerIncompatible",
-        Error::Mismatch { .. } => "Mismatch",
-        Error::Bug { .. } => "Bug",
-        Error::Local { .. } => "Local",
-        Error::GroupClosed => "GroupClosed",
-        Error::Excluded { .. } => "Excluded",
-        Error::Aborted { .. } => "Aborted",
-        Error::Failed(_) => "Failed",
-        Error::Unsupported(_) => "Unsupported",
-        Error::Unavailable { .. } => "Unavailable",
     }
 }
 
@@ -653,64 +627,13 @@ impl Communicator for Recorded {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A communicator of `size` ranks whose calls succeed, except a receive, which fails
-    /// blaming its source; its all-reduces go one-shot, its other calls name no algorithm.
-    #[derive(Debug)]
-    struct Fake {
-        size: usize,
-    }
-
-    impl Communicator for Fake {
-        fn rank(&self) -> usize {
-            0
-        }
-        fn size(&self) -> usize {
-            self.size
-        }
-        fn backend(&self) -> &'static str {
-            "fake"
-        }
-        fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> {
-            Ok(())
-        }
-        fn all_gather(&self, _: &[u8], _: &mut [u8]) -> Result<()> {
-            Ok(())
-        }
-        fn sum_scatter(&self, _: DType, _: &[u8], _: &mut [u8]) -> Result<()> {
-            Ok(())
-        }
-        fn send(&self, _: &[u8], _: usize) -> Result<()> {
-            Ok(())
-        }
-        fn recv(&self, _: &mut [u8], src: usize) -> Result<()> {
-            Err(Error::Timeout {
-                peer: src,
-                addr: None,
-                op: crate::error::PeerOp::Receive,
-                context: crate::error::Phase::Recv,
-                after: std::time::Duration::from_secs(1),
-            })
-        }
-        fn barrier(&self) -> Result<()> {
-            Ok(())
-        }
-        fn health(&self) -> Result<()> {
-            Ok(())
-        }
-        fn close(&self) -> Result<()> {
-            Ok(())
-        }
-        fn algorithm(&self, op: FlightOp, _: Option<DType>, _: usize) -> Option<Algorithm> {
-            matches!(op, FlightOp::AllReduce(_)).then_some(Algorithm::OneShot)
-        }
-    }
+    use crate::comm::stub::Stub;
 
     fn recorded(capacity: usize, dir: Option<PathBuf>) -> Recorded {
         let options = Options::default()
             .flight_records(capacity)
             .flight_dir(dir.unwrap_or_else(|| PathBuf::from("/nonexistent/never/used")));
-        Recorded::new(Arc::new(Fake { size: 3 }), &options)
+        Recorded::new(Arc::new(Stub::new(3, "fake")), &options)
     }
 
     #[test]
@@ -749,7 +672,7 @@ mod tests {
 
     #[test]
     fn a_groups_blocking_and_nonblocking_calls_are_recorded_with_their_element_type() {
-        let g = crate::Group::with_options(Arc::new(Fake { size: 3 }), &Options::default());
+        let g = crate::Group::with_options(Arc::new(Stub::new(3, "fake")), &Options::default());
         g.all_gather(&[1u16, 2], &mut [0; 6]).unwrap();
         let mut out = [0u16; 6];
         g.scope(|s| {
@@ -880,16 +803,16 @@ mod tests {
                 .flight_dir(dir.path().join(sub))
                 .flight_signal(true)
         };
-        let kept = Recorded::new(Arc::new(Fake { size: 3 }), &options("kept"));
+        let kept = Recorded::new(Arc::new(Stub::new(3, "fake")), &options("kept"));
         kept.barrier().unwrap();
         kept.all_reduce(ReduceOp::Sum, DType::F32, &mut [0; 8])
             .unwrap();
         drop(Recorded::new(
-            Arc::new(Fake { size: 3 }),
+            Arc::new(Stub::new(3, "fake")),
             &options("dropped"),
         ));
         let silent = Recorded::new(
-            Arc::new(Fake { size: 3 }),
+            Arc::new(Stub::new(3, "fake")),
             &Options::default()
                 .flight_records(4)
                 .flight_dir(dir.path().join("silent")),
@@ -918,46 +841,12 @@ mod tests {
         if crate::config::env::flight_dir(&crate::config::env::process).is_some() {
             return; // the environment names one for every group
         }
-        /// A rank no other test's group has, so that its file is this test's alone.
-        #[derive(Debug)]
-        struct Rank7(Fake);
-        impl Communicator for Rank7 {
-            fn rank(&self) -> usize {
-                7
-            }
-            fn size(&self) -> usize {
-                self.0.size()
-            }
-            fn backend(&self) -> &'static str {
-                self.0.backend()
-            }
-            fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-                self.0.all_reduce(op, dtype, data)
-            }
-            fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<()> {
-                self.0.all_gather(input, output)
-            }
-            fn sum_scatter(&self, dtype: DType, input: &[u8], output: &mut [u8]) -> Result<()> {
-                self.0.sum_scatter(dtype, input, output)
-            }
-            fn send(&self, data: &[u8], dst: usize) -> Result<()> {
-                self.0.send(data, dst)
-            }
-            fn recv(&self, data: &mut [u8], src: usize) -> Result<()> {
-                self.0.recv(data, src)
-            }
-            fn barrier(&self) -> Result<()> {
-                self.0.barrier()
-            }
-            fn health(&self) -> Result<()> {
-                self.0.health()
-            }
-            fn close(&self) -> Result<()> {
-                self.0.close()
-            }
-        }
         let options = Options::default().flight_records(2).flight_signal(true);
-        let r = Recorded::new(Arc::new(Rank7(Fake { size: 8 })), &options);
+        let r = Recorded::new(
+            // A rank no other test's group has, so that its file is this test's alone.
+            Arc::new(Stub::new(8, "fake").at_rank(7)),
+            &options,
+        );
         r.barrier().unwrap();
         let dir = std::env::temp_dir().join(format!("nuvec-flight-{}", std::process::id()));
         let json = dir.join("flight-rank7.json");

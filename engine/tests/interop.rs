@@ -270,6 +270,25 @@ fn run_bool(g: &Group, op: &str, input: &[u8]) -> Vec<u8> {
     out.into_iter().map(u8::from).collect()
 }
 
+/// Runs `op` on `input` as elements of `dtype` (MLX's name for the type).
+fn run_dtype(g: &Group, op: &str, dtype: &str, input: &[u8]) -> Vec<u8> {
+    // The type whose `Element::DTYPE` has that name.
+    macro_rules! typed {
+        ($($t:ty),*) => {
+            $(if dtype == <$t as Element>::DTYPE.name() {
+                return run_typed::<$t>(g, op, input);
+            })*
+        };
+    }
+    if dtype == "bool" {
+        return run_bool(g, op, input);
+    }
+    typed!(
+        u8, u16, u32, u64, i8, i16, i32, i64, f16, bf16, f32, f64, Complex64
+    );
+    panic!("unknown dtype {dtype}")
+}
+
 fn rust_rank(plan_path: &Path, out_dir: &Path) {
     let plan = Plan::read(plan_path);
     let g = nuvec_distributed_engine::init_backend(true, nuvec_distributed_engine::Backend::Ring)
@@ -277,24 +296,7 @@ fn rust_rank(plan_path: &Path, out_dir: &Path) {
     let rank = g.rank();
     for (i, spec) in plan.ops.iter().enumerate() {
         let input = std::fs::read(plan.dir.join(format!("in-{rank}-{i}.bin"))).unwrap();
-        let op = spec.op.as_str();
-        let out = match spec.dtype.as_str() {
-            "bool" => run_bool(&g, op, &input),
-            "uint8" => run_typed::<u8>(&g, op, &input),
-            "uint16" => run_typed::<u16>(&g, op, &input),
-            "uint32" => run_typed::<u32>(&g, op, &input),
-            "uint64" => run_typed::<u64>(&g, op, &input),
-            "int8" => run_typed::<i8>(&g, op, &input),
-            "int16" => run_typed::<i16>(&g, op, &input),
-            "int32" => run_typed::<i32>(&g, op, &input),
-            "int64" => run_typed::<i64>(&g, op, &input),
-            "float16" => run_typed::<f16>(&g, op, &input),
-            "bfloat16" => run_typed::<bf16>(&g, op, &input),
-            "float32" => run_typed::<f32>(&g, op, &input),
-            "float64" => run_typed::<f64>(&g, op, &input),
-            "complex64" => run_typed::<Complex64>(&g, op, &input),
-            other => panic!("unknown dtype {other}"),
-        };
+        let out = run_dtype(&g, &spec.op, &spec.dtype, &input);
         std::fs::write(out_dir.join(format!("out-{rank}-{i}.bin")), out).unwrap();
     }
 }

@@ -1140,13 +1140,8 @@ fn apple_the_eleventh_queue_pair_on_a_device_is_refused() {
 fn apple_teardown_destroys_queue_pairs_before_their_regions() {
     const NAME: &str = "apple_teardown_destroys_queue_pairs_before_their_regions";
     let Some(trace) = in_provider_process(NAME, Profile::Apple, "a,b,c", |verbs| {
-        let (mut x, x_addr, px) = endpoint_sized(verbs, "a", 1, SIZES);
+        let (mut x, z) = connected_pair(verbs, ("a", "c"), SIZES);
         let (y, _, _) = endpoint_sized(verbs, "b", 1, SIZES);
-        let (mut z, z_addr, pz) = endpoint_sized(verbs, "c", 1, SIZES);
-        x.to_rtr(&z_addr, px, 1).unwrap();
-        x.to_rts(7).unwrap();
-        z.to_rtr(&x_addr, pz, 1).unwrap();
-        z.to_rts(7).unwrap();
         let mut shared = FrameBuffer::new(4096).unwrap();
         shared.register(&x).unwrap();
         shared.register(&y).unwrap();

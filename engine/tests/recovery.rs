@@ -14,16 +14,12 @@ use std::time::{Duration, Instant};
 
 use nuvec_distributed_engine::{Fault, Group};
 use nuvec_tools::test_cases;
-use nuvec_tools::testing::{self, Launch, RankOutput, Ranks, mark, random_settle, sum_of};
+use nuvec_tools::testing::{self, Launch, RankOutput, mark, random_settle, sum_of};
 
-/// The groups' timeout: how long survivors wait for each other, and for a restarted rank.
-const TIMEOUT_S: f64 = 3.0;
 /// Verified collectives after the shrink, and again after the rejoin.
 const ROUNDS: usize = 100;
 /// Elements of each verified all_sum.
 const LEN: usize = 1000;
-/// Set in a restarted rank.
-const RESTARTED_VAR: &str = "NUVEC_RECOVERY_RESTARTED";
 
 /// What first rank `first` adds at round `round`, element `j`: a small integer.
 fn value(first: usize, round: usize, j: usize) -> f32 {
@@ -71,20 +67,14 @@ fn shrink_and_verify(g: &Group, survivors: &[usize]) -> Group {
 /// P ranks loop on all_sums of `len` f32 on `wire`; `victim` is killed; the survivors
 /// shrink, verify, and rejoin the restarted victim; the full group verifies.
 fn kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize, len: usize) {
-    let launch = Launch::new(size, 1)
-        .timeout(TIMEOUT_S)
-        .deadline(Duration::from_secs(120))
-        .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    let launch = testing::recovery_launch(size, 1, wire);
     kill_shrink_rejoin_in(&launch, name, victim, len);
 }
 
 /// [`kill_shrink_rejoin`] with a key (the rendezvous and both formations are keyed) and
 /// two connections per rank (the rendezvous uses the first address, the groups both).
 fn keyed_kill_shrink_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
-    let launch = Launch::new(size, 2)
-        .timeout(TIMEOUT_S)
-        .deadline(Duration::from_secs(120))
-        .env("NUVEC_DISTRIBUTED_WIRE", wire)
+    let launch = testing::recovery_launch(size, 2, wire)
         .env("NUVEC_DISTRIBUTED_KEY", "correct horse battery staple 2026");
     kill_shrink_rejoin_in(&launch, name, victim, 16);
 }
@@ -93,8 +83,7 @@ fn kill_shrink_rejoin_in(launch: &Launch, name: &str, victim: usize, len: usize)
     let (size, wire) = (launch.size, wire_of(launch));
     let all: Vec<usize> = (0..size).collect();
     let survivors: Vec<usize> = all.iter().copied().filter(|&r| r != victim).collect();
-    let Some(mut running) = launch.start_raw(name, || {
-        let restarted = std::env::var_os(RESTARTED_VAR).is_some();
+    let Some(outputs) = testing::kill_and_rejoin(launch, name, victim, "shrunk", |restarted| {
         let g = nuvec_distributed_engine::init(true).expect("the group forms");
         if restarted {
             // A plain init at the same address joins the survivors' rejoin.
@@ -117,15 +106,7 @@ fn kill_shrink_rejoin_in(launch: &Launch, name: &str, victim: usize, len: usize)
     }) else {
         return;
     };
-    running.strike(victim, "KILL", random_settle());
-    let mut running = wait_shrunk(running, &survivors);
-    running.restart(victim, &[(RESTARTED_VAR, "1")]);
-    let outputs = running.finish();
     report(&outputs, &wire, size);
-    for o in &outputs {
-        assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
-        assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
-    }
 }
 
 /// The wire a launch sets, with "+key" when it sets a key, for the printed times.
@@ -142,21 +123,6 @@ fn wire_of(launch: &Launch) -> String {
         Some(_) => format!("{wire}+key"),
         None => wire,
     }
-}
-
-/// Waits until every survivor marked "shrunk"; if one does not within a minute, fails
-/// with every rank's output.
-fn wait_shrunk(running: Ranks, survivors: &[usize]) -> Ranks {
-    let until = Instant::now() + Duration::from_secs(60);
-    while !survivors.iter().all(|&r| running.has_marked(r, "shrunk")) {
-        if Instant::now() > until {
-            let outputs = running.finish();
-            let all: Vec<String> = outputs.iter().map(|o| o.to_string()).collect();
-            panic!("the survivors did not shrink:\n{}", all.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    running
 }
 
 /// Prints every survivor's shrink time, for the record.
@@ -189,10 +155,7 @@ test_cases!(kill_shrink_rejoin {
 /// collective fails, and so does its own shrink, saying it was left out; meanwhile and
 /// after, the shrunk group keeps computing right.
 fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
-    let launch = Launch::new(size, 1)
-        .timeout(TIMEOUT_S)
-        .deadline(Duration::from_secs(120))
-        .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    let launch = testing::recovery_launch(size, 1, wire);
     let survivors: Vec<usize> = (0..size).filter(|&r| r != victim).collect();
     let Some(mut running) = launch.start_raw(name, || {
         let g = nuvec_distributed_engine::init(true).expect("the group forms");
@@ -235,7 +198,7 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
     };
     running.wait_all("looping", random_settle());
     running.signal(victim, "STOP");
-    let mut running = wait_shrunk(running, &survivors);
+    let mut running = running.wait_others(victim, "shrunk", Duration::from_secs(60));
     running.signal(victim, "CONT");
     let outputs = running.finish();
     report(&outputs, wire, size);
@@ -256,15 +219,11 @@ fn stop_shrink(name: &str, wire: &str, size: usize, victim: usize) {
 /// Without shrinking: the survivors call `rejoin` on the failed group itself, and the
 /// restarted victim's plain init completes the full group.
 fn kill_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
-    let launch = Launch::new(size, 1)
-        .timeout(TIMEOUT_S)
-        .deadline(Duration::from_secs(120))
-        .env("NUVEC_DISTRIBUTED_WIRE", wire);
+    let launch = testing::recovery_launch(size, 1, wire);
     let all: Vec<usize> = (0..size).collect();
-    let survivors: Vec<usize> = all.iter().copied().filter(|&r| r != victim).collect();
-    let Some(mut running) = launch.start_raw(name, || {
+    testing::kill_and_rejoin(&launch, name, victim, "failed", |restarted| {
         let g = nuvec_distributed_engine::init(true).expect("the group forms");
-        if std::env::var_os(RESTARTED_VAR).is_none() {
+        if !restarted {
             g.barrier().unwrap();
             testing::until_failure(|| sum_of(&g, 16));
             let full = g.rejoin().unwrap_or_else(|e| panic!("rejoin: {e}"));
@@ -274,18 +233,7 @@ fn kill_rejoin(name: &str, wire: &str, size: usize, victim: usize) {
             verified_sums(&g, &all, ROUNDS, || {});
         }
         println!("REJOINED");
-    }) else {
-        return;
-    };
-    running.strike(victim, "KILL", random_settle());
-    for &r in &survivors {
-        running.wait_for(r, "failed", Duration::from_secs(30));
-    }
-    running.restart(victim, &[(RESTARTED_VAR, "1")]);
-    for o in &running.finish() {
-        assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
-        assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
-    }
+    });
 }
 
 test_cases!(kill_rejoin {

@@ -190,13 +190,7 @@ fn a_wrong_key_fails_setup_on_both_sides() {
     }) else {
         return;
     };
-    for o in &outputs {
-        let (_, peer, message) = o.finished_failure();
-        assert!(
-            message.contains("authentication failed"),
-            "rank {}: {message}",
-            o.rank
-        );
+    for (o, _, peer, message) in failures_saying(&outputs, &["authentication failed"]) {
         assert!(
             message.contains("prove the key") || message.contains("keys differ"),
             "rank {}: {message}",
@@ -752,10 +746,27 @@ fn init_fails_saying(
     }) else {
         return;
     };
-    for o in &outputs {
-        let (_, _, message) = o.finished_failure();
-        assert!(says.iter().all(|s| message.contains(s)), "{message}");
-    }
+    failures_saying(&outputs, &says);
+}
+
+/// Every rank's failure, with its output ([`RankOutput::finished_failure`]: each rank must
+/// have finished after it), checked to say each of `says`.
+fn failures_saying<'a>(
+    outputs: &'a [RankOutput],
+    says: &[&str],
+) -> Vec<(&'a RankOutput, u64, Option<usize>, String)> {
+    outputs
+        .iter()
+        .map(|o| {
+            let (ms, peer, message) = o.finished_failure();
+            assert!(
+                says.iter().all(|s| message.contains(s)),
+                "rank {}: {message}",
+                o.rank
+            );
+            (o, ms, peer, message)
+        })
+        .collect()
 }
 
 /// A rank with a key next to one without, in both orientations at P = 2: both fail at
@@ -851,13 +862,7 @@ fn one_unkeyed_rank_in_a_keyed_ring_of_3_is_named_by_every_rank() {
     }) else {
         return;
     };
-    for o in &outputs {
-        let (ms, peer, message) = o.finished_failure();
-        assert!(
-            message.contains("incompatible"),
-            "rank {}: {message}",
-            o.rank
-        );
+    for (o, ms, peer, message) in failures_saying(&outputs, &["incompatible"]) {
         if o.rank == UNKEYED {
             assert!(matches!(peer, Some(0 | 2)), "{message}");
             assert!(message.contains("and this rank has none"), "{message}");

@@ -9,9 +9,7 @@
 
 use std::time::Duration;
 
-use nuvec_distributed_engine::{
-    Backend, Communicator, DType, Error, Fault, Group, Options, ReduceOp, Result, init_with,
-};
+use nuvec_distributed_engine::{Backend, Error, Fault, Group, Options, Stub, init_with};
 use nuvec_tools::testing::{self, Launch};
 
 /// A split pattern: every rank's color and key, for a group of `size`.
@@ -405,49 +403,10 @@ fn several_groups_in_one_process() {
     });
 }
 
-/// A group of two over a communicator of the caller's own, which this crate did not form.
-#[derive(Debug)]
-struct Foreign;
-
-impl Communicator for Foreign {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn backend(&self) -> &'static str {
-        "foreign"
-    }
-    fn all_reduce(&self, _: ReduceOp, _: DType, _: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported("a test communicator".into()))
-    }
-    fn all_gather(&self, _: &[u8], _: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported("a test communicator".into()))
-    }
-    fn sum_scatter(&self, _: DType, _: &[u8], _: &mut [u8]) -> Result<()> {
-        Err(Error::Unsupported("a test communicator".into()))
-    }
-    fn send(&self, _: &[u8], _: usize) -> Result<()> {
-        Err(Error::Unsupported("a test communicator".into()))
-    }
-    fn recv(&self, _: &mut [u8], _: usize) -> Result<()> {
-        Err(Error::Unsupported("a test communicator".into()))
-    }
-    fn barrier(&self) -> Result<()> {
-        Ok(())
-    }
-    fn health(&self) -> Result<()> {
-        Ok(())
-    }
-    fn close(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn groups_not_formed_here_refuse_to_split_naming_the_call() {
-    let group = Group::new(std::sync::Arc::new(Foreign));
+    // A group of two over a communicator of the caller's own, which this crate did not form.
+    let group = Group::new(std::sync::Arc::new(Stub::new(2, "foreign")));
     let error = group.split(0, -1).unwrap_err();
     assert!(matches!(error, Error::Unsupported(_)), "{error}");
     let text = error.to_string();

@@ -185,26 +185,21 @@ fn forms_despite_strangers(backend: Backend, keyed: bool, replay: bool, scanners
     });
 }
 
+/// Both backends form despite strangers: keyed, with a replayed hello (native) or greeting
+/// (MLX's ring) among them; unkeyed, without one, since a hello of this group is then all a
+/// rank has to go by and a replayed one cannot be told from the real peer's (README,
+/// Authentication); and MLX's ring unkeyed among port scanners alone.
 #[test]
-fn native_unkeyed_forms_despite_strangers() {
-    // Without a key a hello of this group is all a rank has to go by, so a replayed one
-    // cannot be told from the real peer's (README, Authentication): not among these.
-    forms_despite_strangers(Backend::Native, false, false, false);
-}
-
-#[test]
-fn native_keyed_forms_despite_strangers_and_a_replayed_hello() {
-    forms_despite_strangers(Backend::Native, true, true, false);
-}
-
-#[test]
-fn mlx_keyed_forms_despite_strangers_and_a_replayed_greeting() {
-    forms_despite_strangers(Backend::Ring, true, true, false);
-}
-
-#[test]
-fn mlx_unkeyed_forms_despite_port_scanners() {
-    forms_despite_strangers(Backend::Ring, false, false, true);
+fn forms_despite_strangers_on_either_backend() {
+    // (backend, keyed, a replayed hello among the strangers, port scanners only)
+    for (backend, keyed, replay, scanners_only) in [
+        (Backend::Native, false, false, false),
+        (Backend::Native, true, true, false),
+        (Backend::Ring, true, true, false),
+        (Backend::Ring, false, false, true),
+    ] {
+        forms_despite_strangers(backend, keyed, replay, scanners_only);
+    }
 }
 
 #[test]

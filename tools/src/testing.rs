@@ -614,6 +614,45 @@ pub fn sum_of(g: &Group, len: usize) -> nuvec_distributed_engine::Result<()> {
     })
 }
 
+/// The launch of a recovery test: `size` ranks of `connections` addresses each on `wire`
+/// (`NUVEC_DISTRIBUTED_WIRE`), whose groups wait 3 s for a silent peer (survivors for each
+/// other, and for a restarted rank), two minutes for the whole test.
+pub fn recovery_launch(size: usize, connections: usize, wire: &str) -> Launch {
+    Launch::new(size, connections)
+        .timeout(3.0)
+        .deadline(Duration::from_secs(120))
+        .env("NUVEC_DISTRIBUTED_WIRE", wire)
+}
+
+/// Set (to "1") in the rank that [`kill_and_rejoin`] started again.
+const RESTARTED_VAR: &str = "NUVEC_TEST_RESTARTED";
+
+/// A test that kills a rank and has the group take it back. In a rank: runs `body`, which
+/// is told whether this is the killed rank started again, and returns `None`. In the
+/// parent: starts test `name`'s ranks as `launch` says ([`Launch::start_raw`]); once every
+/// rank loops, kills `victim` ([`Ranks::strike`]); once every other rank has marked
+/// `recovered` (a minute at most, see [`Ranks::wait_others`]), starts the victim again;
+/// then asserts that every rank finished, having printed `REJOINED` once, and returns their
+/// outputs.
+pub fn kill_and_rejoin(
+    launch: &Launch,
+    name: &str,
+    victim: usize,
+    recovered: &str,
+    body: impl FnOnce(bool),
+) -> Option<Vec<RankOutput>> {
+    let mut running = launch.start_raw(name, || body(std::env::var_os(RESTARTED_VAR).is_some()))?;
+    running.strike(victim, "KILL", random_settle());
+    let mut running = running.wait_others(victim, recovered, Duration::from_secs(60));
+    running.restart(victim, &[(RESTARTED_VAR, "1")]);
+    let outputs = running.finish();
+    for o in &outputs {
+        assert!(o.finished(), "rank {} did not finish:\n{o}", o.rank);
+        assert_eq!(o.lines("REJOINED").len(), 1, "rank {}:\n{o}", o.rank);
+    }
+    Some(outputs)
+}
+
 /// A pause of 100 to 500 ms that differs from run to run: where in a loop of collectives
 /// a fault strikes (see [`Ranks::strike`]).
 pub fn random_settle() -> Duration {
@@ -1430,6 +1469,28 @@ impl Ranks {
         let pid = i32::try_from(child.id()).expect("a process id");
         kill(Pid::from_raw(pid), signal)
             .unwrap_or_else(|e| panic!("kill -{signal} {pid} (rank {rank}): {e}"));
+    }
+
+    /// Waits until every started rank but `except` has marked `what`; if one has not
+    /// within `within`, waits for every rank (see [`Ranks::finish`]) and fails with their
+    /// outputs.
+    pub fn wait_others(self, except: usize, what: &str, within: Duration) -> Ranks {
+        let until = Instant::now() + within;
+        let others: Vec<usize> = self.children.iter().map(|(r, _)| *r).collect();
+        while !others
+            .iter()
+            .all(|&r| r == except || self.has_marked(r, what))
+        {
+            if Instant::now() > until {
+                let outputs: Vec<String> = self.finish().iter().map(|o| o.to_string()).collect();
+                panic!(
+                    "not every rank but {except} reached {what:?} within {within:?}:\n{}",
+                    outputs.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self
     }
 
     /// Waits until every started rank has marked `what` (a minute at most each), then

@@ -4,7 +4,8 @@
 //! ([`state`]), ring neighbours ([`neighbours`]), the protocol vocabulary every collective's
 //! state machine speaks ([`machine`]), which algorithm the native wire's collectives take
 //! ([`algorithm`]), and the loop that drives a collective until it
-//! finishes or a peer falls silent ([`progress`]), with its one rule for whom to blame.
+//! finishes or a peer falls silent ([`progress`]), with its one rule for whom to blame; and
+//! [`stub`], a communicator that moves nothing, for tests and benchmarks.
 
 pub(crate) mod algorithm;
 mod link;
@@ -14,6 +15,7 @@ pub(crate) mod progress;
 pub(crate) mod reports;
 pub(crate) mod ring;
 pub(crate) mod state;
+pub(crate) mod stub;
 pub(crate) mod trace;
 
 pub use link::Transport;

@@ -305,33 +305,25 @@ fn the_spin_variable_fixes_the_spin_and_unset_learns_it() {
 
 #[test]
 fn option_variables_name_themselves_when_wrong() {
+    use env::{
+        FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, KEY_VAR, SHM_VAR, SOCKET_BUFFER_VAR,
+        SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
+    };
     let cases = [
-        (env::TIMEOUT_VAR, "soon", "is not a number of seconds"),
-        (env::TIMEOUT_VAR, "0", "must be more than zero"),
-        (env::TIMEOUT_VAR, "", "is set but empty"),
-        (env::SPIN_VAR, "1.5", "not a whole number of microseconds"),
-        (
-            env::SOCKET_BUFFER_VAR,
-            "0",
-            "not a positive number of bytes",
-        ),
-        (
-            env::SOCKET_BUFFER_VAR,
-            "big",
-            "not a positive number of bytes",
-        ),
-        (env::KEY_VAR, "short", "16"),
-        (env::SHM_VAR, "yes", "neither 1"),
-        (env::FLIGHT_RECORDS_VAR, "many", "not a number of calls"),
-        (env::FLIGHT_RECORDS_VAR, "-1", "not a number of calls"),
-        (
-            env::FLIGHT_RECORDS_VAR,
-            "99999999999",
-            "not a number of calls",
-        ),
-        (env::FLIGHT_DIR_VAR, " ", "is set but empty"),
-        (env::FLIGHT_SIGNAL_VAR, "yes", "neither 1"),
-        (env::FLIGHT_SIGNAL_VAR, "", "is set but empty"),
+        (TIMEOUT_VAR, "soon", "is not a number of seconds"),
+        (TIMEOUT_VAR, "0", "must be more than zero"),
+        (TIMEOUT_VAR, "", "is set but empty"),
+        (SPIN_VAR, "1.5", "not a whole number of microseconds"),
+        (SOCKET_BUFFER_VAR, "0", "not a positive number of bytes"),
+        (SOCKET_BUFFER_VAR, "big", "not a positive number of bytes"),
+        (KEY_VAR, "short", "16"),
+        (SHM_VAR, "yes", "neither 1"),
+        (FLIGHT_RECORDS_VAR, "many", "not a number of calls"),
+        (FLIGHT_RECORDS_VAR, "-1", "not a number of calls"),
+        (FLIGHT_RECORDS_VAR, "99999999999", "not a number of calls"),
+        (FLIGHT_DIR_VAR, " ", "is set but empty"),
+        (FLIGHT_SIGNAL_VAR, "yes", "neither 1"),
+        (FLIGHT_SIGNAL_VAR, "", "is set but empty"),
     ];
     for (name, value, why) in cases {
         let vars = from_pairs(&[(name, value)]);
@@ -342,14 +334,14 @@ fn option_variables_name_themselves_when_wrong() {
     // Empty is never the same as unset: each is an error naming its variable. An empty
     // key in particular must not turn authentication off.
     for name in [
-        env::TIMEOUT_VAR,
-        env::SPIN_VAR,
-        env::SOCKET_BUFFER_VAR,
-        env::TCP_CONGESTION_VAR,
-        env::KEY_VAR,
+        TIMEOUT_VAR,
+        SPIN_VAR,
+        SOCKET_BUFFER_VAR,
+        TCP_CONGESTION_VAR,
+        KEY_VAR,
     ] {
         for blank in ["", "  "] {
-            if name == env::KEY_VAR && !blank.is_empty() {
+            if name == KEY_VAR && !blank.is_empty() {
                 continue; // a key of spaces is a (short) key, checked above
             }
             let vars = from_pairs(&[(name, blank)]);
@@ -361,8 +353,7 @@ fn option_variables_name_themselves_when_wrong() {
             );
         }
     }
-    let (_, text) =
-        env_error(env::options(&lookup(&from_pairs(&[(env::KEY_VAR, "")]))).unwrap_err());
+    let (_, text) = env_error(env::options(&lookup(&from_pairs(&[(KEY_VAR, "")]))).unwrap_err());
     assert!(
         text.contains("unset it to run without authentication"),
         "{text}"
@@ -377,12 +368,12 @@ fn option_variables_name_themselves_when_wrong() {
     assert!(options.key.is_none());
     assert!(!options.flight_signal);
     for (value, on) in [("1", true), (" 0 ", false)] {
-        let vars = from_pairs(&[(env::FLIGHT_SIGNAL_VAR, value)]);
+        let vars = from_pairs(&[(FLIGHT_SIGNAL_VAR, value)]);
         assert_eq!(env::options(&lookup(&vars)).unwrap().flight_signal, on);
         assert_eq!(env::flight_signal(&lookup(&vars)), on);
     }
     // A group that cannot fail takes a value that is neither as off.
-    let vars = from_pairs(&[(env::FLIGHT_SIGNAL_VAR, "on")]);
+    let vars = from_pairs(&[(FLIGHT_SIGNAL_VAR, "on")]);
     assert!(!env::flight_signal(&lookup(&vars)));
 }
 

@@ -16,7 +16,7 @@ use rand::{RngCore, SeedableRng};
 use super::header::{Call, Header, Kind};
 use super::protocol::{Exchange, Memory};
 // Every rank's end of every pair is connection `peer` (one queue each way).
-use super::timed::Direct;
+use super::timed::{Direct, start_all_reduce};
 use super::{Formed, Native, Peer};
 use crate::comm::Communicator;
 use crate::comm::Transport;
@@ -647,10 +647,18 @@ fn call(comm: &Native, op: Op) -> Result<(), Error> {
     }
 }
 
-/// Runs `good` good all_sums, then `normal` on every rank but the last, which calls
-/// `odd`; every rank must fail with a mismatch naming both calls within a second, and
-/// fail the group.
-fn mismatch(size: usize, good: usize, normal: Op, odd: Op, names: (&str, &str)) {
+/// Runs `good` good all_sums on `size` ranks, then `normal` on every rank but `odd_rank`,
+/// which calls `odd`. The odd rank and its first partner (the rank before it; rank 1 for
+/// rank 0) must fail with a mismatch naming both calls and the call's number, every other
+/// rank on what their failure closed, naming a peer; every rank within a second, and the
+/// group failed after.
+fn mismatch(
+    size: usize,
+    odd_rank: usize,
+    good: usize,
+    (normal, odd, names): (Op, Op, (&str, &str)),
+) {
+    let partner = if odd_rank == 0 { 1 } else { odd_rank - 1 };
     let ranks = group(size, 1, Duration::from_secs(20));
     let start = Barrier::new(size);
     let outcomes = on_ranks(&ranks, |comm| {
@@ -660,7 +668,7 @@ fn mismatch(size: usize, good: usize, normal: Op, odd: Op, names: (&str, &str)) 
         }
         start.wait();
         let began = Instant::now();
-        let mine = if comm.rank() == size - 1 { odd } else { normal };
+        let mine = if comm.rank() == odd_rank { odd } else { normal };
         let e = call(comm, mine).expect_err("a mismatched call must fail");
         let took = began.elapsed();
         let later = comm
@@ -670,11 +678,18 @@ fn mismatch(size: usize, good: usize, normal: Op, odd: Op, names: (&str, &str)) 
     });
     for (rank, (e, took, later)) in outcomes.into_iter().enumerate() {
         let msg = e.to_string();
-        assert!(matches!(e, Error::Mismatch { .. }), "rank {rank}: {msg}");
-        assert!(
-            msg.contains(names.0) && msg.contains(names.1) && msg.contains(&format!("#{good}")),
-            "rank {rank}: {msg}"
-        );
+        if rank == odd_rank || rank == partner {
+            assert!(
+                matches!(e, Error::Mismatch { .. }),
+                "rank {rank} of {size}: {msg}"
+            );
+            assert!(
+                msg.contains(names.0) && msg.contains(names.1) && msg.contains(&format!("#{good}")),
+                "rank {rank} of {size}: {msg}"
+            );
+        } else {
+            assert!(e.peer().is_some(), "rank {rank} of {size}: {msg}");
+        }
         assert!(took < Duration::from_secs(1), "rank {rank} took {took:?}");
         assert!(matches!(later, Error::Failed(_)), "rank {rank}: {later}");
     }
@@ -723,9 +738,9 @@ fn every_kind_of_mismatch_fails_every_rank_at_once() {
     ];
     // From three ranks the small all-reduces and the barrier go by recursive doubling,
     // where only the ranks that meet the odd one compare calls with it (the next test).
-    for &(normal, odd, names) in &cases {
+    for case in cases {
         for good in [0, 1000] {
-            mismatch(2, good, normal, odd, names);
+            mismatch(2, 1, good, case);
         }
     }
 }
@@ -764,38 +779,8 @@ fn a_mismatch_in_log_rounds_fails_every_rank_at_once() {
         (5, 0),
         (6, 0),
     ] {
-        // The odd rank's first partner.
-        let partner = if odd_rank == 0 { 1 } else { odd_rank - 1 };
-        for &(normal, odd, names) in &cases {
-            let ranks = group(size, 1, Duration::from_secs(20));
-            let start = Barrier::new(size);
-            let outcomes = on_ranks(&ranks, |comm| {
-                comm.all_reduce(ReduceOp::Sum, DType::F32, &mut [0u8; 4])
-                    .expect("a good call");
-                start.wait();
-                let began = Instant::now();
-                let mine = if comm.rank() == odd_rank { odd } else { normal };
-                let e = call(comm, mine).expect_err("a mismatched call must fail");
-                let took = began.elapsed();
-                let later = comm
-                    .barrier()
-                    .expect_err("a failed group refuses later calls");
-                (e, took, later)
-            });
-            for (rank, (e, took, later)) in outcomes.into_iter().enumerate() {
-                let msg = e.to_string();
-                if rank == odd_rank || rank == partner {
-                    assert!(matches!(e, Error::Mismatch { .. }), "rank {rank}: {msg}");
-                    assert!(
-                        msg.contains(names.0) && msg.contains(names.1),
-                        "rank {rank} of {size}: {msg}"
-                    );
-                } else {
-                    assert!(e.peer().is_some(), "rank {rank} of {size}: {msg}");
-                }
-                assert!(took < Duration::from_secs(1), "rank {rank} took {took:?}");
-                assert!(matches!(later, Error::Failed(_)), "rank {rank}: {later}");
-            }
+        for case in cases {
+            mismatch(size, odd_rank, 1, case);
         }
     }
 }
@@ -983,17 +968,29 @@ fn close_from_another_thread_aborts_a_call_in_flight() {
 
 // ---- The simulator: the protocol over byte queues, cut at random. ----
 
-/// Runs one exchange per rank over queues that move at most `max` bytes per transfer,
-/// visiting ranks in a random order. Returns each rank's outcome.
+/// How the simulator cuts a run: transfers of at most `max` bytes, ranks visited in an
+/// order drawn from `seed` (which a test may also draw its inputs from).
+#[derive(Clone, Copy, Debug)]
+struct Cuts {
+    seed: u64,
+    max: usize,
+}
+
+/// Any seed, with transfers of at most `maxes` bytes.
+fn cuts(maxes: std::ops::Range<usize>) -> impl Strategy<Value = Cuts> {
+    (any::<u64>(), maxes).prop_map(|(seed, max)| Cuts { seed, max })
+}
+
+/// Runs one exchange per rank over queues that move bytes as `cuts` says, visiting ranks
+/// in a random order. Returns each rank's outcome.
 fn simulate(
     exchanges: &mut [Exchange],
     data: &mut [Vec<u8>],
     inputs: &[Vec<u8>],
-    seed: u64,
-    max: usize,
+    cuts: Cuts,
 ) -> Vec<Result<(), Error>> {
     let live = vec![true; exchanges.len()];
-    simulate_live(exchanges, data, inputs, (seed, max), &live, 1_000_000)
+    simulate_live(exchanges, data, inputs, cuts, &live, 1_000_000)
         .into_iter()
         .map(|o| o.expect("the simulation ends: no rank waits for ever"))
         .collect()
@@ -1005,7 +1002,7 @@ fn simulate_live(
     exchanges: &mut [Exchange],
     data: &mut [Vec<u8>],
     inputs: &[Vec<u8>],
-    (seed, max): (u64, usize),
+    Cuts { seed, max }: Cuts,
     live: &[bool],
     visits: usize,
 ) -> Vec<Option<Result<(), Error>>> {
@@ -1075,28 +1072,72 @@ fn simulate_live(
     outcome
 }
 
-/// Runs the all-reduce that `setup` starts on each rank's exchange (of `count` elements of
-/// `op`, `dtype`) under the simulator, cut into pieces of at most `max` bytes from `seed`,
-/// and checks that every rank holds rank 0's bits and that they equal `reference`'s, NaN
-/// sums matching NaN sums (see `first_difference`).
-fn all_reduce_gives(
+/// One all-reduce for `all_reduce_gives`: `count` elements of `reduce` on each of `size`
+/// ranks, simulated as `cuts` says.
+#[derive(Clone, Copy, Debug)]
+struct AllReduceCase {
     size: usize,
-    (op, dtype): (ReduceOp, DType),
     count: usize,
-    (seed, max): (u64, usize),
+    reduce: (ReduceOp, DType),
+    cuts: Cuts,
+}
+
+/// All-reduce cases of `sizes` ranks and `counts` elements, pieces of at most `maxes`
+/// bytes, for every op and a few dtypes.
+fn all_reduce_cases(
+    sizes: std::ops::Range<usize>,
+    counts: std::ops::Range<usize>,
+    maxes: std::ops::Range<usize>,
+) -> impl Strategy<Value = AllReduceCase> {
+    let dtypes = vec![
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::F64,
+        DType::Complex64,
+    ];
+    (
+        sizes,
+        counts,
+        prop::sample::select(ReduceOp::ALL.to_vec()),
+        prop::sample::select(dtypes),
+        cuts(maxes),
+    )
+        .prop_map(|(size, count, op, dtype, cuts)| AllReduceCase {
+            size,
+            count,
+            reduce: (op, dtype),
+            cuts,
+        })
+}
+
+/// Runs all-reduce `algorithm` of `case` on every rank's exchange under the simulator, and
+/// checks that every rank holds rank 0's bits and that they equal `reference`'s, NaN sums
+/// matching NaN sums (see `first_difference`).
+fn all_reduce_gives(
+    algorithm: AllReduce,
+    case: AllReduceCase,
     reference: fn(ReduceOp, DType, &[Vec<u8>]) -> Vec<u8>,
-    setup: impl Fn(&mut Exchange, usize, &Call),
 ) -> Result<(), TestCaseError> {
+    let AllReduceCase {
+        size,
+        count,
+        reduce: (op, dtype),
+        cuts,
+    } = case;
     let bytes = count * dtype.size();
-    let inputs: Vec<_> = (0..size).map(|r| input(seed, r, dtype, bytes)).collect();
+    let inputs: Vec<_> = (0..size)
+        .map(|r| input(cuts.seed, r, dtype, bytes))
+        .collect();
     let mut data = inputs.clone();
     let call = Call::group(7, Kind::AllReduce(op, dtype), count as u64);
     let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
     for (r, x) in xs.iter_mut().enumerate() {
-        setup(x, r, &call);
+        start_all_reduce(x, algorithm, r, size, &call, case.reduce, count);
     }
     let none: Vec<Vec<u8>> = vec![Vec::new(); size];
-    let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+    let outcome = simulate(&mut xs, &mut data, &none, cuts);
     prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
     let want = reference(op, dtype, &inputs);
     for (r, d) in data.iter().enumerate() {
@@ -1119,25 +1160,13 @@ proptest! {
     /// every rank, for every op (max/min with NaNs included) and a few dtypes.
     #[test]
     fn direct_all_reduces_give_the_rank_order_fold(
-        size in 2usize..6,
-        count in 1usize..300,
-        op in 0usize..3,
-        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::I8, DType::F64, DType::Complex64]),
-        scatter in any::<bool>(),
-        seed in any::<u64>(),
-        max in 1usize..64,
+        algorithm in prop::sample::select(vec![AllReduce::OneShot, AllReduce::ScatterGather]),
+        case in all_reduce_cases(2..6, 1..300, 1..64),
     ) {
-        let op = ReduceOp::ALL[op];
         // A NaN sum's payload is the compiler's choice: at opt-level 1 the scalar reference
         // kept another rank's than the kernel (complex64), so NaNs match NaNs in
         // `all_reduce_gives`; every rank holding the same bits is checked there.
-        all_reduce_gives(size, (op, dtype), count, (seed, max), reference, |x, r, call| {
-            if scatter {
-                x.scatter_gather(&Direct, r, size, call, (op, dtype), count);
-            } else {
-                x.one_shot(&Direct, r, size, call, (op, dtype), count * dtype.size());
-            }
-        })?;
+        all_reduce_gives(algorithm, case, reference)?;
     }
 
     /// Recursive doubling and halving-doubling, cut into arbitrary pieces, give the tree
@@ -1146,22 +1175,13 @@ proptest! {
     /// included) and a few dtypes, with counts below and above P (empty blocks).
     #[test]
     fn log_round_all_reduces_give_the_tree(
-        size in 2usize..17,
-        count in 1usize..200,
-        op in 0usize..3,
-        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::I8, DType::F64, DType::Complex64]),
-        halving in any::<bool>(),
-        seed in any::<u64>(),
-        max in 1usize..96,
+        algorithm in prop::sample::select(vec![
+            AllReduce::RecursiveDoubling,
+            AllReduce::HalvingDoubling,
+        ]),
+        case in all_reduce_cases(2..17, 1..200, 1..96),
     ) {
-        let op = ReduceOp::ALL[op];
-        all_reduce_gives(size, (op, dtype), count, (seed, max), tree_reference, |x, r, call| {
-            if halving {
-                x.halving_doubling(&Direct, r, size, call, (op, dtype), count);
-            } else {
-                x.recursive_doubling(&Direct, r, size, call, (op, dtype), count * dtype.size());
-            }
-        })?;
+        all_reduce_gives(algorithm, case, tree_reference)?;
     }
 
     /// The recursive-doubling barrier: with every rank present every rank finishes; with
@@ -1170,8 +1190,7 @@ proptest! {
     fn the_doubling_barrier_waits_for_every_rank(
         size in 2usize..17,
         absent in 0usize..16,
-        seed in any::<u64>(),
-        max in 1usize..32,
+        cuts in cuts(1..32),
     ) {
         let call = Call::group(4, Kind::Barrier, 0);
         let plan = |xs: &mut Vec<Exchange>| {
@@ -1183,13 +1202,13 @@ proptest! {
         plan(&mut xs);
         let mut data: Vec<Vec<u8>> = vec![Vec::new(); size];
         let none: Vec<Vec<u8>> = vec![Vec::new(); size];
-        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+        let outcome = simulate(&mut xs, &mut data, &none, cuts);
         prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
         let absent = absent % size;
         let live: Vec<bool> = (0..size).map(|r| r != absent).collect();
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
         plan(&mut xs);
-        let outcome = simulate_live(&mut xs, &mut data, &none, (seed, max), &live, 20_000);
+        let outcome = simulate_live(&mut xs, &mut data, &none, cuts, &live, 20_000);
         for (r, o) in outcome.iter().enumerate() {
             prop_assert!(o.is_none(), "rank {} of {} finished without rank {}", r, size, absent);
         }
@@ -1201,11 +1220,10 @@ proptest! {
     fn all_gather_by_doubling_gives_every_block(
         size in 2usize..17,
         nbytes in 0usize..100,
-        seed in any::<u64>(),
-        max in 1usize..64,
+        cuts in cuts(1..64),
     ) {
         let call = Call::group(2, Kind::AllGather, nbytes as u64);
-        let inputs: Vec<_> = (0..size).map(|r| input(seed, r, DType::U8, nbytes)).collect();
+        let inputs: Vec<_> = (0..size).map(|r| input(cuts.seed, r, DType::U8, nbytes)).collect();
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
         let mut data = Vec::new();
         for (r, x) in xs.iter_mut().enumerate() {
@@ -1215,7 +1233,7 @@ proptest! {
             out[r * nbytes..(r + 1) * nbytes].copy_from_slice(&inputs[r]);
             data.push(out);
         }
-        let outcome = simulate(&mut xs, &mut data, &inputs, seed, max);
+        let outcome = simulate(&mut xs, &mut data, &inputs, cuts);
         prop_assert!(outcome.iter().all(Result::is_ok), "{outcome:?}");
         let want: Vec<u8> = inputs.concat();
         for (r, d) in data.iter().enumerate() {
@@ -1233,8 +1251,7 @@ proptest! {
         odd in 0usize..10,
         count in 1usize..50,
         extra in 1usize..50,
-        seed in any::<u64>(),
-        max in 1usize..32,
+        cuts in cuts(1..32),
     ) {
         let odd = odd % size;
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
@@ -1250,7 +1267,7 @@ proptest! {
         }
         let before = data.clone();
         let live = vec![true; size];
-        let outcome = simulate_live(&mut xs, &mut data, &inputs, (seed, max), &live, 50_000);
+        let outcome = simulate_live(&mut xs, &mut data, &inputs, cuts, &live, 50_000);
         prop_assert!(
             matches!(outcome[odd], Some(Err(Error::Mismatch { .. }))),
             "odd rank {}: {:?}", odd, outcome[odd]
@@ -1272,8 +1289,7 @@ proptest! {
         size in 2usize..5,
         count in 1usize..100,
         extra in 1usize..100,
-        seed in any::<u64>(),
-        max in 1usize..32,
+        cuts in cuts(1..32),
     ) {
         let odd = size - 1;
         let calls: Vec<Call> = (0..size)
@@ -1292,7 +1308,7 @@ proptest! {
             inputs.push(vec![0xCD; n]);
         }
         let before = data.clone();
-        let outcome = simulate(&mut xs, &mut data, &inputs, seed, max);
+        let outcome = simulate(&mut xs, &mut data, &inputs, cuts);
         for (r, o) in outcome.iter().enumerate() {
             prop_assert!(matches!(o, Err(Error::Mismatch { .. })), "rank {}: {:?}", r, o);
         }
@@ -1312,8 +1328,7 @@ proptest! {
         count in 1usize..100,
         odd_dtype in any::<bool>(),
         scatter in any::<bool>(),
-        seed in any::<u64>(),
-        max in 1usize..48,
+        cuts in cuts(1..48),
     ) {
         let odd = size - 1;
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
@@ -1330,11 +1345,11 @@ proptest! {
             } else {
                 x.one_shot(&Direct, r, size, &call, (ReduceOp::Sum, dtype), n * 2);
             }
-            data.push(input(seed, r, dtype, n * 2));
+            data.push(input(cuts.seed, r, dtype, n * 2));
         }
         let before = data.clone();
         let none: Vec<Vec<u8>> = vec![Vec::new(); size];
-        let outcome = simulate(&mut xs, &mut data, &none, seed, max);
+        let outcome = simulate(&mut xs, &mut data, &none, cuts);
         for (r, o) in outcome.iter().enumerate() {
             prop_assert!(matches!(o, Err(Error::Mismatch { .. })), "rank {}: {:?}", r, o);
         }

@@ -123,19 +123,9 @@ pub fn simulate(
                 AllReduce::Ring,
             ] {
                 let shape = algorithm::all_reduce_shape(a, link, ranks, nf);
-                let start = |x: &mut Exchange, r: usize| match a {
-                    AllReduce::OneShot => x.one_shot(&Direct, r, ranks, &call, reduce, len),
-                    AllReduce::ScatterGather => {
-                        x.scatter_gather(&Direct, r, ranks, &call, reduce, elems);
-                    }
-                    AllReduce::RecursiveDoubling => {
-                        x.recursive_doubling(&Direct, r, ranks, &call, reduce, len);
-                    }
-                    AllReduce::HalvingDoubling => {
-                        x.halving_doubling(&Direct, r, ranks, &call, reduce, elems);
-                    }
-                    // Not an exchange: `row` is given no setup for it.
-                    AllReduce::Ring => {}
+                // MLX's ring is not an exchange: `row` is given no setup for it.
+                let start = |x: &mut Exchange, r: usize| {
+                    start_all_reduce(x, a, r, ranks, &call, reduce, elems);
                 };
                 // The algorithms that give every rank a block need an element per rank.
                 let blocks = matches!(a, AllReduce::ScatterGather | AllReduce::HalvingDoubling);
@@ -219,6 +209,30 @@ impl Routes for Direct {
     }
     fn recv_conn(&self, peer: usize) -> usize {
         peer
+    }
+}
+
+/// Starts all-reduce `algorithm` of `elems` elements of `reduce` on rank `r`'s exchange,
+/// over direct routes among `ranks` ranks. MLX's ring is not an exchange: it starts
+/// nothing.
+pub(super) fn start_all_reduce(
+    x: &mut Exchange,
+    algorithm: AllReduce,
+    r: usize,
+    ranks: usize,
+    call: &Call,
+    reduce: (ReduceOp, DType),
+    elems: usize,
+) {
+    let len = elems * reduce.1.size();
+    match algorithm {
+        AllReduce::OneShot => x.one_shot(&Direct, r, ranks, call, reduce, len),
+        AllReduce::ScatterGather => x.scatter_gather(&Direct, r, ranks, call, reduce, elems),
+        AllReduce::RecursiveDoubling => {
+            x.recursive_doubling(&Direct, r, ranks, call, reduce, len);
+        }
+        AllReduce::HalvingDoubling => x.halving_doubling(&Direct, r, ranks, call, reduce, elems),
+        AllReduce::Ring => {}
     }
 }
 
