@@ -41,7 +41,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
@@ -1772,22 +1771,14 @@ fn spawn_rank(
         .env(
             nuvec_distributed_engine::WIRE_VAR,
             crate::wire_name(options.wire),
-        )
-        .stdin(if options.recover {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        );
     if netns.is_some() {
         // A cut link cuts TCP; ranks in network namespaces of one kernel still share
         // /dev/shm, so the native wire's shared memory would carry the data past the cut.
         command.env(nuvec_distributed_engine::SHM_VAR, "0");
     }
-    // A killed chaos run must not leave ranks behind.
-    ffi::process::kill_when_parent_dies(&mut command);
+    // A killed chaos run must not leave ranks behind (the parent-death signal).
+    crate::runner::prepare_child(&mut command, options.recover);
     let mut child = command.spawn()?;
     let stdin = child.stdin.take();
     if let Some(out) = child.stdout.take() {
