@@ -2047,5 +2047,33 @@ mod tests {
             "{text}"
         );
         assert_eq!(summary.failures(), 1);
+        assert_eq!(
+            text.lines().next(),
+            Some(
+                "chaos --recover: 4 rounds, 3 shrunk and rejoined with every step verified (0 \
+                 of them after a survivor blamed the wrong rank or blamed late), 0 wrong \
+                 results, 0 hangs, 0 panics, 0 failed shrinks, 1 failed rejoins, 0 wrong \
+                 blame, 0 late verdicts, 0 faults that missed the loop"
+            )
+        );
+    }
+
+    #[test]
+    fn summary() {
+        let mut summary = Summary::default();
+        summary.verdicts.insert(Verdict::Correct, 2);
+        summary.verdicts.insert(Verdict::WrongBlame, 1);
+        summary.verdicts.insert(Verdict::Hang, 1);
+        summary.by_fault.insert(Fault::Kill, (3, 2));
+        summary.by_fault.insert(Fault::Late, (1, 0));
+        summary.cut_skipped = true;
+        assert_eq!(
+            summary.to_string(),
+            "chaos: 4 rounds, 2 correct verdicts, 1 wrong blame, 0 wrong results, 0 late \
+             verdicts, 1 hangs, 0 panics, 0 faults that missed the loop\n  kill -9: 2 of 3 \
+             rounds correct\n  late rank: 0 of 1 rounds correct\n  cut link: SKIPPED (needs \
+             root and a working `ip netns`; this run has not both)\n"
+        );
+        assert_eq!(summary.failures(), 2);
     }
 }
