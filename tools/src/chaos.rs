@@ -41,7 +41,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
@@ -905,6 +905,25 @@ pub fn run(options: &Options) -> Summary {
     summary
 }
 
+/// A hostfile's nodes for `size` ranks on this machine: one address each, at free ports.
+fn local_nodes(size: usize) -> Result<Vec<Vec<String>>, String> {
+    let first = crate::launch::free_port_block(size).map_err(|e| e.to_string())?;
+    Ok((0..size)
+        .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
+        .collect())
+}
+
+/// Writes the hostfile of `nodes` into `dir` and returns its path.
+fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> Result<PathBuf, String> {
+    let hostfile = dir.join("hostfile.json");
+    std::fs::write(
+        &hostfile,
+        nuvec_distributed_engine::config::hostfile::to_json(nodes),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(hostfile)
+}
+
 /// Runs one round: returns its verdict (the worst of its survivors') and what went wrong.
 fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>), String> {
     let netns = match round.fault {
@@ -916,19 +935,9 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         Some(_) => (0..round.size)
             .map(|r| vec![format!("{}:{}", Netns::address(r), 40_000 + r)])
             .collect(),
-        None => {
-            let first = crate::launch::free_port_block(round.size).map_err(|e| e.to_string())?;
-            (0..round.size)
-                .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
-                .collect()
-        }
+        None => local_nodes(round.size)?,
     };
-    let hostfile = dir.path().join("hostfile.json");
-    std::fs::write(
-        &hostfile,
-        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
-    )
-    .map_err(|e| e.to_string())?;
+    let hostfile = write_hostfile(dir.path(), &nodes)?;
 
     let (tx, rx) = mpsc::channel::<Line>();
     let mut ranks: Vec<Option<RankProcess>> = (0..round.size).map(|_| None).collect();
@@ -1195,16 +1204,7 @@ fn end(p: &mut RankProcess) {
 /// running then hangs.
 fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let first = crate::launch::free_port_block(round.size).map_err(|e| e.to_string())?;
-    let nodes: Vec<Vec<String>> = (0..round.size)
-        .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
-        .collect();
-    let hostfile = dir.path().join("hostfile.json");
-    std::fs::write(
-        &hostfile,
-        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
-    )
-    .map_err(|e| e.to_string())?;
+    let hostfile = write_hostfile(dir.path(), &local_nodes(round.size)?)?;
 
     let (tx, rx) = mpsc::channel::<Line>();
     let mut procs: Vec<RankProcess> = Vec::new();
