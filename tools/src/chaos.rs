@@ -544,6 +544,24 @@ pub enum Verdict {
     Panic,
 }
 
+impl Verdict {
+    /// What the summary's counts call rounds of this verdict.
+    fn counted(self) -> &'static str {
+        match self {
+            Verdict::Correct => "correct verdicts",
+            Verdict::Missed => "faults that missed the loop",
+            Verdict::RecoveredDespiteBlame => "recovered despite the blame",
+            Verdict::Late => "late verdicts",
+            Verdict::WrongBlame => "wrong blame",
+            Verdict::ShrinkFailed => "failed shrinks",
+            Verdict::RejoinFailed => "failed rejoins",
+            Verdict::WrongResult => "wrong results",
+            Verdict::Hang => "hangs",
+            Verdict::Panic => "panics",
+        }
+    }
+}
+
 /// What the run counted.
 #[derive(Debug, Default)]
 pub struct Summary {
@@ -578,28 +596,50 @@ impl Summary {
     fn count(&self, verdict: Verdict) -> usize {
         self.verdicts.get(&verdict).copied().unwrap_or(0)
     }
+
+    /// `<count> <what>` for each of `verdicts`, joined by commas.
+    fn tally(&self, verdicts: &[Verdict]) -> String {
+        verdicts
+            .iter()
+            .map(|&v| format!("{} {}", self.count(v), v.counted()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A line `  <fault>: <ok> of <n> rounds correct` for each of `faults` that ran.
+    fn write_by_fault(&self, f: &mut fmt::Formatter<'_>, faults: &[Fault]) -> fmt::Result {
+        for fault in faults {
+            if let Some((n, ok)) = self.by_fault.get(fault) {
+                writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Verdict::*;
         let rounds: usize = self.verdicts.values().sum();
         if self.recover {
+            let others = [
+                WrongResult,
+                Hang,
+                Panic,
+                ShrinkFailed,
+                RejoinFailed,
+                WrongBlame,
+                Late,
+                Missed,
+            ];
             writeln!(
                 f,
                 "chaos --recover: {rounds} rounds, {} shrunk and rejoined with every step \
                  verified ({} of them after a survivor blamed the wrong rank or blamed late), \
-                 {} wrong results, {} hangs, {} panics, {} failed shrinks, {} failed rejoins, \
-                 {} wrong blame, {} late verdicts, {} faults that missed the loop",
-                self.count(Verdict::Correct) + self.count(Verdict::RecoveredDespiteBlame),
-                self.count(Verdict::RecoveredDespiteBlame),
-                self.count(Verdict::WrongResult),
-                self.count(Verdict::Hang),
-                self.count(Verdict::Panic),
-                self.count(Verdict::ShrinkFailed),
-                self.count(Verdict::RejoinFailed),
-                self.count(Verdict::WrongBlame),
-                self.count(Verdict::Late),
-                self.count(Verdict::Missed),
+                 {}",
+                self.count(Correct) + self.count(RecoveredDespiteBlame),
+                self.count(RecoveredDespiteBlame),
+                self.tally(&others),
             )?;
             let mut times = self.recovered.clone();
             times.sort();
@@ -613,30 +653,14 @@ impl fmt::Display for Summary {
                     times.len()
                 )?;
             }
-            for fault in [Fault::Kill, Fault::Stop] {
-                if let Some((n, ok)) = self.by_fault.get(&fault) {
-                    writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
-                }
-            }
-            return Ok(());
+            return self.write_by_fault(f, &[Fault::Kill, Fault::Stop]);
         }
         writeln!(
             f,
-            "chaos: {rounds} rounds, {} correct verdicts, {} wrong blame, {} wrong results, \
-             {} late verdicts, {} hangs, {} panics, {} faults that missed the loop",
-            self.count(Verdict::Correct),
-            self.count(Verdict::WrongBlame),
-            self.count(Verdict::WrongResult),
-            self.count(Verdict::Late),
-            self.count(Verdict::Hang),
-            self.count(Verdict::Panic),
-            self.count(Verdict::Missed),
+            "chaos: {rounds} rounds, {}",
+            self.tally(&[Correct, WrongBlame, WrongResult, Late, Hang, Panic, Missed])
         )?;
-        for fault in [Fault::Kill, Fault::Stop, Fault::Cut, Fault::Late] {
-            if let Some((n, ok)) = self.by_fault.get(&fault) {
-                writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
-            }
-        }
+        self.write_by_fault(f, &[Fault::Kill, Fault::Stop, Fault::Cut, Fault::Late])?;
         if self.cut_skipped {
             writeln!(
                 f,
