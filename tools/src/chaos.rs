@@ -332,22 +332,9 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
             return 3;
         }
     };
-    say(format!("SHRUNK {} {}", shrunk.rank(), shrunk.size()));
-    let verified = verify(
-        &shrunk,
-        SHRUNK_BASE,
-        &recover_steps(plan.seed, 0x5A81_7C00, RECOVER_STEPS),
-        || say(format!("FIRST_MS {}", failed_at.elapsed().as_millis())),
-    );
-    if let Some(code) = step_failed(
-        verified,
-        "SHRINKFAIL a collective of the shrunk group",
-        3,
-        say,
-    ) {
+    if let Some(code) = verified_phase(&shrunk, &SHRUNK_PHASE, plan.seed, Some(failed_at), say) {
         return code;
     }
-    say("SHRUNK_OK".into());
     let hold = recover_steps(plan.seed, 0x401D_0000, 64);
     let mut told = false;
     for i in 0.. {
@@ -386,7 +373,7 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
             return 4;
         }
     };
-    let code = full_group(&full, plan, say);
+    let code = verified_phase(&full, &FULL_PHASE, plan.seed, None, say).unwrap_or(0);
     let _ = shrunk.close();
     let _ = full.close();
     code
@@ -398,7 +385,7 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
 fn restarted(plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
     match nuvec_distributed_engine::init(true) {
         Ok(full) => {
-            let code = full_group(&full, plan, say);
+            let code = verified_phase(&full, &FULL_PHASE, plan.seed, None, say).unwrap_or(0);
             let _ = full.close();
             code
         }
@@ -409,26 +396,76 @@ fn restarted(plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
     }
 }
 
-/// The rejoined full group's part: `FULL <rank> <size>`, its verified collectives, then
-/// `REJOINED` (0), `REJOINFAIL` (4) or `BAD` (2).
-fn full_group(full: &Group, plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
-    say(format!("FULL {} {}", full.rank(), full.size()));
-    let verified = verify(
-        full,
-        FULL_BASE,
-        &recover_steps(plan.seed, 0xF011_0000, RECOVER_STEPS),
-        || {},
-    );
-    if let Some(code) = step_failed(
-        verified,
-        "REJOINFAIL a collective of the rejoined group",
-        4,
-        say,
-    ) {
-        return code;
+/// A recovery phase's verified collectives: the lines a rank prints for it (which the driver
+/// judges, see [`judge_phase`]), its steps, and how it fails.
+struct Phase {
+    /// Printed first as `<name> <rank> <size>`.
+    name: &'static str,
+    /// A failure's line: `<fail> <error>`.
+    fail: &'static str,
+    /// Printed once every collective is verified.
+    done: &'static str,
+    /// The group, as failure lines and the driver's notes name it.
+    group: &'static str,
+    /// The first step index.
+    base: usize,
+    /// Tells the phase's steps apart from the other phase's ([`recover_steps`]).
+    salt: u64,
+    /// The rank's exit code when a collective failed.
+    code: u8,
+    /// The driver's verdict on a survivor whose phase failed or ended early.
+    verdict: Verdict,
+}
+
+/// The shrunk group's phase: `SHRUNK <rank> <size>`, then `SHRUNK_OK` or `SHRINKFAIL` (3).
+const SHRUNK_PHASE: Phase = Phase {
+    name: "SHRUNK",
+    fail: "SHRINKFAIL",
+    done: "SHRUNK_OK",
+    group: "shrunk group",
+    base: SHRUNK_BASE,
+    salt: 0x5A81_7C00,
+    code: 3,
+    verdict: Verdict::ShrinkFailed,
+};
+
+/// The rejoined full group's phase: `FULL <rank> <size>`, then `REJOINED` or `REJOINFAIL`
+/// (4).
+const FULL_PHASE: Phase = Phase {
+    name: "FULL",
+    fail: "REJOINFAIL",
+    done: "REJOINED",
+    group: "rejoined group",
+    base: FULL_BASE,
+    salt: 0xF011_0000,
+    code: 4,
+    verdict: Verdict::RejoinFailed,
+};
+
+/// Runs `phase` on `group`: prints its group line, verifies its [`RECOVER_STEPS`]
+/// collectives (after the first, printing `FIRST_MS <ms>`, the time since `failed_at`, when
+/// given), then prints its `done` line. Returns the exit code if a collective failed or was
+/// wrong (see [`step_failed`]).
+fn verified_phase(
+    group: &Group,
+    phase: &Phase,
+    seed: u64,
+    failed_at: Option<Instant>,
+    say: &mut dyn FnMut(String),
+) -> Option<u8> {
+    say(format!("{} {} {}", phase.name, group.rank(), group.size()));
+    let steps = recover_steps(seed, phase.salt, RECOVER_STEPS);
+    let verified = verify(group, phase.base, &steps, || {
+        if let Some(at) = failed_at {
+            say(format!("FIRST_MS {}", at.elapsed().as_millis()));
+        }
+    });
+    let failed = format!("{} a collective of the {}", phase.fail, phase.group);
+    let code = step_failed(verified, &failed, phase.code, say);
+    if code.is_none() {
+        say(phase.done.into());
     }
-    say("REJOINED".into());
-    0
+    code
 }
 
 /// Says how `result` failed, if it did (`failed` and the error, or `BAD`), and returns the
@@ -1499,6 +1536,16 @@ fn panicked(stderr: &str) -> Option<String> {
     Some(stderr[i..].lines().next().unwrap_or_default().into())
 }
 
+/// What a recover round's judges check first: a panic in the rank's `stderr`, then a wrong
+/// result (`BAD`) among its lines.
+fn panic_or_bad(stderr: &str, mine: &[&Line]) -> Option<(Verdict, String)> {
+    if let Some(text) = panicked(stderr) {
+        return Some((Verdict::Panic, text));
+    }
+    let bad = mine.iter().find(|l| l.text.starts_with("BAD "))?;
+    Some((Verdict::WrongResult, bad.text[4..].into()))
+}
+
 /// A recover round's survivor: its blame of the fault (as in plain chaos), its shrink and
 /// shrunk group, and (`rejoin`: whether it hung there, when the rejoin was reached) its
 /// rejoin and full group. `hung_shrinking`: still running when the shrink's wait ended.
@@ -1513,13 +1560,10 @@ fn judge_survivor(
     hung_shrinking: bool,
     rejoin: Option<bool>,
 ) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     let noticed = find(&|t| t == "DONE" || t.starts_with("FAIL "));
     let (blame, blame_note) = judge(round, fault_at, in_time, "", noticed.copied());
     if matches!(blame, Verdict::Hang | Verdict::Panic | Verdict::WrongResult) {
@@ -1535,69 +1579,63 @@ fn judge_survivor(
             format!("recovered, but blamed: {blame_note}"),
         ),
     };
-    if let Some(failed) = find(&|t| t.starts_with("SHRINKFAIL ")) {
-        return (Verdict::ShrinkFailed, failed.text[11..].into());
-    }
-    let stuck = |what: &str, hung: bool, otherwise: Verdict| {
-        if hung {
-            (Verdict::Hang, format!("still running, {what}"))
-        } else {
-            (otherwise, format!("ended {what}"))
-        }
-    };
-    if let Err(e) = check_group(
-        find(&|t| t.starts_with("SHRUNK ")),
-        "SHRUNK ",
-        expect.shrunk,
-    ) {
-        if find(&|t| t.starts_with("SHRUNK ")).is_none() {
-            return stuck(
-                "without a shrunk group",
-                hung_shrinking,
-                Verdict::ShrinkFailed,
-            );
-        }
-        return (Verdict::ShrinkFailed, format!("the shrunk group {e}"));
-    }
-    if find(&|t| t == "SHRUNK_OK").is_none() {
-        return stuck(
-            "before the shrunk group's collectives were verified",
-            hung_shrinking,
-            Verdict::ShrinkFailed,
-        );
+    if let Some(judged) = judge_phase(mine, &SHRUNK_PHASE, expect.shrunk, hung_shrinking) {
+        return judged;
     }
     let Some(hung) = rejoin else {
         return recovered();
     };
-    if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
-        return (Verdict::RejoinFailed, failed.text[11..].into());
-    }
-    if find(&|t| t.starts_with("FULL ")).is_none() {
-        return stuck("without a rejoined group", hung, Verdict::RejoinFailed);
-    }
-    if let Err(e) = check_group(find(&|t| t.starts_with("FULL ")), "FULL ", expect.full) {
-        return (Verdict::RejoinFailed, format!("the rejoined group {e}"));
-    }
-    if find(&|t| t == "REJOINED").is_none() {
-        return stuck(
-            "before the rejoined group's collectives were verified",
-            hung,
-            Verdict::RejoinFailed,
-        );
+    if let Some(judged) = judge_phase(mine, &FULL_PHASE, expect.full, hung) {
+        return judged;
     }
     recovered()
+}
+
+/// A survivor's `phase`, from its lines `mine`, if it did not complete: failed, formed a
+/// group of another rank and size than `want`, or ended (still running when its wait ended:
+/// `hung`) before its collectives were verified.
+fn judge_phase(
+    mine: &[&Line],
+    phase: &Phase,
+    want: (usize, usize),
+    hung: bool,
+) -> Option<(Verdict, String)> {
+    let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
+    let fail = format!("{} ", phase.fail);
+    if let Some(failed) = find(&|t| t.starts_with(&fail)) {
+        return Some((phase.verdict, failed.text[fail.len()..].into()));
+    }
+    let stuck = |what: String| {
+        if hung {
+            (Verdict::Hang, format!("still running, {what}"))
+        } else {
+            (phase.verdict, format!("ended {what}"))
+        }
+    };
+    let prefix = format!("{} ", phase.name);
+    let line = find(&|t| t.starts_with(&prefix));
+    if line.is_none() {
+        return Some(stuck(format!("without a {}", phase.group)));
+    }
+    if let Err(e) = check_group(line, &prefix, want) {
+        return Some((phase.verdict, format!("the {} {e}", phase.group)));
+    }
+    if find(&|t| t == phase.done).is_none() {
+        return Some(stuck(format!(
+            "before the {}'s collectives were verified",
+            phase.group
+        )));
+    }
+    None
 }
 
 /// A stopped victim woken after the survivors shrank: its shrink must fail saying it was
 /// left out. `hung`: no verdict within its wait.
 fn judge_woken(stderr: &str, mine: &[&Line], hung: bool) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     if let Some(joined) = find(&|t| t.starts_with("SHRUNK ")) {
         return (
             Verdict::ShrinkFailed,
@@ -1635,13 +1673,10 @@ fn judge_restarted(
     want: (usize, usize),
     hung: bool,
 ) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
         return (Verdict::RejoinFailed, failed.text[11..].into());
     }
