@@ -41,8 +41,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
@@ -333,22 +332,9 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
             return 3;
         }
     };
-    say(format!("SHRUNK {} {}", shrunk.rank(), shrunk.size()));
-    let verified = verify(
-        &shrunk,
-        SHRUNK_BASE,
-        &recover_steps(plan.seed, 0x5A81_7C00, RECOVER_STEPS),
-        || say(format!("FIRST_MS {}", failed_at.elapsed().as_millis())),
-    );
-    if let Some(code) = step_failed(
-        verified,
-        "SHRINKFAIL a collective of the shrunk group",
-        3,
-        say,
-    ) {
+    if let Some(code) = verified_phase(&shrunk, &SHRUNK_PHASE, plan.seed, Some(failed_at), say) {
         return code;
     }
-    say("SHRUNK_OK".into());
     let hold = recover_steps(plan.seed, 0x401D_0000, 64);
     let mut told = false;
     for i in 0.. {
@@ -387,7 +373,7 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
             return 4;
         }
     };
-    let code = full_group(&full, plan, say);
+    let code = verified_phase(&full, &FULL_PHASE, plan.seed, None, say).unwrap_or(0);
     let _ = shrunk.close();
     let _ = full.close();
     code
@@ -399,7 +385,7 @@ fn recover(group: &Group, failed_at: Instant, plan: &RankPlan, say: &mut dyn FnM
 fn restarted(plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
     match nuvec_distributed_engine::init(true) {
         Ok(full) => {
-            let code = full_group(&full, plan, say);
+            let code = verified_phase(&full, &FULL_PHASE, plan.seed, None, say).unwrap_or(0);
             let _ = full.close();
             code
         }
@@ -410,26 +396,76 @@ fn restarted(plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
     }
 }
 
-/// The rejoined full group's part: `FULL <rank> <size>`, its verified collectives, then
-/// `REJOINED` (0), `REJOINFAIL` (4) or `BAD` (2).
-fn full_group(full: &Group, plan: &RankPlan, say: &mut dyn FnMut(String)) -> u8 {
-    say(format!("FULL {} {}", full.rank(), full.size()));
-    let verified = verify(
-        full,
-        FULL_BASE,
-        &recover_steps(plan.seed, 0xF011_0000, RECOVER_STEPS),
-        || {},
-    );
-    if let Some(code) = step_failed(
-        verified,
-        "REJOINFAIL a collective of the rejoined group",
-        4,
-        say,
-    ) {
-        return code;
+/// A recovery phase's verified collectives: the lines a rank prints for it (which the driver
+/// judges, see [`judge_phase`]), its steps, and how it fails.
+struct Phase {
+    /// Printed first as `<name> <rank> <size>`.
+    name: &'static str,
+    /// A failure's line: `<fail> <error>`.
+    fail: &'static str,
+    /// Printed once every collective is verified.
+    done: &'static str,
+    /// The group, as failure lines and the driver's notes name it.
+    group: &'static str,
+    /// The first step index.
+    base: usize,
+    /// Tells the phase's steps apart from the other phase's ([`recover_steps`]).
+    salt: u64,
+    /// The rank's exit code when a collective failed.
+    code: u8,
+    /// The driver's verdict on a survivor whose phase failed or ended early.
+    verdict: Verdict,
+}
+
+/// The shrunk group's phase: `SHRUNK <rank> <size>`, then `SHRUNK_OK` or `SHRINKFAIL` (3).
+const SHRUNK_PHASE: Phase = Phase {
+    name: "SHRUNK",
+    fail: "SHRINKFAIL",
+    done: "SHRUNK_OK",
+    group: "shrunk group",
+    base: SHRUNK_BASE,
+    salt: 0x5A81_7C00,
+    code: 3,
+    verdict: Verdict::ShrinkFailed,
+};
+
+/// The rejoined full group's phase: `FULL <rank> <size>`, then `REJOINED` or `REJOINFAIL`
+/// (4).
+const FULL_PHASE: Phase = Phase {
+    name: "FULL",
+    fail: "REJOINFAIL",
+    done: "REJOINED",
+    group: "rejoined group",
+    base: FULL_BASE,
+    salt: 0xF011_0000,
+    code: 4,
+    verdict: Verdict::RejoinFailed,
+};
+
+/// Runs `phase` on `group`: prints its group line, verifies its [`RECOVER_STEPS`]
+/// collectives (after the first, printing `FIRST_MS <ms>`, the time since `failed_at`, when
+/// given), then prints its `done` line. Returns the exit code if a collective failed or was
+/// wrong (see [`step_failed`]).
+fn verified_phase(
+    group: &Group,
+    phase: &Phase,
+    seed: u64,
+    failed_at: Option<Instant>,
+    say: &mut dyn FnMut(String),
+) -> Option<u8> {
+    say(format!("{} {} {}", phase.name, group.rank(), group.size()));
+    let steps = recover_steps(seed, phase.salt, RECOVER_STEPS);
+    let verified = verify(group, phase.base, &steps, || {
+        if let Some(at) = failed_at {
+            say(format!("FIRST_MS {}", at.elapsed().as_millis()));
+        }
+    });
+    let failed = format!("{} a collective of the {}", phase.fail, phase.group);
+    let code = step_failed(verified, &failed, phase.code, say);
+    if code.is_none() {
+        say(phase.done.into());
     }
-    say("REJOINED".into());
-    0
+    code
 }
 
 /// Says how `result` failed, if it did (`failed` and the error, or `BAD`), and returns the
@@ -545,6 +581,24 @@ pub enum Verdict {
     Panic,
 }
 
+impl Verdict {
+    /// What the summary's counts call rounds of this verdict.
+    fn counted(self) -> &'static str {
+        match self {
+            Verdict::Correct => "correct verdicts",
+            Verdict::Missed => "faults that missed the loop",
+            Verdict::RecoveredDespiteBlame => "recovered despite the blame",
+            Verdict::Late => "late verdicts",
+            Verdict::WrongBlame => "wrong blame",
+            Verdict::ShrinkFailed => "failed shrinks",
+            Verdict::RejoinFailed => "failed rejoins",
+            Verdict::WrongResult => "wrong results",
+            Verdict::Hang => "hangs",
+            Verdict::Panic => "panics",
+        }
+    }
+}
+
 /// What the run counted.
 #[derive(Debug, Default)]
 pub struct Summary {
@@ -579,28 +633,50 @@ impl Summary {
     fn count(&self, verdict: Verdict) -> usize {
         self.verdicts.get(&verdict).copied().unwrap_or(0)
     }
+
+    /// `<count> <what>` for each of `verdicts`, joined by commas.
+    fn tally(&self, verdicts: &[Verdict]) -> String {
+        verdicts
+            .iter()
+            .map(|&v| format!("{} {}", self.count(v), v.counted()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A line `  <fault>: <ok> of <n> rounds correct` for each of `faults` that ran.
+    fn write_by_fault(&self, f: &mut fmt::Formatter<'_>, faults: &[Fault]) -> fmt::Result {
+        for fault in faults {
+            if let Some((n, ok)) = self.by_fault.get(fault) {
+                writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Verdict::*;
         let rounds: usize = self.verdicts.values().sum();
         if self.recover {
+            let others = [
+                WrongResult,
+                Hang,
+                Panic,
+                ShrinkFailed,
+                RejoinFailed,
+                WrongBlame,
+                Late,
+                Missed,
+            ];
             writeln!(
                 f,
                 "chaos --recover: {rounds} rounds, {} shrunk and rejoined with every step \
                  verified ({} of them after a survivor blamed the wrong rank or blamed late), \
-                 {} wrong results, {} hangs, {} panics, {} failed shrinks, {} failed rejoins, \
-                 {} wrong blame, {} late verdicts, {} faults that missed the loop",
-                self.count(Verdict::Correct) + self.count(Verdict::RecoveredDespiteBlame),
-                self.count(Verdict::RecoveredDespiteBlame),
-                self.count(Verdict::WrongResult),
-                self.count(Verdict::Hang),
-                self.count(Verdict::Panic),
-                self.count(Verdict::ShrinkFailed),
-                self.count(Verdict::RejoinFailed),
-                self.count(Verdict::WrongBlame),
-                self.count(Verdict::Late),
-                self.count(Verdict::Missed),
+                 {}",
+                self.count(Correct) + self.count(RecoveredDespiteBlame),
+                self.count(RecoveredDespiteBlame),
+                self.tally(&others),
             )?;
             let mut times = self.recovered.clone();
             times.sort();
@@ -614,30 +690,14 @@ impl fmt::Display for Summary {
                     times.len()
                 )?;
             }
-            for fault in [Fault::Kill, Fault::Stop] {
-                if let Some((n, ok)) = self.by_fault.get(&fault) {
-                    writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
-                }
-            }
-            return Ok(());
+            return self.write_by_fault(f, &[Fault::Kill, Fault::Stop]);
         }
         writeln!(
             f,
-            "chaos: {rounds} rounds, {} correct verdicts, {} wrong blame, {} wrong results, \
-             {} late verdicts, {} hangs, {} panics, {} faults that missed the loop",
-            self.count(Verdict::Correct),
-            self.count(Verdict::WrongBlame),
-            self.count(Verdict::WrongResult),
-            self.count(Verdict::Late),
-            self.count(Verdict::Hang),
-            self.count(Verdict::Panic),
-            self.count(Verdict::Missed),
+            "chaos: {rounds} rounds, {}",
+            self.tally(&[Correct, WrongBlame, WrongResult, Late, Hang, Panic, Missed])
         )?;
-        for fault in [Fault::Kill, Fault::Stop, Fault::Cut, Fault::Late] {
-            if let Some((n, ok)) = self.by_fault.get(&fault) {
-                writeln!(f, "  {fault}: {ok} of {n} rounds correct")?;
-            }
-        }
+        self.write_by_fault(f, &[Fault::Kill, Fault::Stop, Fault::Cut, Fault::Late])?;
         if self.cut_skipped {
             writeln!(
                 f,
@@ -906,6 +966,25 @@ pub fn run(options: &Options) -> Summary {
     summary
 }
 
+/// A hostfile's nodes for `size` ranks on this machine: one address each, at free ports.
+fn local_nodes(size: usize) -> Result<Vec<Vec<String>>, String> {
+    let first = crate::launch::free_port_block(size).map_err(|e| e.to_string())?;
+    Ok((0..size)
+        .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
+        .collect())
+}
+
+/// Writes the hostfile of `nodes` into `dir` and returns its path.
+fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> Result<PathBuf, String> {
+    let hostfile = dir.join("hostfile.json");
+    std::fs::write(
+        &hostfile,
+        nuvec_distributed_engine::config::hostfile::to_json(nodes),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(hostfile)
+}
+
 /// Runs one round: returns its verdict (the worst of its survivors') and what went wrong.
 fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>), String> {
     let netns = match round.fault {
@@ -917,19 +996,9 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         Some(_) => (0..round.size)
             .map(|r| vec![format!("{}:{}", Netns::address(r), 40_000 + r)])
             .collect(),
-        None => {
-            let first = crate::launch::free_port_block(round.size).map_err(|e| e.to_string())?;
-            (0..round.size)
-                .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
-                .collect()
-        }
+        None => local_nodes(round.size)?,
     };
-    let hostfile = dir.path().join("hostfile.json");
-    std::fs::write(
-        &hostfile,
-        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
-    )
-    .map_err(|e| e.to_string())?;
+    let hostfile = write_hostfile(dir.path(), &nodes)?;
 
     let (tx, rx) = mpsc::channel::<Line>();
     let mut ranks: Vec<Option<RankProcess>> = (0..round.size).map(|_| None).collect();
@@ -1196,16 +1265,7 @@ fn end(p: &mut RankProcess) {
 /// running then hangs.
 fn run_recover_round(round: &Round, options: &Options) -> Result<RoundResult, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let first = crate::launch::free_port_block(round.size).map_err(|e| e.to_string())?;
-    let nodes: Vec<Vec<String>> = (0..round.size)
-        .map(|r| vec![format!("127.0.0.1:{}", first as usize + r)])
-        .collect();
-    let hostfile = dir.path().join("hostfile.json");
-    std::fs::write(
-        &hostfile,
-        nuvec_distributed_engine::config::hostfile::to_json(&nodes),
-    )
-    .map_err(|e| e.to_string())?;
+    let hostfile = write_hostfile(dir.path(), &local_nodes(round.size)?)?;
 
     let (tx, rx) = mpsc::channel::<Line>();
     let mut procs: Vec<RankProcess> = Vec::new();
@@ -1476,6 +1536,16 @@ fn panicked(stderr: &str) -> Option<String> {
     Some(stderr[i..].lines().next().unwrap_or_default().into())
 }
 
+/// What a recover round's judges check first: a panic in the rank's `stderr`, then a wrong
+/// result (`BAD`) among its lines.
+fn panic_or_bad(stderr: &str, mine: &[&Line]) -> Option<(Verdict, String)> {
+    if let Some(text) = panicked(stderr) {
+        return Some((Verdict::Panic, text));
+    }
+    let bad = mine.iter().find(|l| l.text.starts_with("BAD "))?;
+    Some((Verdict::WrongResult, bad.text[4..].into()))
+}
+
 /// A recover round's survivor: its blame of the fault (as in plain chaos), its shrink and
 /// shrunk group, and (`rejoin`: whether it hung there, when the rejoin was reached) its
 /// rejoin and full group. `hung_shrinking`: still running when the shrink's wait ended.
@@ -1490,13 +1560,10 @@ fn judge_survivor(
     hung_shrinking: bool,
     rejoin: Option<bool>,
 ) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     let noticed = find(&|t| t == "DONE" || t.starts_with("FAIL "));
     let (blame, blame_note) = judge(round, fault_at, in_time, "", noticed.copied());
     if matches!(blame, Verdict::Hang | Verdict::Panic | Verdict::WrongResult) {
@@ -1512,69 +1579,63 @@ fn judge_survivor(
             format!("recovered, but blamed: {blame_note}"),
         ),
     };
-    if let Some(failed) = find(&|t| t.starts_with("SHRINKFAIL ")) {
-        return (Verdict::ShrinkFailed, failed.text[11..].into());
-    }
-    let stuck = |what: &str, hung: bool, otherwise: Verdict| {
-        if hung {
-            (Verdict::Hang, format!("still running, {what}"))
-        } else {
-            (otherwise, format!("ended {what}"))
-        }
-    };
-    if let Err(e) = check_group(
-        find(&|t| t.starts_with("SHRUNK ")),
-        "SHRUNK ",
-        expect.shrunk,
-    ) {
-        if find(&|t| t.starts_with("SHRUNK ")).is_none() {
-            return stuck(
-                "without a shrunk group",
-                hung_shrinking,
-                Verdict::ShrinkFailed,
-            );
-        }
-        return (Verdict::ShrinkFailed, format!("the shrunk group {e}"));
-    }
-    if find(&|t| t == "SHRUNK_OK").is_none() {
-        return stuck(
-            "before the shrunk group's collectives were verified",
-            hung_shrinking,
-            Verdict::ShrinkFailed,
-        );
+    if let Some(judged) = judge_phase(mine, &SHRUNK_PHASE, expect.shrunk, hung_shrinking) {
+        return judged;
     }
     let Some(hung) = rejoin else {
         return recovered();
     };
-    if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
-        return (Verdict::RejoinFailed, failed.text[11..].into());
-    }
-    if find(&|t| t.starts_with("FULL ")).is_none() {
-        return stuck("without a rejoined group", hung, Verdict::RejoinFailed);
-    }
-    if let Err(e) = check_group(find(&|t| t.starts_with("FULL ")), "FULL ", expect.full) {
-        return (Verdict::RejoinFailed, format!("the rejoined group {e}"));
-    }
-    if find(&|t| t == "REJOINED").is_none() {
-        return stuck(
-            "before the rejoined group's collectives were verified",
-            hung,
-            Verdict::RejoinFailed,
-        );
+    if let Some(judged) = judge_phase(mine, &FULL_PHASE, expect.full, hung) {
+        return judged;
     }
     recovered()
+}
+
+/// A survivor's `phase`, from its lines `mine`, if it did not complete: failed, formed a
+/// group of another rank and size than `want`, or ended (still running when its wait ended:
+/// `hung`) before its collectives were verified.
+fn judge_phase(
+    mine: &[&Line],
+    phase: &Phase,
+    want: (usize, usize),
+    hung: bool,
+) -> Option<(Verdict, String)> {
+    let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
+    let fail = format!("{} ", phase.fail);
+    if let Some(failed) = find(&|t| t.starts_with(&fail)) {
+        return Some((phase.verdict, failed.text[fail.len()..].into()));
+    }
+    let stuck = |what: String| {
+        if hung {
+            (Verdict::Hang, format!("still running, {what}"))
+        } else {
+            (phase.verdict, format!("ended {what}"))
+        }
+    };
+    let prefix = format!("{} ", phase.name);
+    let line = find(&|t| t.starts_with(&prefix));
+    if line.is_none() {
+        return Some(stuck(format!("without a {}", phase.group)));
+    }
+    if let Err(e) = check_group(line, &prefix, want) {
+        return Some((phase.verdict, format!("the {} {e}", phase.group)));
+    }
+    if find(&|t| t == phase.done).is_none() {
+        return Some(stuck(format!(
+            "before the {}'s collectives were verified",
+            phase.group
+        )));
+    }
+    None
 }
 
 /// A stopped victim woken after the survivors shrank: its shrink must fail saying it was
 /// left out. `hung`: no verdict within its wait.
 fn judge_woken(stderr: &str, mine: &[&Line], hung: bool) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     if let Some(joined) = find(&|t| t.starts_with("SHRUNK ")) {
         return (
             Verdict::ShrinkFailed,
@@ -1612,13 +1673,10 @@ fn judge_restarted(
     want: (usize, usize),
     hung: bool,
 ) -> (Verdict, String) {
-    if let Some(text) = panicked(stderr) {
-        return (Verdict::Panic, text);
+    if let Some(verdict) = panic_or_bad(stderr, mine) {
+        return verdict;
     }
     let find = |pred: &dyn Fn(&str) -> bool| mine.iter().find(|l| pred(&l.text));
-    if let Some(bad) = find(&|t| t.starts_with("BAD ")) {
-        return (Verdict::WrongResult, bad.text[4..].into());
-    }
     if let Some(failed) = find(&|t| t.starts_with("REJOINFAIL ")) {
         return (Verdict::RejoinFailed, failed.text[11..].into());
     }
@@ -1772,22 +1830,14 @@ fn spawn_rank(
         .env(
             nuvec_distributed_engine::WIRE_VAR,
             crate::wire_name(options.wire),
-        )
-        .stdin(if options.recover {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        );
     if netns.is_some() {
         // A cut link cuts TCP; ranks in network namespaces of one kernel still share
         // /dev/shm, so the native wire's shared memory would carry the data past the cut.
         command.env(nuvec_distributed_engine::SHM_VAR, "0");
     }
-    // A killed chaos run must not leave ranks behind.
-    ffi::process::kill_when_parent_dies(&mut command);
+    // A killed chaos run must not leave ranks behind (the parent-death signal).
+    crate::runner::prepare_child(&mut command, options.recover);
     let mut child = command.spawn()?;
     let stdin = child.stdin.take();
     if let Some(out) = child.stdout.take() {
@@ -2056,5 +2106,33 @@ mod tests {
             "{text}"
         );
         assert_eq!(summary.failures(), 1);
+        assert_eq!(
+            text.lines().next(),
+            Some(
+                "chaos --recover: 4 rounds, 3 shrunk and rejoined with every step verified (0 \
+                 of them after a survivor blamed the wrong rank or blamed late), 0 wrong \
+                 results, 0 hangs, 0 panics, 0 failed shrinks, 1 failed rejoins, 0 wrong \
+                 blame, 0 late verdicts, 0 faults that missed the loop"
+            )
+        );
+    }
+
+    #[test]
+    fn summary() {
+        let mut summary = Summary::default();
+        summary.verdicts.insert(Verdict::Correct, 2);
+        summary.verdicts.insert(Verdict::WrongBlame, 1);
+        summary.verdicts.insert(Verdict::Hang, 1);
+        summary.by_fault.insert(Fault::Kill, (3, 2));
+        summary.by_fault.insert(Fault::Late, (1, 0));
+        summary.cut_skipped = true;
+        assert_eq!(
+            summary.to_string(),
+            "chaos: 4 rounds, 2 correct verdicts, 1 wrong blame, 0 wrong results, 0 late \
+             verdicts, 1 hangs, 0 panics, 0 faults that missed the loop\n  kill -9: 2 of 3 \
+             rounds correct\n  late rank: 0 of 1 rounds correct\n  cut link: SKIPPED (needs \
+             root and a working `ip netns`; this run has not both)\n"
+        );
+        assert_eq!(summary.failures(), 2);
     }
 }

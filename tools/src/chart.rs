@@ -433,6 +433,23 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
         let line = move |(x, y): (i32, i32)| {
             EmptyElement::at((x, y)) + PathElement::new(vec![(0, 0), (24, 0)], style)
         };
+        // A filled marker of the plotters element `$shape` (made from its centre, a size and
+        // a style), of `$size`: after the legend's line and on every point. A macro, as the
+        // legend places it in pixels and the series in data coordinates.
+        macro_rules! filled {
+            ($shape:ident, $size:expr) => {{
+                drawn
+                    .label(s.label.as_str())
+                    .legend(move |c| line(c) + $shape::new((12, 0), $size, color.filled()));
+                chart
+                    .draw_series(
+                        s.points
+                            .iter()
+                            .map(|&p| $shape::new(p, $size, color.filled())),
+                    )
+                    .map_err(|e| err(&e))?;
+            }};
+        }
         match s.marker {
             None => {
                 drawn.label(s.label.as_str()).legend(move |(x, y)| {
@@ -445,26 +462,8 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
                         .map_err(|e| err(&e))?;
                 }
             }
-            Some(Marker::Circle) => {
-                drawn
-                    .label(s.label.as_str())
-                    .legend(move |c| line(c) + Circle::new((12, 0), 4, color.filled()));
-                chart
-                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                    .map_err(|e| err(&e))?;
-            }
-            Some(Marker::Triangle) => {
-                drawn
-                    .label(s.label.as_str())
-                    .legend(move |c| line(c) + TriangleMarker::new((12, 0), 6, color.filled()));
-                chart
-                    .draw_series(
-                        s.points
-                            .iter()
-                            .map(|&p| TriangleMarker::new(p, 6, color.filled())),
-                    )
-                    .map_err(|e| err(&e))?;
-            }
+            Some(Marker::Circle) => filled!(Circle, 4),
+            Some(Marker::Triangle) => filled!(TriangleMarker, 6),
             Some(Marker::Square) => {
                 let square =
                     move |d: i32| Rectangle::new([(d - 4, -4), (d + 4, 4)], color.filled());

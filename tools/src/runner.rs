@@ -424,6 +424,19 @@ pub fn run_jobs(jobs: Vec<Job>, options: &RunOptions) -> Result<Outcome, LaunchE
     run_jobs_removing(jobs, options, None)
 }
 
+/// Sets `command` up to run as a supervised child: its stdout and stderr piped, its stdin
+/// piped when `stdin` (else null), the leader of its own process group (so that signals reach
+/// it and what it starts, not it twice through the terminal), and, on Linux, killed by the
+/// parent-death signal when the thread that spawns it ends.
+pub(crate) fn prepare_child(command: &mut Command, stdin: bool) {
+    command
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    ffi::process::kill_when_parent_dies(command);
+}
+
 /// [`run_jobs`], where the launch's temporary `folder` is removed by the guardian if the
 /// launcher dies. Jobs die with the launcher, however it dies: on Linux each gets the
 /// parent-death signal (SIGKILL), and everywhere a [`Guardian`] kills their process groups.
@@ -449,19 +462,9 @@ fn run_jobs_removing(
     let mut inputs: Vec<mpsc::Sender<Vec<u8>>> = Vec::new();
     let mut readers = 0usize;
     for mut job in jobs {
-        let wants_stdin = options.forward_stdin || job.remote;
-        job.command
-            .stdin(if wants_stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
         // The spawning thread is the one that supervises until every job is reaped, so the
         // parent-death signal (tied to the thread on Linux) fires only when the launcher dies.
-        ffi::process::kill_when_parent_dies(&mut job.command);
+        prepare_child(&mut job.command, options.forward_stdin || job.remote);
         let mut child = match job.command.spawn() {
             Ok(child) => child,
             Err(source) => {

@@ -34,6 +34,14 @@ fn bench_report(args: &[&str]) -> (Finished, Value) {
     (out, report)
 }
 
+/// Asserts that `text` (`what`, as the failure message names it) contains every one of
+/// `parts`.
+fn assert_contains_all(text: &str, what: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "no {part:?} in {what}");
+    }
+}
+
 #[test]
 fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,14 +118,16 @@ fn a_short_sweep_over_two_rank_counts_writes_json_and_a_chart() {
     assert!(rows.iter().all(|r| r["mlx_median_us"].is_null()));
 
     let svg = std::fs::read_to_string(&chart).unwrap();
-    for text in [
-        "all_sum, all_min: median latency",
-        "sendrecv: bus bandwidth",
-        "nuvec n=2",
-        "nuvec n=3",
-    ] {
-        assert!(svg.contains(text), "no {text:?} in the chart");
-    }
+    assert_contains_all(
+        &svg,
+        "the chart",
+        &[
+            "all_sum, all_min: median latency",
+            "sendrecv: bus bandwidth",
+            "nuvec n=2",
+            "nuvec n=3",
+        ],
+    );
 }
 
 #[test]
@@ -242,14 +252,16 @@ fn a_sealed_run_measures_each_size_unkeyed_and_keyed() {
         "{stdout}"
     );
     assert!(stdout.contains("NUVEC_DISTRIBUTED_SHM=0"), "{stdout}");
-    for title in [
-        "# nuvec, 2 ranks: all_sum",
-        "# nuvec sealed, 2 ranks: all_sum",
-        "# nuvec sealed, 2 ranks: sendrecv",
-        "# sealed (AES-256-GCM) beside unkeyed, native wire over TCP, 2 ranks",
-    ] {
-        assert!(stdout.contains(title), "no {title:?} in:\n{stdout}");
-    }
+    assert_contains_all(
+        stdout,
+        &format!("its output:\n{stdout}"),
+        &[
+            "# nuvec, 2 ranks: all_sum",
+            "# nuvec sealed, 2 ranks: all_sum",
+            "# nuvec sealed, 2 ranks: sendrecv",
+            "# sealed (AES-256-GCM) beside unkeyed, native wire over TCP, 2 ranks",
+        ],
+    );
     // One verdict per table: all_sum and sendrecv, unkeyed and keyed.
     assert_eq!(
         stdout.matches("# wrong elements    : 0 (OK)").count(),

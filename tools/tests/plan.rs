@@ -27,6 +27,30 @@ fn plan(args: &[&str]) -> Vec<Value> {
     rows.as_array().expect("a list").clone()
 }
 
+/// The keys of every plan row, plain or simulated.
+const ROW_KEYS: [&str; 6] = [
+    "algorithm",
+    "bytes",
+    "collective",
+    "link",
+    "predicted_us",
+    "ranks",
+];
+
+/// Asserts that `row` is an object with exactly the keys [`ROW_KEYS`] and `extra`.
+fn assert_keys(row: &Value, extra: &[&str]) {
+    let mut keys: Vec<&str> = row
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    let mut want = [&ROW_KEYS[..], extra].concat();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{row}");
+}
+
 /// The all-reduce row of `bytes` among `rows`.
 fn all_reduce(rows: &[Value], bytes: u64) -> &Value {
     rows.iter()
@@ -39,26 +63,8 @@ fn json_rows_have_exactly_the_documented_keys() {
     let rows = plan(&["-n", "16", "--sizes", "4,64K", "--link", "loopback"]);
     // all_reduce, all_gather and broadcast at two sizes, the barrier once.
     assert_eq!(rows.len(), 7, "{rows:?}");
-    let mut want = [
-        "algorithm",
-        "bytes",
-        "collective",
-        "link",
-        "messages_per_rank",
-        "predicted_us",
-        "ranks",
-        "rounds",
-    ];
-    want.sort_unstable();
     for row in &rows {
-        let mut keys: Vec<&str> = row
-            .as_object()
-            .expect("an object")
-            .keys()
-            .map(String::as_str)
-            .collect();
-        keys.sort_unstable();
-        assert_eq!(keys, want, "{row}");
+        assert_keys(row, &["messages_per_rank", "rounds"]);
         assert_eq!(row["ranks"], 16);
         assert_eq!(row["link"], "loopback");
         assert!(
@@ -113,27 +119,8 @@ fn simulate_lists_every_algorithm_with_both_times() {
     let args = ["-n", "32", "--sizes", "4,64K", "--link", "loopback"];
     let plain = plan(&args);
     let rows = plan(&[&args[..], &["--simulate"]].concat());
-    let mut want = [
-        "algorithm",
-        "bytes",
-        "chosen",
-        "collective",
-        "link",
-        "not_simulated",
-        "predicted_us",
-        "ranks",
-        "simulated_us",
-    ];
-    want.sort_unstable();
     for row in &rows {
-        let mut keys: Vec<&str> = row
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        keys.sort_unstable();
-        assert_eq!(keys, want, "{row}");
+        assert_keys(row, &["chosen", "not_simulated", "simulated_us"]);
         let simulated = row["simulated_us"].as_f64();
         let why = row["not_simulated"].as_str();
         assert!(simulated.is_some() != why.is_some(), "{row}");
