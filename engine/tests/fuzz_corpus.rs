@@ -17,7 +17,14 @@ fn replay<R>(target: &str, run: impl Fn(&[u8]) -> R) {
         };
         for entry in entries {
             let path = entry.unwrap().path();
-            run(&std::fs::read(&path).unwrap());
+            let input = std::fs::read(&path).unwrap();
+            // One test replays every target: a panic names the target and the input.
+            let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&input)));
+            assert!(
+                replayed.is_ok(),
+                "{target}: {} panicked (above)",
+                path.display()
+            );
             count += 1;
         }
     }
