@@ -81,7 +81,28 @@ impl DType {
 
     /// Bytes per element: the wire width the reduction kernels use for the same type.
     pub const fn size(self) -> usize {
-        crate::reduce::simd_elem(self).size()
+        self.simd_elem().size()
+    }
+
+    /// `ffi::simd`'s name for the dtype.
+    pub(crate) const fn simd_elem(self) -> ffi::simd::Elem {
+        use ffi::simd::Elem;
+        match self {
+            DType::Bool => Elem::Bool,
+            DType::U8 => Elem::U8,
+            DType::U16 => Elem::U16,
+            DType::U32 => Elem::U32,
+            DType::U64 => Elem::U64,
+            DType::I8 => Elem::I8,
+            DType::I16 => Elem::I16,
+            DType::I32 => Elem::I32,
+            DType::I64 => Elem::I64,
+            DType::F16 => Elem::F16,
+            DType::BF16 => Elem::BF16,
+            DType::F32 => Elem::F32,
+            DType::F64 => Elem::F64,
+            DType::Complex64 => Elem::Complex64,
+        }
     }
 
     /// MLX's name for the dtype (`mx.float32` is `"float32"`).

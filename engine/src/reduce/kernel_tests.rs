@@ -256,7 +256,14 @@ fn check(
     );
     let mut got = acc.clone();
     let target = &mut got[acc_off..acc_off + acc_len];
-    if !simd::reduce(level, semantics, simd_op(op), simd_elem(dtype), target, inc) {
+    if !simd::reduce(
+        level,
+        semantics,
+        simd_op(op),
+        dtype.simd_elem(),
+        target,
+        inc,
+    ) {
         reduce_scalar_with(semantics, op, dtype, target, inc);
     }
     if got == want {
@@ -344,7 +351,7 @@ fn every_level_covers_what_it_should() {
                     _ => true,
                 };
                 assert_eq!(
-                    simd::covers(level, semantics, simd_op(op), simd_elem(dtype)),
+                    simd::covers(level, semantics, simd_op(op), dtype.simd_elem()),
                     expected,
                     "{level} {semantics:?} {op} {dtype}"
                 );
