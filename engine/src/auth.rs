@@ -350,6 +350,25 @@ fn early(received: &[u8]) -> std::result::Result<(), Malformed> {
     Ok(())
 }
 
+/// Takes up to `wants` of `bytes` into `inbuf` after the `got` bytes already there, and
+/// with `check` runs [`early`] over all that has arrived: how many bytes were taken and
+/// what `early` found, or `None` when nothing was taken (no progress, nothing to check).
+fn take_in(
+    (inbuf, got): (&mut [u8], &mut usize),
+    wants: usize,
+    bytes: &[u8],
+    check: bool,
+) -> Option<(usize, std::result::Result<(), Malformed>)> {
+    let n = wants.min(bytes.len());
+    if n == 0 {
+        return None;
+    }
+    inbuf[*got..*got + n].copy_from_slice(&bytes[..n]);
+    *got += n;
+    let found = if check { early(&inbuf[..*got]) } else { Ok(()) };
+    Some((n, found))
+}
+
 /// The fault a malformed message is blamed on.
 fn malformed_fault(m: Malformed) -> Fault {
     match m {
@@ -663,17 +682,14 @@ impl Handshake for Connector {
     }
 
     fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        let (Some(key), n) = (self.key, self.wants().min(bytes.len())) else {
+        let Some(key) = self.key else { return 0 };
+        let check = self.phase == ConnectorPhase::Challenge;
+        let wants = self.wants();
+        let into = (&mut self.inbuf[..], &mut self.got);
+        let Some((n, found)) = take_in(into, wants, bytes, check) else {
             return 0;
         };
-        if n == 0 {
-            return 0;
-        }
-        self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
-        self.got += n;
-        if self.phase == ConnectorPhase::Challenge
-            && let Err(m) = early(&self.inbuf[..self.got])
-        {
+        if let Err(m) = found {
             self.outcome = Rejection::malformed(None, m, format!("it sent {m}"));
             return n;
         }
@@ -920,17 +936,14 @@ impl Handshake for Acceptor {
     }
 
     fn handle_recv(&mut self, bytes: &[u8]) -> usize {
-        let (Some(key), n) = (self.key, self.wants().min(bytes.len())) else {
+        let Some(key) = self.key else { return 0 };
+        let check = self.phase == AcceptorPhase::Hello;
+        let wants = self.wants();
+        let into = (&mut self.inbuf[..], &mut self.got);
+        let Some((n, found)) = take_in(into, wants, bytes, check) else {
             return 0;
         };
-        if n == 0 {
-            return 0;
-        }
-        self.inbuf[self.got..self.got + n].copy_from_slice(&bytes[..n]);
-        self.got += n;
-        if self.phase == AcceptorPhase::Hello
-            && let Err(m) = early(&self.inbuf[..self.got])
-        {
+        if let Err(m) = found {
             self.outcome = Rejection::malformed(None, m, self.sent_by_client(m));
             return n;
         }

@@ -366,6 +366,26 @@ pub enum Error {
     },
 }
 
+/// The `match` of `{:#?}`: each variant written as a derived `Debug` writes it, its name
+/// and then its fields (a tuple variant's one field, a struct variant's by name). Variants
+/// come in three lists, tuple; unit; struct, and the match stays exhaustive.
+macro_rules! alternate_debug {
+    ($error:expr, $f:expr, {
+        $($tuple:ident($inner:ident)),*;
+        $($unit:ident),*;
+        $($variant:ident { $($field:ident),* }),* $(,)?
+    }) => {
+        match $error {
+            $(Error::$tuple($inner) => $f.debug_tuple(stringify!($tuple)).field($inner).finish(),)*
+            $(Error::$unit => $f.write_str(stringify!($unit)),)*
+            $(Error::$variant { $($field),* } => $f
+                .debug_struct(stringify!($variant))
+                $(.field(stringify!($field), $field))*
+                .finish(),)*
+        }
+    };
+}
+
 /// `{:?}` is the message (`Display`), so that `main` returning an error prints a sentence;
 /// `{:#?}` is the variant with its fields, as a derived `Debug` would print it.
 impl fmt::Debug for Error {
@@ -373,154 +393,26 @@ impl fmt::Debug for Error {
         if !f.alternate() {
             return fmt::Display::fmt(self, f);
         }
-        match self {
-            Error::InvalidArgument(what) => f.debug_tuple("InvalidArgument").field(what).finish(),
-            Error::Environment { var, reason } => f
-                .debug_struct("Environment")
-                .field("var", var)
-                .field("reason", reason)
-                .finish(),
-            Error::Config { path, reason } => f
-                .debug_struct("Config")
-                .field("path", path)
-                .field("reason", reason)
-                .finish(),
-            Error::Io {
-                peer,
-                addr,
-                op,
-                context,
-                source,
-            } => f
-                .debug_struct("Io")
-                .field("peer", peer)
-                .field("addr", addr)
-                .field("op", op)
-                .field("context", context)
-                .field("source", source)
-                .finish(),
-            Error::Closed { peer, op, context } => f
-                .debug_struct("Closed")
-                .field("peer", peer)
-                .field("op", op)
-                .field("context", context)
-                .finish(),
-            Error::Lost { peer, via, context } => f
-                .debug_struct("Lost")
-                .field("peer", peer)
-                .field("via", via)
-                .field("context", context)
-                .finish(),
-            Error::Auth {
-                peer,
-                addr,
-                context,
-                reason,
-            } => f
-                .debug_struct("Auth")
-                .field("peer", peer)
-                .field("addr", addr)
-                .field("context", context)
-                .field("reason", reason)
-                .finish(),
-            Error::Rdma {
-                peer,
-                op,
-                context,
-                reason,
-            } => f
-                .debug_struct("Rdma")
-                .field("peer", peer)
-                .field("op", op)
-                .field("context", context)
-                .field("reason", reason)
-                .finish(),
-            Error::Timeout {
-                peer,
-                addr,
-                op,
-                context,
-                after,
-            } => f
-                .debug_struct("Timeout")
-                .field("peer", peer)
-                .field("addr", addr)
-                .field("op", op)
-                .field("context", context)
-                .field("after", after)
-                .finish(),
-            Error::PeerMisbehaved {
-                peer,
-                addr,
-                context,
-                reason,
-            } => f
-                .debug_struct("PeerMisbehaved")
-                .field("peer", peer)
-                .field("addr", addr)
-                .field("context", context)
-                .field("reason", reason)
-                .finish(),
-            Error::PeerIncompatible {
-                peer,
-                addr,
-                context,
-                reason,
-            } => f
-                .debug_struct("PeerIncompatible")
-                .field("peer", peer)
-                .field("addr", addr)
-                .field("context", context)
-                .field("reason", reason)
-                .finish(),
-            Error::Mismatch {
-                seq,
-                point_to_point,
-                rank,
-                call,
-                peer,
-                peer_call,
-                differs,
-                context,
-            } => f
-                .debug_struct("Mismatch")
-                .field("seq", seq)
-                .field("point_to_point", point_to_point)
-                .field("rank", rank)
-                .field("call", call)
-                .field("peer", peer)
-                .field("peer_call", peer_call)
-                .field("differs", differs)
-                .field("context", context)
-                .finish(),
-            Error::Bug { context, what } => f
-                .debug_struct("Bug")
-                .field("context", context)
-                .field("what", what)
-                .finish(),
-            Error::Local { what, source } => f
-                .debug_struct("Local")
-                .field("what", what)
-                .field("source", source)
-                .finish(),
-            Error::GroupClosed => f.write_str("GroupClosed"),
-            Error::Excluded { rank, after, why } => f
-                .debug_struct("Excluded")
-                .field("rank", rank)
-                .field("after", after)
-                .field("why", why)
-                .finish(),
-            Error::Aborted { context } => {
-                f.debug_struct("Aborted").field("context", context).finish()
-            }
-            Error::Failed(inner) => f.debug_tuple("Failed").field(inner).finish(),
-            Error::Unsupported(what) => f.debug_tuple("Unsupported").field(what).finish(),
-            Error::Unavailable { backend, reason } => f
-                .debug_struct("Unavailable")
-                .field("backend", backend)
-                .field("reason", reason)
-                .finish(),
-        }
+        alternate_debug!(self, f, {
+            InvalidArgument(what), Failed(inner), Unsupported(what);
+            GroupClosed;
+            Environment { var, reason },
+            Config { path, reason },
+            Io { peer, addr, op, context, source },
+            Closed { peer, op, context },
+            Lost { peer, via, context },
+            Auth { peer, addr, context, reason },
+            Rdma { peer, op, context, reason },
+            Timeout { peer, addr, op, context, after },
+            PeerMisbehaved { peer, addr, context, reason },
+            PeerIncompatible { peer, addr, context, reason },
+            Mismatch { seq, point_to_point, rank, call, peer, peer_call, differs, context },
+            Bug { context, what },
+            Local { what, source },
+            Excluded { rank, after, why },
+            Aborted { context },
+            Unavailable { backend, reason },
+        })
     }
 }
 

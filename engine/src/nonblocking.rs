@@ -532,15 +532,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         op: ReduceOp,
         data: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        if self.comm.size() == 1 {
-            return Ok(Pending::ready(Ok(())));
-        }
-        let data = self.lender.lend_mut(T::wire_mut(data));
-        self.submit(Op::Reduce {
-            op,
-            dtype: T::DTYPE,
-            data,
-        })
+        self.start_in_place(data, |dtype, data| Op::Reduce { op, dtype, data })
     }
 
     /// Starts [`Group::all_gather`](crate::Group::all_gather) of `input` into `output`.
@@ -580,16 +572,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         input: &'scope [T],
         output: &'scope mut [T],
     ) -> Result<Pending<'scope>> {
-        let size = self.comm.size();
-        check_blocks(call, blocks, input.len(), output.len(), size)?;
-        if size == 1 {
-            output.copy_from_slice(input);
-            return Ok(Pending::ready(Ok(())));
-        }
-        let dtype = T::DTYPE;
-        let input = self.lender.lend(T::as_wire(input));
-        let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(match blocks {
+        check_blocks(call, blocks, input.len(), output.len(), self.comm.size())?;
+        self.start_copying(input, output, |dtype, input, output| match blocks {
             Blocks::Gather => Op::Gather {
                 dtype,
                 input,
@@ -630,10 +614,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         data: &'scope mut [T],
         src: usize,
     ) -> Result<Pending<'scope>> {
+        // A group of one has no rank to receive from: past the check there are two or more.
         crate::comm::check_peer(&**self.comm, "receive from", src)?;
-        let data = self.lender.lend_mut(T::wire_mut(data));
-        self.submit(Op::Recv {
-            dtype: T::DTYPE,
+        self.start_in_place(data, |dtype, data| Op::Recv {
+            dtype,
             data,
             peer: src,
         })
@@ -670,15 +654,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 size - 1
             )));
         }
-        if size == 1 {
-            return Ok(Pending::ready(Ok(())));
-        }
-        let data = self.lender.lend_mut(T::wire_mut(data));
-        self.submit(Op::Broadcast {
-            dtype: T::DTYPE,
-            data,
-            root,
-        })
+        self.start_in_place(data, |dtype, data| Op::Broadcast { dtype, data, root })
     }
 
     /// Starts [`Group::all_to_all`](crate::Group::all_to_all) of `input` into `output`.
@@ -701,17 +677,44 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 output.len()
             )));
         }
-        if size == 1 {
+        self.start_copying(input, output, |dtype, input, output| Op::AllToAll {
+            dtype,
+            input,
+            output,
+        })
+    }
+
+    /// Starts the operation `op` makes of `data` (lent, with its dtype), which it reads and
+    /// writes in place; in a group of one, where `data` is already the result, starts
+    /// nothing.
+    fn start_in_place<T: Plain>(
+        &self,
+        data: &'scope mut [T],
+        op: impl FnOnce(DType, LoanMut) -> Op,
+    ) -> Result<Pending<'scope>> {
+        if self.comm.size() == 1 {
+            return Ok(Pending::ready(Ok(())));
+        }
+        let data = self.lender.lend_mut(T::wire_mut(data));
+        self.submit(op(T::DTYPE, data))
+    }
+
+    /// Starts the operation `op` makes of `input` and `output` (lent, with their dtype),
+    /// whose lengths the caller checked; in a group of one, copies `input` to `output` and
+    /// starts nothing.
+    fn start_copying<T: Plain>(
+        &self,
+        input: &'scope [T],
+        output: &'scope mut [T],
+        op: impl FnOnce(DType, Loan, LoanMut) -> Op,
+    ) -> Result<Pending<'scope>> {
+        if self.comm.size() == 1 {
             output.copy_from_slice(input);
             return Ok(Pending::ready(Ok(())));
         }
         let input = self.lender.lend(T::as_wire(input));
         let output = self.lender.lend_mut(T::wire_mut(output));
-        self.submit(Op::AllToAll {
-            dtype: T::DTYPE,
-            input,
-            output,
-        })
+        self.submit(op(T::DTYPE, input, output))
     }
 
     fn submit(&self, op: Op) -> Result<Pending<'scope>> {

@@ -151,20 +151,10 @@ pub struct Options {
 /// assert_eq!(Backend::Native.to_string(), "native");
 /// # Ok::<(), nuvec_distributed_engine::Error>(())
 /// ```
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
-#[strum(serialize_all = "lowercase", parse_err_ty = Error, parse_err_fn = unknown_backend)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase", parse_err_ty = Error, parse_err_fn = unknown_backend)]
 pub enum Backend {
     /// The first backend whose launch environment is present: the hostfile's (the ring, or
     /// the native wire when [`WIRE_VAR`](crate::WIRE_VAR) says so), then JACCL. For
@@ -210,21 +200,11 @@ fn unknown_backend(name: &str) -> Error {
 /// assert_eq!(Options::default().io(Io::Epoll).io, Io::Epoll);
 /// assert_eq!("uring".parse::<Io>(), Ok(Io::Uring));
 /// ```
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    strum::Display,
-    strum::EnumString,
-    strum::IntoStaticStr,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[derive(strum::Display, strum::EnumString, strum::IntoStaticStr)]
 #[strum(serialize_all = "lowercase", ascii_case_insensitive)]
 #[strum(parse_err_ty = String, parse_err_fn = not_an_event_loop)]
-#[non_exhaustive]
 pub enum Io {
     /// [`IO_VAR`](crate::IO_VAR) if it is set, else the loop measured faster: epoll (kqueue off Linux),
     /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
@@ -301,227 +281,210 @@ impl fmt::Debug for Options {
     }
 }
 
+/// Writes builder methods of [`Options`]: each takes its argument, stores the value after
+/// `=>` in the field of the method's name, and returns the options.
+macro_rules! setters {
+    ($($(#[$attr:meta])* $field:ident($arg:ident: $ty:ty) => $value:expr;)*) => {
+        $(
+            $(#[$attr])*
+            pub fn $field(mut self, $arg: $ty) -> Self {
+                self.$field = $value;
+                self
+            }
+        )*
+    };
+}
+
 impl Options {
-    /// Sets the timeout.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use nuvec_distributed_engine::{Fault, Options, init_with};
-    ///
-    /// // Rank 1 of this ring never starts: rank 0 gives up after the timeout, naming it.
-    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
-    /// # // dial of another example running in parallel can take one.
-    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
-    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
-    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
-    /// let options = Options::default().timeout(Duration::from_millis(300));
-    /// let start = Instant::now();
-    /// let err = init_with(&nodes, 0, &options).unwrap_err();
-    /// assert!(start.elapsed() >= Duration::from_millis(300));
-    /// assert!(start.elapsed() < Duration::from_secs(10));
-    /// assert_eq!((err.fault(), err.peer()), (Fault::PeerFailed, Some(1)), "{err}");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
+    setters! {
+        /// Sets the timeout.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::time::{Duration, Instant};
+        /// use nuvec_distributed_engine::{Fault, Options, init_with};
+        ///
+        /// // Rank 1 of this ring never starts: rank 0 gives up after the timeout, naming it.
+        /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+        /// # // dial of another example running in parallel can take one.
+        /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+        /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+        /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+        /// let options = Options::default().timeout(Duration::from_millis(300));
+        /// let start = Instant::now();
+        /// let err = init_with(&nodes, 0, &options).unwrap_err();
+        /// assert!(start.elapsed() >= Duration::from_millis(300));
+        /// assert!(start.elapsed() < Duration::from_secs(10));
+        /// assert_eq!((err.fault(), err.peer()), (Fault::PeerFailed, Some(1)), "{err}");
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        timeout(timeout: Duration) => timeout;
 
-    /// Authenticates every connection with this pre-shared secret, which must be the same
-    /// on every rank and at least 16 bytes long (`NUVEC_DISTRIBUTED_KEY` for
-    /// [`init`](crate::init)).
-    ///
-    /// Each connection then runs a mutual challenge-response before any data flows (see
-    /// the crate docs): a host without the key can neither join the ring nor keep a rank
-    /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
-    /// ranks only. What the key protects after the handshake depends on the wire: on the
-    /// native wire every TCP byte travels in sealed records (AES-256-GCM under keys
-    /// of that connection and direction), so altered, injected, replayed or cut bytes fail
-    /// the call naming the peer; shared memory between ranks of one host and user is not
-    /// sealed. On the MLX wire the traffic after the handshake is **not encrypted** or
-    /// authenticated, as MLX's ranks expect; on an untrusted network, run it over a VPN.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::{Options, init_with};
-    ///
-    /// // Two ranks with the same key form their ring (one thread each here).
-    /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
-    /// # // dial of another example running in parallel can take one.
-    /// # let ports = nuvec_tools::testing::free_ports(2, 1);
-    /// # let (p0, p1) = (ports[0][0], ports[1][0]);
-    /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
-    /// let options = Options::default().key("a secret of at least sixteen bytes");
-    /// std::thread::scope(|s| {
-    ///     for rank in 0..2 {
-    ///         let (nodes, options) = (&nodes, &options);
-    ///         s.spawn(move || {
-    ///             let group = init_with(nodes, rank, options).unwrap();
-    ///             let mut x = [1u32];
-    ///             group.all_sum(&mut x).unwrap();
-    ///             assert_eq!(x, [2]);
-    ///         });
-    ///     }
-    /// });
-    ///
-    /// // A key shorter than 16 bytes is refused before any connection is made.
-    /// let short = Options::default().key("too short");
-    /// assert!(init_with(&nodes, 0, &short).is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.key = Some(Secret::new(secret.as_ref()));
-        self
-    }
+        /// Authenticates every connection with this pre-shared secret, which must be the same
+        /// on every rank and at least 16 bytes long (`NUVEC_DISTRIBUTED_KEY` for
+        /// [`init`](crate::init)).
+        ///
+        /// Each connection then runs a mutual challenge-response before any data flows (see
+        /// the crate docs): a host without the key can neither join the ring nor keep a rank
+        /// out of it. MLX's ranks do not speak this handshake, so a keyed ring is made of nuvec
+        /// ranks only. What the key protects after the handshake depends on the wire: on the
+        /// native wire every TCP byte travels in sealed records (AES-256-GCM under keys
+        /// of that connection and direction), so altered, injected, replayed or cut bytes fail
+        /// the call naming the peer; shared memory between ranks of one host and user is not
+        /// sealed. On the MLX wire the traffic after the handshake is **not encrypted** or
+        /// authenticated, as MLX's ranks expect; on an untrusted network, run it over a VPN.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::{Options, init_with};
+        ///
+        /// // Two ranks with the same key form their ring (one thread each here).
+        /// # // Two free ports below the ephemeral range (as a launcher would pick them), so that no
+        /// # // dial of another example running in parallel can take one.
+        /// # let ports = nuvec_tools::testing::free_ports(2, 1);
+        /// # let (p0, p1) = (ports[0][0], ports[1][0]);
+        /// let nodes = vec![vec![format!("127.0.0.1:{p0}")], vec![format!("127.0.0.1:{p1}")]];
+        /// let options = Options::default().key("a secret of at least sixteen bytes");
+        /// std::thread::scope(|s| {
+        ///     for rank in 0..2 {
+        ///         let (nodes, options) = (&nodes, &options);
+        ///         s.spawn(move || {
+        ///             let group = init_with(nodes, rank, options).unwrap();
+        ///             let mut x = [1u32];
+        ///             group.all_sum(&mut x).unwrap();
+        ///             assert_eq!(x, [2]);
+        ///         });
+        ///     }
+        /// });
+        ///
+        /// // A key shorter than 16 bytes is refused before any connection is made.
+        /// let short = Options::default().key("too short");
+        /// assert!(init_with(&nodes, 0, &short).is_err());
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        key(secret: impl AsRef<[u8]>) => Some(Secret::new(secret.as_ref()));
 
-    /// Sets the TCP congestion control of every connection (see
-    /// [`Options::tcp_congestion`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// let options = Options::default().tcp_congestion("reno");
-    /// assert_eq!(options.tcp_congestion.as_deref(), Some("reno"));
-    /// // The default leaves the system's choice alone.
-    /// assert_eq!(Options::default().tcp_congestion, None);
-    /// ```
-    pub fn tcp_congestion(mut self, algorithm: impl Into<String>) -> Self {
-        self.tcp_congestion = Some(algorithm.into());
-        self
-    }
+        /// Sets the TCP congestion control of every connection (see
+        /// [`Options::tcp_congestion`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// let options = Options::default().tcp_congestion("reno");
+        /// assert_eq!(options.tcp_congestion.as_deref(), Some("reno"));
+        /// // The default leaves the system's choice alone.
+        /// assert_eq!(Options::default().tcp_congestion, None);
+        /// ```
+        tcp_congestion(algorithm: impl Into<String>) => Some(algorithm.into());
 
-    /// Sets the send and receive buffer size of every connection (see
-    /// [`Options::socket_buffer`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// let options = Options::default().socket_buffer(4 << 20);
-    /// assert_eq!(options.socket_buffer, Some(4 << 20));
-    /// assert_eq!(Options::default().socket_buffer, None); // the kernel's autotuning
-    /// ```
-    pub fn socket_buffer(mut self, bytes: usize) -> Self {
-        self.socket_buffer = Some(bytes);
-        self
-    }
+        /// Sets the send and receive buffer size of every connection (see
+        /// [`Options::socket_buffer`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// let options = Options::default().socket_buffer(4 << 20);
+        /// assert_eq!(options.socket_buffer, Some(4 << 20));
+        /// assert_eq!(Options::default().socket_buffer, None); // the kernel's autotuning
+        /// ```
+        socket_buffer(bytes: usize) => Some(bytes);
 
-    /// Sets how long a waiting collective retries before it sleeps: a fixed time, or `None`
-    /// to learn it from the group's waits, the default (see [`Options::spin`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// // Never spin: the lowest CPU use, for ranks that share cores with other work.
-    /// let options = Options::default().spin(Duration::ZERO);
-    /// assert_eq!(options.spin, Some(Duration::ZERO));
-    /// // Learned, the default.
-    /// assert_eq!(Options::default().spin, None);
-    /// assert_eq!(options.spin(None).spin, None);
-    /// ```
-    pub fn spin(mut self, spin: impl Into<Option<Duration>>) -> Self {
-        self.spin = spin.into();
-        self
-    }
+        /// Sets how long a waiting collective retries before it sleeps: a fixed time, or `None`
+        /// to learn it from the group's waits, the default (see [`Options::spin`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// // Never spin: the lowest CPU use, for ranks that share cores with other work.
+        /// let options = Options::default().spin(Duration::ZERO);
+        /// assert_eq!(options.spin, Some(Duration::ZERO));
+        /// // Learned, the default.
+        /// assert_eq!(Options::default().spin, None);
+        /// assert_eq!(options.spin(None).spin, None);
+        /// ```
+        spin(spin: impl Into<Option<Duration>>) => spin.into();
 
-    /// Chooses the backend [`init_with`](crate::init_with) forms (see [`Backend`]).
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::{Backend, Options};
-    ///
-    /// let options = Options::default().backend(Backend::Native);
-    /// assert_eq!(options.backend, Backend::Native);
-    /// ```
-    pub fn backend(mut self, backend: Backend) -> Self {
-        self.backend = backend;
-        self
-    }
+        /// Chooses the backend [`init_with`](crate::init_with) forms (see [`Backend`]).
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::{Backend, Options};
+        ///
+        /// let options = Options::default().backend(Backend::Native);
+        /// assert_eq!(options.backend, Backend::Native);
+        /// ```
+        backend(backend: Backend) => backend;
 
-    /// Turns shared memory between co-located native-wire ranks on (the default) or off
-    /// (every link TCP), as [`SHM_VAR`](crate::SHM_VAR) does for [`init`](crate::init).
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// assert!(Options::default().shared_memory);
-    /// assert!(!Options::default().shared_memory(false).shared_memory);
-    /// ```
-    pub fn shared_memory(mut self, on: bool) -> Self {
-        self.shared_memory = on;
-        self
-    }
+        /// Turns shared memory between co-located native-wire ranks on (the default) or off
+        /// (every link TCP), as [`SHM_VAR`](crate::SHM_VAR) does for [`init`](crate::init).
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// assert!(Options::default().shared_memory);
+        /// assert!(!Options::default().shared_memory(false).shared_memory);
+        /// ```
+        shared_memory(on: bool) => on;
 
-    /// Chooses the event loop (see [`Io`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::{Io, Options};
-    ///
-    /// let options = Options::default().io(Io::Uring);
-    /// assert_eq!(options.io, Io::Uring);
-    /// ```
-    pub fn io(mut self, io: Io) -> Self {
-        self.io = io;
-        self
-    }
+        /// Chooses the event loop (see [`Io`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::{Io, Options};
+        ///
+        /// let options = Options::default().io(Io::Uring);
+        /// assert_eq!(options.io, Io::Uring);
+        /// ```
+        io(io: Io) => io;
 
-    /// Sets how many calls the flight recorder keeps (see [`Options::flight_records`]); 0
-    /// turns it off.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::{DEFAULT_FLIGHT_RECORDS, Options};
-    ///
-    /// assert_eq!(Options::default().flight_records, DEFAULT_FLIGHT_RECORDS);
-    /// assert_eq!(Options::default().flight_records(0).flight_records, 0);
-    /// ```
-    pub fn flight_records(mut self, calls: usize) -> Self {
-        self.flight_records = calls;
-        self
-    }
+        /// Sets how many calls the flight recorder keeps (see [`Options::flight_records`]); 0
+        /// turns it off.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::{DEFAULT_FLIGHT_RECORDS, Options};
+        ///
+        /// assert_eq!(Options::default().flight_records, DEFAULT_FLIGHT_RECORDS);
+        /// assert_eq!(Options::default().flight_records(0).flight_records, 0);
+        /// ```
+        flight_records(calls: usize) => calls;
 
-    /// Sets the directory the flight record is written into when the group fails (see
-    /// [`Options::flight_dir`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::path::Path;
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// let options = Options::default().flight_dir("/tmp/run-7");
-    /// assert_eq!(options.flight_dir.as_deref(), Some(Path::new("/tmp/run-7")));
-    /// ```
-    pub fn flight_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.flight_dir = Some(dir.into());
-        self
-    }
+        /// Sets the directory the flight record is written into when the group fails (see
+        /// [`Options::flight_dir`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::path::Path;
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// let options = Options::default().flight_dir("/tmp/run-7");
+        /// assert_eq!(options.flight_dir.as_deref(), Some(Path::new("/tmp/run-7")));
+        /// ```
+        flight_dir(dir: impl Into<PathBuf>) => Some(dir.into());
 
-    /// Sets whether SIGUSR1 writes the group's flight record (see
-    /// [`Options::flight_signal`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use nuvec_distributed_engine::Options;
-    ///
-    /// assert!(!Options::default().flight_signal);
-    /// assert!(Options::default().flight_signal(true).flight_signal);
-    /// ```
-    pub fn flight_signal(mut self, on: bool) -> Self {
-        self.flight_signal = on;
-        self
+        /// Sets whether SIGUSR1 writes the group's flight record (see
+        /// [`Options::flight_signal`]).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use nuvec_distributed_engine::Options;
+        ///
+        /// assert!(!Options::default().flight_signal);
+        /// assert!(Options::default().flight_signal(true).flight_signal);
+        /// ```
+        flight_signal(on: bool) => on;
     }
 
     /// Checks values a caller may have set by hand.

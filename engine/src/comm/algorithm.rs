@@ -775,6 +775,17 @@ impl Shape {
         folded: 0.0,
     };
 
+    /// One round in which a rank sends `each` bytes to each of the other `ranks - 1` (`ranks`
+    /// at least 2), nothing folded: a direct all_gather's block, a direct broadcast's buffer.
+    fn direct(ranks: usize, each: f64) -> Shape {
+        Shape {
+            rounds: 1,
+            messages: ranks - 1,
+            bytes: (ranks as f64 - 1.0) * each,
+            folded: 0.0,
+        }
+    }
+
     /// This, then `next`.
     fn then(self, next: Shape) -> Shape {
         Shape {
@@ -899,12 +910,7 @@ pub(crate) fn all_gather_shape(algorithm: AllGather, ranks: usize, bytes: f64) -
     let block = bytes / p;
     let (log2, pof2, extra) = doubling(ranks);
     match algorithm {
-        AllGather::Direct => Shape {
-            rounds: 1,
-            messages: ranks - 1,
-            bytes: (p - 1.0) * block,
-            folded: 0.0,
-        },
+        AllGather::Direct => Shape::direct(ranks, block),
         AllGather::RecursiveDoubling => Shape {
             rounds: log2 + extra,
             messages: log2 + extra,
@@ -940,12 +946,7 @@ pub(crate) fn broadcast_shape(algorithm: Broadcast, ranks: usize, bytes: f64) ->
     }
     let p = ranks as f64;
     match algorithm {
-        Broadcast::Direct => Shape {
-            rounds: 1,
-            messages: ranks - 1,
-            bytes: (p - 1.0) * bytes,
-            folded: 0.0,
-        },
+        Broadcast::Direct => Shape::direct(ranks, bytes),
         Broadcast::ScatterGather => Shape {
             rounds: 2,
             // A rank other than the root: a header to every peer, then its block to every
@@ -979,92 +980,51 @@ mod tests {
     #[test]
     fn the_table_s_rows() {
         use AllReduce::{HalvingDoubling, OneShot, RecursiveDoubling, Ring, ScatterGather};
+        use Transport::{Rdma, SharedMemory, Tcp};
         let rows = [
             // (link, ranks, bytes, elements, algorithm)
-            (Transport::Tcp, 2, 4, 1, OneShot),
-            (Transport::Tcp, 2, 32 << 10, 8 << 10, OneShot),
-            (
-                Transport::Tcp,
-                2,
-                (32 << 10) + 4,
-                (8 << 10) + 1,
-                ScatterGather,
-            ),
+            (Tcp, 2, 4, 1, OneShot),
+            (Tcp, 2, 32 << 10, 8 << 10, OneShot),
+            (Tcp, 2, (32 << 10) + 4, (8 << 10) + 1, ScatterGather),
             // P = 3: recursive doubling up to 64 KiB, then the direct reduce-scatter +
             // all-gather (halving-doubling hands the whole vector in and out).
-            (Transport::Tcp, 3, 4, 1, RecursiveDoubling),
-            (Transport::Tcp, 3, 64 << 10, 16 << 10, RecursiveDoubling),
-            (
-                Transport::Tcp,
-                3,
-                (64 << 10) + 4,
-                (16 << 10) + 1,
-                ScatterGather,
-            ),
-            (
-                Transport::Tcp,
-                3,
-                (1 << 20) - 4,
-                (1 << 18) - 1,
-                ScatterGather,
-            ),
-            (Transport::Tcp, 3, 1 << 20, 1 << 18, Ring),
+            (Tcp, 3, 4, 1, RecursiveDoubling),
+            (Tcp, 3, 64 << 10, 16 << 10, RecursiveDoubling),
+            (Tcp, 3, (64 << 10) + 4, (16 << 10) + 1, ScatterGather),
+            (Tcp, 3, (1 << 20) - 4, (1 << 18) - 1, ScatterGather),
+            (Tcp, 3, 1 << 20, 1 << 18, Ring),
             // From P = 4: log2 P rounds below the ring's sizes.
-            (Transport::Tcp, 4, 4, 1, RecursiveDoubling),
-            (Transport::Tcp, 4, 16 << 10, 4 << 10, RecursiveDoubling),
-            (
-                Transport::Tcp,
-                4,
-                (16 << 10) + 4,
-                (4 << 10) + 1,
-                HalvingDoubling,
-            ),
-            (
-                Transport::Tcp,
-                4,
-                (1 << 20) - 4,
-                (1 << 18) - 1,
-                HalvingDoubling,
-            ),
-            (Transport::Tcp, 4, 1 << 20, 1 << 18, Ring),
-            (Transport::Tcp, 2, 64 << 20, 16 << 20, Ring),
+            (Tcp, 4, 4, 1, RecursiveDoubling),
+            (Tcp, 4, 16 << 10, 4 << 10, RecursiveDoubling),
+            (Tcp, 4, (16 << 10) + 4, (4 << 10) + 1, HalvingDoubling),
+            (Tcp, 4, (1 << 20) - 4, (1 << 18) - 1, HalvingDoubling),
+            (Tcp, 4, 1 << 20, 1 << 18, Ring),
+            (Tcp, 2, 64 << 20, 16 << 20, Ring),
             // Fewer elements than ranks: one-shot at P = 2, recursive doubling from P = 3,
             // whatever the bytes (a ring needs an element per rank).
-            (Transport::Tcp, 2, 8 << 20, 1, OneShot),
-            (Transport::Tcp, 3, 8 << 20, 2, RecursiveDoubling),
-            (Transport::Tcp, 4, 8 << 20, 3, RecursiveDoubling),
-            (Transport::Tcp, 16, 8 << 20, 15, RecursiveDoubling),
-            (Transport::Tcp, 5, 4, 1, RecursiveDoubling),
-            (Transport::Tcp, 12, 16 << 10, 4 << 10, RecursiveDoubling),
-            (
-                Transport::Tcp,
-                12,
-                (16 << 10) + 4,
-                (4 << 10) + 1,
-                HalvingDoubling,
-            ),
+            (Tcp, 2, 8 << 20, 1, OneShot),
+            (Tcp, 3, 8 << 20, 2, RecursiveDoubling),
+            (Tcp, 4, 8 << 20, 3, RecursiveDoubling),
+            (Tcp, 16, 8 << 20, 15, RecursiveDoubling),
+            (Tcp, 5, 4, 1, RecursiveDoubling),
+            (Tcp, 12, 16 << 10, 4 << 10, RecursiveDoubling),
+            (Tcp, 12, (16 << 10) + 4, (4 << 10) + 1, HalvingDoubling),
             // Past the measured rows, the model: halving-doubling's folding at P = 16
             // outweighs the ring's 26 more rounds from about 366 KiB.
-            (Transport::Tcp, 16, 256 << 10, 64 << 10, HalvingDoubling),
-            (Transport::Tcp, 16, 1 << 20, 1 << 18, Ring),
-            (Transport::Rdma, 8, 4, 1, RecursiveDoubling),
-            (Transport::SharedMemory, 8, 4, 1, OneShot),
-            (Transport::SharedMemory, 2, 64 << 20, 16 << 20, OneShot),
-            (Transport::SharedMemory, 3, 32 << 10, 8 << 10, OneShot),
+            (Tcp, 16, 256 << 10, 64 << 10, HalvingDoubling),
+            (Tcp, 16, 1 << 20, 1 << 18, Ring),
+            (Rdma, 8, 4, 1, RecursiveDoubling),
+            (SharedMemory, 8, 4, 1, OneShot),
+            (SharedMemory, 2, 64 << 20, 16 << 20, OneShot),
+            (SharedMemory, 3, 32 << 10, 8 << 10, OneShot),
             (
-                Transport::SharedMemory,
+                SharedMemory,
                 3,
                 (32 << 10) + 4,
                 (8 << 10) + 1,
                 ScatterGather,
             ),
-            (
-                Transport::SharedMemory,
-                8,
-                64 << 20,
-                16 << 20,
-                ScatterGather,
-            ),
+            (SharedMemory, 8, 64 << 20, 16 << 20, ScatterGather),
         ];
         for (link, ranks, bytes, elems, want) in rows {
             assert_eq!(
@@ -1073,21 +1033,21 @@ mod tests {
                 "{link:?}, P = {ranks}, {bytes} bytes"
             );
         }
-        assert_eq!(barrier(Transport::Tcp, 2), Barrier::Direct);
+        assert_eq!(barrier(Tcp, 2), Barrier::Direct);
         for ranks in [3, 4, 5, 8, 12, 16, 1000] {
-            assert_eq!(barrier(Transport::Tcp, ranks), Barrier::RecursiveDoubling);
+            assert_eq!(barrier(Tcp, ranks), Barrier::RecursiveDoubling);
         }
-        assert_eq!(barrier(Transport::SharedMemory, 8), Barrier::Direct);
+        assert_eq!(barrier(SharedMemory, 8), Barrier::Direct);
         for (link, ranks, bytes, want) in [
-            (Transport::Tcp, 2, 4, AllGather::Direct),
-            (Transport::Tcp, 4, 64 << 10, AllGather::Direct),
-            (Transport::Tcp, 3, 4, AllGather::Direct),
-            (Transport::Tcp, 5, 0, AllGather::RecursiveDoubling),
-            (Transport::Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
-            (Transport::Tcp, 12, (1 << 20) + 12, AllGather::Direct),
+            (Tcp, 2, 4, AllGather::Direct),
+            (Tcp, 4, 64 << 10, AllGather::Direct),
+            (Tcp, 3, 4, AllGather::Direct),
+            (Tcp, 5, 0, AllGather::RecursiveDoubling),
+            (Tcp, 16, 1 << 20, AllGather::RecursiveDoubling),
+            (Tcp, 12, (1 << 20) + 12, AllGather::Direct),
             // P = 20: the hand-out of the whole output outweighs 14 fewer messages.
-            (Transport::Tcp, 20, 1 << 20, AllGather::Direct),
-            (Transport::SharedMemory, 16, 64, AllGather::Direct),
+            (Tcp, 20, 1 << 20, AllGather::Direct),
+            (SharedMemory, 16, 64, AllGather::Direct),
         ] {
             assert_eq!(
                 all_gather(link, ranks, bytes),

@@ -590,19 +590,8 @@ impl<'a> Setup<'a> {
             let Some(listener) = self.listeners.get_mut(slot) else {
                 return Ok(());
             };
-            // What is left after the transient errors (`accept_next`) is this machine's:
-            // out of descriptors or memory. No peer is at fault.
-            let at = self.addrs.listen[slot];
-            let accepted = tcp::accept_next(listener).map_err(|e| {
-                Error::local(
-                    format!(
-                        "rank {} accepting on its address {slot} ({at})",
-                        self.addrs.rank
-                    ),
-                    e,
-                )
-            })?;
-            let Some((mut stream, from)) = accepted else {
+            let at = (slot, self.addrs.listen[slot]);
+            let Some((mut stream, from)) = bootstrap::accept(listener, self.addrs.rank, at)? else {
                 return Ok(());
             };
             self.make_room();

@@ -42,7 +42,7 @@
 use std::fmt;
 
 use crate::auth::{self, Fault, Handshake, Key, Link, Outcome, Rejection};
-use crate::transport::tcp::seal::{Channel, Side};
+use crate::transport::tcp::seal::{self, Channel, Side};
 
 /// The hello's version byte.
 pub(crate) const VERSION: u8 = auth::NATIVE_VERSION;
@@ -719,9 +719,8 @@ fn sealed(
     peer: usize,
 ) -> Option<Box<Channel>> {
     let (key, (connector, acceptor)) = (key?, nonces?);
-    Some(Box::new(Channel::new(
-        &key, side, &connector, &acceptor, peer,
-    )))
+    let ends = seal::pair(&key, side, &connector, &acceptor, peer);
+    Some(Box::new(Channel::new(ends)))
 }
 
 /// The connections an acceptor takes on one of its addresses: ring connection `slot` from

@@ -11,9 +11,10 @@
 //! before and after it.
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpStream;
+use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Poll, Token};
 
 use super::Connections;
@@ -46,6 +47,27 @@ pub(crate) fn dial_token(i: usize) -> Token {
 /// The token of accepted candidate `id`.
 pub(crate) fn candidate_token(id: usize) -> Token {
     Token(CANDIDATE_BASE + id)
+}
+
+/// The next connection waiting on `listener`, rank `rank`'s address `slot` (`at`), with
+/// the address it came from; `None` when none waits. What is left after the transient
+/// errors ([`socket::accept_next`]) is this machine's: out of descriptors or memory. No
+/// peer is at fault.
+///
+/// # Errors
+///
+/// That local failure.
+pub(crate) fn accept(
+    listener: &TcpListener,
+    rank: usize,
+    (slot, at): (usize, SocketAddr),
+) -> Result<Option<(TcpStream, SocketAddr)>> {
+    socket::accept_next(listener).map_err(|e| {
+        Error::local(
+            format!("rank {rank} accepting on its address {slot} ({at})"),
+            e,
+        )
+    })
 }
 
 /// The most a handshake reads at once: the longest message of the keyed handshake.

@@ -270,29 +270,45 @@ fn cipher(key: &[u8; 32]) -> LessSafeKey {
     LessSafeKey::new(key)
 }
 
-/// Seals one direction's records, numbering them from 0.
-pub(crate) struct Sealer {
+/// What both ends of one direction keep: its cipher, the number of its next record (from
+/// 0), and the peer at the other end.
+struct Numbering {
     cipher: LessSafeKey,
     next: u64,
     peer: usize,
 }
 
-impl fmt::Debug for Sealer {
+impl fmt::Debug for Numbering {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sealer")
+        f.debug_struct("Numbering")
             .field("next", &self.next)
             .field("peer", &self.peer)
             .finish_non_exhaustive()
     }
 }
 
+impl Numbering {
+    /// Record 0 next, under `key` (one direction's, from [`keys`]), with `peer`.
+    fn new(key: [u8; 32], peer: usize) -> Numbering {
+        Numbering {
+            cipher: cipher(&key),
+            next: 0,
+            peer,
+        }
+    }
+}
+
+/// Seals one direction's records, numbering them from 0.
+#[derive(Debug)]
+pub(crate) struct Sealer {
+    numbering: Numbering,
+}
+
 impl Sealer {
     /// A sealer under `key` (one direction's, from [`keys`]) for records to `peer`.
     pub(crate) fn new(key: [u8; 32], peer: usize) -> Sealer {
         Sealer {
-            cipher: cipher(&key),
-            next: 0,
-            peer,
+            numbering: Numbering::new(key, peer),
         }
     }
 
@@ -306,7 +322,7 @@ impl Sealer {
     /// longer than [`MAX_PLAINTEXT`]; [`RecordError::Exhausted`] once the direction's
     /// record numbers are used up.
     pub(crate) fn seal_in_place(&mut self, record: &mut [u8]) -> Result<(), RecordError> {
-        let peer = self.peer;
+        let peer = self.numbering.peer;
         let Some(len) = record.len().checked_sub(OVERHEAD) else {
             return Err(RecordError::Misuse {
                 peer,
@@ -324,21 +340,22 @@ impl Sealer {
                 peer,
                 what: format!("{len} bytes in one record, above the cap of {MAX_PLAINTEXT}"),
             })?;
-        if self.next == u64::MAX {
+        if self.numbering.next == u64::MAX {
             return Err(RecordError::Exhausted { peer });
         }
         let (head, rest) = record.split_at_mut(LEN_BYTES);
         let (body, tag) = rest.split_at_mut(len);
         head.copy_from_slice(&length.to_le_bytes());
         let sealed = self
+            .numbering
             .cipher
-            .seal_in_place_separate_tag(nonce(self.next), Aad::from(&*head), body)
+            .seal_in_place_separate_tag(nonce(self.numbering.next), Aad::from(&*head), body)
             .map_err(|_| RecordError::Misuse {
                 peer,
                 what: format!("the cipher refused a record of {len} bytes"),
             })?;
         tag.copy_from_slice(sealed.as_ref());
-        self.next += 1;
+        self.numbering.next += 1;
         Ok(())
     }
 
@@ -352,7 +369,7 @@ impl Sealer {
         let total = plaintext.len().saturating_add(OVERHEAD);
         let Some(record) = out.get_mut(..total) else {
             return Err(RecordError::Misuse {
-                peer: self.peer,
+                peer: self.numbering.peer,
                 what: format!(
                     "a record of {total} bytes does not fit the {} bytes given",
                     out.len()
@@ -380,30 +397,17 @@ pub(crate) enum Opened<'a> {
 }
 
 /// Opens one direction's records, in order, numbering them from 0 as the sealer did.
+#[derive(Debug)]
 pub(crate) struct Opener {
-    cipher: LessSafeKey,
-    next: u64,
-    peer: usize,
+    numbering: Numbering,
     failed: Option<RecordError>,
-}
-
-impl fmt::Debug for Opener {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Opener")
-            .field("next", &self.next)
-            .field("peer", &self.peer)
-            .field("failed", &self.failed)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Opener {
     /// An opener under `key` (one direction's, from [`keys`]) for records from `peer`.
     pub(crate) fn new(key: [u8; 32], peer: usize) -> Opener {
         Opener {
-            cipher: cipher(&key),
-            next: 0,
-            peer,
+            numbering: Numbering::new(key, peer),
             failed: None,
         }
     }
@@ -429,7 +433,7 @@ impl Opener {
         let len = u32::from_le_bytes(*field) as usize;
         if len > MAX_PLAINTEXT {
             return Err(self.fail(RecordError::TooLong {
-                peer: self.peer,
+                peer: self.numbering.peer,
                 announced: len,
             }));
         }
@@ -437,19 +441,22 @@ impl Opener {
         let Some(record) = bytes.get_mut(..total) else {
             return Ok(Opened::Needs(total));
         };
-        if self.next == u64::MAX {
-            return Err(self.fail(RecordError::Exhausted { peer: self.peer }));
+        if self.numbering.next == u64::MAX {
+            return Err(self.fail(RecordError::Exhausted {
+                peer: self.numbering.peer,
+            }));
         }
         let (head, rest) = record.split_at_mut(LEN_BYTES);
         let (body, tag) = rest.split_at_mut(len);
         let tag: [u8; TAG_BYTES] = (*tag).try_into().map_err(|_| RecordError::Misuse {
-            peer: self.peer,
+            peer: self.numbering.peer,
             what: "a tag of the wrong size".into(),
         })?;
         if self
+            .numbering
             .cipher
             .open_in_place_separate_tag(
-                nonce(self.next),
+                nonce(self.numbering.next),
                 Aad::from(&*head),
                 Tag::from(tag),
                 body,
@@ -458,11 +465,11 @@ impl Opener {
             .is_err()
         {
             return Err(self.fail(RecordError::Forged {
-                peer: self.peer,
-                record: self.next,
+                peer: self.numbering.peer,
+                record: self.numbering.next,
             }));
         }
-        self.next += 1;
+        self.numbering.next += 1;
         Ok(Opened::Record {
             plaintext: body,
             consumed: total,
@@ -488,7 +495,7 @@ impl Opener {
             None => LEN_BYTES,
         };
         Err(self.fail(RecordError::Truncated {
-            peer: self.peer,
+            peer: self.numbering.peer,
             have: buffered.len(),
             need,
         }))
@@ -553,15 +560,9 @@ impl fmt::Debug for Channel {
 }
 
 impl Channel {
-    /// `side`'s end of the connection to `peer` whose handshake exchanged these nonces.
-    pub(crate) fn new(
-        key: &Key,
-        side: Side,
-        connector_nonce: &[u8; 32],
-        acceptor_nonce: &[u8; 32],
-        peer: usize,
-    ) -> Channel {
-        let (sealer, opener) = pair(key, side, connector_nonce, acceptor_nonce, peer);
+    /// The channel of one end of a connection, from that end's sealer and opener (see
+    /// [`pair`]).
+    pub(crate) fn new((sealer, opener): (Sealer, Opener)) -> Channel {
         Channel {
             sealer,
             opener,
@@ -585,7 +586,7 @@ impl Channel {
     /// Records a bug in the channel's caller, `what`, as the channel's error (a
     /// [`RecordError::Misuse`], which fails the call as a bug) and returns it.
     pub(crate) fn misuse(&mut self, what: String) -> RecordError {
-        let peer = self.sealer.peer;
+        let peer = self.sealer.numbering.peer;
         self.failed(RecordError::Misuse { peer, what })
     }
 
@@ -614,7 +615,7 @@ impl Channel {
         }
         if self.out_len > 0 {
             let what = "a new record while the last is still being written".to_string();
-            let peer = self.sealer.peer;
+            let peer = self.sealer.numbering.peer;
             return Err(self.failed(RecordError::Misuse { peer, what }));
         }
         let h = head.len().min(MAX_PLAINTEXT);
@@ -925,31 +926,27 @@ mod tests {
     }
 
     #[test]
-    fn a_replayed_record_fails() {
-        let (mut cs, _, _, mut ao) = ends();
-        let first = sealed(&mut cs, b"first");
-        let stream = [first.clone(), first].concat();
-        let err = open_all(&mut ao, &stream).unwrap_err();
-        assert_eq!(err, RecordError::Forged { peer: 1, record: 1 });
-    }
-
-    #[test]
-    fn reordered_records_fail() {
-        let (mut cs, _, _, mut ao) = ends();
-        let first = sealed(&mut cs, b"first");
-        let second = sealed(&mut cs, b"secnd");
-        let err = open_all(&mut ao, &[second, first].concat()).unwrap_err();
-        assert_eq!(err, RecordError::Forged { peer: 1, record: 0 });
-    }
-
-    #[test]
-    fn a_dropped_record_fails_the_next() {
-        let (mut cs, _, _, mut ao) = ends();
-        let first = sealed(&mut cs, b"first");
-        let _dropped = sealed(&mut cs, b"secnd");
-        let third = sealed(&mut cs, b"third");
-        let err = open_all(&mut ao, &[first, third].concat()).unwrap_err();
-        assert_eq!(err, RecordError::Forged { peer: 1, record: 1 });
+    fn replayed_reordered_or_dropped_records_fail() {
+        // (what, the payloads sealed in turn, the order their records arrive in, the
+        // record blamed: the first whose number is not the next one expected)
+        let cases: [(&str, &[&str], &[usize], u64); 3] = [
+            ("replayed", &["first"], &[0, 0], 1),
+            ("reordered", &["first", "secnd"], &[1, 0], 0),
+            ("dropped", &["first", "secnd", "third"], &[0, 2], 1),
+        ];
+        for (what, payloads, arrivals, record) in cases {
+            let (mut cs, _, _, mut ao) = ends();
+            let records: Vec<Vec<u8>> = payloads
+                .iter()
+                .map(|p| sealed(&mut cs, p.as_bytes()))
+                .collect();
+            let stream = arrivals
+                .iter()
+                .map(|&i| records[i].as_slice())
+                .collect::<Vec<_>>();
+            let err = open_all(&mut ao, &stream.concat()).unwrap_err();
+            assert_eq!(err, RecordError::Forged { peer: 1, record }, "{what}");
+        }
     }
 
     #[test]
@@ -1094,8 +1091,8 @@ mod tests {
     #[test]
     fn used_up_record_numbers_are_an_error_not_a_reuse() {
         let (mut cs, _, _, mut ao) = ends();
-        cs.next = u64::MAX - 1;
-        ao.next = u64::MAX - 1;
+        cs.numbering.next = u64::MAX - 1;
+        ao.numbering.next = u64::MAX - 1;
         let last = sealed(&mut cs, b"last");
         assert_eq!(open_all(&mut ao, &last).unwrap(), [b"last"]);
         let err = cs.seal(b"more", &mut [0; 4 + OVERHEAD]).unwrap_err();
@@ -1112,8 +1109,20 @@ mod tests {
     fn channels() -> (Channel, Channel) {
         let k = key();
         (
-            Channel::new(&k, Side::Connector, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, 2),
-            Channel::new(&k, Side::Acceptor, &CONNECTOR_NONCE, &ACCEPTOR_NONCE, 1),
+            Channel::new(pair(
+                &k,
+                Side::Connector,
+                &CONNECTOR_NONCE,
+                &ACCEPTOR_NONCE,
+                2,
+            )),
+            Channel::new(pair(
+                &k,
+                Side::Acceptor,
+                &CONNECTOR_NONCE,
+                &ACCEPTOR_NONCE,
+                1,
+            )),
         )
     }
 

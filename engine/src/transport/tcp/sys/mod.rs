@@ -120,7 +120,7 @@ impl Source {
     pub(crate) fn send(&self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
         match &self.0 {
             Kind::Mio => io::Write::write(stream, buf),
-            Kind::Uring(port) => port.send(stream.as_fd(), buf),
+            Kind::Uring(port) => port.ring.send(stream.as_fd(), buf),
         }
     }
 
@@ -135,7 +135,7 @@ impl Source {
             Kind::Mio => {
                 io::Write::write_vectored(stream, &[io::IoSlice::new(head), io::IoSlice::new(body)])
             }
-            Kind::Uring(port) => port.send_pair(stream.as_fd(), head, body),
+            Kind::Uring(port) => port.ring.send_pair(stream.as_fd(), head, body),
         }
     }
 

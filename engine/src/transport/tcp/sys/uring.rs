@@ -54,7 +54,7 @@ const WAKE_TOKEN: u32 = u32::MAX;
 
 /// What a wait reported for one token (see `ffi::uring::Readiness`).
 #[derive(Clone, Copy, Debug)]
-struct Ready {
+pub(super) struct Ready {
     pub(crate) token: u32,
     pub(crate) events: u32,
     pub(crate) ended: bool,
@@ -248,7 +248,8 @@ pub(crate) enum Refusal {
 /// waits are armed (readable, writable, urgent data).
 #[derive(Debug)]
 pub(crate) struct Port {
-    ring: Shared,
+    /// The group's ring, which a connection's sends go straight to.
+    pub(super) ring: Shared,
     slot: usize,
     armed: [bool; 3],
 }
@@ -262,19 +263,6 @@ impl Port {
             n,
             drained: n > 0 && !rest && self.armed[0],
         })
-    }
-
-    pub(super) fn send(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
-        self.ring.send(fd, buf)
-    }
-
-    pub(super) fn send_pair(
-        &self,
-        fd: BorrowedFd<'_>,
-        head: &[u8],
-        body: &[u8],
-    ) -> io::Result<usize> {
-        self.ring.send_pair(fd, head, body)
     }
 
     /// Whether urgent data was reported on this connection (and forgets the report).
