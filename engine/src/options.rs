@@ -1,7 +1,6 @@
 //! How a group is formed: the timeout every wait is bounded by, and (with the
 //! authentication work) a pre-shared key.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -55,7 +54,7 @@ pub(crate) fn deadline(start: Instant, wait: Duration) -> Instant {
 /// assert!(init_with(&[vec!["127.0.0.1:0".into()]], 0, &zero).is_err());
 /// # Ok::<(), nuvec_distributed_engine::Error>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Options {
     /// How long connecting, and every transfer, may wait for a peer that makes no progress
@@ -260,24 +259,6 @@ impl Default for Options {
             flight_signal: false,
             key: None,
         }
-    }
-}
-
-impl fmt::Debug for Options {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Options")
-            .field("timeout", &self.timeout)
-            .field("tcp_congestion", &self.tcp_congestion)
-            .field("socket_buffer", &self.socket_buffer)
-            .field("spin", &self.spin)
-            .field("backend", &self.backend)
-            .field("shared_memory", &self.shared_memory)
-            .field("io", &self.io)
-            .field("flight_records", &self.flight_records)
-            .field("flight_dir", &self.flight_dir)
-            .field("flight_signal", &self.flight_signal)
-            .field("key", &self.key)
-            .finish()
     }
 }
 

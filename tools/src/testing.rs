@@ -1194,7 +1194,7 @@ pub fn traced_count(text: &str, label: &str) -> u64 {
 type RankCommand = Arc<dyn Fn(usize) -> Command + Send + Sync>;
 
 /// How to launch a ring of processes.
-#[derive(Clone)]
+#[derive(Clone, derive_more::Debug)]
 pub struct Launch {
     /// Number of ranks.
     pub size: usize,
@@ -1208,23 +1208,9 @@ pub struct Launch {
     pub deadline: Duration,
     /// Seconds each rank's group waits for a silent peer (`NUVEC_DISTRIBUTED_TIMEOUT`).
     pub timeout_secs: f64,
+    #[debug("{:?}", command.as_ref().map(|_| "custom"))]
     command: Option<RankCommand>,
     nodes: Option<Vec<Vec<String>>>,
-}
-
-impl fmt::Debug for Launch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Launch")
-            .field("size", &self.size)
-            .field("connections", &self.connections)
-            .field("env", &self.env)
-            .field("skip", &self.skip)
-            .field("deadline", &self.deadline)
-            .field("timeout_secs", &self.timeout_secs)
-            .field("command", &self.command.as_ref().map(|_| "custom"))
-            .field("nodes", &self.nodes)
-            .finish()
-    }
 }
 
 impl Launch {

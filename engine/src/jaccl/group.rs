@@ -14,7 +14,6 @@
 //! returned, wrapped, by every later call; the side channel carries a failure notice to the
 //! other nuvec ranks and is closed.
 
-use std::fmt;
 use std::sync::MutexGuard;
 use std::time::Duration;
 
@@ -102,29 +101,22 @@ struct State<F> {
 }
 
 /// One rank's end of a JACCL group over fabric `F`.
+#[derive(derive_more::Debug)]
 pub(crate) struct Jaccl<F> {
     rank: usize,
     size: usize,
     kind: Kind,
     classes: SizeClasses,
     timeout: Duration,
+    #[debug(skip)]
     peers: Vec<usize>,
     /// The ranks whose set-up records carry no nuvec mark: MLX's (see `bootstrap`).
+    #[debug(skip)]
     mlx_ranks: Vec<usize>,
+    #[debug(skip)]
     mlx_all_gather: MlxAllGather,
+    #[debug(skip)]
     state: Guarded<State<F>>,
-}
-
-impl<F> fmt::Debug for Jaccl<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Jaccl")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
-            .field("kind", &self.kind)
-            .field("classes", &self.classes)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Liveness for SideChannel {

@@ -95,7 +95,6 @@ pub(crate) mod timed;
 #[cfg(test)]
 mod bcast_tests;
 
-use std::fmt;
 use std::time::Duration;
 
 use header::{Call, Header, Kind};
@@ -128,6 +127,7 @@ impl Routes for Connections {
 }
 
 /// One rank's end of a formed native mesh (see the module docs).
+#[derive(derive_more::Debug)]
 pub(crate) struct Native {
     rank: usize,
     size: usize,
@@ -135,10 +135,13 @@ pub(crate) struct Native {
     /// For each rank, whether the group's collectives reach it through shared memory
     /// (what `transport` reports): every rank on a single-host segment, this host's ranks
     /// in a hierarchical group.
+    #[debug(skip)]
     shared: Vec<bool>,
     /// Which way the group collectives go (the kind of `State::path`, which is fixed when
     /// the group forms), for [`Communicator::algorithm`], which must not take the lock.
+    #[debug(skip)]
     route: Route,
+    #[debug(skip)]
     state: Guarded<State>,
 }
 
@@ -176,16 +179,6 @@ struct State {
     /// sit on several hosts, some with two ranks or more (broadcast, all_to_all and
     /// send/recv stay on TCP there), or TCP alone.
     path: Path,
-}
-
-impl fmt::Debug for Native {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Native")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 /// What the tracing probes are told about `call` (the codes of [`trace::Traced`]).

@@ -13,7 +13,6 @@
 
 pub(crate) mod bootstrap;
 
-use std::fmt;
 use std::time::Duration;
 
 use crate::comm::progress::WaitPolicy;
@@ -40,10 +39,12 @@ use zerocopy::IntoBytes;
 const RING_BROADCAST_CHUNK: usize = schedule::MIN_SEND_SIZE;
 
 /// One rank's end of a formed ring.
+#[derive(derive_more::Debug)]
 pub(crate) struct Ring {
     rank: usize,
     size: usize,
     timeout: Duration,
+    #[debug(skip)]
     state: Guarded<State>,
 }
 
@@ -54,16 +55,6 @@ struct State {
     staging: Staging,
     /// The lanes of the collective in flight; kept so their storage is reused.
     lanes: Vec<Lane>,
-}
-
-impl fmt::Debug for Ring {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ring")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Ring {

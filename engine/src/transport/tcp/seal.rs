@@ -272,19 +272,12 @@ fn cipher(key: &[u8; 32]) -> LessSafeKey {
 
 /// What both ends of one direction keep: its cipher, the number of its next record (from
 /// 0), and the peer at the other end.
+#[derive(derive_more::Debug)]
 struct Numbering {
+    #[debug(skip)]
     cipher: LessSafeKey,
     next: u64,
     peer: usize,
-}
-
-impl fmt::Debug for Numbering {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Numbering")
-            .field("next", &self.next)
-            .field("peer", &self.peer)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Numbering {
