@@ -661,6 +661,7 @@ impl Connections {
         let mut sink = [0u8; 16 << 10];
         loop {
             let _ = self.poll_once(Some(Duration::ZERO));
+            let seen = Instant::now();
             for conn in &mut self.conns {
                 conn.flush_urgent();
                 conn.readable = true;
@@ -676,7 +677,7 @@ impl Connections {
                         }
                     }
                 }
-                inquiry.hear(&conn.notices, conn.eof);
+                inquiry.hear(&conn.notices, conn.eof, seen);
             }
             let now = Instant::now();
             if let Some(verdict) = inquiry.verdict(now) {

@@ -29,6 +29,7 @@
 use std::time::{Duration, Instant};
 
 use crate::comm::progress::notice_names;
+use crate::options::deadline;
 
 /// What one urgent byte on a connection says (see the module docs for how they travel).
 ///
@@ -93,6 +94,9 @@ pub(crate) struct Notices {
     /// Whether the peer sent any urgent byte: its process ran after a collective failed
     /// somewhere, so it is not the stalled one.
     spoke: bool,
+    /// Whether the peer answered a query: it was still inside its collective, which has
+    /// not timed out yet.
+    answered: bool,
     /// Whether the peer asked and is owed an answer.
     owe_answer: bool,
     /// Whether this side still answers queries: not once it sends urgent bytes of its own.
@@ -122,6 +126,7 @@ impl Notices {
             peer,
             notice: None,
             spoke: false,
+            answered: false,
             owe_answer: false,
             answering: true,
             query_pending: false,
@@ -144,6 +149,12 @@ impl Notices {
         self.spoke
     }
 
+    /// Whether the peer answered a query (an [`Urgent::Alive`]): it was inside a
+    /// collective that had not timed out.
+    pub(crate) fn answered(&self) -> bool {
+        self.answered
+    }
+
     /// Whether another urgent byte from the peer still matters: not once it gave up with a
     /// notice (nothing it sends after that does).
     pub(crate) fn listening(&self) -> bool {
@@ -161,7 +172,7 @@ impl Notices {
                 self.notice = notice_names(lost, self.peer, self.me, self.ranks);
             }
             Urgent::Query => self.owe_answer = true,
-            Urgent::Alive => {}
+            Urgent::Alive => self.answered = true,
         }
     }
 
@@ -247,6 +258,9 @@ struct Heard {
     rank: usize,
     alive: bool,
     closed: bool,
+    /// When its answer to a query was first seen: it was then inside a collective that
+    /// had not timed out.
+    answered: Option<Instant>,
 }
 
 /// Whom a rank whose collective timed out names: a sans-IO state machine, fed what the
@@ -271,6 +285,14 @@ struct Heard {
 ///   `patience`) for the notice of a rank next to it, which the neighbours pass on;
 /// - past patience, name the suspect timing chose, but as a guess only.
 ///
+/// Patience is twice the grace when the neighbours asked back (their collectives timed out
+/// with this one's). A neighbour that *answered* was still inside a collective that had
+/// not timed out: it entered later, or moved later. It times out at most a timeout after
+/// its answer and then needs its own grace, so patience lasts until then, plus a grace
+/// for scheduling. Without that, a neighbour that entered the collective a grace later
+/// than this rank (a busy host, a slow thread start) made this rank guess before the
+/// neighbour's verified notice could come.
+///
 /// Only the first three are verified and announced; so a notice, once sent, is right,
 /// and the ranks next to the stalled one always name it. The grace must be longer than the
 /// spread of the ranks' timeouts (they all stop moving within milliseconds of the stall),
@@ -282,6 +304,7 @@ pub(crate) struct Inquiry {
     suspect: usize,
     heard: Vec<Heard>,
     notice: Option<(usize, usize)>,
+    timeout: Duration,
     grace_until: Instant,
     patience_until: Instant,
 }
@@ -310,6 +333,7 @@ impl Inquiry {
                     rank,
                     alive: false,
                     closed: false,
+                    answered: None,
                 });
             }
         }
@@ -320,6 +344,7 @@ impl Inquiry {
             suspect,
             heard,
             notice: None,
+            timeout,
             grace_until: now + grace,
             patience_until: now + 2 * grace,
         }
@@ -329,10 +354,18 @@ impl Inquiry {
         self.heard.iter_mut().find(|h| h.rank == rank)
     }
 
-    /// Neighbour `from` sent the urgent byte `what`.
-    pub(crate) fn urgent(&mut self, from: usize, what: Urgent) {
+    /// Neighbour `from` sent the urgent byte `what`, seen at `now`.
+    pub(crate) fn urgent(&mut self, from: usize, what: Urgent, now: Instant) {
+        let (timeout, grace) = (self.timeout, Self::grace(self.timeout));
         if let Some(h) = self.entry(from) {
             h.alive = true;
+            if what == Urgent::Alive && h.answered.is_none() {
+                h.answered = Some(now);
+                // Its collective times out by `now + timeout`; its verdict takes a grace
+                // more; one more grace covers scheduling.
+                let until = deadline(now, timeout.saturating_add(2 * grace));
+                self.patience_until = self.patience_until.max(until);
+            }
         }
         if let Urgent::Notice(lost) = what
             && self.notice.is_none()
@@ -342,14 +375,16 @@ impl Inquiry {
         }
     }
 
-    /// Feeds what one connection shows: its peer's urgent bytes (as [`Notices`] keeps
-    /// them) and whether it closed.
-    pub(crate) fn hear(&mut self, notices: &Notices, closed: bool) {
-        if notices.spoke() {
-            self.urgent(notices.peer(), Urgent::Alive);
+    /// Feeds what one connection shows at `now`: its peer's urgent bytes (as [`Notices`]
+    /// keeps them) and whether it closed.
+    pub(crate) fn hear(&mut self, notices: &Notices, closed: bool, now: Instant) {
+        if notices.answered() {
+            self.urgent(notices.peer(), Urgent::Alive, now);
+        } else if notices.spoke() {
+            self.urgent(notices.peer(), Urgent::Query, now);
         }
         if let Some(lost) = notices.notice() {
-            self.urgent(notices.peer(), Urgent::Notice(lost));
+            self.urgent(notices.peer(), Urgent::Notice(lost), now);
         }
         if closed {
             self.closed(notices.peer());

@@ -73,7 +73,7 @@ fn the_grace_is_a_quarter_of_the_timeout_at_most_half_a_second() {
 fn a_silent_neighbour_is_stalled_once_the_grace_ends() {
     // Rank 1 of 4 waits on 0 and 2; 0 answers, 2 (the stopped one) never does.
     let mut q = Probe::new(1, 4, [0, 2], 0);
-    q.inquiry.urgent(0, Urgent::Alive);
+    q.inquiry.urgent(0, Urgent::Alive, q.t0);
     assert_eq!(q.verdict_at(100), None, "too early");
     assert_eq!(q.next_deadline(at(q.t0, 100)), at(q.t0, 250));
     assert_eq!(q.verdict_at(250), Some(Verdict::Stalled(2)));
@@ -90,26 +90,58 @@ fn the_suspect_is_preferred_among_silent_neighbours() {
 #[test]
 fn when_every_neighbour_answers_a_notice_is_awaited_then_only_guessed() {
     // Rank 0 of 4 with rank 2 stopped: both neighbours are alive.
+    // They timed out with it and asked back.
     let mut q = Probe::new(0, 4, [1, 3], 3);
-    q.inquiry.urgent(1, Urgent::Query);
-    q.inquiry.urgent(3, Urgent::Alive);
+    q.inquiry.urgent(1, Urgent::Query, q.t0);
+    q.inquiry.urgent(3, Urgent::Query, q.t0);
     assert_eq!(q.verdict_at(300), None, "waits for a notice");
     assert_eq!(q.next_deadline(at(q.t0, 300)), at(q.t0, 500));
     assert_eq!(q.verdict_at(500), Some(Verdict::Guess(3)));
     // The notice of rank 3, next to the stopped rank, settles it.
-    q.inquiry.urgent(3, Urgent::Notice(2));
+    q.inquiry.urgent(3, Urgent::Notice(2), q.t0);
     assert_eq!(q.verdict_at(300), Some(Verdict::Lost { lost: 2, via: 3 }));
+}
+
+#[test]
+fn a_neighbour_that_answered_is_given_its_own_timeout_and_grace_before_a_guess() {
+    // Rank 3 answered 100 ms in: it was inside a collective that had not timed out, so
+    // its verdict may come up to a timeout and a grace later; patience waits for that
+    // and a grace more.
+    let mut q = Probe::new(0, 4, [1, 3], 3);
+    q.inquiry.urgent(1, Urgent::Query, q.t0);
+    q.inquiry.urgent(3, Urgent::Alive, at(q.t0, 100));
+    let grace = Inquiry::grace(T).as_millis() as u64;
+    let patience = 100 + T.as_millis() as u64 + 2 * grace;
+    assert_eq!(q.verdict_at(2 * grace), None);
+    assert_eq!(q.next_deadline(at(q.t0, 300)), at(q.t0, patience));
+    assert_eq!(q.verdict_at(patience - 1), None);
+    assert_eq!(q.verdict_at(patience), Some(Verdict::Guess(3)));
+    // A second answer does not move it again.
+    q.inquiry.urgent(3, Urgent::Alive, at(q.t0, 900));
+    assert_eq!(q.verdict_at(patience), Some(Verdict::Guess(3)));
+    // Its notice ends the wait.
+    q.inquiry.urgent(3, Urgent::Notice(2), at(q.t0, 1200));
+    assert_eq!(q.verdict_at(1200), Some(Verdict::Lost { lost: 2, via: 3 }));
+}
+
+#[test]
+fn patience_past_the_clock_s_range_waits_without_panicking() {
+    let t0 = Instant::now();
+    let mut inquiry = Inquiry::new(0, 4, [1, 3], 3, t0, Duration::MAX);
+    inquiry.urgent(1, Urgent::Alive, t0);
+    inquiry.urgent(3, Urgent::Alive, t0);
+    assert_eq!(inquiry.verdict(at(t0, 60_000)), None);
 }
 
 #[test]
 fn a_notice_naming_a_neighbour_heard_alive_is_ignored() {
     let mut q = Probe::new(1, 4, [0, 2], 2);
-    q.inquiry.urgent(2, Urgent::Alive);
-    q.inquiry.urgent(0, Urgent::Notice(2));
+    q.inquiry.urgent(2, Urgent::Query, q.t0);
+    q.inquiry.urgent(0, Urgent::Notice(2), q.t0);
     assert_eq!(q.verdict_at(10), None);
     // Nor may a notice name this rank or its sender.
-    q.inquiry.urgent(0, Urgent::Notice(1));
-    q.inquiry.urgent(0, Urgent::Notice(0));
+    q.inquiry.urgent(0, Urgent::Notice(1), q.t0);
+    q.inquiry.urgent(0, Urgent::Notice(0), q.t0);
     assert_eq!(q.verdict_at(10), None);
     assert_eq!(q.verdict_at(600), Some(Verdict::Guess(2)));
 }
@@ -118,7 +150,7 @@ fn a_notice_naming_a_neighbour_heard_alive_is_ignored() {
 fn a_notice_wins_over_a_silent_neighbour() {
     // Rank 1 hears from 0 that 2 was lost before its own grace ends.
     let mut q = Probe::new(1, 5, [0, 2], 2);
-    q.inquiry.urgent(0, Urgent::Notice(2));
+    q.inquiry.urgent(0, Urgent::Notice(2), q.t0);
     assert_eq!(q.verdict_at(1), Some(Verdict::Lost { lost: 2, via: 0 }));
 }
 
@@ -128,7 +160,7 @@ fn a_neighbour_that_closes_without_a_word_died_but_one_that_spoke_gave_up() {
     q.inquiry.closed(2);
     assert_eq!(q.verdict_at(1), Some(Verdict::Closed(2)));
     let mut q = Probe::new(1, 4, [0, 2], 0);
-    q.inquiry.urgent(0, Urgent::Query);
+    q.inquiry.urgent(0, Urgent::Query, q.t0);
     q.inquiry.closed(0);
     q.assert_stalls(2, 300);
 }
@@ -139,7 +171,7 @@ fn two_ranks_and_strangers() {
     // change nothing, and this rank is never its own neighbour.
     let mut q = Probe::new(0, 2, [1, 1, 0], 1);
     assert_eq!(q.inquiry.heard.len(), 1);
-    q.inquiry.urgent(7, Urgent::Alive);
+    q.inquiry.urgent(7, Urgent::Alive, q.t0);
     q.inquiry.closed(7);
     q.assert_stalls(1, 250);
 }
@@ -421,7 +453,7 @@ impl Net {
                 }
                 Doing::Inquiring(mut inquiry) => {
                     for (i, (n, _)) in self.ranks[r].conns.iter().enumerate() {
-                        inquiry.hear(n, closed[i]);
+                        inquiry.hear(n, closed[i], now);
                     }
                     match inquiry.verdict(now) {
                         Some(v) => self.abandon(r, Some(v)),
@@ -537,6 +569,30 @@ fn a_notice_passed_on_can_beat_a_rank_s_own_grace() {
     assert_eq!(net.verdict(1), Some(Verdict::Stalled(2)));
     assert_eq!(net.verdict(3), Some(Verdict::Lost { lost: 2, via: 0 }));
     assert!(net.decided(3) < T + ms(3) + Inquiry::grace(T));
+}
+
+#[test]
+fn a_neighbour_that_entered_late_is_waited_for_not_guessed() {
+    // Rank 2 of 4 stops. Ranks 1 and 3 entered the collective 300 ms after rank 0 (a
+    // busy host), so they answer rank 0's query from inside it and decide 300 ms after
+    // rank 0's timeout plus their grace: later than twice rank 0's grace. Rank 0 waits for
+    // their verified notice instead of guessing.
+    let net = Net::stopped(&[ms(0), ms(300), ms(0), ms(300)], 2);
+    let grace = Inquiry::grace(T);
+    assert_eq!(net.verdict(1), Some(Verdict::Stalled(2)));
+    assert_eq!(net.verdict(3), Some(Verdict::Stalled(2)));
+    assert!(net.decided(1) > T + 2 * grace, "{:?}", net.decided(1));
+    assert!(
+        matches!(
+            net.verdict(0),
+            Some(Verdict::Lost {
+                lost: 2,
+                via: 1 | 3
+            })
+        ),
+        "{:?}",
+        net.verdict(0)
+    );
 }
 
 #[test]
