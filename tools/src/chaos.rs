@@ -1133,6 +1133,7 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         return Ok((Verdict::Missed, notes));
     }
     let mut worst = Verdict::Correct;
+    let mut logs = Vec::new();
     for &rank in &survivors {
         let stderr = ranks[rank]
             .stderr
@@ -1153,16 +1154,21 @@ fn run_round(round: &Round, options: &Options) -> Result<(Verdict, Vec<String>),
         }
         if verdict != Verdict::Correct {
             notes.push(format!("rank {rank}: {verdict:?}: {note}"));
-            if options.verbose {
-                let out: Vec<&str> = mine.iter().map(|l| l.text.as_str()).collect();
-                notes.push(format!(
-                    "rank {rank} stdout: {}\n    stderr: {}",
-                    out.join(" | "),
-                    stderr.trim()
-                ));
-            }
+        }
+        if options.verbose {
+            // Every survivor's output, the correct ones' too: a wrong verdict is often
+            // explained by what its neighbour did (the notice it left, when it closed).
+            let out: Vec<&str> = mine.iter().map(|l| l.text.as_str()).collect();
+            logs.push(format!(
+                "rank {rank} ({verdict:?}) stdout: {}\n    stderr: {}",
+                out.join(" | "),
+                stderr.trim()
+            ));
         }
         worst = worst.max(verdict);
+    }
+    if worst != Verdict::Correct {
+        notes.append(&mut logs);
     }
     if options.verbose && worst != Verdict::Correct && !survivors.contains(&round.victim) {
         let out: Vec<String> = lines
