@@ -1072,8 +1072,5 @@ test_cases!(blame {
     blame_a_killed_rank_small_p5: 5, 3, "KILL", small_sum;
     blame_a_killed_rank_small_p6: 6, 0, "KILL", small_sum;
     blame_a_killed_rank_large_p4: 4, 2, "KILL", blame_large;
-    #[ignore = "known race, fails about 1 run in 3 under the full suite's load: the notice of the \
-            rank that saw the kill can stay behind a full send buffer, and its other \
-            neighbour then names it; run it alone with --ignored"]
     blame_a_killed_rank_large_p5: 5, 2, "KILL", blame_large;
 });

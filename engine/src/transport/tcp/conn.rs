@@ -55,6 +55,9 @@ pub(crate) struct Conn {
     /// Whether a short read may have stopped at an urgent byte that the poller has not yet
     /// been asked about: the connection is not read until it has.
     pub(super) unpolled: bool,
+    /// Whether the last read filled its buffer and nothing has looked for an urgent byte
+    /// since: the next read may start at one, and would skip it (see [`Conn::read_stream`]).
+    pub(super) unasked: bool,
     /// This connection's end of the driver.
     pub(super) source: Source,
     /// The records of a keyed native connection ([`super::seal`]): every byte read or written
@@ -185,8 +188,9 @@ impl Conn {
     /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
     /// position, so it is read as soon as the poller reports it.
     pub(super) fn take_notice(&mut self) {
-        // Asking is what a short read left owed (see `unpolled`).
+        // Asking is what a short or a full read left owed (see `unpolled`, `unasked`).
         self.unpolled = false;
+        self.unasked = false;
         if !self.notices.listening() {
             // The neighbour gave up; nothing it sends after that matters.
             return;
@@ -242,6 +246,23 @@ impl Conn {
         if event.urgent {
             self.take_notice();
         }
+    }
+
+    /// Whether a read that may start at an urgent byte looks for one first: where the
+    /// driver does not report urgent bytes as they arrive, and a notice could name a third
+    /// rank (with two, it could only name the peer, whom the failure names anyway).
+    fn guards_urgent(&self) -> bool {
+        !self.source.reports_urgent()
+            && self.notices.names_third_ranks()
+            && self.notices.listening()
+    }
+
+    /// Marks the connection readable without the poller's word (a collective starts by
+    /// trying its transfers). Its next read may then start at an urgent byte that arrived
+    /// since the poller last looked, so it looks for one first.
+    pub(super) fn assume_readable(&mut self) {
+        self.readable = true;
+        self.unasked |= self.guards_urgent();
     }
 
     /// Reads what is available into `buf`, which is not empty: on a sealed connection,
@@ -300,8 +321,9 @@ impl Conn {
             return Ok(early);
         }
         let len = buf.len().min(MAX_IO_BYTES);
-        if self.source.urgent() == Urgency::Reported {
-            // Reported before this read: take it before the read can pass its position.
+        if self.source.urgent() == Urgency::Reported || self.unasked {
+            // Reported before this read, or it may wait where the last full read ended:
+            // take it before the read can pass its position.
             self.take_notice();
         }
         loop {
@@ -335,11 +357,24 @@ impl Conn {
                     match self.source.urgent() {
                         Urgency::Reported => self.take_notice(),
                         Urgency::None => {}
+                        // Drained: the poller's next report comes before the next read.
+                        Urgency::Unknown if !self.readable => {}
                         Urgency::Unknown => self.unpolled = true,
                     }
                     Ok(Transfer::Moved(n))
                 }
-                Ok(n) => Ok(Transfer::Moved(n)),
+                Ok(n) => {
+                    // A full read may end exactly where an urgent byte arrives, before or
+                    // after it returns, and the next read would start at the byte and skip
+                    // it. That is where notices land: a failing rank sends its notice after
+                    // its last whole message, and reads end at message boundaries. So the
+                    // next read looks for one first (one system call), unless the driver
+                    // reports urgent bytes as they arrive or a notice could only name the
+                    // peer. A byte that arrives between that look and that read is still
+                    // skipped: a window of microseconds rather than of a whole step.
+                    self.unasked = self.guards_urgent();
+                    Ok(Transfer::Moved(n))
+                }
                 Err(e) => match self.refused(e, |c| c.readable = false) {
                     Some(transfer) => transfer,
                     None => continue,

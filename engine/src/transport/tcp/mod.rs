@@ -143,6 +143,7 @@ impl Connections {
                 last_rx: Instant::now(),
                 first: FirstBytes::Checked,
                 unpolled: false,
+                unasked: false,
                 source: Source::polled(),
                 seal: None,
             });
@@ -479,7 +480,7 @@ impl Connections {
             // A driver that reports every arrival said which connections received since
             // their last empty read: retry only those; otherwise only trying tells.
             if !conn.source.reports_arrivals() {
-                conn.readable = true;
+                conn.assume_readable();
             }
         }
     }

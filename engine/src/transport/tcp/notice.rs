@@ -155,6 +155,12 @@ impl Notices {
         self.answered
     }
 
+    /// Whether a notice from the peer can name a third rank: with two ranks it could only
+    /// name this one or the peer, whom a failure names anyway.
+    pub(crate) fn names_third_ranks(&self) -> bool {
+        self.ranks > 2
+    }
+
     /// Whether another urgent byte from the peer still matters: not once it gave up with a
     /// notice (nothing it sends after that does).
     pub(crate) fn listening(&self) -> bool {

@@ -100,7 +100,16 @@ impl Source {
     /// Reads what is available into `buf`.
     pub(crate) fn recv(&self, stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<Received> {
         match &self.0 {
-            Kind::Mio => io::Read::read(stream, buf).map(|n| Received { n, drained: false }),
+            // A short read on Linux either drained the socket or stopped at an urgent
+            // byte whose arrival epoll has yet to report (it reports every arrival after
+            // the read, and the urgent byte with it): either way the next read waits for
+            // the poller. Reading again without its word could start at an urgent byte
+            // that arrived since, and skip it. kqueue reports no urgent data, so on macOS
+            // a read that stopped at one must be retried.
+            Kind::Mio => io::Read::read(stream, buf).map(|n| Received {
+                n,
+                drained: n < buf.len() && mio::POLLER_REPORTS_URGENT,
+            }),
             Kind::Uring(port) => port.recv(stream.as_fd(), buf),
         }
     }
@@ -146,6 +155,12 @@ impl Source {
             Kind::Uring(port) if port.take_urgent() => Urgency::Reported,
             Kind::Uring(_) => Urgency::None,
         }
+    }
+
+    /// Whether urgent data is reported as it arrives, in the driver's completions
+    /// (io_uring), rather than only when the poller is asked ([`Urgency::Unknown`]).
+    pub(crate) fn reports_urgent(&self) -> bool {
+        matches!(self.0, Kind::Uring(_))
     }
 
     /// Whether arrivals on this connection are reported without trying a read (io_uring's
