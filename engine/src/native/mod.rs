@@ -685,12 +685,17 @@ impl Communicator for Native {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let algorithm = algorithm::all_reduce(
-            Transport::Tcp,
-            self.size,
-            data.len(),
-            data.len() / dtype.size(),
-        );
+        // Only the TCP path reads the table's TCP row: shared memory and a hierarchical
+        // group choose their own schedule, and ignore this one.
+        let algorithm = match self.route {
+            Route::Tcp => algorithm::all_reduce(
+                Transport::Tcp,
+                self.size,
+                data.len(),
+                data.len() / dtype.size(),
+            ),
+            Route::Segment | Route::Hierarchical => AllReduce::OneShot,
+        };
         self.all_reduce_by(algorithm, op, dtype, data)
     }
 
