@@ -286,10 +286,21 @@ impl Call {
     }
 }
 
+/// One call's record as the ring keeps it: its entry, with the times as the clock read
+/// them, turned into [`FlightEntry::start_ns`] and [`FlightEntry::end_ns`] only when a copy
+/// is taken (a call reads the clock and stores what it read, nothing more).
+#[derive(Clone, Copy)]
+struct Kept {
+    /// The entry; its `start_ns` and `end_ns` are not kept here.
+    entry: FlightEntry,
+    start: Instant,
+    end: Option<Instant>,
+}
+
 /// The ring of records.
 struct Ring {
     /// `capacity` records; call `seq` lives in slot `seq % capacity`.
-    slots: Box<[FlightEntry]>,
+    slots: Box<[Kept]>,
     /// The number of the next call.
     next: u64,
     /// The slot of the next call, `next % capacity`, kept so that no call divides.
@@ -361,6 +372,12 @@ impl Recorder {
         // Options are validated before a group forms; the clamp keeps a communicator built
         // around that check from allocating without bound.
         let capacity = capacity.min(MAX_FLIGHT_RECORDS);
+        let epoch = Instant::now();
+        let placeholder = Kept {
+            entry: placeholder,
+            start: epoch,
+            end: None,
+        };
         let ring = (capacity > 0).then(|| {
             Mutex::new(Ring {
                 slots: vec![placeholder; capacity].into_boxed_slice(),
@@ -372,7 +389,7 @@ impl Recorder {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         Recorder {
-            epoch: Instant::now(),
+            epoch,
             formed_unix_ns,
             rank,
             size,
@@ -386,7 +403,21 @@ impl Recorder {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.ns(Instant::now())
+    }
+
+    /// `at` in nanoseconds since the group formed.
+    fn ns(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The entry of `kept`, with its times since the group formed.
+    fn entry(&self, kept: &Kept) -> FlightEntry {
+        FlightEntry {
+            start_ns: self.ns(kept.start),
+            end_ns: kept.end.map(|end| self.ns(end)),
+            ..kept.entry
+        }
     }
 
     fn lock(ring: &Mutex<Ring>) -> std::sync::MutexGuard<'_, Ring> {
@@ -404,7 +435,7 @@ impl Recorder {
             (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
             _ => self.common,
         };
-        let start_ns = self.now_ns();
+        let start = Instant::now();
         let mut ring = Self::lock(ring);
         let (seq, index) = (ring.next, ring.head);
         ring.next += 1;
@@ -413,17 +444,21 @@ impl Recorder {
         } else {
             index + 1
         };
-        ring.slots[index] = FlightEntry {
-            seq,
-            op: call.op,
-            dtype: call.dtype,
-            bytes: call.bytes as u64,
-            peer: call.peer,
-            algorithm,
-            transport,
-            start_ns,
-            end_ns: None,
-            outcome: FlightOutcome::Running,
+        ring.slots[index] = Kept {
+            entry: FlightEntry {
+                seq,
+                op: call.op,
+                dtype: call.dtype,
+                bytes: call.bytes as u64,
+                peer: call.peer,
+                algorithm,
+                transport,
+                start_ns: 0,
+                end_ns: None,
+                outcome: FlightOutcome::Running,
+            },
+            start,
+            end: None,
         };
         Some(Slot { seq, index })
     }
@@ -434,12 +469,12 @@ impl Recorder {
         let (Some(Slot { seq, index }), Some(ring)) = (slot, self.ring.as_ref()) else {
             return;
         };
-        let end_ns = self.now_ns();
+        let end = Instant::now();
         {
             let mut ring = Self::lock(ring);
-            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.seq == seq) {
-                slot.end_ns = Some(end_ns);
-                slot.outcome = match result {
+            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.entry.seq == seq) {
+                slot.end = Some(end);
+                slot.entry.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
                     Err(e) => FlightOutcome::Failed {
                         kind: e.into(),
@@ -489,10 +524,13 @@ impl Recorder {
                 // Until the ring is full its records are the slots before the head; then
                 // the oldest is at the head.
                 let entries = if ring.next < capacity as u64 {
-                    ring.slots[..ring.head].to_vec()
+                    ring.slots[..ring.head]
+                        .iter()
+                        .map(|k| self.entry(k))
+                        .collect()
                 } else {
                     let (newer, older) = ring.slots.split_at(ring.head);
-                    older.iter().chain(newer).copied().collect()
+                    older.iter().chain(newer).map(|k| self.entry(k)).collect()
                 };
                 (capacity, ring.next, entries)
             }
