@@ -289,12 +289,19 @@ impl Call {
 /// One call's record as the ring keeps it: its entry, with the times as the clock read
 /// them, turned into [`FlightEntry::start_ns`] and [`FlightEntry::end_ns`] only when a copy
 /// is taken (a call reads the clock and stores what it read, nothing more).
+/// Its fields are [`FlightEntry`]'s, times aside.
 #[derive(Clone, Copy)]
 struct Kept {
-    /// The entry; its `start_ns` and `end_ns` are not kept here.
-    entry: FlightEntry,
+    seq: u64,
+    bytes: u64,
     start: Instant,
     end: Option<Instant>,
+    peer: Option<usize>,
+    outcome: FlightOutcome,
+    op: FlightOp,
+    dtype: Option<DType>,
+    algorithm: Option<Algorithm>,
+    transport: Option<Transport>,
 }
 
 /// The ring of records.
@@ -357,26 +364,21 @@ impl Recorder {
             Some(_) => None,
             None => Some(Transport::Local),
         };
-        let placeholder = FlightEntry {
-            seq: u64::MAX,
-            op: FlightOp::Barrier,
-            dtype: None,
-            bytes: 0,
-            peer: None,
-            algorithm: None,
-            transport: None,
-            start_ns: 0,
-            end_ns: None,
-            outcome: FlightOutcome::Running,
-        };
         // Options are validated before a group forms; the clamp keeps a communicator built
         // around that check from allocating without bound.
         let capacity = capacity.min(MAX_FLIGHT_RECORDS);
         let epoch = Instant::now();
         let placeholder = Kept {
-            entry: placeholder,
+            seq: u64::MAX,
+            bytes: 0,
             start: epoch,
             end: None,
+            peer: None,
+            outcome: FlightOutcome::Running,
+            op: FlightOp::Barrier,
+            dtype: None,
+            algorithm: None,
+            transport: None,
         };
         let ring = (capacity > 0).then(|| {
             Mutex::new(Ring {
@@ -414,9 +416,16 @@ impl Recorder {
     /// The entry of `kept`, with its times since the group formed.
     fn entry(&self, kept: &Kept) -> FlightEntry {
         FlightEntry {
+            seq: kept.seq,
+            op: kept.op,
+            dtype: kept.dtype,
+            bytes: kept.bytes,
+            peer: kept.peer,
+            algorithm: kept.algorithm,
+            transport: kept.transport,
             start_ns: self.ns(kept.start),
             end_ns: kept.end.map(|end| self.ns(end)),
-            ..kept.entry
+            outcome: kept.outcome,
         }
     }
 
@@ -445,20 +454,16 @@ impl Recorder {
             index + 1
         };
         ring.slots[index] = Kept {
-            entry: FlightEntry {
-                seq,
-                op: call.op,
-                dtype: call.dtype,
-                bytes: call.bytes as u64,
-                peer: call.peer,
-                algorithm,
-                transport,
-                start_ns: 0,
-                end_ns: None,
-                outcome: FlightOutcome::Running,
-            },
+            seq,
+            bytes: call.bytes as u64,
             start,
             end: None,
+            peer: call.peer,
+            outcome: FlightOutcome::Running,
+            op: call.op,
+            dtype: call.dtype,
+            algorithm,
+            transport,
         };
         Some(Slot { seq, index })
     }
@@ -472,9 +477,9 @@ impl Recorder {
         let end = Instant::now();
         {
             let mut ring = Self::lock(ring);
-            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.entry.seq == seq) {
+            if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.seq == seq) {
                 slot.end = Some(end);
-                slot.entry.outcome = match result {
+                slot.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
                     Err(e) => FlightOutcome::Failed {
                         kind: e.into(),
