@@ -656,7 +656,6 @@ impl Communicator for Native {
         if p == 1 {
             return None;
         }
-        let elems = bytes / dtype.map_or(1, DType::size);
         Some(match (self.route, op) {
             (_, FlightOp::Send | FlightOp::Recv) => return None,
             (Route::Segment, FlightOp::AllReduce(_)) if algorithm::shm_one_shot(p, bytes) => {
@@ -675,6 +674,9 @@ impl Communicator for Native {
             (_, FlightOp::Broadcast) => algorithm::broadcast(p, bytes).into(),
             (_, FlightOp::AllToAll | FlightOp::SumScatter) => Algorithm::Direct,
             (Route::Tcp, FlightOp::AllReduce(_)) => {
+                // Divided only here: the recorder asks before every call, shared memory's
+                // small ones among them.
+                let elems = bytes / dtype.map_or(1, DType::size);
                 algorithm::all_reduce(Transport::Tcp, p, bytes, elems).into()
             }
             (Route::Tcp, FlightOp::AllGather) => {
