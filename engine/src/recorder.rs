@@ -286,10 +286,28 @@ impl Call {
     }
 }
 
+/// One call's record as the ring keeps it: its entry, with the times as the clock read
+/// them, turned into [`FlightEntry::start_ns`] and [`FlightEntry::end_ns`] only when a copy
+/// is taken (a call reads the clock and stores what it read, nothing more).
+/// Its fields are [`FlightEntry`]'s, times aside.
+#[derive(Clone, Copy)]
+struct Kept {
+    seq: u64,
+    bytes: u64,
+    start: Instant,
+    end: Option<Instant>,
+    peer: Option<usize>,
+    outcome: FlightOutcome,
+    op: FlightOp,
+    dtype: Option<DType>,
+    algorithm: Option<Algorithm>,
+    transport: Option<Transport>,
+}
+
 /// The ring of records.
 struct Ring {
     /// `capacity` records; call `seq` lives in slot `seq % capacity`.
-    slots: Box<[FlightEntry]>,
+    slots: Box<[Kept]>,
     /// The number of the next call.
     next: u64,
     /// The slot of the next call, `next % capacity`, kept so that no call divides.
@@ -346,21 +364,22 @@ impl Recorder {
             Some(_) => None,
             None => Some(Transport::Local),
         };
-        let placeholder = FlightEntry {
-            seq: u64::MAX,
-            op: FlightOp::Barrier,
-            dtype: None,
-            bytes: 0,
-            peer: None,
-            algorithm: None,
-            transport: None,
-            start_ns: 0,
-            end_ns: None,
-            outcome: FlightOutcome::Running,
-        };
         // Options are validated before a group forms; the clamp keeps a communicator built
         // around that check from allocating without bound.
         let capacity = capacity.min(MAX_FLIGHT_RECORDS);
+        let epoch = Instant::now();
+        let placeholder = Kept {
+            seq: u64::MAX,
+            bytes: 0,
+            start: epoch,
+            end: None,
+            peer: None,
+            outcome: FlightOutcome::Running,
+            op: FlightOp::Barrier,
+            dtype: None,
+            algorithm: None,
+            transport: None,
+        };
         let ring = (capacity > 0).then(|| {
             Mutex::new(Ring {
                 slots: vec![placeholder; capacity].into_boxed_slice(),
@@ -372,7 +391,7 @@ impl Recorder {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         Recorder {
-            epoch: Instant::now(),
+            epoch,
             formed_unix_ns,
             rank,
             size,
@@ -386,7 +405,28 @@ impl Recorder {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.ns(Instant::now())
+    }
+
+    /// `at` in nanoseconds since the group formed.
+    fn ns(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The entry of `kept`, with its times since the group formed.
+    fn entry(&self, kept: &Kept) -> FlightEntry {
+        FlightEntry {
+            seq: kept.seq,
+            op: kept.op,
+            dtype: kept.dtype,
+            bytes: kept.bytes,
+            peer: kept.peer,
+            algorithm: kept.algorithm,
+            transport: kept.transport,
+            start_ns: self.ns(kept.start),
+            end_ns: kept.end.map(|end| self.ns(end)),
+            outcome: kept.outcome,
+        }
     }
 
     fn lock(ring: &Mutex<Ring>) -> std::sync::MutexGuard<'_, Ring> {
@@ -404,7 +444,7 @@ impl Recorder {
             (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
             _ => self.common,
         };
-        let start_ns = self.now_ns();
+        let start = Instant::now();
         let mut ring = Self::lock(ring);
         let (seq, index) = (ring.next, ring.head);
         ring.next += 1;
@@ -413,17 +453,17 @@ impl Recorder {
         } else {
             index + 1
         };
-        ring.slots[index] = FlightEntry {
+        ring.slots[index] = Kept {
             seq,
+            bytes: call.bytes as u64,
+            start,
+            end: None,
+            peer: call.peer,
+            outcome: FlightOutcome::Running,
             op: call.op,
             dtype: call.dtype,
-            bytes: call.bytes as u64,
-            peer: call.peer,
             algorithm,
             transport,
-            start_ns,
-            end_ns: None,
-            outcome: FlightOutcome::Running,
         };
         Some(Slot { seq, index })
     }
@@ -434,11 +474,11 @@ impl Recorder {
         let (Some(Slot { seq, index }), Some(ring)) = (slot, self.ring.as_ref()) else {
             return;
         };
-        let end_ns = self.now_ns();
+        let end = Instant::now();
         {
             let mut ring = Self::lock(ring);
             if let Some(slot) = ring.slots.get_mut(index).filter(|s| s.seq == seq) {
-                slot.end_ns = Some(end_ns);
+                slot.end = Some(end);
                 slot.outcome = match result {
                     Ok(()) => FlightOutcome::Ok,
                     Err(e) => FlightOutcome::Failed {
@@ -489,10 +529,13 @@ impl Recorder {
                 // Until the ring is full its records are the slots before the head; then
                 // the oldest is at the head.
                 let entries = if ring.next < capacity as u64 {
-                    ring.slots[..ring.head].to_vec()
+                    ring.slots[..ring.head]
+                        .iter()
+                        .map(|k| self.entry(k))
+                        .collect()
                 } else {
                     let (newer, older) = ring.slots.split_at(ring.head);
-                    older.iter().chain(newer).copied().collect()
+                    older.iter().chain(newer).map(|k| self.entry(k)).collect()
                 };
                 (capacity, ring.next, entries)
             }

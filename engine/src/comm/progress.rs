@@ -149,8 +149,8 @@ impl WaitPolicy {
 ///
 /// Samples are kept as nanoseconds in a fixed ring (no allocation per call) and the budget
 /// is recomputed after every [`LearnedSpin::RELEARN`] waits (each of the first ones, so a
-/// new group adapts at once): one selection over 32 numbers, out of the path of most
-/// calls.
+/// new group adapts at once): one pass over 32 numbers that keeps the largest few, out of
+/// the path of most calls.
 #[derive(Clone, Debug)]
 pub(crate) struct LearnedSpin {
     /// The last waits, ns (saturating at `u32::MAX`, 4.3 s: far beyond the cap).
@@ -206,26 +206,45 @@ impl LearnedSpin {
     }
 
     /// The budget for these waits, ns (see the type's docs).
+    ///
+    /// The 90th percentile of `n` samples is the `n - ceil(0.9 n) + 1`-th largest, so one
+    /// pass keeps the [`TOP`] largest samples within the cap, largest first, and reads it
+    /// there: no copy of the window and no selection over it (this runs after every
+    /// [`LearnedSpin::RELEARN`] collectives, small ones among them).
     fn learn(samples: &[u32]) -> Duration {
         let cap = u32::try_from(LearnedSpin::CAP.as_nanos()).unwrap_or(u32::MAX);
-        let mut reach = [0u32; LearnedSpin::WINDOW];
+        // Zeros stand for samples not seen: every sample is at least 0, and the rank read
+        // below is never past the samples counted.
+        let mut top = [0u32; TOP];
         let mut n = 0;
         for &s in samples.iter().filter(|&&s| s <= cap) {
-            if let Some(slot) = reach.get_mut(n) {
-                *slot = s;
-                n += 1;
+            n += 1;
+            let mut i = TOP;
+            while i > 0 && top[i - 1] < s {
+                if i < TOP {
+                    top[i] = top[i - 1];
+                }
+                i -= 1;
+            }
+            if i < TOP {
+                top[i] = s;
             }
         }
         if n == 0 || n * 2 < samples.len() {
             return LearnedSpin::FLOOR;
         }
-        // The 90th percentile: the sample with ceil(0.9 n) samples at or below it.
+        // The 90th percentile: the sample with ceil(0.9 n) samples at or below it, the
+        // (n - ceil(0.9 n) + 1)-th largest.
         let at = (n * 9).div_ceil(10) - 1;
-        let (_, &mut p90, _) = reach[..n].select_nth_unstable(at);
+        let p90 = top.get(n - 1 - at).copied().unwrap_or(0);
         let budget = Duration::from_nanos(u64::from(p90) + u64::from(p90 / 4));
         budget.clamp(LearnedSpin::FLOOR, LearnedSpin::CAP)
     }
 }
+
+/// How many of the largest samples [`LearnedSpin::learn`] keeps: the most that lie at or
+/// above the 90th percentile of a window of at most [`LearnedSpin::WINDOW`] samples.
+const TOP: usize = LearnedSpin::WINDOW + 1 - (LearnedSpin::WINDOW * 9).div_ceil(10);
 
 /// One collective in flight, as [`progress`] drives it (see the module docs).
 pub(crate) trait Drive {
@@ -276,16 +295,16 @@ pub(crate) fn progress<D: Drive>(
 ) -> Result<()> {
     let spin = policy.spin();
     // The current stretch in which nothing moved: when it began, and when it was last
-    // seen still idle (its end, to within one retry or wake-up).
-    let mut idle_since: Option<Instant> = None;
-    let mut idle_seen = Instant::now();
+    // seen still idle (its end, to within one retry or wake-up). The clock is read only
+    // once a pass moved nothing: a collective whose peers are ahead reads it never.
+    let mut stretch: Option<(Instant, Instant)> = None;
     // The longest stretch so far: how long this collective waited for its peers, what
     // the policy learns from.
     let mut longest = Duration::ZERO;
     loop {
         if driver.finished() {
-            if let Some(since) = idle_since {
-                longest = longest.max(idle_seen.saturating_duration_since(since));
+            if let Some((since, seen)) = stretch {
+                longest = longest.max(seen.saturating_duration_since(since));
             }
             policy.record(longest);
             return Ok(());
@@ -296,14 +315,19 @@ pub(crate) fn progress<D: Drive>(
         if driver.advance()? {
             // Only a pass that moved nothing may block: a lane advanced earlier in this
             // pass may have become ready since.
-            if let Some(since) = idle_since.take() {
-                longest = longest.max(idle_seen.saturating_duration_since(since));
+            if let Some((since, seen)) = stretch.take() {
+                longest = longest.max(seen.saturating_duration_since(since));
             }
             continue;
         }
         let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        idle_seen = now;
+        let since = match &mut stretch {
+            Some((since, seen)) => {
+                *seen = now;
+                *since
+            }
+            None => stretch.insert((now, now)).0,
+        };
         let idle = now - since;
         // Spinning is part of the silence the timeout bounds: it ends at the deadline
         // however long `spin.total` is.
@@ -331,7 +355,9 @@ pub(crate) fn progress<D: Drive>(
         }
         // Woken: the stretch lasted at least until now (one clock read per wake-up, which
         // costs far more).
-        idle_seen = Instant::now();
+        if let Some((_, seen)) = &mut stretch {
+            *seen = Instant::now();
+        }
     }
 }
 
@@ -767,6 +793,47 @@ mod tests {
             l.record(w);
         }
         l.budget()
+    }
+
+    /// The budget for `samples` by its definition: sort the samples within the cap, take
+    /// the one at ceil(0.9 n) - 1, add a quarter, clamp.
+    fn by_sorting(samples: &[u32]) -> Duration {
+        let cap = u32::try_from(LearnedSpin::CAP.as_nanos()).unwrap();
+        let mut reach: Vec<u32> = samples.iter().copied().filter(|&s| s <= cap).collect();
+        if reach.is_empty() || reach.len() * 2 < samples.len() {
+            return LearnedSpin::FLOOR;
+        }
+        reach.sort_unstable();
+        let p90 = reach[(reach.len() * 9).div_ceil(10) - 1];
+        let budget = Duration::from_nanos(u64::from(p90) + u64::from(p90 / 4));
+        budget.clamp(LearnedSpin::FLOOR, LearnedSpin::CAP)
+    }
+
+    #[test]
+    fn the_budget_is_the_90th_percentile_of_every_window() {
+        // Every window length, from waits on a few values (ties) and spread ones, some
+        // past the cap.
+        let mut x = 0x2545_f491_u32;
+        for round in 0..2000 {
+            let len = 1 + round % LearnedSpin::WINDOW;
+            let samples: Vec<u32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    match round % 3 {
+                        0 => (x % 4) * 20_000,
+                        1 => x % 3_000_000,
+                        _ => x % 40_000,
+                    }
+                })
+                .collect();
+            assert_eq!(
+                LearnedSpin::learn(&samples),
+                by_sorting(&samples),
+                "{samples:?}"
+            );
+        }
     }
 
     #[test]

@@ -656,7 +656,6 @@ impl Communicator for Native {
         if p == 1 {
             return None;
         }
-        let elems = bytes / dtype.map_or(1, DType::size);
         Some(match (self.route, op) {
             (_, FlightOp::Send | FlightOp::Recv) => return None,
             (Route::Segment, FlightOp::AllReduce(_)) if algorithm::shm_one_shot(p, bytes) => {
@@ -675,6 +674,9 @@ impl Communicator for Native {
             (_, FlightOp::Broadcast) => algorithm::broadcast(p, bytes).into(),
             (_, FlightOp::AllToAll | FlightOp::SumScatter) => Algorithm::Direct,
             (Route::Tcp, FlightOp::AllReduce(_)) => {
+                // Divided only here: the recorder asks before every call, shared memory's
+                // small ones among them.
+                let elems = bytes / dtype.map_or(1, DType::size);
                 algorithm::all_reduce(Transport::Tcp, p, bytes, elems).into()
             }
             (Route::Tcp, FlightOp::AllGather) => {
@@ -685,12 +687,17 @@ impl Communicator for Native {
     }
 
     fn all_reduce(&self, op: ReduceOp, dtype: DType, data: &mut [u8]) -> Result<()> {
-        let algorithm = algorithm::all_reduce(
-            Transport::Tcp,
-            self.size,
-            data.len(),
-            data.len() / dtype.size(),
-        );
+        // Only the TCP path reads the table's TCP row: shared memory and a hierarchical
+        // group choose their own schedule, and ignore this one.
+        let algorithm = match self.route {
+            Route::Tcp => algorithm::all_reduce(
+                Transport::Tcp,
+                self.size,
+                data.len(),
+                data.len() / dtype.size(),
+            ),
+            Route::Segment | Route::Hierarchical => AllReduce::OneShot,
+        };
         self.all_reduce_by(algorithm, op, dtype, data)
     }
 
