@@ -56,7 +56,10 @@
 //! The operations come one at a time in the order the schedule needs them (at any moment
 //! one of the two polls offers something, until the machine finishes). Nothing is
 //! allocated per collective once the machine saw its first: it plans one piece at a time
-//! into a buffer it keeps.
+//! into a buffer it keeps, one for each parity of the piece's step. A group collective of
+//! one piece is planned once per shape: the next collective equal to it, at a step of the
+//! same parity, reuses that plan with its step values moved to its own steps (a small
+//! collective's operations differ from the last but one's in nothing else).
 //!
 //! A small collective is all overhead: a 4 B all-reduce at P = 3 is six operations
 //! (copy in, publish with the header, two peers' steps, the headers, the fold), so an
@@ -267,6 +270,19 @@ enum Op {
     Receive(Receive),
 }
 
+/// The operations of one piece, planned at steps of one parity.
+#[derive(Debug, Default)]
+struct Plan {
+    ops: Vec<Op>,
+    /// When `ops` are a whole group collective of one piece: that collective and the step
+    /// it was planned at. Such a plan depends on nothing else but the parity of that step
+    /// (which of the two buffers each rank uses), and its step values (every value it
+    /// publishes or awaits) are the only ones that follow the step: the next equal
+    /// collective at a step of the same parity reuses it, those values moved by
+    /// [`Steps`]'s `shift` as the polls hand them out.
+    shape: Option<(Collective, u32)>,
+}
+
 /// One rank's schedule on a segment: the step it last published, and the collective in
 /// flight (see the module docs).
 #[derive(Debug)]
@@ -284,9 +300,16 @@ pub(crate) struct Steps {
     /// Pieces of the collective, and the next one to plan.
     pieces: usize,
     next: usize,
-    /// The operations of the current piece, and the next one to do.
-    ops: Vec<Op>,
+    /// The plan of the current piece, and its next operation; `odd`: whether the
+    /// piece's step is odd.
+    plan: Plan,
     at: usize,
+    odd: bool,
+    /// The plan of the last piece at a step of the other parity.
+    spare: Plan,
+    /// What the values the current plan publishes and awaits are moved by: the steps
+    /// since it was planned (0 for a plan made for this collective).
+    shift: u32,
     progress: bool,
 }
 
@@ -304,8 +327,11 @@ impl Steps {
             channel: None,
             pieces: 0,
             next: 0,
-            ops: Vec::new(),
+            plan: Plan::default(),
             at: 0,
+            odd: false,
+            spare: Plan::default(),
+            shift: 0,
             progress: false,
         }
     }
@@ -352,6 +378,21 @@ impl Steps {
     ///
     /// A bug: a `send` or `recv` whose peer is this rank or not on the segment.
     pub(crate) fn start(&mut self, collective: Collective, context: Phase) -> Result<()> {
+        let s = self.step.wrapping_add(1);
+        self.parity(s);
+        self.at = 0;
+        // The plan of the last collective of this shape at a step of this parity: its
+        // one piece, as planning it again would make it but for the step values.
+        if let Some((shape, planned)) = self.plan.shape
+            && shape == collective
+        {
+            self.collective = collective;
+            self.channel = None;
+            self.pieces = 1;
+            self.next = 1;
+            self.shift = s.wrapping_sub(planned);
+            return Ok(());
+        }
         let (size, l) = (self.size(), self.layout);
         self.channel = match collective {
             Collective::Send { dst, .. } => Some(self.channels.to(dst, context)?),
@@ -375,16 +416,44 @@ impl Steps {
         self.collective = collective;
         self.pieces = piece_count(total, per);
         self.next = 0;
-        self.ops.clear();
-        self.at = 0;
+        self.shift = 0;
+        // Planned afresh: `plan` starts once the current buffer has nothing left.
+        self.plan.ops.clear();
         self.plan();
         Ok(())
+    }
+
+    /// Makes the plan of steps of `s`'s parity the current one.
+    #[inline]
+    fn parity(&mut self, s: u32) {
+        let odd = s % 2 == 1;
+        if odd != self.odd {
+            std::mem::swap(&mut self.plan, &mut self.spare);
+            self.odd = odd;
+        }
+    }
+
+    /// The operations of the current piece.
+    #[inline]
+    fn ops(&self) -> &[Op] {
+        &self.plan.ops
     }
 
     /// What this rank writes next, if a write comes next.
     #[inline]
     pub(crate) fn poll_transmit(&self) -> Option<Transmit> {
-        match self.ops.get(self.at) {
+        match self.ops().get(self.at) {
+            Some(Op::Transmit(Transmit::Publish {
+                header,
+                word,
+                value,
+                sleepers,
+            })) => Some(Transmit::Publish {
+                header: *header,
+                word: *word,
+                value: value.wrapping_add(self.shift),
+                sleepers: *sleepers,
+            }),
             Some(Op::Transmit(t)) => Some(t.clone()),
             _ => None,
         }
@@ -393,10 +462,10 @@ impl Steps {
     /// The write [`Steps::poll_transmit`] gave is done.
     #[inline]
     pub(crate) fn handle_sent(&mut self) {
-        if let Some(Op::Transmit(Transmit::Publish { word, value, .. })) = self.ops.get(self.at)
+        if let Some(Op::Transmit(Transmit::Publish { word, value, .. })) = self.ops().get(self.at)
             && *word == self.layout.step(self.me)
         {
-            self.step = *value;
+            self.step = value.wrapping_add(self.shift);
         }
         self.done();
     }
@@ -404,7 +473,8 @@ impl Steps {
     /// What this rank reads next, if a read comes next.
     #[inline]
     pub(crate) fn poll_receive(&self) -> Option<Receive> {
-        match self.ops.get(self.at) {
+        match self.ops().get(self.at) {
+            Some(Op::Receive(Receive::Reached(a))) => Some(Receive::Reached(self.moved(a))),
             Some(Op::Receive(r)) => Some(r.clone()),
             _ => None,
         }
@@ -420,16 +490,25 @@ impl Steps {
     /// The word the machine waits on, if its next read is one.
     #[inline]
     pub(crate) fn poll_wait(&self) -> Option<Await> {
-        match self.ops.get(self.at) {
-            Some(Op::Receive(Receive::Reached(a))) => Some(*a),
+        match self.ops().get(self.at) {
+            Some(Op::Receive(Receive::Reached(a))) => Some(self.moved(a)),
             _ => None,
+        }
+    }
+
+    /// `a` with its value moved to the current collective's steps.
+    #[inline]
+    fn moved(&self, a: &Await) -> Await {
+        Await {
+            value: a.value.wrapping_add(self.shift),
+            ..*a
         }
     }
 
     /// Whether the collective is complete.
     #[inline]
     pub(crate) fn is_finished(&self) -> bool {
-        self.at >= self.ops.len() && self.next >= self.pieces
+        self.at >= self.ops().len() && self.next >= self.pieces
     }
 
     /// Whether anything was done since the last call.
@@ -442,30 +521,45 @@ impl Steps {
     fn done(&mut self) {
         self.at += 1;
         self.progress = true;
-        if self.at >= self.ops.len() {
+        // The last piece's end (most collectives have one) stays out of `plan`.
+        if self.at >= self.ops().len() && self.next < self.pieces {
             self.plan();
         }
     }
 
-    /// Plans the next piece (if any is left), replacing the operations of the last one.
+    /// Plans the next piece (if any is left) into the buffer of its step's parity,
+    /// replacing what that buffer held. A group collective of one piece keeps its plan
+    /// there for the next of its shape (see [`Plan`]).
     fn plan(&mut self) {
-        while self.at >= self.ops.len() && self.next < self.pieces {
-            self.ops.clear();
+        while self.at >= self.ops().len() && self.next < self.pieces {
+            let s = self.step.wrapping_add(1);
+            self.parity(s);
+            let reusable = self.pieces == 1
+                && !matches!(
+                    self.collective,
+                    Collective::Send { .. } | Collective::Recv { .. } | Collective::Mapped
+                );
+            self.plan.ops.clear();
+            self.plan.shape = None;
             self.at = 0;
+            self.shift = 0;
             let k = self.next;
             self.next += 1;
             self.plan_piece(k);
+            if reusable {
+                self.plan.shape = Some((self.collective, s));
+            }
         }
     }
 
     #[inline]
     fn tx(&mut self, t: Transmit) {
-        self.ops.push(Op::Transmit(t));
+        self.plan.ops.push(Op::Transmit(t));
     }
 
     #[inline]
     fn rx(&mut self, r: Receive) {
-        self.ops.push(Op::Receive(r));
+        self.plan.ops.push(Op::Receive(r));
     }
 
     /// One step (see the module docs): this call's header at a collective's first step,
