@@ -270,19 +270,6 @@ enum Op {
     Receive(Receive),
 }
 
-/// The operations of one piece, planned at steps of one parity.
-#[derive(Debug, Default)]
-struct Plan {
-    ops: Vec<Op>,
-    /// When `ops` are a whole group collective of one piece: that collective and the step
-    /// it was planned at. Such a plan depends on nothing else but the parity of that step
-    /// (which of the two buffers each rank uses), and its step values (every value it
-    /// publishes or awaits) are the only ones that follow the step: the next equal
-    /// collective at a step of the same parity reuses it, those values moved by
-    /// [`Steps`]'s `shift` as the polls hand them out.
-    shape: Option<(Collective, u32)>,
-}
-
 /// One rank's schedule on a segment: the step it last published, and the collective in
 /// flight (see the module docs).
 #[derive(Debug)]
@@ -300,13 +287,20 @@ pub(crate) struct Steps {
     /// Pieces of the collective, and the next one to plan.
     pieces: usize,
     next: usize,
-    /// The plan of the current piece, and its next operation; `odd`: whether the
+    /// The operations of the current piece, and the next one to do; `odd`: whether the
     /// piece's step is odd.
-    plan: Plan,
+    ops: Vec<Op>,
     at: usize,
     odd: bool,
-    /// The plan of the last piece at a step of the other parity.
-    spare: Plan,
+    /// The operations of the last piece at a step of the other parity.
+    spare: Vec<Op>,
+    /// For the operations of even and of odd steps, when they are a whole group
+    /// collective of one piece: that collective and the step it was planned at. Such a
+    /// plan depends on nothing else but the parity of that step (which of the two
+    /// buffers each rank uses), and its step values (every value it publishes or awaits)
+    /// are the only ones that follow the step: the next equal collective at a step of the
+    /// same parity reuses it, those values moved by `shift` as the polls hand them out.
+    shapes: [Option<(Collective, u32)>; 2],
     /// What the values the current plan publishes and awaits are moved by: the steps
     /// since it was planned (0 for a plan made for this collective).
     shift: u32,
@@ -327,10 +321,11 @@ impl Steps {
             channel: None,
             pieces: 0,
             next: 0,
-            plan: Plan::default(),
+            ops: Vec::new(),
             at: 0,
             odd: false,
-            spare: Plan::default(),
+            spare: Vec::new(),
+            shapes: [None; 2],
             shift: 0,
             progress: false,
         }
@@ -383,7 +378,7 @@ impl Steps {
         self.at = 0;
         // The plan of the last collective of this shape at a step of this parity: its
         // one piece, as planning it again would make it but for the step values.
-        if let Some((shape, planned)) = self.plan.shape
+        if let Some((shape, planned)) = self.shapes[usize::from(self.odd)]
             && shape == collective
         {
             self.collective = collective;
@@ -418,7 +413,7 @@ impl Steps {
         self.next = 0;
         self.shift = 0;
         // Planned afresh: `plan` starts once the current buffer has nothing left.
-        self.plan.ops.clear();
+        self.ops.clear();
         self.plan();
         Ok(())
     }
@@ -428,21 +423,15 @@ impl Steps {
     fn parity(&mut self, s: u32) {
         let odd = s % 2 == 1;
         if odd != self.odd {
-            std::mem::swap(&mut self.plan, &mut self.spare);
+            std::mem::swap(&mut self.ops, &mut self.spare);
             self.odd = odd;
         }
-    }
-
-    /// The operations of the current piece.
-    #[inline]
-    fn ops(&self) -> &[Op] {
-        &self.plan.ops
     }
 
     /// What this rank writes next, if a write comes next.
     #[inline]
     pub(crate) fn poll_transmit(&self) -> Option<Transmit> {
-        match self.ops().get(self.at) {
+        match self.ops.get(self.at) {
             Some(Op::Transmit(Transmit::Publish {
                 header,
                 word,
@@ -462,7 +451,7 @@ impl Steps {
     /// The write [`Steps::poll_transmit`] gave is done.
     #[inline]
     pub(crate) fn handle_sent(&mut self) {
-        if let Some(Op::Transmit(Transmit::Publish { word, value, .. })) = self.ops().get(self.at)
+        if let Some(Op::Transmit(Transmit::Publish { word, value, .. })) = self.ops.get(self.at)
             && *word == self.layout.step(self.me)
         {
             self.step = value.wrapping_add(self.shift);
@@ -473,7 +462,7 @@ impl Steps {
     /// What this rank reads next, if a read comes next.
     #[inline]
     pub(crate) fn poll_receive(&self) -> Option<Receive> {
-        match self.ops().get(self.at) {
+        match self.ops.get(self.at) {
             Some(Op::Receive(Receive::Reached(a))) => Some(Receive::Reached(self.moved(a))),
             Some(Op::Receive(r)) => Some(r.clone()),
             _ => None,
@@ -490,7 +479,7 @@ impl Steps {
     /// The word the machine waits on, if its next read is one.
     #[inline]
     pub(crate) fn poll_wait(&self) -> Option<Await> {
-        match self.ops().get(self.at) {
+        match self.ops.get(self.at) {
             Some(Op::Receive(Receive::Reached(a))) => Some(self.moved(a)),
             _ => None,
         }
@@ -508,7 +497,7 @@ impl Steps {
     /// Whether the collective is complete.
     #[inline]
     pub(crate) fn is_finished(&self) -> bool {
-        self.at >= self.ops().len() && self.next >= self.pieces
+        self.at >= self.ops.len() && self.next >= self.pieces
     }
 
     /// Whether anything was done since the last call.
@@ -522,16 +511,16 @@ impl Steps {
         self.at += 1;
         self.progress = true;
         // The last piece's end (most collectives have one) stays out of `plan`.
-        if self.at >= self.ops().len() && self.next < self.pieces {
+        if self.at >= self.ops.len() && self.next < self.pieces {
             self.plan();
         }
     }
 
     /// Plans the next piece (if any is left) into the buffer of its step's parity,
     /// replacing what that buffer held. A group collective of one piece keeps its plan
-    /// there for the next of its shape (see [`Plan`]).
+    /// there for the next of its shape (see `shapes`).
     fn plan(&mut self) {
-        while self.at >= self.ops().len() && self.next < self.pieces {
+        while self.at >= self.ops.len() && self.next < self.pieces {
             let s = self.step.wrapping_add(1);
             self.parity(s);
             let reusable = self.pieces == 1
@@ -539,27 +528,27 @@ impl Steps {
                     self.collective,
                     Collective::Send { .. } | Collective::Recv { .. } | Collective::Mapped
                 );
-            self.plan.ops.clear();
-            self.plan.shape = None;
+            self.ops.clear();
+            self.shapes[usize::from(self.odd)] = None;
             self.at = 0;
             self.shift = 0;
             let k = self.next;
             self.next += 1;
             self.plan_piece(k);
             if reusable {
-                self.plan.shape = Some((self.collective, s));
+                self.shapes[usize::from(self.odd)] = Some((self.collective, s));
             }
         }
     }
 
     #[inline]
     fn tx(&mut self, t: Transmit) {
-        self.plan.ops.push(Op::Transmit(t));
+        self.ops.push(Op::Transmit(t));
     }
 
     #[inline]
     fn rx(&mut self, r: Receive) {
-        self.plan.ops.push(Op::Receive(r));
+        self.ops.push(Op::Receive(r));
     }
 
     /// One step (see the module docs): this call's header at a collective's first step,

@@ -629,7 +629,7 @@ fn the_operations_buffer_is_reused() {
     sim.run(1);
     let capacity = |sim: &Sim| {
         let steps = &sim.ranks[0].steps;
-        [steps.plan.ops.capacity(), steps.spare.ops.capacity()]
+        [steps.ops.capacity(), steps.spare.capacity()]
     };
     let before = capacity(&sim);
     on_every_rank(&mut sim, 2, sum);
@@ -729,7 +729,7 @@ fn a_reused_plan_is_the_plan() {
 fn planned(steps: &Steps) -> Vec<Op> {
     let shift = |v: u32| v.wrapping_add(steps.shift);
     steps
-        .ops()
+        .ops
         .iter()
         .map(|op| match op.clone() {
             Op::Transmit(Transmit::Publish {
