@@ -374,13 +374,13 @@ impl Steps {
     /// A bug: a `send` or `recv` whose peer is this rank or not on the segment.
     pub(crate) fn start(&mut self, collective: Collective, context: Phase) -> Result<()> {
         let s = self.step.wrapping_add(1);
-        self.parity(s);
-        self.at = 0;
         // The plan of the last collective of this shape at a step of this parity: its
         // one piece, as planning it again would make it but for the step values.
-        if let Some((shape, planned)) = self.shapes[usize::from(self.odd)]
+        if let Some((shape, planned)) = self.shapes[usize::from(s % 2 == 1)]
             && shape == collective
         {
+            self.parity(s);
+            self.at = 0;
             self.collective = collective;
             self.channel = None;
             self.pieces = 1;
@@ -413,6 +413,8 @@ impl Steps {
         self.next = 0;
         self.shift = 0;
         // Planned afresh: `plan` starts once the current buffer has nothing left.
+        self.parity(s);
+        self.at = 0;
         self.ops.clear();
         self.plan();
         Ok(())
