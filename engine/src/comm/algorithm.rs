@@ -418,6 +418,7 @@ pub(crate) const SHM_MEASURED_MAX_RANKS: usize = 3;
 /// The largest all-reduce (bytes) that goes one-shot over `link` among `ranks` ranks, by
 /// the measured rows of the direct algorithms (over TCP the rows of P = 2, and those of a
 /// hierarchical group's leaders, see [`leaders_all_reduce`]).
+#[inline]
 pub(crate) fn one_shot_max(link: Transport, ranks: usize) -> usize {
     match (link, ranks) {
         (Transport::SharedMemory, 2) => usize::MAX,
@@ -450,6 +451,7 @@ fn link_of(transport: Transport) -> Link {
 }
 
 /// Whether the measured rows choose for `ranks` ranks over `link` (the model otherwise).
+#[inline]
 fn measured(link: Link, ranks: usize) -> bool {
     match link {
         Link::Loopback => ranks <= TCP_MEASURED_MAX_RANKS,
@@ -516,7 +518,15 @@ pub(crate) fn leaders_all_reduce(ranks: usize, bytes: usize, elems: usize) -> Al
 
 /// Whether an all-reduce of `bytes` among `ranks` ranks in shared memory goes one-shot
 /// (every rank folds every chunk whole) rather than by shares.
+///
+/// Asked twice per shared-memory all-reduce (by the recorder and by the segment), so the
+/// measured rows' threshold is read inline here, as [`all_reduce`] reads it for shared
+/// memory; past them, the cost model.
+#[inline]
 pub(crate) fn shm_one_shot(ranks: usize, bytes: usize) -> bool {
+    if measured(Link::Shm, ranks) {
+        return bytes <= one_shot_max(Transport::SharedMemory, ranks) || bytes < ranks;
+    }
     all_reduce(Transport::SharedMemory, ranks, bytes, bytes) == AllReduce::OneShot
 }
 

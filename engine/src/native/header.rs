@@ -230,6 +230,11 @@ impl Call {
         peer: usize,
         got: &[u8; HEADER_BYTES],
     ) -> Result<(), Error> {
+        // A peer in step sent this call's own encoding: decoding accepts exactly the
+        // encodings, so equal bytes are an equal header, without the decode.
+        if *got == self.header.encode() {
+            return Ok(());
+        }
         let context = self.phase();
         let theirs = match Header::decode(got) {
             Ok(h) => h,

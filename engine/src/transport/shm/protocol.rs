@@ -56,7 +56,10 @@
 //! The operations come one at a time in the order the schedule needs them (at any moment
 //! one of the two polls offers something, until the machine finishes). Nothing is
 //! allocated per collective once the machine saw its first: it plans one piece at a time
-//! into a buffer it keeps.
+//! into a buffer it keeps, one for each parity of the piece's step. A group collective of
+//! one piece is planned once per shape: the next collective equal to it, at a step of the
+//! same parity, reuses that plan with its step values moved to its own steps (a small
+//! collective's operations differ from the last but one's in nothing else).
 //!
 //! A small collective is all overhead: a 4 B all-reduce at P = 3 is six operations
 //! (copy in, publish with the header, two peers' steps, the headers, the fold), so an
@@ -284,9 +287,23 @@ pub(crate) struct Steps {
     /// Pieces of the collective, and the next one to plan.
     pieces: usize,
     next: usize,
-    /// The operations of the current piece, and the next one to do.
+    /// The operations of the current piece, and the next one to do; `odd`: whether the
+    /// piece's step is odd.
     ops: Vec<Op>,
     at: usize,
+    odd: bool,
+    /// The operations of the last piece at a step of the other parity.
+    spare: Vec<Op>,
+    /// For the operations of even and of odd steps, when they are a whole group
+    /// collective of one piece: that collective and the step it was planned at. Such a
+    /// plan depends on nothing else but the parity of that step (which of the two
+    /// buffers each rank uses), and its step values (every value it publishes or awaits)
+    /// are the only ones that follow the step: the next equal collective at a step of the
+    /// same parity reuses it, those values moved by `shift` as the polls hand them out.
+    shapes: [Option<(Collective, u32)>; 2],
+    /// What the values the current plan publishes and awaits are moved by: the steps
+    /// since it was planned (0 for a plan made for this collective).
+    shift: u32,
     progress: bool,
 }
 
@@ -306,6 +323,10 @@ impl Steps {
             next: 0,
             ops: Vec::new(),
             at: 0,
+            odd: false,
+            spare: Vec::new(),
+            shapes: [None; 2],
+            shift: 0,
             progress: false,
         }
     }
@@ -352,6 +373,21 @@ impl Steps {
     ///
     /// A bug: a `send` or `recv` whose peer is this rank or not on the segment.
     pub(crate) fn start(&mut self, collective: Collective, context: Phase) -> Result<()> {
+        let s = self.step.wrapping_add(1);
+        // The plan of the last collective of this shape at a step of this parity: its
+        // one piece, as planning it again would make it but for the step values.
+        if let Some((shape, planned)) = self.shapes[usize::from(s % 2 == 1)]
+            && shape == collective
+        {
+            self.parity(s);
+            self.at = 0;
+            self.collective = collective;
+            self.channel = None;
+            self.pieces = 1;
+            self.next = 1;
+            self.shift = s.wrapping_sub(planned);
+            return Ok(());
+        }
         let (size, l) = (self.size(), self.layout);
         self.channel = match collective {
             Collective::Send { dst, .. } => Some(self.channels.to(dst, context)?),
@@ -375,16 +411,40 @@ impl Steps {
         self.collective = collective;
         self.pieces = piece_count(total, per);
         self.next = 0;
-        self.ops.clear();
+        self.shift = 0;
+        // Planned afresh: `plan` starts once the current buffer has nothing left.
+        self.parity(s);
         self.at = 0;
+        self.ops.clear();
         self.plan();
         Ok(())
+    }
+
+    /// Makes the plan of steps of `s`'s parity the current one.
+    #[inline]
+    fn parity(&mut self, s: u32) {
+        let odd = s % 2 == 1;
+        if odd != self.odd {
+            std::mem::swap(&mut self.ops, &mut self.spare);
+            self.odd = odd;
+        }
     }
 
     /// What this rank writes next, if a write comes next.
     #[inline]
     pub(crate) fn poll_transmit(&self) -> Option<Transmit> {
         match self.ops.get(self.at) {
+            Some(Op::Transmit(Transmit::Publish {
+                header,
+                word,
+                value,
+                sleepers,
+            })) => Some(Transmit::Publish {
+                header: *header,
+                word: *word,
+                value: value.wrapping_add(self.shift),
+                sleepers: *sleepers,
+            }),
             Some(Op::Transmit(t)) => Some(t.clone()),
             _ => None,
         }
@@ -396,7 +456,7 @@ impl Steps {
         if let Some(Op::Transmit(Transmit::Publish { word, value, .. })) = self.ops.get(self.at)
             && *word == self.layout.step(self.me)
         {
-            self.step = *value;
+            self.step = value.wrapping_add(self.shift);
         }
         self.done();
     }
@@ -405,6 +465,7 @@ impl Steps {
     #[inline]
     pub(crate) fn poll_receive(&self) -> Option<Receive> {
         match self.ops.get(self.at) {
+            Some(Op::Receive(Receive::Reached(a))) => Some(Receive::Reached(self.moved(a))),
             Some(Op::Receive(r)) => Some(r.clone()),
             _ => None,
         }
@@ -421,8 +482,17 @@ impl Steps {
     #[inline]
     pub(crate) fn poll_wait(&self) -> Option<Await> {
         match self.ops.get(self.at) {
-            Some(Op::Receive(Receive::Reached(a))) => Some(*a),
+            Some(Op::Receive(Receive::Reached(a))) => Some(self.moved(a)),
             _ => None,
+        }
+    }
+
+    /// `a` with its value moved to the current collective's steps.
+    #[inline]
+    fn moved(&self, a: &Await) -> Await {
+        Await {
+            value: a.value.wrapping_add(self.shift),
+            ..*a
         }
     }
 
@@ -442,19 +512,34 @@ impl Steps {
     fn done(&mut self) {
         self.at += 1;
         self.progress = true;
-        if self.at >= self.ops.len() {
+        // The last piece's end (most collectives have one) stays out of `plan`.
+        if self.at >= self.ops.len() && self.next < self.pieces {
             self.plan();
         }
     }
 
-    /// Plans the next piece (if any is left), replacing the operations of the last one.
+    /// Plans the next piece (if any is left) into the buffer of its step's parity,
+    /// replacing what that buffer held. A group collective of one piece keeps its plan
+    /// there for the next of its shape (see `shapes`).
     fn plan(&mut self) {
         while self.at >= self.ops.len() && self.next < self.pieces {
+            let s = self.step.wrapping_add(1);
+            self.parity(s);
+            let reusable = self.pieces == 1
+                && !matches!(
+                    self.collective,
+                    Collective::Send { .. } | Collective::Recv { .. } | Collective::Mapped
+                );
             self.ops.clear();
+            self.shapes[usize::from(self.odd)] = None;
             self.at = 0;
+            self.shift = 0;
             let k = self.next;
             self.next += 1;
             self.plan_piece(k);
+            if reusable {
+                self.shapes[usize::from(self.odd)] = Some((self.collective, s));
+            }
         }
     }
 
