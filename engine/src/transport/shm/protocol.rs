@@ -540,6 +540,12 @@ impl Steps {
             if reusable {
                 self.shapes[usize::from(self.odd)] = Some((self.collective, s));
             }
+            // The other parity's buffer grows with this one, so that a piece first planned
+            // at the other parity (after warm-up) allocates nothing either.
+            if self.spare.capacity() < self.ops.capacity() {
+                self.spare
+                    .reserve_exact(self.ops.capacity() - self.spare.len());
+            }
         }
     }
 
