@@ -265,6 +265,19 @@ impl Conn {
         self.unasked |= self.guards_urgent();
     }
 
+    /// Readies the connection for a loop that drains it after a failure (reading and
+    /// discarding until the read would block) while it looks for urgent bytes. With epoll,
+    /// whose reports carry urgent bytes, it stays as the poller left it: unreadable only
+    /// after a read found it empty, and every later arrival is reported, an urgent byte
+    /// with its report. A read without that report could start at an urgent byte that
+    /// arrived a moment before and skip it (the kernel then drops it): an answer or a
+    /// notice lost, and a live neighbour named. Other drivers are read regardless.
+    pub(super) fn drain_readable(&mut self) {
+        if !self.source.poller_reports_urgent() {
+            self.readable = true;
+        }
+    }
+
     /// Reads what is available into `buf`, which is not empty: on a sealed connection,
     /// plaintext of records that authenticated (see [`Conn::read_sealed`]).
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<Transfer> {
@@ -357,8 +370,6 @@ impl Conn {
                     match self.source.urgent() {
                         Urgency::Reported => self.take_notice(),
                         Urgency::None => {}
-                        // Drained: the poller's next report comes before the next read.
-                        Urgency::Unknown if !self.readable => {}
                         Urgency::Unknown => self.unpolled = true,
                     }
                     Ok(Transfer::Moved(n))

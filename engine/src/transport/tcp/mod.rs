@@ -512,7 +512,7 @@ impl Connections {
         loop {
             let _ = self.poll_once(Some(Duration::ZERO));
             for conn in &mut self.conns {
-                conn.readable = true;
+                conn.drain_readable();
                 // Check for a notice before every read: a read may pass its mark.
                 conn.take_notice();
                 while conn.notices.listening()
@@ -665,7 +665,7 @@ impl Connections {
             let seen = Instant::now();
             for conn in &mut self.conns {
                 conn.flush_urgent();
-                conn.readable = true;
+                conn.drain_readable();
                 while !conn.eof {
                     // An urgent byte must be read before the stream is read past it.
                     conn.take_notice();
@@ -764,7 +764,7 @@ impl Connections {
         let until = Instant::now() + NOTICE_WAIT;
         let notice = lost.filter(|_| !self.guessed);
         for conn in &mut self.conns {
-            conn.readable = true;
+            conn.drain_readable();
             if !conn.notices.abandon(notice) {
                 let _ = conn.stream.shutdown(Shutdown::Write);
             }

@@ -14,10 +14,6 @@ use super::Event;
 /// The poller token of the [`Waker`] (connections are numbered from 0).
 const WAKE: Token = Token(usize::MAX);
 
-/// Whether the poller reports urgent data (epoll's `EPOLLPRI`; kqueue has no such event).
-pub(crate) const POLLER_REPORTS_URGENT: bool =
-    cfg!(any(target_os = "linux", target_os = "android"));
-
 /// What every connection is registered for. On Linux that includes urgent data, which is
 /// how a failure notice announces itself.
 fn interest() -> Interest {

@@ -100,16 +100,10 @@ impl Source {
     /// Reads what is available into `buf`.
     pub(crate) fn recv(&self, stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<Received> {
         match &self.0 {
-            // A short read on Linux either drained the socket or stopped at an urgent
-            // byte whose arrival epoll has yet to report (it reports every arrival after
-            // the read, and the urgent byte with it): either way the next read waits for
-            // the poller. Reading again without its word could start at an urgent byte
-            // that arrived since, and skip it. kqueue reports no urgent data, so on macOS
-            // a read that stopped at one must be retried.
-            Kind::Mio => io::Read::read(stream, buf).map(|n| Received {
-                n,
-                drained: n < buf.len() && mio::POLLER_REPORTS_URGENT,
-            }),
+            // A short read does not prove the socket drained: it stops before a close
+            // that already arrived (and that epoll already reported), and at an urgent
+            // byte. So the connection stays readable (see `Conn::read_stream`).
+            Kind::Mio => io::Read::read(stream, buf).map(|n| Received { n, drained: false }),
             Kind::Uring(port) => port.recv(stream.as_fd(), buf),
         }
     }
@@ -161,6 +155,12 @@ impl Source {
     /// (io_uring), rather than only when the poller is asked ([`Urgency::Unknown`]).
     pub(crate) fn reports_urgent(&self) -> bool {
         matches!(self.0, Kind::Uring(_))
+    }
+
+    /// Whether the poller reports urgent bytes with the arrivals it reports (epoll's
+    /// `EPOLLPRI`; kqueue has no such event, and io_uring takes them in its receives).
+    pub(crate) fn poller_reports_urgent(&self) -> bool {
+        matches!(self.0, Kind::Mio) && cfg!(any(target_os = "linux", target_os = "android"))
     }
 
     /// Whether arrivals on this connection are reported without trying a read (io_uring's
