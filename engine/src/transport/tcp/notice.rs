@@ -264,9 +264,9 @@ struct Heard {
     rank: usize,
     alive: bool,
     closed: bool,
-    /// When its answer to a query was first seen: it was then inside a collective that
-    /// had not timed out.
-    answered: Option<Instant>,
+    /// Whether it answered a query: it was then inside a collective that had not timed
+    /// out (patience was extended at the first answer).
+    answered: bool,
 }
 
 /// Whom a rank whose collective timed out names: a sans-IO state machine, fed what the
@@ -339,7 +339,7 @@ impl Inquiry {
                     rank,
                     alive: false,
                     closed: false,
-                    answered: None,
+                    answered: false,
                 });
             }
         }
@@ -365,8 +365,8 @@ impl Inquiry {
         let (timeout, grace) = (self.timeout, Self::grace(self.timeout));
         if let Some(h) = self.entry(from) {
             h.alive = true;
-            if what == Urgent::Alive && h.answered.is_none() {
-                h.answered = Some(now);
+            if what == Urgent::Alive && !h.answered {
+                h.answered = true;
                 // Its collective times out by `now + timeout`; its verdict takes a grace
                 // more; one more grace covers scheduling.
                 let until = deadline(now, timeout.saturating_add(2 * grace));
