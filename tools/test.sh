@@ -214,12 +214,14 @@ zigbuild_venv() {
 # engine, ffi and the verbs provider (a dylib), the `nuvec` tools, the examples and the
 # JACCL provider test binary, whose imports are checked. The other test binaries link the
 # same libraries; their code is type-checked for macOS by the lint step, and compiling
-# them all in release for macOS took about two of this step's five and a half minutes. The root crate (nuvec-distributed) and nuvec-core 0.5 under it compile for macOS,
-# with default features and with `jaccl`, but nothing that links nuvec-core can be linked
-# from Linux: nuvec-gpu, a macOS dependency of nuvec-core, links the Metal, Foundation and
-# CoreFoundation frameworks and libobjc (through objc2), whose stubs are in Apple's SDK, which
-# zig does not ship and which is not redistributable; the Mac workflow links them. `probes`
-# stays native (see cross_clippy). The binaries are for checking, not shipping.
+# them all in release for macOS took about two of this step's five and a half minutes. The
+# root crate (nuvec-distributed) and nuvec-core 0.5 under it compile for macOS with `jaccl`
+# (an rlib links nothing, and the lint step type-checks the default features), but nothing
+# that links nuvec-core can be linked from Linux: nuvec-gpu, a macOS dependency of
+# nuvec-core, links the Metal, Foundation and CoreFoundation frameworks and libobjc (through
+# objc2), whose stubs are in Apple's SDK, which zig does not ship and which is not
+# redistributable; the Mac workflow links them. `probes` stays native (see cross_clippy).
+# The binaries are for checking, not shipping.
 #
 # rustc asks xcrun for the SDK at every link and warns without one: an empty SDK root, with
 # the two directories the linker searches, silences that and changes nothing in the binaries
@@ -237,20 +239,20 @@ cross_macos_link() {
   framework_stubs "$target" "$sdk" "${zb[@]}"
   "${zb[@]}" --workspace --exclude nuvec-distributed --lib --bins --examples \
     --test jaccl_provider --features nuvec-distributed-engine/jaccl
-  "${zb[@]}" -p nuvec-distributed --lib
   "${zb[@]}" -p nuvec-distributed --lib --features jaccl
   check_macos_imports "target/$target/release"
 }
 
 # sysinfo (the tools' load check before a bench) links IOKit and CoreFoundation on macOS,
 # whose stubs are in Apple's SDK only. The SDK root gets text stubs (TAPI .tbd, the format of
-# zig's own libSystem stub) declaring exactly the symbols sysinfo and its two objc2 crates
-# import from them, read with llvm-nm from their compiled objects (a library build, which
-# links nothing), so every other symbol is still resolved for real and the binaries name the
-# frameworks' real install paths. Fails if a framework's symbols cannot be found.
+# zig's own libSystem stub) declaring the symbols sysinfo and its two objc2 crates import
+# from them, read with llvm-nm from their compiled objects (sysinfo's library alone, with its
+# default features, a superset of the tools'; a library build links nothing), so every other
+# symbol is still resolved for real and the binaries name the frameworks' real install
+# paths. Fails if a framework's symbols cannot be found.
 framework_stubs() {
   local target=$1 sdk=$2; shift 2
-  "$@" -p nuvec-tools --lib
+  "$@" -p sysinfo --lib
   local deps=target/$target/release/deps undefined="" rlib name prefix symbols
   for rlib in "$deps"/libsysinfo-*.rlib "$deps"/libobjc2_io_kit-*.rlib \
     "$deps"/libobjc2_core_foundation-*.rlib; do
@@ -466,11 +468,13 @@ cargo test --release --test dropin -- --ignored --nocapture
 # non-zero unless every token and the logits behind it match the unsharded model's; each
 # run prints which transport its ranks used, checked here, so a shared-memory run that fell
 # back to TCP fails. Then a run with one rank's attention shard zeroed, which must fail
-# naming the token and the rank. The four runs take about 6 s; building the root crate and
-# the example with default features about 10 s more of CPU (nuvec and nuvec-nn were built
-# by the whole suite above).
+# naming the token and the rank. The four runs take about 6 s. The example is the one the
+# whole suite built (the same selection and features, so cargo finds it fresh; building it
+# again with default features took 23 s, and the features add probes and JACCL, which a TCP
+# and shared-memory run does not reach); the launcher is built as tools/chaos.sh builds it,
+# which the chaos steps then reuse.
 step "Llama example across 2 ranks: MLX wire, native over TCP, native over shared memory, a dropped shard"
-cargo build --release -p nuvec-distributed --example llama
+cargo build --release --workspace --all-features --example llama
 cargo build --release -p nuvec-tools --bin nuvec
 llama() { # $1: the transport the run must report; then nuvec launch's options
   local transport=$1 out; shift
@@ -493,10 +497,12 @@ echo "the dropped shard failed as it must: $(grep -m1 'MISMATCH rank 1' <<<"$out
 # The io_uring driver (Options::io, Linux): a subset of the matrix (both wires), the fault
 # tests that kill, stop and close from another thread mid-transfer, the zero-allocation and
 # idle tests and MLX interop, rerun with NUVEC_DISTRIBUTED_IO=uring (the whole suite above ran
-# on epoll, Auto's choice); then the io_uring binding's tests under AddressSanitizer.
+# on epoll, Auto's choice); then the io_uring binding's tests under AddressSanitizer. The
+# test binaries are the whole suite's (`--workspace --all-features`, so nothing is rebuilt:
+# selecting the engine alone resolved other features and compiled it twice more, a minute).
 step "io_uring driver: ring, fault, resource and interop tests with NUVEC_DISTRIBUTED_IO=uring"
 if [[ "$os" == Linux ]]; then
-  NUVEC_DISTRIBUTED_IO=uring cargo test --release -p nuvec-distributed-engine --test ring --test resilience \
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release --workspace --all-features --test ring --test resilience \
     --test resources --test interop --test io -- \
     matrix_p2_c2 matrix_p3_c1 native_matrix_p3_c1 float_sums_agree_p2 \
     a_rank_that_exits_is_named_by_ranks_that_are_not_its_neighbours_p4 \
@@ -507,7 +513,7 @@ if [[ "$os" == Linux ]]; then
     do_not_allocate an_idle interop_p2_c1 interop_p3_c2 io_uring
   # The native wire's in-crate tests (mismatches at P = 2..4, a rank that dies mid-call or
   # never calls, close) take the driver the variable names.
-  NUVEC_DISTRIBUTED_IO=uring cargo test --release -p nuvec-distributed-engine --lib -- native::
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release --workspace --all-features --lib -- native::
   # Faults injected with steps waiting in the kernel at P = 3..5 (their receives take a
   # failure notice's urgent byte first): every survivor must still name the faulted rank.
   NUVEC_DISTRIBUTED_IO=uring tools/chaos.sh 5
