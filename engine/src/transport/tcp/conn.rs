@@ -55,8 +55,9 @@ pub(crate) struct Conn {
     /// Whether a short read may have stopped at an urgent byte that the poller has not yet
     /// been asked about: the connection is not read until it has.
     pub(super) unpolled: bool,
-    /// Whether the last read filled its buffer and nothing has looked for an urgent byte
-    /// since: the next read may start at one, and would skip it (see [`Conn::read_stream`]).
+    /// Whether the next read may start where an urgent byte lands without the poller having
+    /// looked (the last read filled its buffer, or a collective marked the connection
+    /// readable): it peeks first (see [`Conn::look_before_reading`]).
     pub(super) unasked: bool,
     /// This connection's end of the driver.
     pub(super) source: Source,
@@ -188,9 +189,9 @@ impl Conn {
     /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
     /// position, so it is read as soon as the poller reports it.
     pub(super) fn take_notice(&mut self) {
-        // Asking is what a short or a full read left owed (see `unpolled`, `unasked`).
+        // Asking is what a short read left owed (see `unpolled`). A read after a full one
+        // still peeks first (`unasked`): an urgent byte may land after this look.
         self.unpolled = false;
-        self.unasked = false;
         if !self.notices.listening() {
             // The neighbour gave up; nothing it sends after that matters.
             return;
@@ -334,10 +335,14 @@ impl Conn {
             return Ok(early);
         }
         let len = buf.len().min(MAX_IO_BYTES);
-        if self.source.urgent() == Urgency::Reported || self.unasked {
-            // Reported before this read, or it may wait where the last full read ended:
-            // take it before the read can pass its position.
+        if self.source.urgent() == Urgency::Reported {
+            // Reported before this read: take it before the read can pass its position.
             self.take_notice();
+        }
+        if self.unasked
+            && let Some(early) = self.look_before_reading()
+        {
+            return Ok(early);
         }
         loop {
             // Once the neighbour sent an urgent byte, a read may start at its position, and
@@ -379,10 +384,9 @@ impl Conn {
                     // after it returns, and the next read would start at the byte and skip
                     // it. That is where notices land: a failing rank sends its notice after
                     // its last whole message, and reads end at message boundaries. So the
-                    // next read looks for one first (one system call), unless the driver
-                    // reports urgent bytes as they arrive or a notice could only name the
-                    // peer. A byte that arrives between that look and that read is still
-                    // skipped: a window of microseconds rather than of a whole step.
+                    // next read looks first ([`Conn::look_before_reading`]), unless the
+                    // driver reports urgent bytes as they arrive or a notice could only
+                    // name the peer.
                     self.unasked = self.guards_urgent();
                     Ok(Transfer::Moved(n))
                 }
@@ -390,6 +394,37 @@ impl Conn {
                     Some(transfer) => transfer,
                     None => continue,
                 },
+            };
+        }
+    }
+
+    /// The look a read owes when it may start where an urgent byte lands (`unasked`): one
+    /// byte peeked, one system call as the read's own look would be. A byte of data there
+    /// cannot be a notice, since a failing rank sends nothing after its notice, and a read
+    /// that starts at data stops short of any urgent byte behind it, so the read goes ahead
+    /// and cannot skip one, however late it arrives. Nothing there: a peek leaves an urgent
+    /// byte where it is (only a read that passes it makes the kernel drop it), so it is
+    /// taken, and the connection waits for the poller, which reports whatever arrives after
+    /// this look, an urgent byte with its report. `Some` is what the read returns instead.
+    fn look_before_reading(&mut self) -> Option<Transfer> {
+        self.unasked = false;
+        let mut byte = [0u8; 1];
+        loop {
+            return match self.stream.peek(&mut byte) {
+                Ok(0) => {
+                    // The peer closed; its notice, if it left one, is still there.
+                    self.take_notice();
+                    Some(Transfer::Closed)
+                }
+                Ok(_) => None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.take_notice();
+                    self.readable = false;
+                    Some(Transfer::Blocked)
+                }
+                // The read that follows reports the failure.
+                Err(_) => None,
             };
         }
     }
