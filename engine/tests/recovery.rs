@@ -142,11 +142,15 @@ test_cases!(kill_shrink_rejoin {
     mlx_p4_small: "mlx", 4, 0, 16;
     mlx_p5_small: "mlx", 5, 3, 16;
     mlx_p6_small: "mlx", 6, 5, 16;
+    mlx_p7_small: "mlx", 7, 2, 16;
+    mlx_p8_small: "mlx", 8, 6, 16;
     mlx_p4_64_mib: "mlx", 4, 2, 16 << 20;
     native_p3_small: "native", 3, 0, 16;
     native_p4_small: "native", 4, 2, 16;
     native_p5_small: "native", 5, 4, 16;
     native_p6_small: "native", 6, 1, 16;
+    native_p7_small: "native", 7, 3, 16;
+    native_p8_small: "native", 8, 0, 16;
     native_p3_64_mib: "native", 3, 1, 16 << 20;
 });
 
