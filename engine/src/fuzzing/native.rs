@@ -5,11 +5,12 @@ use super::{converse, cycle};
 use std::sync::OnceLock;
 
 use crate::auth::{self, Fault, Handshake, Key, MAGIC, Outcome, Secret};
+use crate::comm::algorithm::AllReduce;
 use crate::element::DType;
 use crate::error::Error;
 use crate::native::header::{Call, HEADER_BYTES, Header, Kind as CallKind};
 use crate::native::hello::{self, ANY, CAP_SHARED_MEMORY, Expect, Identity, Kind as HelloKind};
-use crate::native::protocol::{Exchange, Memory, Routes};
+use crate::native::protocol::{Caller, Exchange, Memory, Routes};
 use crate::reduce::ReduceOp;
 
 /// The group every fuzzed hello is about: 4 ranks on loopback.
@@ -287,7 +288,7 @@ fn plan(selector: u8) -> Plan {
     let (call, data, input, need, lands) = match selector % 8 {
         0 => {
             let call = group(CallKind::Barrier, 0);
-            x.headers(r, 0, 2, &call);
+            x.headers(Caller::new(r, 0, 2, &call));
             (call, 0, 0, HEADER_BYTES, None)
         }
         1 => {
@@ -300,33 +301,43 @@ fn plan(selector: u8) -> Plan {
                 recv_from: Some(1),
                 send_to: None,
             };
-            x.recv(r, 0, 2, &call, 1, LEN);
+            x.recv(Caller::new(r, 0, 2, &call), 1, LEN);
             (call, LEN, 0, HEADER_BYTES + LEN, Some(0..LEN))
         }
         2 => {
             let call = group(CallKind::AllReduce(ReduceOp::Sum, DType::F32), LEN / 4);
-            x.one_shot(r, 0, 2, &call, sum_f32, LEN);
+            x.all_reduce(
+                Caller::new(r, 0, 2, &call),
+                AllReduce::OneShot,
+                sum_f32,
+                LEN,
+            );
             (call, LEN, 0, HEADER_BYTES + LEN, None)
         }
         3 => {
             let call = group(CallKind::AllGather, LEN);
-            x.all_gather(r, 0, 2, &call, LEN);
+            x.all_gather(Caller::new(r, 0, 2, &call), LEN);
             (call, 2 * LEN, LEN, HEADER_BYTES + LEN, Some(LEN..2 * LEN))
         }
         4 => {
             // Two rounds: rank 1's half to fold (with the header), then its folded half.
             let call = group(CallKind::AllReduce(ReduceOp::Sum, DType::F32), 2 * LEN / 4);
-            x.scatter_gather(r, 0, 2, &call, sum_f32, 2 * LEN / 4);
+            x.all_reduce(
+                Caller::new(r, 0, 2, &call),
+                AllReduce::ScatterGather,
+                sum_f32,
+                2 * LEN,
+            );
             (call, 2 * LEN, 0, HEADER_BYTES + 2 * LEN, None)
         }
         5 => {
             let call = group(CallKind::Broadcast(1), LEN);
-            x.broadcast_direct(r, 0, 2, &call, 1, LEN);
+            x.broadcast_direct(Caller::new(r, 0, 2, &call), 1, LEN);
             (call, LEN, 0, HEADER_BYTES + LEN, Some(0..LEN))
         }
         6 => {
             let call = group(CallKind::AllToAll, 2 * LEN);
-            x.all_to_all(r, 0, 2, &call, LEN);
+            x.all_to_all(Caller::new(r, 0, 2, &call), LEN);
             (
                 call,
                 2 * LEN,
@@ -337,7 +348,7 @@ fn plan(selector: u8) -> Plan {
         }
         _ => {
             let call = group(CallKind::SumScatter(DType::F32), 2 * LEN / 4);
-            x.sum_scatter(r, 0, 2, &call, DType::F32, LEN);
+            x.sum_scatter(Caller::new(r, 0, 2, &call), DType::F32, LEN);
             (call, LEN, 2 * LEN, HEADER_BYTES + LEN, None)
         }
     };

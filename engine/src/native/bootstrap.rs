@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Poll};
 
 use super::hello::{self, Expect, Identity, Kind};
 use super::{Formed, Peer};
@@ -345,20 +345,7 @@ impl<'a> Setup<'a> {
                 }
             }
         }
-        let poll = Poll::new().map_err(|e| Error::local("creating the mesh's poller", e))?;
-        let mut listeners = Vec::with_capacity(addrs.listen.len());
-        for (i, &addr) in addrs.listen.iter().enumerate() {
-            let mut listener = tcp::listen(addr, &tuning).map_err(|e| {
-                Error::local(
-                    format!("rank {me} cannot listen on {addr} (its address {i})"),
-                    e,
-                )
-            })?;
-            poll.registry()
-                .register(&mut listener, Token(i), Interest::READABLE)
-                .map_err(|e| Error::local("registering a listener", e))?;
-            listeners.push(listener);
-        }
+        let (poll, listeners) = bootstrap::listen(addrs, &tuning, "the mesh's")?;
         let now = Instant::now();
         let (c, dials) = (addrs.listen.len(), targets.len());
         Ok(Setup {
@@ -449,27 +436,15 @@ impl<'a> Setup<'a> {
             .min()
     }
 
-    /// Registers a connection being formed for reads and writes under `token`; `what` names
-    /// the step in the error.
-    fn register(&self, stream: &mut TcpStream, token: Token, what: &str) -> Result<()> {
-        self.poll
-            .registry()
-            .register(stream, token, Interest::READABLE | Interest::WRITABLE)
-            .map_err(|e| Error::local(what, e))
-    }
-
     fn start_due_dials(&mut self) -> Result<()> {
         let now = Instant::now();
         for i in 0..self.dials.len() {
             if !matches!(self.dials[i], Dial::Idle(at) if at <= now) {
                 continue;
             }
-            match tcp::dial(self.targets[i].addr, &self.tuning) {
-                Ok(mut stream) => {
-                    let token = bootstrap::dial_token(i);
-                    self.register(&mut stream, token, "registering a connection")?;
-                    self.dials[i] = Dial::Connecting(stream);
-                }
+            let addr = self.targets[i].addr;
+            match bootstrap::dial(&self.poll, &self.tuning, i, addr)? {
+                Ok(stream) => self.dials[i] = Dial::Connecting(stream),
                 Err(e) => self.retry(i, describe_io(&e)),
             }
         }
@@ -604,8 +579,7 @@ impl<'a> Setup<'a> {
                     self.candidates.len() - 1
                 }
             };
-            let token = bootstrap::candidate_token(id);
-            self.register(&mut stream, token, "registering an accepted connection")?;
+            bootstrap::register_candidate(&self.poll, &mut stream, id)?;
             let acceptor = hello::Acceptor::new(self.expect.clone(), self.key, slot as u32);
             self.candidates[id] = Some(Candidate {
                 stream,

@@ -70,7 +70,7 @@ use crate::comm::progress::WaitPolicy;
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::native::header::{Call, HEADER_BYTES, Header};
-use crate::native::protocol::{Exchange, Memory, Routes};
+use crate::native::protocol::{Caller, Exchange, Memory, Routes};
 use crate::native::run_exchange;
 use crate::reduce::ReduceOp;
 use crate::transport::shm::{Link, SETUP, Watch, read_exact, write_all};
@@ -483,17 +483,19 @@ impl Hier {
         self.across(call, watch, (data, &[]), |ex, routes, me, count| {
             // The TCP rows of the table among the leaders, with the direct algorithms
             // where the table takes the log-round ones or the ring.
-            match algorithm::leaders_all_reduce(count, len, elems) {
-                AllReduce::OneShot => {
-                    ex.one_shot(routes, me, count, call, (op, dtype), len);
-                }
+            let direct = match algorithm::leaders_all_reduce(count, len, elems) {
+                AllReduce::OneShot => AllReduce::OneShot,
                 AllReduce::ScatterGather
                 | AllReduce::RecursiveDoubling
                 | AllReduce::HalvingDoubling
-                | AllReduce::Ring => {
-                    ex.scatter_gather(routes, me, count, call, (op, dtype), elems);
-                }
-            }
+                | AllReduce::Ring => AllReduce::ScatterGather,
+            };
+            ex.all_reduce(
+                Caller::new(routes, me, count, call),
+                direct,
+                (op, dtype),
+                len,
+            );
         })?;
         self.spread(call, data, watch)
     }
@@ -522,7 +524,7 @@ impl Hier {
                 pack[k * n..(k + 1) * n].copy_from_slice(&output[r * n..(r + 1) * n]);
             }
             let result = self.across(call, watch, (&mut packed, &pack), |ex, routes, me, c| {
-                ex.all_gather(routes, me, c, call, slot);
+                ex.all_gather(Caller::new(routes, me, c, call), slot);
             });
             if result.is_ok() {
                 for (i, domain) in self.domains.iter().enumerate() {
@@ -569,7 +571,7 @@ impl Hier {
     pub(crate) fn barrier(&mut self, call: &Call, watch: &mut Watch<'_>) -> Result<()> {
         self.inside(call, watch, |link, w| link.barrier(call, w))?;
         self.across(call, watch, (&mut [], &[]), |ex, routes, me, count| {
-            ex.headers(routes, me, count, call);
+            ex.headers(Caller::new(routes, me, count, call));
         })?;
         match self.link.as_mut() {
             Some(link) => link.barrier(call, watch),

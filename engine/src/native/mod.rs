@@ -99,7 +99,7 @@ use std::time::Duration;
 
 use header::{Call, Header, Kind};
 use hier::Path;
-use protocol::{Exchange, Exchanging, Memory, Routes};
+use protocol::{Caller, Exchange, Exchanging, Memory, Routes};
 
 use crate::comm::Transport;
 use crate::comm::algorithm::{self, Algorithm, AllGather, AllReduce, Barrier, Broadcast};
@@ -466,32 +466,14 @@ impl Native {
             }
             Path::Tcp => {}
         }
-        let (me, p) = (self.rank, self.size);
-        match algorithm {
-            AllReduce::OneShot => {
-                let len = data.len();
-                state
-                    .exchange
-                    .one_shot(&state.transport, me, p, &call, (op, dtype), len);
-            }
-            AllReduce::ScatterGather => {
-                state
-                    .exchange
-                    .scatter_gather(&state.transport, me, p, &call, (op, dtype), elems);
-            }
-            AllReduce::RecursiveDoubling => {
-                let len = data.len();
-                state
-                    .exchange
-                    .recursive_doubling(&state.transport, me, p, &call, (op, dtype), len);
-            }
-            AllReduce::HalvingDoubling => {
-                state
-                    .exchange
-                    .halving_doubling(&state.transport, me, p, &call, (op, dtype), elems);
-            }
-            AllReduce::Ring => return self.ring_all_reduce(state, &call, (op, dtype), data),
+        if algorithm == AllReduce::Ring {
+            return self.ring_all_reduce(state, &call, (op, dtype), data);
         }
+        let caller = Caller::new(&state.transport, self.rank, self.size, &call);
+        let len = data.len();
+        state
+            .exchange
+            .all_reduce(caller, algorithm, (op, dtype), len);
         self.run(state, &call, data, &[])
     }
 
@@ -524,15 +506,12 @@ impl Native {
             }
             Path::Tcp => {}
         }
-        let (me, p, len) = (self.rank, self.size, data.len());
+        let caller = Caller::new(&state.transport, self.rank, self.size, &call);
+        let len = data.len();
         if direct {
-            state
-                .exchange
-                .broadcast_direct(&state.transport, me, p, &call, root, len);
+            state.exchange.broadcast_direct(caller, root, len);
         } else {
-            state
-                .exchange
-                .broadcast_scatter(&state.transport, me, p, &call, root, len);
+            state.exchange.broadcast_scatter(caller, root, len);
         }
         self.run(state, &call, data, &[])
     }
@@ -541,14 +520,10 @@ impl Native {
     /// directly, or by recursive doubling (where a rank finishes only once every rank's
     /// header has reached it through its partners).
     fn plan_barrier(&self, state: &mut State, call: &Call) {
-        let (me, p) = (self.rank, self.size);
-        match algorithm::barrier(Transport::Tcp, p) {
-            Barrier::Direct => state.exchange.headers(&state.transport, me, p, call),
-            Barrier::RecursiveDoubling => {
-                state
-                    .exchange
-                    .barrier_doubling(&state.transport, me, p, call);
-            }
+        let caller = Caller::new(&state.transport, self.rank, self.size, call);
+        match algorithm::barrier(Transport::Tcp, self.size) {
+            Barrier::Direct => state.exchange.headers(caller),
+            Barrier::RecursiveDoubling => state.exchange.barrier_doubling(caller),
         }
     }
 
@@ -723,18 +698,10 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        let (me, p) = (self.rank, self.size);
-        match algorithm::all_gather(Transport::Tcp, p, output.len()) {
-            AllGather::Direct => {
-                state
-                    .exchange
-                    .all_gather(&state.transport, me, p, &call, nbytes);
-            }
-            AllGather::RecursiveDoubling => {
-                state
-                    .exchange
-                    .all_gather_doubling(&state.transport, me, p, &call, nbytes);
-            }
+        let caller = Caller::new(&state.transport, self.rank, self.size, &call);
+        match algorithm::all_gather(Transport::Tcp, self.size, output.len()) {
+            AllGather::Direct => state.exchange.all_gather(caller, nbytes),
+            AllGather::RecursiveDoubling => state.exchange.all_gather_doubling(caller, nbytes),
         }
         self.run(state, &call, output, input)
     }
@@ -761,9 +728,11 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        state
-            .exchange
-            .sum_scatter(&state.transport, self.rank, self.size, &call, dtype, chunk);
+        state.exchange.sum_scatter(
+            Caller::new(&state.transport, self.rank, self.size, &call),
+            dtype,
+            chunk,
+        );
         self.run(state, &call, output, input)
     }
 
@@ -792,10 +761,7 @@ impl Communicator for Native {
             Path::Hier(_) | Path::Tcp => {}
         }
         state.exchange.send(
-            &state.transport,
-            self.rank,
-            self.size,
-            &call,
+            Caller::new(&state.transport, self.rank, self.size, &call),
             dst,
             data.len(),
         );
@@ -826,9 +792,11 @@ impl Communicator for Native {
             Path::Hier(_) | Path::Tcp => {}
         }
         let len = data.len();
-        state
-            .exchange
-            .recv(&state.transport, self.rank, self.size, &call, src, len);
+        state.exchange.recv(
+            Caller::new(&state.transport, self.rank, self.size, &call),
+            src,
+            len,
+        );
         self.run(state, &call, data, &[])
     }
 
@@ -882,9 +850,10 @@ impl Communicator for Native {
             }
             Path::Tcp => {}
         }
-        state
-            .exchange
-            .all_to_all(&state.transport, self.rank, self.size, &call, block);
+        state.exchange.all_to_all(
+            Caller::new(&state.transport, self.rank, self.size, &call),
+            block,
+        );
         self.run(state, &call, output, input)
     }
 

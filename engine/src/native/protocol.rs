@@ -33,7 +33,7 @@
 //! - **all_to_all** ([`Exchange::all_to_all`]): block `j` straight to rank `j`, one round.
 //! - The pipelined ring for large vectors is MLX's ring itself (see `native::Native`),
 //!   after a barrier ([`Exchange::headers`] or [`Exchange::barrier_doubling`]).
-//! - **recursive doubling** all-reduce ([`Exchange::recursive_doubling`]) and barrier
+//! - **recursive doubling** all-reduce ([`Exchange::doubling`]) and barrier
 //!   ([`Exchange::barrier_doubling`], headers only), past four ranks: the ranks past the
 //!   largest power of two `pof2` hand their vector to a partner first and take the result
 //!   from it last (see [`Doubling`]); the other `pof2` exchange their whole partial result
@@ -65,6 +65,7 @@
 use std::ops::Range;
 
 use super::header::{Call, HEADER_BYTES, Header, Kind};
+use crate::comm::algorithm::AllReduce;
 use crate::comm::machine::{Machine, Receive, Transmit};
 use crate::comm::part;
 use crate::element::DType;
@@ -324,6 +325,35 @@ pub(crate) trait Routes {
     fn recv_conn(&self, peer: usize) -> usize;
 }
 
+/// The rank that plans a collective: rank `me` of `size`, the connections to its peers,
+/// and the call the collective's headers carry.
+pub(crate) struct Caller<'a, R> {
+    pub(crate) routes: &'a R,
+    pub(crate) me: usize,
+    pub(crate) size: usize,
+    pub(crate) call: &'a Call,
+}
+
+impl<'a, R> Caller<'a, R> {
+    pub(crate) fn new(routes: &'a R, me: usize, size: usize, call: &'a Call) -> Self {
+        Caller {
+            routes,
+            me,
+            size,
+            call,
+        }
+    }
+}
+
+// By hand: a derive would ask the routes themselves to be `Copy`.
+impl<R> Clone for Caller<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for Caller<'_, R> {}
+
 /// One collective of the native wire in flight (see the module docs). Its storage is kept
 /// from collective to collective, so planning one does not allocate once the group has
 /// run one of each shape.
@@ -346,9 +376,9 @@ pub(crate) struct Exchange {
 }
 
 impl Exchange {
-    fn start(&mut self, me: usize, size: usize, rounds: usize) {
-        self.me = me;
-        self.size = size;
+    fn start<R>(&mut self, c: Caller<'_, R>, rounds: usize) {
+        self.me = c.me;
+        self.size = c.size;
         self.count = 0;
         self.current = 0;
         self.staging = 0;
@@ -360,6 +390,13 @@ impl Exchange {
         for _ in 0..rounds {
             self.add_round();
         }
+    }
+
+    /// Starts planning a log-round collective: no rounds yet, and the ranks' numbering
+    /// for recursive doubling.
+    fn start_doubling<R>(&mut self, c: Caller<'_, R>) -> Doubling {
+        self.start(c, 0);
+        Doubling::new(c.size)
     }
 
     /// Appends a round to the collective being planned and returns its index.
@@ -414,77 +451,117 @@ impl Exchange {
         });
     }
 
+    /// Fills round `round` with a message out to every peer, from `src(peer)`, and a
+    /// message in from it, into `dst(peer)`; each carries `call`'s header if there is one.
+    fn each_peer(
+        &mut self,
+        round: usize,
+        routes: &impl Routes,
+        call: Option<&Call>,
+        src: impl Fn(usize) -> Src,
+        dst: impl Fn(usize) -> Dst,
+    ) {
+        for peer in self.peers() {
+            self.out(round, routes, peer, call, src(peer));
+            self.inc(round, routes, peer, call, dst(peer));
+        }
+    }
+
+    /// Makes round 0 fold every rank's contribution in rank order into `target`: this
+    /// rank's own at `own`, the others' staged in slots of `slot` bytes.
+    fn fold_ranks(
+        &mut self,
+        (op, dtype): (ReduceOp, DType),
+        own: Src,
+        target: Range<usize>,
+        slot: usize,
+    ) {
+        self.rounds[0].fold = Some(Fold::Ranks {
+            op,
+            dtype,
+            own,
+            target,
+            slot,
+        });
+        self.staging = self.size * slot;
+    }
+
+    /// Makes round `round` fold the partner's partial result, staged at `staged`, with
+    /// this rank's at `target` (this rank's on the left if `mine_first`).
+    fn fold_pair(
+        &mut self,
+        round: usize,
+        (op, dtype): (ReduceOp, DType),
+        (target, staged): (Range<usize>, Range<usize>),
+        mine_first: bool,
+    ) {
+        self.rounds[round].fold = Some(Fold::Pair {
+            op,
+            dtype,
+            target,
+            staged,
+            mine_first,
+        });
+    }
+
     /// A round of headers only, with every peer: a barrier, or the check before a ring
     /// all-reduce moves any data.
-    pub(crate) fn headers(&mut self, routes: &impl Routes, me: usize, size: usize, call: &Call) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            self.out(0, routes, peer, Some(call), Src::None);
-            self.inc(0, routes, peer, Some(call), Dst::None);
+    pub(crate) fn headers(&mut self, c: Caller<'_, impl Routes>) {
+        self.start(c, 1);
+        self.each_peer(0, c.routes, Some(c.call), |_| Src::None, |_| Dst::None);
+    }
+
+    /// All-reduce `algorithm` of `len` bytes of `reduce` (see the module docs); the
+    /// algorithms that cut the vector into blocks take its whole elements. MLX's ring is
+    /// not an exchange: it plans nothing.
+    pub(crate) fn all_reduce(
+        &mut self,
+        c: Caller<'_, impl Routes>,
+        algorithm: AllReduce,
+        reduce: (ReduceOp, DType),
+        len: usize,
+    ) {
+        let elems = len / reduce.1.size();
+        match algorithm {
+            AllReduce::OneShot => self.one_shot(c, reduce, len),
+            AllReduce::ScatterGather => self.scatter_gather(c, reduce, elems),
+            AllReduce::RecursiveDoubling => self.doubling(c, Some(reduce), len),
+            AllReduce::HalvingDoubling => self.halving_doubling(c, reduce, elems),
+            AllReduce::Ring => {}
         }
     }
 
     /// The one-shot all-reduce of `len` bytes (see the module docs).
-    pub(crate) fn one_shot(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        (op, dtype): (ReduceOp, DType),
-        len: usize,
-    ) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            self.out(0, routes, peer, Some(call), Src::Data(0..len));
-            let at = stage_at(slot_bytes(len), peer, len);
-            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
-        }
-        self.rounds[0].fold = Some(Fold::Ranks {
-            op,
-            dtype,
-            own: Src::Data(0..len),
-            target: 0..len,
-            slot: slot_bytes(len),
-        });
-        self.staging = size * slot_bytes(len);
+    fn one_shot(&mut self, c: Caller<'_, impl Routes>, reduce: (ReduceOp, DType), len: usize) {
+        self.start(c, 1);
+        let slot = slot_bytes(len);
+        let staged = |peer| Dst::Stage(stage_at(slot, peer, len));
+        self.each_peer(0, c.routes, Some(c.call), |_| Src::Data(0..len), staged);
+        self.fold_ranks(reduce, Src::Data(0..len), 0..len, slot);
     }
 
     /// The direct reduce-scatter + all-gather all-reduce of `elems` elements (see the
     /// module docs): block `j` is elements `part(elems, P, j)`.
-    pub(crate) fn scatter_gather(
+    fn scatter_gather(
         &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        (op, dtype): (ReduceOp, DType),
+        c: Caller<'_, impl Routes>,
+        reduce: (ReduceOp, DType),
         elems: usize,
     ) {
-        self.start(me, size, 2);
-        let esize = dtype.size();
+        self.start(c, 2);
+        let esize = reduce.1.size();
         let block = |j: usize| {
-            let r = part(elems, size, j);
+            let r = part(elems, c.size, j);
             r.start * esize..r.end * esize
         };
-        let mine = block(me);
-        let slot = slot_bytes(elems.div_ceil(size) * esize);
-        for peer in self.peers() {
-            self.out(0, routes, peer, Some(call), Src::Data(block(peer)));
-            let at = stage_at(slot, peer, mine.len());
-            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
-            // The second round needs no header: the first one checked this pair.
-            self.out(1, routes, peer, None, Src::Data(mine.clone()));
-            self.inc(1, routes, peer, None, Dst::Data(block(peer)));
-        }
-        self.rounds[0].fold = Some(Fold::Ranks {
-            op,
-            dtype,
-            own: Src::Data(mine.clone()),
-            target: mine,
-            slot,
-        });
-        self.staging = size * slot;
+        let mine = block(c.me);
+        let slot = slot_bytes(elems.div_ceil(c.size) * esize);
+        let staged = |peer| Dst::Stage(stage_at(slot, peer, mine.len()));
+        self.each_peer(0, c.routes, Some(c.call), |p| Src::Data(block(p)), staged);
+        // The second round needs no header: the first one checked this pair.
+        let gathered = |p| Dst::Data(block(p));
+        self.each_peer(1, c.routes, None, |_| Src::Data(mine.clone()), gathered);
+        self.fold_ranks(reduce, Src::Data(mine.clone()), mine, slot);
     }
 
     /// The pre-round of recursive doubling (see [`Doubling`]), if this rank is one of the
@@ -494,20 +571,19 @@ impl Exchange {
     /// `fold` says so, and sends its header. Returns the partner.
     fn hand_in(
         &mut self,
-        routes: &impl Routes,
+        c: Caller<'_, impl Routes>,
         d: Doubling,
-        call: &Call,
         (src, len): (Src, usize),
         fold: Option<(ReduceOp, DType)>,
     ) -> Option<usize> {
-        let me = self.me;
+        let (me, routes, call) = (c.me, c.routes, Some(c.call));
         if me >= 2 * d.extra {
             return None;
         }
         let round = self.add_round();
         if me.is_multiple_of(2) {
-            self.out(round, routes, me + 1, Some(call), src);
-            self.inc(round, routes, me + 1, Some(call), Dst::None);
+            self.out(round, routes, me + 1, call, src);
+            self.inc(round, routes, me + 1, call, Dst::None);
             Some(me + 1)
         } else {
             let staged = stage_at(slot_bytes(len), 0, len);
@@ -516,16 +592,10 @@ impl Exchange {
             } else {
                 Dst::None
             };
-            self.out(round, routes, me - 1, Some(call), Src::None);
-            self.inc(round, routes, me - 1, Some(call), dst);
-            if let Some((op, dtype)) = fold {
-                self.rounds[round].fold = Some(Fold::Pair {
-                    op,
-                    dtype,
-                    target: 0..len,
-                    staged,
-                    mine_first: false,
-                });
+            self.out(round, routes, me - 1, call, Src::None);
+            self.inc(round, routes, me - 1, call, dst);
+            if let Some(reduce) = fold {
+                self.fold_pair(round, reduce, (0..len, staged), false);
                 self.staging = self.staging.max(slot_bytes(len));
             }
             Some(me - 1)
@@ -535,9 +605,9 @@ impl Exchange {
     /// The post-round of recursive doubling: the odd rank of a pair sends the result
     /// (`data[..len]`) to the even one, with a header when there is no data (a barrier's
     /// only message to it). Nothing for the other ranks.
-    fn hand_out(&mut self, routes: &impl Routes, call: &Call, partner: Option<usize>, len: usize) {
+    fn hand_out(&mut self, c: Caller<'_, impl Routes>, partner: Option<usize>, len: usize) {
         let Some(partner) = partner else { return };
-        let header = (len == 0).then_some(call);
+        let header = (len == 0).then_some(c.call);
         let round = self.add_round();
         if self.me.is_multiple_of(2) {
             let dst = if len > 0 {
@@ -545,9 +615,9 @@ impl Exchange {
             } else {
                 Dst::None
             };
-            self.inc(round, routes, partner, header, dst);
+            self.inc(round, c.routes, partner, header, dst);
         } else {
-            self.out(round, routes, partner, header, Src::Data(0..len));
+            self.out(round, c.routes, partner, header, Src::Data(0..len));
         }
     }
 
@@ -560,71 +630,42 @@ impl Exchange {
     /// At P = 6: `((x0 op x1) op (x2 op x3)) op (x4 op x5)`.
     fn doubling(
         &mut self,
-        routes: &impl Routes,
-        (me, size): (usize, usize),
-        call: &Call,
+        c: Caller<'_, impl Routes>,
         fold: Option<(ReduceOp, DType)>,
         len: usize,
     ) {
-        self.start(me, size, 0);
-        let d = Doubling::new(size);
+        let d = self.start_doubling(c);
         let src = if len > 0 || fold.is_some() {
             Src::Data(0..len)
         } else {
             Src::None
         };
-        let partner = self.hand_in(routes, d, call, (src.clone(), len), fold);
-        if let Some(v) = d.virtual_rank(me) {
+        let partner = self.hand_in(c, d, (src.clone(), len), fold);
+        if let Some(v) = d.virtual_rank(c.me) {
             let staged = stage_at(slot_bytes(len), 0, len);
             for mask in d.masks() {
                 let peer = d.rank(v ^ mask);
                 let round = self.add_round();
-                self.out(round, routes, peer, Some(call), src.clone());
-                let Some((op, dtype)) = fold else {
-                    self.inc(round, routes, peer, Some(call), Dst::None);
+                self.out(round, c.routes, peer, Some(c.call), src.clone());
+                let Some(reduce) = fold else {
+                    self.inc(round, c.routes, peer, Some(c.call), Dst::None);
                     continue;
                 };
-                self.inc(round, routes, peer, Some(call), Dst::Stage(staged.clone()));
-                self.rounds[round].fold = Some(Fold::Pair {
-                    op,
-                    dtype,
-                    target: 0..len,
-                    staged: staged.clone(),
-                    mine_first: me < peer,
-                });
+                let dst = Dst::Stage(staged.clone());
+                self.inc(round, c.routes, peer, Some(c.call), dst);
+                self.fold_pair(round, reduce, (0..len, staged.clone()), c.me < peer);
             }
             if fold.is_some() {
                 self.staging = self.staging.max(slot_bytes(len));
             }
         }
-        self.hand_out(routes, call, partner, len);
-    }
-
-    /// The recursive-doubling all-reduce of `len` bytes: log2 P rounds, each rank sending
-    /// its whole partial result to one partner per round (see [`Exchange::doubling`] for
-    /// the tree the result equals).
-    pub(crate) fn recursive_doubling(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        reduce: (ReduceOp, DType),
-        len: usize,
-    ) {
-        self.doubling(routes, (me, size), call, Some(reduce), len);
+        self.hand_out(c, partner, len);
     }
 
     /// The recursive-doubling barrier: headers only, log2 P rounds (plus the pre- and
     /// post-rounds of the ranks past the largest power of two).
-    pub(crate) fn barrier_doubling(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-    ) {
-        self.doubling(routes, (me, size), call, None, 0);
+    pub(crate) fn barrier_doubling(&mut self, c: Caller<'_, impl Routes>) {
+        self.doubling(c, None, 0);
     }
 
     /// Rabenseifner's all-reduce of `elems` elements: recursive halving (a reduce-scatter
@@ -638,25 +679,21 @@ impl Exchange {
     /// round folds two partners' partials of the kept half, the lower virtual rank's on
     /// the left, and partners at distance `2^k` hold partials over adjacent aligned groups
     /// of `2^k` virtual ranks.
-    pub(crate) fn halving_doubling(
+    fn halving_doubling(
         &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        (op, dtype): (ReduceOp, DType),
+        c: Caller<'_, impl Routes>,
+        reduce: (ReduceOp, DType),
         elems: usize,
     ) {
-        self.start(me, size, 0);
-        let d = Doubling::new(size);
-        let esize = dtype.size();
+        let d = self.start_doubling(c);
+        let esize = reduce.1.size();
         let len = elems * esize;
         // Blocks `lo..hi` of `pof2`, in bytes.
         let blocks = |lo: usize, hi: usize| {
             part(elems, d.pof2, lo).start * esize..part(elems, d.pof2, hi - 1).end * esize
         };
-        let partner = self.hand_in(routes, d, call, (Src::Data(0..len), len), Some((op, dtype)));
-        if let Some(v) = d.virtual_rank(me) {
+        let partner = self.hand_in(c, d, (Src::Data(0..len), len), Some(reduce));
+        if let Some(v) = d.virtual_rank(c.me) {
             // Round `k` (distance `2^k`) halves what the rounds before it kept: the blocks
             // (kept, given away) there.
             let halves = |k: usize| {
@@ -680,16 +717,11 @@ impl Exchange {
                 let (keep, give) = halves(k);
                 let staged = stage_at(slot_bytes(keep.len()), 0, keep.len());
                 let round = self.add_round();
-                self.out(round, routes, peer, Some(call), Src::Data(give));
-                self.inc(round, routes, peer, Some(call), Dst::Stage(staged.clone()));
+                self.out(round, c.routes, peer, Some(c.call), Src::Data(give));
+                let dst = Dst::Stage(staged.clone());
+                self.inc(round, c.routes, peer, Some(c.call), dst);
                 self.staging = self.staging.max(slot_bytes(keep.len()));
-                self.rounds[round].fold = Some(Fold::Pair {
-                    op,
-                    dtype,
-                    target: keep,
-                    staged,
-                    mine_first: me < peer,
-                });
+                self.fold_pair(round, reduce, (keep, staged), c.me < peer);
             }
             // The all-gather: the halving's rounds in reverse, with the partners they
             // already checked (no headers), each rank sending the blocks it kept there
@@ -698,29 +730,19 @@ impl Exchange {
                 let peer = d.rank(v ^ mask);
                 let (keep, give) = halves(k);
                 let round = self.add_round();
-                self.out(round, routes, peer, None, Src::Data(keep));
-                self.inc(round, routes, peer, None, Dst::Data(give));
+                self.out(round, c.routes, peer, None, Src::Data(keep));
+                self.inc(round, c.routes, peer, None, Dst::Data(give));
             }
         }
-        self.hand_out(routes, call, partner, len);
+        self.hand_out(c, partner, len);
     }
 
     /// all_gather of `nbytes` per rank into `data` (this rank's own block is the caller's
     /// to copy).
-    pub(crate) fn all_gather(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        nbytes: usize,
-    ) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            self.out(0, routes, peer, Some(call), Src::Input(0..nbytes));
-            let at = peer * nbytes..(peer + 1) * nbytes;
-            self.inc(0, routes, peer, Some(call), Dst::Data(at));
-        }
+    pub(crate) fn all_gather(&mut self, c: Caller<'_, impl Routes>, nbytes: usize) {
+        self.start(c, 1);
+        let at = |peer| Dst::Data(peer * nbytes..(peer + 1) * nbytes);
+        self.each_peer(0, c.routes, Some(c.call), |_| Src::Input(0..nbytes), at);
     }
 
     /// all_gather of `nbytes` per rank into `data` by recursive doubling (this rank's own
@@ -731,16 +753,9 @@ impl Exchange {
     /// ranks that took a block in hand the whole output back. log2 P rounds of one message
     /// instead of one round of P - 1; each rank sends the same bytes as the direct one
     /// (the hand-out aside).
-    pub(crate) fn all_gather_doubling(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        nbytes: usize,
-    ) {
-        self.start(me, size, 0);
-        let d = Doubling::new(size);
+    pub(crate) fn all_gather_doubling(&mut self, c: Caller<'_, impl Routes>, nbytes: usize) {
+        let d = self.start_doubling(c);
+        let (me, routes, call) = (c.me, c.routes, Some(c.call));
         // The bytes of the blocks of virtual ranks `lo..hi`.
         let blocks = |lo: usize, hi: usize| {
             let first = if lo < d.extra { 2 * lo } else { lo + d.extra };
@@ -751,13 +766,13 @@ impl Exchange {
             let round = self.add_round();
             if me.is_multiple_of(2) {
                 let mine = me * nbytes..(me + 1) * nbytes;
-                self.out(round, routes, me + 1, Some(call), Src::Data(mine));
-                self.inc(round, routes, me + 1, Some(call), Dst::None);
+                self.out(round, routes, me + 1, call, Src::Data(mine));
+                self.inc(round, routes, me + 1, call, Dst::None);
                 Some(me + 1)
             } else {
                 let theirs = (me - 1) * nbytes..me * nbytes;
-                self.out(round, routes, me - 1, Some(call), Src::None);
-                self.inc(round, routes, me - 1, Some(call), Dst::Data(theirs));
+                self.out(round, routes, me - 1, call, Src::None);
+                self.inc(round, routes, me - 1, call, Dst::Data(theirs));
                 Some(me - 1)
             }
         } else {
@@ -770,149 +785,98 @@ impl Exchange {
                 let peer = d.rank(p);
                 let round = self.add_round();
                 let src = Src::Data(blocks(mine, mine + mask));
-                self.out(round, routes, peer, Some(call), src);
+                self.out(round, routes, peer, call, src);
                 let dst = Dst::Data(blocks(theirs, theirs + mask));
-                self.inc(round, routes, peer, Some(call), dst);
+                self.inc(round, routes, peer, call, dst);
             }
         }
-        self.hand_out(routes, call, partner, size * nbytes);
+        self.hand_out(c, partner, c.size * nbytes);
     }
 
     /// sum_scatter of `chunk` bytes per rank of `dtype` from `input` into `data`.
-    pub(crate) fn sum_scatter(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        dtype: DType,
-        chunk: usize,
-    ) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            let theirs = peer * chunk..(peer + 1) * chunk;
-            self.out(0, routes, peer, Some(call), Src::Input(theirs));
-            let at = stage_at(slot_bytes(chunk), peer, chunk);
-            self.inc(0, routes, peer, Some(call), Dst::Stage(at));
-        }
-        self.rounds[0].fold = Some(Fold::Ranks {
-            op: ReduceOp::Sum,
-            dtype,
-            own: Src::Input(me * chunk..(me + 1) * chunk),
-            target: 0..chunk,
-            slot: slot_bytes(chunk),
-        });
-        self.staging = size * slot_bytes(chunk);
+    pub(crate) fn sum_scatter(&mut self, c: Caller<'_, impl Routes>, dtype: DType, chunk: usize) {
+        self.start(c, 1);
+        let slot = slot_bytes(chunk);
+        let theirs = |peer| Src::Input(peer * chunk..(peer + 1) * chunk);
+        let staged = |peer| Dst::Stage(stage_at(slot, peer, chunk));
+        self.each_peer(0, c.routes, Some(c.call), theirs, staged);
+        let own = Src::Input(c.me * chunk..(c.me + 1) * chunk);
+        self.fold_ranks((ReduceOp::Sum, dtype), own, 0..chunk, slot);
     }
 
     /// A send of all of `input` to `peer`.
-    pub(crate) fn send(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        peer: usize,
-        len: usize,
-    ) {
-        self.start(me, size, 1);
-        self.out(0, routes, peer, Some(call), Src::Input(0..len));
+    pub(crate) fn send(&mut self, c: Caller<'_, impl Routes>, peer: usize, len: usize) {
+        self.start(c, 1);
+        self.out(0, c.routes, peer, Some(c.call), Src::Input(0..len));
     }
 
     /// A recv of all of `data` from `peer`.
-    pub(crate) fn recv(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        peer: usize,
-        len: usize,
-    ) {
-        self.start(me, size, 1);
-        self.inc(0, routes, peer, Some(call), Dst::Data(0..len));
+    pub(crate) fn recv(&mut self, c: Caller<'_, impl Routes>, peer: usize, len: usize) {
+        self.start(c, 1);
+        self.inc(0, c.routes, peer, Some(c.call), Dst::Data(0..len));
     }
 
     /// A broadcast of `len` bytes of `data` from `root`, straight to every rank (see the
     /// module docs).
-    pub(crate) fn broadcast_direct(
+    pub(crate) fn broadcast_direct(&mut self, c: Caller<'_, impl Routes>, root: usize, len: usize) {
+        self.start(c, 1);
+        self.broadcast_headers(c, root, |_| 0..len);
+    }
+
+    /// Round 0 of a broadcast from `root`: every pair exchanges headers, and the root's
+    /// messages carry `block(peer)` of `data` to each peer.
+    fn broadcast_headers(
         &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
+        c: Caller<'_, impl Routes>,
         root: usize,
-        len: usize,
+        block: impl Fn(usize) -> Range<usize>,
     ) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            let src = if me == root {
-                Src::Data(0..len)
+        let src = |peer| {
+            if c.me == root {
+                Src::Data(block(peer))
             } else {
                 Src::None
-            };
-            self.out(0, routes, peer, Some(call), src);
-            let dst = if peer == root {
-                Dst::Data(0..len)
+            }
+        };
+        let dst = |peer| {
+            if peer == root {
+                Dst::Data(block(c.me))
             } else {
                 Dst::None
-            };
-            self.inc(0, routes, peer, Some(call), dst);
-        }
+            }
+        };
+        self.each_peer(0, c.routes, Some(c.call), src, dst);
     }
 
     /// A broadcast of `len` bytes of `data` from `root` as a scatter to the other ranks
     /// and an all-gather among them (see the module docs).
     pub(crate) fn broadcast_scatter(
         &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
+        c: Caller<'_, impl Routes>,
         root: usize,
         len: usize,
     ) {
-        self.start(me, size, 2);
+        self.start(c, 2);
         // Rank `root + 1 + k` (mod P) holds block k of P - 1 after the scatter.
+        let size = c.size;
         let block = |r: usize| part(len, size - 1, (r + size - root - 1) % size);
-        for peer in self.peers() {
-            // Round 0: every pair exchanges headers; the root's carry the peer's block.
-            let src = if me == root {
-                Src::Data(block(peer))
-            } else {
-                Src::None
-            };
-            self.out(0, routes, peer, Some(call), src);
-            let dst = if peer == root {
-                Dst::Data(block(me))
-            } else {
-                Dst::None
-            };
-            self.inc(0, routes, peer, Some(call), dst);
-            // Round 1: the all-gather among the ranks other than the root, headers done.
-            if me != root && peer != root {
-                self.out(1, routes, peer, None, Src::Data(block(me)));
-                self.inc(1, routes, peer, None, Dst::Data(block(peer)));
+        self.broadcast_headers(c, root, block);
+        // Round 1: the all-gather among the ranks other than the root, headers done.
+        if c.me != root {
+            for peer in self.peers().filter(|&peer| peer != root) {
+                self.out(1, c.routes, peer, None, Src::Data(block(c.me)));
+                self.inc(1, c.routes, peer, None, Dst::Data(block(peer)));
             }
         }
     }
 
     /// An all_to_all of `block` bytes per rank from `input` into `data` (this rank's own
     /// block is the caller's to copy).
-    pub(crate) fn all_to_all(
-        &mut self,
-        routes: &impl Routes,
-        me: usize,
-        size: usize,
-        call: &Call,
-        block: usize,
-    ) {
-        self.start(me, size, 1);
-        for peer in self.peers() {
-            let at = peer * block..(peer + 1) * block;
-            self.out(0, routes, peer, Some(call), Src::Input(at.clone()));
-            self.inc(0, routes, peer, Some(call), Dst::Data(at));
-        }
+    pub(crate) fn all_to_all(&mut self, c: Caller<'_, impl Routes>, block: usize) {
+        self.start(c, 1);
+        let at = |peer| peer * block..(peer + 1) * block;
+        let dst = |peer| Dst::Data(at(peer));
+        self.each_peer(0, c.routes, Some(c.call), |peer| Src::Input(at(peer)), dst);
     }
 
     /// Staging bytes the planned collective needs.

@@ -14,9 +14,9 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
 use super::header::{Call, Header, Kind};
-use super::protocol::{Exchange, Memory};
+use super::protocol::{Caller, Exchange, Memory};
 // Every rank's end of every pair is connection `peer` (one queue each way).
-use super::timed::{Direct, start_all_reduce};
+use super::timed::Direct;
 use super::{Formed, Native, Peer};
 use crate::comm::Communicator;
 use crate::comm::Transport;
@@ -1134,7 +1134,12 @@ fn all_reduce_gives(
     let call = Call::group(7, Kind::AllReduce(op, dtype), count as u64);
     let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
     for (r, x) in xs.iter_mut().enumerate() {
-        start_all_reduce(x, algorithm, r, size, &call, case.reduce, count);
+        x.all_reduce(
+            Caller::new(&Direct, r, size, &call),
+            algorithm,
+            case.reduce,
+            bytes,
+        );
     }
     let none: Vec<Vec<u8>> = vec![Vec::new(); size];
     let outcome = simulate(&mut xs, &mut data, &none, cuts);
@@ -1195,7 +1200,7 @@ proptest! {
         let call = Call::group(4, Kind::Barrier, 0);
         let plan = |xs: &mut Vec<Exchange>| {
             for (r, x) in xs.iter_mut().enumerate() {
-                x.barrier_doubling(&Direct, r, size, &call);
+                x.barrier_doubling(Caller::new(&Direct, r, size, &call));
             }
         };
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
@@ -1227,7 +1232,7 @@ proptest! {
         let mut xs: Vec<Exchange> = (0..size).map(|_| Exchange::default()).collect();
         let mut data = Vec::new();
         for (r, x) in xs.iter_mut().enumerate() {
-            x.all_gather_doubling(&Direct, r, size, &call, nbytes);
+            x.all_gather_doubling(Caller::new(&Direct, r, size, &call), nbytes);
             // The caller's copy of its own block.
             let mut out = vec![0xAB; nbytes * size];
             out[r * nbytes..(r + 1) * nbytes].copy_from_slice(&inputs[r]);
@@ -1259,7 +1264,7 @@ proptest! {
         let mut inputs: Vec<Vec<u8>> = Vec::new();
         for (r, x) in xs.iter_mut().enumerate() {
             let n = if r == odd { count + extra } else { count };
-            x.all_gather_doubling(&Direct, r, size, &Call::group(0, Kind::AllGather, n as u64), n);
+            x.all_gather_doubling(Caller::new(&Direct, r, size, &Call::group(0, Kind::AllGather, n as u64)), n);
             let mut out = vec![0xAB; n * size];
             out[r * n..(r + 1) * n].fill(0xCD);
             data.push(out);
@@ -1303,7 +1308,7 @@ proptest! {
         let mut inputs: Vec<Vec<u8>> = Vec::new();
         for (r, x) in xs.iter_mut().enumerate() {
             let n = calls[r].header.count as usize;
-            x.all_gather(&Direct, r, size, &calls[r], n);
+            x.all_gather(Caller::new(&Direct, r, size, &calls[r]), n);
             data.push(vec![0xAB; n * size]);
             inputs.push(vec![0xCD; n]);
         }
@@ -1340,11 +1345,13 @@ proptest! {
                 false => (DType::U16, count),
             };
             let call = Call::group(3, Kind::AllReduce(ReduceOp::Sum, dtype), n as u64);
-            if scatter {
-                x.scatter_gather(&Direct, r, size, &call, (ReduceOp::Sum, dtype), n);
+            let algorithm = if scatter {
+                AllReduce::ScatterGather
             } else {
-                x.one_shot(&Direct, r, size, &call, (ReduceOp::Sum, dtype), n * 2);
-            }
+                AllReduce::OneShot
+            };
+            let reduce = (ReduceOp::Sum, dtype);
+            x.all_reduce(Caller::new(&Direct, r, size, &call), algorithm, reduce, n * 2);
             data.push(input(cuts.seed, r, dtype, n * 2));
         }
         let before = data.clone();
@@ -1366,7 +1373,12 @@ fn a_header_is_a_fixed_sixteen_bytes_and_the_sequence_is_in_it() {
     };
     assert_eq!(h.encode().len(), 16);
     let mut x = Exchange::default();
-    x.headers(&Direct, 0, 2, &Call::group(5, Kind::Barrier, 0));
+    x.headers(Caller::new(
+        &Direct,
+        0,
+        2,
+        &Call::group(5, Kind::Barrier, 0),
+    ));
     let mut data = [];
     let mut stage = [];
     let mem = Memory {

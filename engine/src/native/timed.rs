@@ -22,7 +22,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::header::{Call, Kind};
-use super::protocol::{Exchange, Memory, Routes};
+use super::protocol::{Caller, Exchange, Memory, Routes};
 use crate::comm::algorithm::{
     self, AllGather, AllReduce, Barrier, Broadcast, Collective, Link, LinkCost, Shape,
 };
@@ -125,7 +125,7 @@ pub fn simulate(
                 let shape = algorithm::all_reduce_shape(a, link, ranks, nf);
                 // MLX's ring is not an exchange: `row` is given no setup for it.
                 let start = |x: &mut Exchange, r: usize| {
-                    start_all_reduce(x, a, r, ranks, &call, reduce, elems);
+                    x.all_reduce(Caller::new(&Direct, r, ranks, &call), a, reduce, len);
                 };
                 // The algorithms that give every rank a block need an element per rank.
                 let blocks = matches!(a, AllReduce::ScatterGather | AllReduce::HalvingDoubling);
@@ -146,9 +146,9 @@ pub fn simulate(
             for a in [AllGather::Direct, AllGather::RecursiveDoubling] {
                 let shape = algorithm::all_gather_shape(a, ranks, nf);
                 let setup = |x: &mut Exchange, r: usize| match a {
-                    AllGather::Direct => x.all_gather(&Direct, r, ranks, &call, block),
+                    AllGather::Direct => x.all_gather(Caller::new(&Direct, r, ranks, &call), block),
                     AllGather::RecursiveDoubling => {
-                        x.all_gather_doubling(&Direct, r, ranks, &call, block);
+                        x.all_gather_doubling(Caller::new(&Direct, r, ranks, &call), block);
                     }
                 };
                 let setup = Setup {
@@ -164,8 +164,10 @@ pub fn simulate(
             for a in [Barrier::Direct, Barrier::RecursiveDoubling] {
                 let shape = algorithm::barrier_shape(a, ranks);
                 let setup = |x: &mut Exchange, r: usize| match a {
-                    Barrier::Direct => x.headers(&Direct, r, ranks, &call),
-                    Barrier::RecursiveDoubling => x.barrier_doubling(&Direct, r, ranks, &call),
+                    Barrier::Direct => x.headers(Caller::new(&Direct, r, ranks, &call)),
+                    Barrier::RecursiveDoubling => {
+                        x.barrier_doubling(Caller::new(&Direct, r, ranks, &call))
+                    }
                 };
                 let setup = Setup {
                     data: 0,
@@ -183,9 +185,11 @@ pub fn simulate(
                 }
                 let shape = algorithm::broadcast_shape(a, ranks, nf);
                 let setup = |x: &mut Exchange, r: usize| match a {
-                    Broadcast::Direct => x.broadcast_direct(&Direct, r, ranks, &call, 0, bytes),
+                    Broadcast::Direct => {
+                        x.broadcast_direct(Caller::new(&Direct, r, ranks, &call), 0, bytes)
+                    }
                     Broadcast::ScatterGather => {
-                        x.broadcast_scatter(&Direct, r, ranks, &call, 0, bytes);
+                        x.broadcast_scatter(Caller::new(&Direct, r, ranks, &call), 0, bytes);
                     }
                 };
                 let setup = Setup {
@@ -209,30 +213,6 @@ impl Routes for Direct {
     }
     fn recv_conn(&self, peer: usize) -> usize {
         peer
-    }
-}
-
-/// Starts all-reduce `algorithm` of `elems` elements of `reduce` on rank `r`'s exchange,
-/// over direct routes among `ranks` ranks. MLX's ring is not an exchange: it starts
-/// nothing.
-pub(super) fn start_all_reduce(
-    x: &mut Exchange,
-    algorithm: AllReduce,
-    r: usize,
-    ranks: usize,
-    call: &Call,
-    reduce: (ReduceOp, DType),
-    elems: usize,
-) {
-    let len = elems * reduce.1.size();
-    match algorithm {
-        AllReduce::OneShot => x.one_shot(&Direct, r, ranks, call, reduce, len),
-        AllReduce::ScatterGather => x.scatter_gather(&Direct, r, ranks, call, reduce, elems),
-        AllReduce::RecursiveDoubling => {
-            x.recursive_doubling(&Direct, r, ranks, call, reduce, len);
-        }
-        AllReduce::HalvingDoubling => x.halving_doubling(&Direct, r, ranks, call, reduce, elems),
-        AllReduce::Ring => {}
     }
 }
 

@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Poll};
 
 use crate::auth::{self, Handshake, Key, Link, Outcome};
 use crate::config::hostfile::RingAddresses;
@@ -281,23 +281,7 @@ struct Setup<'a> {
 
 impl<'a> Setup<'a> {
     fn new(addrs: &'a RingAddresses, tuning: SocketTuning, key: Option<Key>) -> Result<Self> {
-        let poll = Poll::new().map_err(|e| Error::local("creating the ring's poller", e))?;
-        let mut listeners = Vec::with_capacity(addrs.listen.len());
-        for (i, &addr) in addrs.listen.iter().enumerate() {
-            let mut listener = tcp::listen(addr, &tuning).map_err(|e| {
-                Error::local(
-                    format!(
-                        "rank {} cannot listen on {addr} (its address {i})",
-                        addrs.rank
-                    ),
-                    e,
-                )
-            })?;
-            poll.registry()
-                .register(&mut listener, Token(i), Interest::READABLE)
-                .map_err(|e| Error::local("registering a listener", e))?;
-            listeners.push(Some(listener));
-        }
+        let (poll, listeners) = bootstrap::listen(addrs, &tuning, "the ring's")?;
         let now = Instant::now();
         let c = addrs.listen.len();
         Ok(Setup {
@@ -306,7 +290,7 @@ impl<'a> Setup<'a> {
             key,
             poll,
             events: Events::with_capacity(64),
-            listeners,
+            listeners: listeners.into_iter().map(Some).collect(),
             dials: (0..c).map(|_| Dial::Idle(now)).collect(),
             backoff: vec![FIRST_RETRY; c],
             dial_failures: (0..c).map(|_| None).collect(),
@@ -462,15 +446,6 @@ impl<'a> Setup<'a> {
         retries.chain(settling.filter(|_| self.key.is_none())).min()
     }
 
-    /// Registers a connection being formed for reads and writes under `token`; `what` names
-    /// the step in the error.
-    fn register(&self, stream: &mut TcpStream, token: Token, what: &str) -> Result<()> {
-        self.poll
-            .registry()
-            .register(stream, token, Interest::READABLE | Interest::WRITABLE)
-            .map_err(|e| Error::local(what, e))
-    }
-
     /// Starts the outgoing connections whose retry time has come.
     fn start_due_dials(&mut self) -> Result<()> {
         let now = Instant::now();
@@ -478,12 +453,8 @@ impl<'a> Setup<'a> {
             if !matches!(self.dials[i], Dial::Idle(at) if at <= now) {
                 continue;
             }
-            match tcp::dial(self.addrs.right[i], &self.tuning) {
-                Ok(mut stream) => {
-                    let token = bootstrap::dial_token(i);
-                    self.register(&mut stream, token, "registering a connection")?;
-                    self.dials[i] = Dial::Connecting(stream);
-                }
+            match bootstrap::dial(&self.poll, &self.tuning, i, self.addrs.right[i])? {
+                Ok(stream) => self.dials[i] = Dial::Connecting(stream),
                 Err(e) => self.retry(i, e),
             }
         }
@@ -582,8 +553,7 @@ impl<'a> Setup<'a> {
                 return Ok(());
             };
             let id = self.candidates.len();
-            let token = bootstrap::candidate_token(id);
-            self.register(&mut stream, token, "registering an accepted connection")?;
+            bootstrap::register_candidate(&self.poll, &mut stream, id)?;
             let expect = Link {
                 size: self.addrs.size,
                 connector: self.addrs.left_rank(),

@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc;
+use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -883,6 +884,14 @@ fn start_listener(opts: &Options, host: &str, addr: &str) -> Listener {
     }
 }
 
+/// The outcomes of threads started in rows (per host, or per link), row by row: `None` for a
+/// thread that gave none or panicked.
+fn join_rows<T>(rows: Vec<Vec<ScopedJoinHandle<'_, Option<T>>>>) -> Vec<Vec<Option<T>>> {
+    rows.into_iter()
+        .map(|row| row.into_iter().map(|t| t.join().ok().flatten()).collect())
+        .collect()
+}
+
 /// The port checks and the link checks (each host to the next one's addresses).
 fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
     let n = reports.len();
@@ -903,10 +912,7 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
                     .collect()
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.into_iter().map(|t| t.join().ok().flatten()).collect())
-            .collect()
+        join_rows(handles)
     });
     for (rank, r) in reports.iter_mut().enumerate() {
         let who = subject(rank, &r.host);
@@ -1024,10 +1030,7 @@ fn links(f: &mut Findings, opts: &Options, reports: &mut [HostReport]) {
                     .collect()
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.into_iter().map(|t| t.join().ok().flatten()).collect())
-            .collect()
+        join_rows(handles)
     });
     // A listener that was probed ends by itself once served; one that no probe came to
     // (a single host, a neighbour ssh could not reach) is ended now.

@@ -15,13 +15,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Poll, Token};
+use mio::{Events, Interest, Poll, Token};
 
 use super::Connections;
 use super::socket::{self, SocketTuning};
 use crate::auth::{self, Handshake, Key, Outcome};
 use crate::comm::reports::Reports;
 use crate::config::env;
+use crate::config::hostfile::RingAddresses;
 use crate::error::{Error, Result};
 use crate::options::Options;
 
@@ -40,12 +41,12 @@ pub(crate) const DIAL_BASE: usize = 1 << 16;
 pub(crate) const CANDIDATE_BASE: usize = 1 << 24;
 
 /// The token of outgoing connection `i`.
-pub(crate) fn dial_token(i: usize) -> Token {
+fn dial_token(i: usize) -> Token {
     Token(DIAL_BASE + i)
 }
 
 /// The token of accepted candidate `id`.
-pub(crate) fn candidate_token(id: usize) -> Token {
+fn candidate_token(id: usize) -> Token {
     Token(CANDIDATE_BASE + id)
 }
 
@@ -68,6 +69,76 @@ pub(crate) fn accept(
             e,
         )
     })
+}
+
+/// A poller, and a listener on each of this rank's addresses registered for reads under
+/// its index as token; `poller` names the poller in its error ("the ring's").
+///
+/// # Errors
+///
+/// A local failure: the poller, an address this rank cannot listen on, a registration.
+pub(crate) fn listen(
+    addrs: &RingAddresses,
+    tuning: &SocketTuning,
+    poller: &str,
+) -> Result<(Poll, Vec<TcpListener>)> {
+    let poll = Poll::new().map_err(|e| Error::local(format!("creating {poller} poller"), e))?;
+    let mut listeners = Vec::with_capacity(addrs.listen.len());
+    for (i, &addr) in addrs.listen.iter().enumerate() {
+        let mut listener = socket::listen(addr, tuning).map_err(|e| {
+            Error::local(
+                format!(
+                    "rank {} cannot listen on {addr} (its address {i})",
+                    addrs.rank
+                ),
+                e,
+            )
+        })?;
+        poll.registry()
+            .register(&mut listener, Token(i), Interest::READABLE)
+            .map_err(|e| Error::local("registering a listener", e))?;
+        listeners.push(listener);
+    }
+    Ok((poll, listeners))
+}
+
+/// Registers a connection being formed for reads and writes under `token`; `what` names
+/// the step in the error.
+fn register(poll: &Poll, stream: &mut TcpStream, token: Token, what: &str) -> Result<()> {
+    poll.registry()
+        .register(stream, token, Interest::READABLE | Interest::WRITABLE)
+        .map_err(|e| Error::local(what, e))
+}
+
+/// Registers accepted candidate `id` for reads and writes under its token.
+///
+/// # Errors
+///
+/// That local failure.
+pub(crate) fn register_candidate(poll: &Poll, stream: &mut TcpStream, id: usize) -> Result<()> {
+    let token = candidate_token(id);
+    register(poll, stream, token, "registering an accepted connection")
+}
+
+/// Starts outgoing connection `i` to `addr`, registered under its token: the connecting
+/// stream, or why the dial failed at once (the formation retries it).
+///
+/// # Errors
+///
+/// A local failure registering it.
+pub(crate) fn dial(
+    poll: &Poll,
+    tuning: &SocketTuning,
+    i: usize,
+    addr: SocketAddr,
+) -> Result<io::Result<TcpStream>> {
+    match socket::dial(addr, tuning) {
+        Ok(mut stream) => {
+            register(poll, &mut stream, dial_token(i), "registering a connection")?;
+            Ok(Ok(stream))
+        }
+        Err(e) => Ok(Err(e)),
+    }
 }
 
 /// The most a handshake reads at once: the longest message of the keyed handshake.
