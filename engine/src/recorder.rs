@@ -5,17 +5,18 @@
 //! Every collective and point-to-point call that reaches the backend's
 //! [`Communicator`] passes through [`Recorded`]: the group's blocking calls and the loop
 //! thread's nonblocking ones alike, each with its element type. A call takes the
-//! recorder's lock twice, to write its record when it starts and to write its end and
-//! outcome when it returns; nothing is allocated per call. A group whose capacity is 0
-//! takes no lock and records nothing. A group that opts in also writes its record on
-//! SIGUSR1 (`signal`).
+//! recorder's lock twice, to write its record when it starts (so that a copy taken while
+//! it hangs shows it running) and to write its end and outcome when it returns; nothing is
+//! allocated per call, and a call's algorithm and transport, which follow from what it is,
+//! are worked out only when a copy is taken. A group whose capacity is 0 takes no lock and
+//! records nothing. A group that opts in also writes its record on SIGUSR1 (`signal`).
 
 mod signal;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -289,7 +290,8 @@ impl Call {
 /// One call's record as the ring keeps it: its entry, with the times as the clock read
 /// them, turned into [`FlightEntry::start_ns`] and [`FlightEntry::end_ns`] only when a copy
 /// is taken (a call reads the clock and stores what it read, nothing more).
-/// Its fields are [`FlightEntry`]'s, times aside.
+/// Its fields are [`FlightEntry`]'s, times aside, but for the algorithm and the transport,
+/// which follow from the others (see [`Recorder::entry`]).
 #[derive(Clone, Copy)]
 struct Kept {
     seq: u64,
@@ -300,8 +302,6 @@ struct Kept {
     outcome: FlightOutcome,
     op: FlightOp,
     dtype: Option<DType>,
-    algorithm: Option<Algorithm>,
-    transport: Option<Transport>,
 }
 
 /// The ring of records.
@@ -328,6 +328,10 @@ pub(crate) struct Recorder {
     rank: usize,
     size: usize,
     backend: &'static str,
+    /// The backend, asked for each recorded call's algorithm when a copy is taken (the
+    /// answer depends only on what the call is: see [`Communicator::algorithm`]); weak,
+    /// so that a copy taken on SIGUSR1 never keeps a dropped group's backend alive.
+    comm: Weak<dyn Communicator>,
     /// Per peer, its link (this rank's own slot is `Local`).
     links: Box<[Transport]>,
     /// The link every peer shares, `None` if they differ.
@@ -343,7 +347,7 @@ pub(crate) struct Recorder {
 impl Recorder {
     /// A recorder of `capacity` calls for `comm`, dumping into `dump_dir` on failure.
     pub(crate) fn new(
-        comm: &dyn Communicator,
+        comm: &Arc<dyn Communicator>,
         capacity: usize,
         dump_dir: Option<PathBuf>,
     ) -> Recorder {
@@ -377,8 +381,6 @@ impl Recorder {
             outcome: FlightOutcome::Running,
             op: FlightOp::Barrier,
             dtype: None,
-            algorithm: None,
-            transport: None,
         };
         let ring = (capacity > 0).then(|| {
             Mutex::new(Ring {
@@ -396,6 +398,7 @@ impl Recorder {
             rank,
             size,
             backend: comm.backend(),
+            comm: Arc::downgrade(comm),
             links,
             common,
             ring,
@@ -413,16 +416,20 @@ impl Recorder {
         u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// The entry of `kept`, with its times since the group formed.
-    fn entry(&self, kept: &Kept) -> FlightEntry {
+    /// The entry of `kept`, with its times since the group formed; its algorithm as `comm`
+    /// names it, its transport as the links say.
+    fn entry(&self, kept: &Kept, comm: Option<&dyn Communicator>) -> FlightEntry {
         FlightEntry {
             seq: kept.seq,
             op: kept.op,
             dtype: kept.dtype,
             bytes: kept.bytes,
             peer: kept.peer,
-            algorithm: kept.algorithm,
-            transport: kept.transport,
+            algorithm: comm.and_then(|c| c.algorithm(kept.op, kept.dtype, kept.bytes as usize)),
+            transport: match (kept.op, kept.peer) {
+                (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
+                _ => self.common,
+            },
             start_ns: self.ns(kept.start),
             end_ns: kept.end.map(|end| self.ns(end)),
             outcome: kept.outcome,
@@ -435,15 +442,10 @@ impl Recorder {
         ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the start of `call`, which `comm` makes; where its record is, or `None` when
-    /// the recorder is off.
-    fn begin(&self, call: Call, comm: &dyn Communicator) -> Option<Slot> {
+    /// Records the start of `call`; where its record is, or `None` when the recorder is
+    /// off.
+    fn begin(&self, call: Call) -> Option<Slot> {
         let ring = self.ring.as_ref()?;
-        let algorithm = comm.algorithm(call.op, call.dtype, call.bytes);
-        let transport = match (call.op, call.peer) {
-            (FlightOp::Send | FlightOp::Recv, Some(p)) => self.links.get(p).copied(),
-            _ => self.common,
-        };
         let start = Instant::now();
         let mut ring = Self::lock(ring);
         let (seq, index) = (ring.next, ring.head);
@@ -462,8 +464,6 @@ impl Recorder {
             outcome: FlightOutcome::Running,
             op: call.op,
             dtype: call.dtype,
-            algorithm,
-            transport,
         };
         Some(Slot { seq, index })
     }
@@ -521,21 +521,21 @@ impl Recorder {
     /// A copy of the records, oldest first.
     pub(crate) fn snapshot(&self) -> FlightRecord {
         let taken_ns = self.now_ns();
+        // Outside the lock: a group dropped meanwhile drops its backend here.
+        let comm = self.comm.upgrade();
         let (capacity, calls, entries) = match &self.ring {
             None => (0, 0, Vec::new()),
             Some(ring) => {
                 let ring = Self::lock(ring);
                 let capacity = ring.slots.len();
+                let entry = |k: &Kept| self.entry(k, comm.as_deref());
                 // Until the ring is full its records are the slots before the head; then
                 // the oldest is at the head.
                 let entries = if ring.next < capacity as u64 {
-                    ring.slots[..ring.head]
-                        .iter()
-                        .map(|k| self.entry(k))
-                        .collect()
+                    ring.slots[..ring.head].iter().map(entry).collect()
                 } else {
                     let (newer, older) = ring.slots.split_at(ring.head);
-                    older.iter().chain(newer).map(|k| self.entry(k)).collect()
+                    older.iter().chain(newer).map(entry).collect()
                 };
                 (capacity, ring.next, entries)
             }
@@ -582,7 +582,7 @@ impl Recorded {
             .flight_dir
             .clone()
             .or_else(|| env::flight_dir(&env::process));
-        let recorder = Arc::new(Recorder::new(&*inner, options.flight_records, dir));
+        let recorder = Arc::new(Recorder::new(&inner, options.flight_records, dir));
         if recorder.ring.is_some() && (options.flight_signal || env::flight_signal(&env::process)) {
             signal::register(&recorder);
         }
@@ -595,7 +595,7 @@ impl Recorded {
         call: Call,
         f: impl FnOnce(&dyn Communicator) -> Result<()>,
     ) -> Result<()> {
-        let slot = self.recorder.begin(call, &*self.inner);
+        let slot = self.recorder.begin(call);
         let result = f(&*self.inner);
         self.recorder.end(slot, &result);
         result
@@ -791,6 +791,33 @@ mod tests {
             "{}",
             size_of::<FlightEntry>()
         );
+    }
+
+    #[test]
+    fn a_call_shows_running_until_it_returns_and_a_later_one_in_its_slot_keeps_its_own_end() {
+        let r = recorded(2, None);
+        let call = Call::new(FlightOp::Barrier, None, 0);
+        r.call(call, |_| {
+            let e = r.recorder().snapshot().entries;
+            assert_eq!(
+                (e.len(), e[0].outcome, e[0].end_ns),
+                (1, FlightOutcome::Running, None)
+            );
+            Ok(())
+        })
+        .unwrap();
+        let e = r.recorder().snapshot().entries;
+        assert_eq!(e[0].outcome, FlightOutcome::Ok);
+        assert!(e[0].end_ns.is_some_and(|end| end >= e[0].start_ns));
+        // A call whose slot was taken over before it returned leaves the new record as it is.
+        let first = r.recorder().begin(call);
+        r.barrier().unwrap();
+        r.barrier().unwrap();
+        r.recorder()
+            .end(first, &Err(Error::invalid("a late failure")));
+        let e = r.recorder().snapshot().entries;
+        assert_eq!(e.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
+        assert!(e.iter().all(|e| e.outcome == FlightOutcome::Ok), "{e:?}");
     }
 
     #[test]

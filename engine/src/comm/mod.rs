@@ -219,8 +219,10 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// ([`FlightEntry::algorithm`](crate::FlightEntry::algorithm)): over `bytes` bytes (an
     /// all-reduce's, send's or receive's data; the input of an all_gather, sum_scatter or
     /// all_to_all; a broadcast's vector; 0 for a barrier) of `dtype` elements when the
-    /// caller said which. The group asks before every call it records, so it must be
-    /// cheap and never wait on the group. The default, for a backend that does not say, is
+    /// caller said which. The answer must depend on these arguments only, for the
+    /// communicator's life: the group asks for each call in its record when a copy of the
+    /// record is taken, not when the call is made. It must be cheap and never wait on the
+    /// group. The default, for a backend that does not say, is
     /// `None`, as for a call that has no algorithm (send, recv, a group of one).
     fn algorithm(&self, op: FlightOp, dtype: Option<DType>, bytes: usize) -> Option<Algorithm> {
         let _ = (op, dtype, bytes);

@@ -161,6 +161,9 @@ pub(crate) struct LearnedSpin {
     next: usize,
     /// Waits recorded since the budget was last computed.
     fresh: usize,
+    /// Whether the window changed since the budget was last computed (it grew, or a wait
+    /// replaced a different one): else the budget, a function of the window, stays.
+    changed: bool,
     budget: Duration,
 }
 
@@ -183,6 +186,7 @@ impl LearnedSpin {
             filled: 0,
             next: 0,
             fresh: 0,
+            changed: false,
             budget: LearnedSpin::INITIAL,
         }
     }
@@ -195,13 +199,19 @@ impl LearnedSpin {
     /// A wait of `waited` completed.
     pub(crate) fn record(&mut self, waited: Duration) {
         let ns = u32::try_from(waited.as_nanos()).unwrap_or(u32::MAX);
-        self.samples[self.next] = ns;
+        let old = std::mem::replace(&mut self.samples[self.next], ns);
+        self.changed |= old != ns || self.filled < LearnedSpin::WINDOW;
         self.next = (self.next + 1) % LearnedSpin::WINDOW;
         self.filled = (self.filled + 1).min(LearnedSpin::WINDOW);
         self.fresh += 1;
         if self.filled <= LearnedSpin::RELEARN || self.fresh >= LearnedSpin::RELEARN {
-            self.budget = Self::learn(&self.samples[..self.filled]);
+            // A window of equal waits (a rank whose peers are always ahead waits 0 every
+            // time) keeps its budget without the pass over it.
+            if self.changed {
+                self.budget = Self::learn(&self.samples[..self.filled]);
+            }
             self.fresh = 0;
+            self.changed = false;
         }
     }
 
@@ -833,6 +843,32 @@ mod tests {
                 by_sorting(&samples),
                 "{samples:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_budget_is_relearned_from_the_window_whenever_it_is_due() {
+        // Waits on few values, runs of equal ones among them: whether or not the window
+        // changed, the budget after each relearn is the window's.
+        let mut x = 0x9e37_79b9_u32;
+        let mut l = LearnedSpin::new();
+        for i in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let wait = if (i / 100) % 2 == 0 {
+                0
+            } else {
+                (x % 3) * 300_000
+            };
+            l.record(Duration::from_nanos(u64::from(wait)));
+            if l.fresh == 0 {
+                assert_eq!(
+                    l.budget(),
+                    LearnedSpin::learn(&l.samples[..l.filled]),
+                    "{i}"
+                );
+            }
         }
     }
 

@@ -649,8 +649,6 @@ impl Communicator for Native {
             (_, FlightOp::Broadcast) => algorithm::broadcast(p, bytes).into(),
             (_, FlightOp::AllToAll | FlightOp::SumScatter) => Algorithm::Direct,
             (Route::Tcp, FlightOp::AllReduce(_)) => {
-                // Divided only here: the recorder asks before every call, shared memory's
-                // small ones among them.
                 let elems = bytes / dtype.map_or(1, DType::size);
                 algorithm::all_reduce(Transport::Tcp, p, bytes, elems).into()
             }

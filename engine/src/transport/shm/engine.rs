@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::p2p;
-use super::protocol::{Await, Awaited, Collective, Receive, Source, Steps, Transmit};
+use super::protocol::{Await, Awaited, Collective, Op, Receive, Source, Steps, Transmit};
 use super::segment::{CallHeader, HEADER_BYTES, Segment, reached};
 use crate::comm::progress::{Drive, WaitPolicy, progress};
 use crate::comm::state::CloseFlag;
@@ -479,18 +479,19 @@ impl Drive for Driver<'_, '_, '_> {
             self.waiting = None;
         }
         loop {
-            if let Some(t) = self.steps.poll_transmit() {
-                self.transmit(t)?;
-                self.steps.handle_sent();
-                continue;
+            match self.steps.poll() {
+                Some(Op::Transmit(t)) => {
+                    self.transmit(t)?;
+                    self.steps.handle_sent();
+                }
+                Some(Op::Receive(r)) => {
+                    if !self.receive(r)? {
+                        break;
+                    }
+                    self.steps.handle_received();
+                }
+                None => break,
             }
-            let Some(r) = self.steps.poll_receive() else {
-                break;
-            };
-            if !self.receive(r)? {
-                break;
-            }
-            self.steps.handle_received();
         }
         let moved = self.steps.take_progress();
         if moved {

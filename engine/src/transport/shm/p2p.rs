@@ -160,6 +160,11 @@ impl Channel {
     /// published when it sent it; `None` if every piece was taken. `written` is loaded
     /// with `Acquire` unless the caller is the sender, and `read` unless it is the
     /// receiver (whoever writes a counter knows it already).
+    ///
+    /// Inline, with the piece's read out of line: every group collective's first step
+    /// asks this of every channel it has, nearly always empty, and the orderings are
+    /// constants where `sender` is.
+    #[inline(always)]
     fn untaken(
         self,
         seg: &Segment,
@@ -175,13 +180,19 @@ impl Channel {
         if seg.word(self.written(), context)?.load(w) == n {
             return Ok(None);
         }
+        self.piece(seg, n, context).map(Some)
+    }
+
+    /// Piece `n`'s header and the step its sender had published when it sent it.
+    #[inline(never)]
+    fn piece(self, seg: &Segment, n: u32, context: Phase) -> Result<([u8; HEADER_BYTES], u32)> {
         let mut head = [0u8; HEADER_BYTES + 4];
         seg.copy_out(self.slot(n), &mut head, context)?;
         let mut got = [0u8; HEADER_BYTES];
         got.copy_from_slice(&head[..HEADER_BYTES]);
         let mut step = [0u8; 4];
         step.copy_from_slice(&head[HEADER_BYTES..]);
-        Ok(Some((got, u32::from_le_bytes(step))))
+        Ok((got, u32::from_le_bytes(step)))
     }
 }
 
@@ -251,6 +262,7 @@ impl Channels {
 /// # Errors
 ///
 /// The mismatch, or a bug in the layout.
+#[inline(always)]
 pub(crate) fn unread_from(
     (seg, channels): (&Segment, &Channels),
     (ranks, me, peer): (&[usize], usize, usize),

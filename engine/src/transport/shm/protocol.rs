@@ -54,7 +54,8 @@
 //! 3. [`Steps::take_progress`]: whether anything was done since it was last asked.
 //!
 //! The operations come one at a time in the order the schedule needs them (at any moment
-//! one of the two polls offers something, until the machine finishes). Nothing is
+//! one of the two polls offers something, until the machine finishes); [`Steps::poll`]
+//! gives whichever of the two comes next, with one look at the plan. Nothing is
 //! allocated per collective once the machine saw its first: it plans one piece at a time
 //! into a buffer it keeps, one for each parity of the piece's step. A group collective of
 //! one piece is planned once per shape: the next collective equal to it, at a step of the
@@ -264,8 +265,9 @@ impl Combine {
     }
 }
 
+/// One operation of the plan: a write or a read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Transmit(Transmit),
     Receive(Receive),
 }
@@ -430,7 +432,29 @@ impl Steps {
         }
     }
 
+    /// What this rank does next: the write [`Steps::poll_transmit`] or the read
+    /// [`Steps::poll_receive`] would give, whichever one gives something.
+    #[inline]
+    pub(crate) fn poll(&self) -> Option<Op> {
+        Some(match self.ops.get(self.at)? {
+            Op::Transmit(Transmit::Publish {
+                header,
+                word,
+                value,
+                sleepers,
+            }) => Op::Transmit(Transmit::Publish {
+                header: *header,
+                word: *word,
+                value: value.wrapping_add(self.shift),
+                sleepers: *sleepers,
+            }),
+            Op::Receive(Receive::Reached(a)) => Op::Receive(Receive::Reached(self.moved(a))),
+            op => op.clone(),
+        })
+    }
+
     /// What this rank writes next, if a write comes next.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn poll_transmit(&self) -> Option<Transmit> {
         match self.ops.get(self.at) {
@@ -462,6 +486,7 @@ impl Steps {
     }
 
     /// What this rank reads next, if a read comes next.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn poll_receive(&self) -> Option<Receive> {
         match self.ops.get(self.at) {
