@@ -121,7 +121,7 @@ cross_aarch64_cargo() {
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
     NUVEC_TEST_RUNNER="$runner" \
     NUVEC_TEST_TIME_SCALE="${NUVEC_TEST_TIME_SCALE:-6}" \
-    NUVEC_SIM_CASES="${NUVEC_SIM_CASES:-16}" \
+    NUVEC_SIM_CASES="${NUVEC_SIM_CASES:-8}" \
     cargo "$@"
 }
 
@@ -456,9 +456,9 @@ cargo test --release --test ring -- --skip native "${default_ring_tests[@]}"
 
 # A nuvec user's project (tests/dropin: nuvec and nuvec-nn from crates.io, this crate patched
 # in with one [patch.crates-io] line): cargo tree must show this crate as its only
-# nuvec-distributed; it is built in release in target/dropin (its own Cargo.lock, so nuvec
-# and its dependencies compile there once per clean clone: about 125 s of CPU, 96 s on the
-# 2-core box under other load; afterwards only this crate and the engine, about 10 s), then
+# nuvec-distributed; it is built in the dev profile in target/dropin (its own Cargo.lock, so
+# nuvec and its dependencies compile there once per clean clone: about 90 s of CPU, 55 s on
+# the 2-core box, against 110 s in release; afterwards only this crate and the engine), then
 # run under `nuvec launch` at 2 and 4 ranks on MLX's wire and the native wire, every
 # collective checked against its exact result (about 1.2 s for the four launches).
 step "drop-in for nuvec users: tests/dropin under nuvec launch -n 2 and 4, both wires"
