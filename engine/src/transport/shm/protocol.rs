@@ -436,7 +436,14 @@ impl Steps {
     /// [`Steps::poll_receive`] would give, whichever one gives something.
     #[inline]
     pub(crate) fn poll(&self) -> Option<Op> {
-        Some(match self.ops.get(self.at)? {
+        self.ops.get(self.at).map(|op| self.shifted(op))
+    }
+
+    /// `op` of the current plan as the polls hand it out: its step values moved by the
+    /// plan's shift (a reused plan keeps the values of the collective it was made for).
+    #[inline]
+    pub(super) fn shifted(&self, op: &Op) -> Op {
+        match op {
             Op::Transmit(Transmit::Publish {
                 header,
                 word,
@@ -450,27 +457,16 @@ impl Steps {
             }),
             Op::Receive(Receive::Reached(a)) => Op::Receive(Receive::Reached(self.moved(a))),
             op => op.clone(),
-        })
+        }
     }
 
     /// What this rank writes next, if a write comes next.
     #[cfg(test)]
     #[inline]
     pub(crate) fn poll_transmit(&self) -> Option<Transmit> {
-        match self.ops.get(self.at) {
-            Some(Op::Transmit(Transmit::Publish {
-                header,
-                word,
-                value,
-                sleepers,
-            })) => Some(Transmit::Publish {
-                header: *header,
-                word: *word,
-                value: value.wrapping_add(self.shift),
-                sleepers: *sleepers,
-            }),
-            Some(Op::Transmit(t)) => Some(t.clone()),
-            _ => None,
+        match self.poll()? {
+            Op::Transmit(t) => Some(t),
+            Op::Receive(_) => None,
         }
     }
 

@@ -727,27 +727,5 @@ fn a_reused_plan_is_the_plan() {
 
 /// The current piece's operations as the polls hand them out (their step values moved).
 fn planned(steps: &Steps) -> Vec<Op> {
-    let shift = |v: u32| v.wrapping_add(steps.shift);
-    steps
-        .ops
-        .iter()
-        .map(|op| match op.clone() {
-            Op::Transmit(Transmit::Publish {
-                header,
-                word,
-                value,
-                sleepers,
-            }) => Op::Transmit(Transmit::Publish {
-                header,
-                word,
-                value: shift(value),
-                sleepers,
-            }),
-            Op::Receive(Receive::Reached(a)) => Op::Receive(Receive::Reached(Await {
-                value: shift(a.value),
-                ..a
-            })),
-            op => op,
-        })
-        .collect()
+    steps.ops.iter().map(|op| steps.shifted(op)).collect()
 }
