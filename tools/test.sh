@@ -514,7 +514,7 @@ if [[ "$os" == Linux ]]; then
     do_not_allocate an_idle interop_p2_c1 interop_p3_c2 io_uring
   # The native wire's in-crate tests (mismatches at P = 2..4, a rank that dies mid-call or
   # never calls, close) take the driver the variable names.
-  NUVEC_DISTRIBUTED_IO=uring cargo test --release --workspace --all-features --lib -- native::
+  NUVEC_DISTRIBUTED_IO=uring cargo test --release --workspace --all-features --lib -- native:: transport::tcp::tests
   # Faults injected with steps waiting in the kernel at P = 3..5 (their receives take a
   # failure notice's urgent byte first): every survivor must still name the faulted rank.
   NUVEC_DISTRIBUTED_IO=uring tools/chaos.sh 5

@@ -1061,7 +1061,7 @@ mod tests {
             match formed[from].transport.conn(s).write(&[byte]).unwrap() {
                 Transfer::Moved(1) => break,
                 Transfer::Blocked => {
-                    formed[from].transport.wait(deadline).unwrap();
+                    formed[from].transport.wait(deadline, None).unwrap();
                 }
                 other => panic!("{from} -> {to}: {other:?}"),
             }
@@ -1081,7 +1081,7 @@ mod tests {
                 }
                 Transfer::Blocked => {
                     assert!(Instant::now() < deadline, "{from} -> {to}: nothing arrived");
-                    formed[to].transport.wait(deadline).unwrap();
+                    formed[to].transport.wait(deadline, None).unwrap();
                 }
                 Transfer::Closed => panic!("{from} -> {to}: closed"),
             }
@@ -1401,7 +1401,7 @@ mod tests {
                 Err(e) => return t.conn(0).failed(PeerOp::Receive, Phase::AllSum, e),
                 Ok(Transfer::Blocked) => {
                     assert!(Instant::now() < deadline, "nothing arrived");
-                    t.wait(deadline).unwrap();
+                    t.wait(deadline, None).unwrap();
                 }
                 Ok(other) => panic!("the native hello was taken for data: {other:?}"),
             }

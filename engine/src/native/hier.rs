@@ -249,7 +249,7 @@ fn peek_header(
             return None;
         }
         transport
-            .wait(deadline.min(now + Duration::from_millis(1)))
+            .wait(deadline.min(now + Duration::from_millis(1)), None)
             .ok()?;
     }
 }

@@ -89,7 +89,7 @@ pub(crate) mod protocol;
 #[cfg(test)]
 mod shm_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub(crate) mod timed;
 // The tests of broadcast and all_to_all.
 #[cfg(test)]
@@ -944,7 +944,7 @@ fn last_look(
                 }
             }
         }
-        if !waiting || std::time::Instant::now() >= until || transport.wait(until).is_err() {
+        if !waiting || std::time::Instant::now() >= until || transport.wait(until, None).is_err() {
             return None;
         }
     }

@@ -45,6 +45,7 @@ use crate::auth;
 use crate::element::DType;
 use crate::error::{Error, PeerOp, Phase, Result};
 use crate::reduce::{ReduceOp, reduce_into};
+use crate::transport::tcp::notice::Inquiry;
 use crate::transport::tcp::{Conn, Connections as Transport, Transfer};
 
 /// A cache line and its neighbour (adjacent-line prefetch pairs them).
@@ -526,8 +527,10 @@ fn move_all(
             Ok(Transfer::Closed) => return Err(c.closed(op, SETUP)),
             Err(e) => return Err(c.failed(op, SETUP, e)),
             Ok(Transfer::Blocked) => {
+                // A neighbour whose own wait timed out asks this rank, which answers.
+                let look = Some(Inquiry::answer_within(timeout));
                 let waited = transport
-                    .wait(deadline)
+                    .wait(deadline, look)
                     .map_err(|e| Error::local("waiting to set up shared memory", e))?;
                 if !waited {
                     let waits = [(conn, op)];

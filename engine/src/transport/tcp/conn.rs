@@ -7,11 +7,11 @@
 //!
 //! A read that stops short may have stopped at an urgent byte's position, and the next
 //! read would skip the byte (the kernel then drops it). Rather than asking for the byte
-//! after every short read (a system call each), the connection asks the driver, which
-//! reports urgent data itself ([`Urgency`]): when the driver cannot say without a wait
-//! (epoll), the connection is not read again until it has been asked; when it already
-//! knows (io_uring's standing `POLLPRI` poll), the report is looked at without a system
-//! call.
+//! after every short read (a system call each), the connection relies on the driver
+//! ([`Urgency`]): epoll reports urgent data with its arrivals, so the connection is not
+//! read again until the poller has been asked; io_uring's polls cannot report it, so its
+//! receives take an urgent byte first, in the same submission (guarded, where an urgent
+//! byte matters).
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -187,18 +187,30 @@ impl Conn {
     /// Reads a pending urgent byte (a notice, a query or an answer; see [`Urgent`]) and
     /// answers a query. Urgent data never enters the byte stream, so MLX peers, which never
     /// ask for it, are unaffected; but the kernel drops it once the stream is read past its
-    /// position, so it is read as soon as the poller reports it.
-    pub(super) fn take_notice(&mut self) {
+    /// position, so it is read as soon as the poller reports it. Returns whether one was
+    /// read.
+    pub(super) fn take_notice(&mut self) -> bool {
         // Asking is what a short read left owed (see `unpolled`). A read after a full one
         // still peeks first (`unasked`): an urgent byte may land after this look.
         self.unpolled = false;
         if !self.notices.listening() {
             // The neighbour gave up; nothing it sends after that matters.
-            return;
+            return false;
         }
-        if let Ok(Some(byte)) = ffi::net::recv_urgent_byte(self.stream.as_fd()) {
-            self.took_urgent(byte);
+        match ffi::net::recv_urgent_byte(self.stream.as_fd()) {
+            Ok(Some(byte)) => {
+                self.took_urgent(byte);
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// Whether this connection's urgent bytes must be looked for while it waits: its
+    /// driver does not report them with arrivals (io_uring, kqueue; see
+    /// [`Source::poller_reports_urgent`]) and the neighbour has not given up.
+    pub(super) fn needs_urgent_look(&self) -> bool {
+        !self.source.poller_reports_urgent() && self.notices.listening()
     }
 
     /// Acts on the urgent byte `byte` read from this connection: keeps a notice, answers a
@@ -249,13 +261,17 @@ impl Conn {
         }
     }
 
+    /// Whether an urgent byte on this connection still matters to a read: a notice could
+    /// name a third rank (with two, it could only name the peer, whom the failure names
+    /// anyway) and the neighbour has not given up.
+    fn urgent_matters(&self) -> bool {
+        self.notices.names_third_ranks() && self.notices.listening()
+    }
+
     /// Whether a read that may start at an urgent byte looks for one first: where the
-    /// driver does not report urgent bytes as they arrive, and a notice could name a third
-    /// rank (with two, it could only name the peer, whom the failure names anyway).
+    /// driver's reads do not take urgent bytes themselves, and one matters.
     fn guards_urgent(&self) -> bool {
-        !self.source.reports_urgent()
-            && self.notices.names_third_ranks()
-            && self.notices.listening()
+        !self.source.reads_take_urgent() && self.urgent_matters()
     }
 
     /// Marks the connection readable without the poller's word (a collective starts by
@@ -335,10 +351,6 @@ impl Conn {
             return Ok(early);
         }
         let len = buf.len().min(MAX_IO_BYTES);
-        if self.source.urgent() == Urgency::Reported {
-            // Reported before this read: take it before the read can pass its position.
-            self.take_notice();
-        }
         if self.unasked
             && let Some(early) = self.look_before_reading()
         {
@@ -348,11 +360,17 @@ impl Conn {
             // Once the neighbour sent an urgent byte, a read may start at its position, and
             // TCP refuses a read there while a signal is pending (`EAGAIN`), which io_uring's
             // own task work always is; a plain receive has none pending.
+            let mut urgent = None;
             let read = if self.notices.spoke() {
                 self.source.recv_plain(&mut self.stream, &mut buf[..len])
             } else {
-                self.source.recv(&mut self.stream, &mut buf[..len])
+                let guard = self.urgent_matters();
+                self.source
+                    .recv(&mut self.stream, &mut buf[..len], guard, &mut urgent)
             };
+            if let Some(byte) = urgent {
+                self.took_urgent(byte);
+            }
             let read = read.map(|r| {
                 // The socket is known empty and its next arrival will be reported:
                 // wait for that rather than spend a system call on a read that would
@@ -369,12 +387,11 @@ impl Conn {
                 Ok(0) => Ok(Transfer::Closed),
                 Ok(n) if n < len => {
                     // A read stops short at a pending urgent byte; the next one would skip
-                    // it and the kernel would drop it. The poller reports the byte (see the
-                    // module's documentation): io_uring's report is already in, epoll's is
-                    // fetched before this connection is read again.
+                    // it and the kernel would drop it (see the module's documentation):
+                    // io_uring's next receive takes it first, epoll's report is fetched
+                    // before this connection is read again.
                     match self.source.urgent() {
-                        Urgency::Reported => self.take_notice(),
-                        Urgency::None => {}
+                        Urgency::Taken => {}
                         Urgency::Unknown => self.unpolled = true,
                     }
                     Ok(Transfer::Moved(n))

@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::notice::Inquiry;
 use super::{Connections, STEP_SEND_BYTES};
 use crate::comm::machine::Machine;
 use crate::comm::progress::{Drive, Spin, Wait, WaitPolicy, blame, progress};
@@ -65,6 +66,9 @@ struct Collective<'a, M> {
     silence: Silence,
     /// How a step waits before it sleeps in the kernel.
     spin: Spin,
+    /// How long a wait lasts before it looks for urgent bytes, where the driver cannot
+    /// report them ([`Inquiry::answer_within`]).
+    look: Duration,
 }
 
 /// What one step moves: the send (its queue, its link, how many bytes were staged) and
@@ -209,7 +213,7 @@ impl<M: Machine> Collective<'_, M> {
                 .step(
                     send.map(|(_, link, n)| (link, n)),
                     recv,
-                    deadline,
+                    (deadline, Some(self.look)),
                     self.spin,
                 )
                 .map_err(|e| Error::local("a step's transfers on io_uring", e))?;
@@ -256,7 +260,7 @@ impl<M: Machine> Drive for Collective<'_, M> {
 
     fn wait(&mut self, until: Instant) -> Result<bool> {
         self.conns
-            .wait(until)
+            .wait(until, Some(self.look))
             .map_err(|e| Error::local("waiting for a group's connections", e))
     }
 
@@ -310,6 +314,7 @@ pub(crate) fn run<M: Machine>(
             since: Instant::now(),
         },
         spin: policy.spin(),
+        look: Inquiry::answer_within(timeout),
     };
     progress(&mut collective, timeout, policy)
 }

@@ -366,9 +366,11 @@ impl Connections {
     /// One step's transfers in one io_uring submission (see `ffi::uring::Ring::exchange`):
     /// sends the first `send.1` bytes staged by [`Connections::stage_send`] on connection
     /// `send.0`, and receives into `recv.1` from connection `recv.0`, waiting in the kernel
-    /// until both moved bytes, `deadline` passes, or a close from another thread fires the
-    /// [`Waker`]; neither is in flight when this returns. Urgent bytes reported before and
-    /// during the wait are taken (a notice, a query to answer).
+    /// until both moved bytes, `deadline` passes, a connection closes or fails, or a close
+    /// from another thread fires the [`Waker`]; neither is in flight when this returns. The
+    /// receive takes an urgent byte on its own connection; with `look`, a wait that lasts
+    /// that long ends early and the other connections are looked at for urgent bytes (a
+    /// notice, a query to answer; see [`Connections::wait`]).
     ///
     /// # Errors
     ///
@@ -377,7 +379,7 @@ impl Connections {
         &mut self,
         send: Option<(usize, usize)>,
         recv: Option<(usize, &mut [u8])>,
-        deadline: Instant,
+        (deadline, look): (Instant, Option<Duration>),
         spin: Spin,
     ) -> io::Result<Stepped> {
         let mut stepped = Stepped {
@@ -405,9 +407,13 @@ impl Connections {
         // With two ranks an urgent byte can only be about the peer, whom the receive's
         // failure names anyway: the plain receive is cheaper (see `guard_urgent`).
         let guard = self.ranks > 2;
+        // The step's own receive takes an urgent byte on its connection; the others are
+        // looked at when a wait has lasted `look` (see `Connections::wait`).
+        let look = self.urgent_look(look);
+        let wait_until = look.map_or(deadline, |look| deadline.min(Instant::now() + look));
         let done = self
             .driver
-            .step(tx, rx, (deadline, spin, guard), |i, event| {
+            .step(tx, rx, (wait_until, spin, guard), |i, event| {
                 reports.push((i, event));
             });
         let result = done.map(|done| {
@@ -427,6 +433,12 @@ impl Connections {
         // Then what was reported during the wait (after the receive's own urgent byte).
         self.apply(&mut reports);
         self.reports = reports;
+        let idle = result.as_ref().is_ok_and(|s| {
+            matches!(s.sent, Ok(Transfer::Blocked)) && matches!(s.received, Ok(Transfer::Blocked))
+        });
+        if look.is_some() && idle && Instant::now() < deadline {
+            self.look_for_urgent();
+        }
         result
     }
 
@@ -446,18 +458,57 @@ impl Connections {
     /// Blocks until some connection may have become ready, a close from another thread
     /// fires the [`Waker`], or `deadline`. Returns `false` if the deadline passed with
     /// nothing ready.
-    pub(crate) fn wait(&mut self, deadline: Instant) -> io::Result<bool> {
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(false);
+    ///
+    /// With `look`, a wait on a driver that cannot report urgent bytes as they arrive
+    /// (io_uring, kqueue) sleeps at most that long at a time and then looks for them
+    /// ([`Connections::look_for_urgent`]): a neighbour whose collective timed out asks this
+    /// rank with one, and must have its answer within its grace (see [`Inquiry`]). An
+    /// urgent byte taken ends the wait as an event does.
+    pub(crate) fn wait(&mut self, deadline: Instant, look: Option<Duration>) -> io::Result<bool> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            if self.conns.iter().any(|c| c.unpolled) {
+                // A connection held back for the poller's word may hold data already, which
+                // no event announces again: look without sleeping, then let the caller read.
+                self.poll_once(Some(Duration::ZERO))?;
+                return Ok(true);
+            }
+            let until = match self.urgent_look(look) {
+                Some(look) => deadline.min(now + look),
+                None => deadline,
+            };
+            if self.poll_once(Some(until - now))? {
+                return Ok(true);
+            }
+            if until >= deadline {
+                return Ok(false);
+            }
+            if self.look_for_urgent() {
+                return Ok(true);
+            }
         }
-        if self.conns.iter().any(|c| c.unpolled) {
-            // A connection held back for the poller's word may hold data already, which no
-            // event announces again: look without sleeping, then let the caller read.
-            self.poll_once(Some(Duration::ZERO))?;
-            return Ok(true);
+    }
+
+    /// `look`, if some connection's urgent bytes must be looked for while it waits (see
+    /// [`Connections::wait`]).
+    fn urgent_look(&self, look: Option<Duration>) -> Option<Duration> {
+        look.filter(|_| self.conns.iter().any(Conn::needs_urgent_look))
+    }
+
+    /// Takes the urgent byte waiting on any connection whose driver does not report them
+    /// (one `recv(2)` with `MSG_OOB` each), answering a query; returns whether one was
+    /// taken.
+    pub(crate) fn look_for_urgent(&mut self) -> bool {
+        let mut took = false;
+        for conn in &mut self.conns {
+            if conn.needs_urgent_look() {
+                took |= conn.take_notice();
+            }
         }
-        self.poll_once(Some(deadline - now))
+        took
     }
 
     /// Marks every connection ready, so the next transfers are tried rather than waited
@@ -868,3 +919,6 @@ pub(crate) fn health<S>(
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -322,6 +322,15 @@ impl Inquiry {
         (timeout / 4).min(Duration::from_millis(500))
     }
 
+    /// How long a rank whose driver cannot report urgent bytes as they arrive (io_uring,
+    /// kqueue) waits before it looks for them, so that it answers a query well within the
+    /// grace its sender gives (see `Connections::look_for_urgent`): a quarter of the grace,
+    /// from 1 ms to 10 ms. A look is one `recv(2)` per connection, made only by a rank that
+    /// has waited this long, so it costs nothing a collective that moves would notice.
+    pub(crate) fn answer_within(timeout: Duration) -> Duration {
+        (Self::grace(timeout) / 4).clamp(Duration::from_millis(1), Duration::from_millis(10))
+    }
+
     /// Starts an inquiry at `now` by rank `me` of `size`, which waited on `neighbours`
     /// (ranks; duplicates are ignored) and suspects `suspect` (one of them) by timing.
     pub(crate) fn new(

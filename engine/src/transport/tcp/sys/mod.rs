@@ -5,17 +5,17 @@
 //! Two drivers exist. [`mio`] (epoll on Linux, kqueue on macOS) reports readiness, and a
 //! transfer is a plain system call on the socket. [`uring`] (Linux, `Io::Uring`) runs each
 //! read and write as one io_uring operation that completes within the call (the buffer
-//! contract of `ffi::uring`), waits with io_uring polls (including a standing `POLLPRI`
-//! poll per connection for urgent bytes), and can submit a step's send and receive together
-//! and let the receive wait in the kernel, all within one call ([`Driver::step`]). The
-//! poller stays in both: with io_uring it holds only the close waker, which io_uring waits
-//! on through the poller's descriptor.
+//! contract of `ffi::uring`), waits with io_uring polls, and can submit a step's send and
+//! receive together and let the receive wait in the kernel, all within one call
+//! ([`Driver::step`]). Its polls cannot report urgent bytes (see `uring::ARRIVALS`), so its
+//! receives take them ([`Source::recv`] with a guard). The poller stays in both: with
+//! io_uring it holds only the close waker, which io_uring waits on through the poller's
+//! descriptor.
 //!
 //! What differs is said through the methods' results rather than asked of the driver:
-//! whether a read left the socket known to be empty ([`Received::drained`]), whether urgent
-//! data was already reported ([`Source::urgent`]), whether arrivals are reported without
-//! trying ([`Source::reports_arrivals`]), whether a connection can step
-//! ([`Driver::steps`]).
+//! whether a read left the socket known to be empty ([`Received::drained`]), what is known
+//! of urgent data ([`Source::urgent`]), whether arrivals are reported without trying
+//! ([`Source::reports_arrivals`]), whether a connection can step ([`Driver::steps`]).
 
 mod mio;
 pub(crate) mod uring;
@@ -43,13 +43,12 @@ pub(crate) struct Event {
     ended: Option<usize>,
 }
 
-/// Whether urgent data is known to wait on a connection.
+/// What is known of urgent data on a connection, before a read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Urgency {
-    /// The driver reported it: take it before the stream is read past it.
-    Reported,
-    /// The driver would have reported it: there is none.
-    None,
+    /// The driver's guarded receives take an urgent byte before they can pass its
+    /// position (io_uring's): read on.
+    Taken,
     /// The driver cannot say without a wait: ask it before reading on.
     Unknown,
 }
@@ -97,14 +96,33 @@ impl Source {
         Source(Kind::Mio)
     }
 
-    /// Reads what is available into `buf`.
-    pub(crate) fn recv(&self, stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<Received> {
+    /// Reads what is available into `buf`. With `guard` (io_uring only: the poller reports
+    /// urgent bytes, see [`Urgency`]), an urgent byte waiting on the socket is taken first
+    /// and put in `urgent`, so that the read cannot start at its position and skip it.
+    pub(crate) fn recv(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut [u8],
+        guard: bool,
+        urgent: &mut Option<u8>,
+    ) -> io::Result<Received> {
         match &self.0 {
             // A short read does not prove the socket drained: it stops before a close
             // that already arrived (and that epoll already reported), and at an urgent
             // byte. So the connection stays readable (see `Conn::read_stream`).
             Kind::Mio => io::Read::read(stream, buf).map(|n| Received { n, drained: false }),
-            Kind::Uring(port) => port.recv(stream.as_fd(), buf),
+            Kind::Uring(port) => {
+                let taken = port.recv(stream.as_fd(), buf, guard)?;
+                *urgent = taken.urgent;
+                match taken.received {
+                    // The byte taken stands where the receive began, which refuses to pass
+                    // it (see `ffi::uring::Ring::recv_guarded`): a plain read does.
+                    Err(e) if urgent.is_some() && e.kind() == io::ErrorKind::WouldBlock => {
+                        self.recv_plain(stream, buf)
+                    }
+                    received => received,
+                }
+            }
         }
     }
 
@@ -142,18 +160,17 @@ impl Source {
         }
     }
 
-    /// Whether urgent data waits (and, if it was reported, forgets the report).
+    /// What is known of urgent data before a read (see [`Urgency`]).
     pub(crate) fn urgent(&self) -> Urgency {
         match &self.0 {
             Kind::Mio => Urgency::Unknown,
-            Kind::Uring(port) if port.take_urgent() => Urgency::Reported,
-            Kind::Uring(_) => Urgency::None,
+            Kind::Uring(_) => Urgency::Taken,
         }
     }
 
-    /// Whether urgent data is reported as it arrives, in the driver's completions
-    /// (io_uring), rather than only when the poller is asked ([`Urgency::Unknown`]).
-    pub(crate) fn reports_urgent(&self) -> bool {
+    /// Whether this driver's reads take urgent bytes themselves when guarded (io_uring),
+    /// rather than relying on the poller's reports.
+    pub(crate) fn reads_take_urgent(&self) -> bool {
         matches!(self.0, Kind::Uring(_))
     }
 
@@ -261,8 +278,8 @@ impl Driver {
     }
 
     /// Before a [`Driver::step`]: hands what was reported so far to `each` (io_uring's
-    /// completions, without a system call), so that urgent bytes are taken and queries
-    /// answered before the step waits, and arms the wait for the close waker. Returns
+    /// completions, without a system call), so that closes are seen before the step
+    /// waits, and arms the wait for the close waker. Returns
     /// whether the waker fired: then no step may wait (the close is to be seen first).
     ///
     /// # Errors
@@ -277,8 +294,8 @@ impl Driver {
 
     /// One step's transfers in one submission (see `ffi::uring::Ring::exchange`): sends
     /// `send` and receives into `recv`, waiting in the kernel until both moved bytes,
-    /// `deadline` passes, urgent data arrives on any connection, or a close from another
-    /// thread fires the waker; neither is in flight when this returns. The receive takes
+    /// `deadline` passes, any connection closes or fails, or a close from another thread
+    /// fires the waker; neither is in flight when this returns. The receive takes
     /// an urgent byte first if `guard_urgent`. What was reported during the wait goes to
     /// `each`. Call [`Driver::before_step`] first.
     ///

@@ -17,8 +17,6 @@ use super::{Event, Exchanged, Received};
 mod events {
     /// Data to read.
     pub(crate) const IN: u32 = 0x001;
-    /// Urgent data (a failure notice, a query or an answer).
-    pub(crate) const PRI: u32 = 0x002;
     /// Room to write.
     pub(crate) const OUT: u32 = 0x004;
     /// An error on the socket.
@@ -29,24 +27,17 @@ mod events {
     pub(crate) const RDHUP: u32 = 0x2000;
 }
 
-/// The token of connection `conn`'s wait of kind `kind` (0: readable, 1: writable,
-/// 2: urgent data).
+/// The token of connection `conn`'s wait of kind `kind` (0: readable, 1: writable).
 fn token(conn: usize, kind: u32) -> u32 {
     u32::try_from(conn)
         .unwrap_or(u32::MAX / 4)
-        .saturating_mul(3)
+        .saturating_mul(2)
         .saturating_add(kind)
 }
 
 /// The connection and the kind of the wait a [`token`] names (its inverse).
 fn parse_token(token: u32) -> (usize, u32) {
-    ((token / 3) as usize, token % 3)
-}
-
-/// Whether a report of `events` under a connection's `token` announces urgent data (a
-/// notice, a query or an answer): any report of its urgent-data wait, or `POLLPRI`.
-fn announces_urgent(token: u32, events: u32) -> bool {
-    parse_token(token).1 == 2 || events & events::PRI != 0
+    ((token / 2) as usize, token % 2)
 }
 
 /// The token of the wait on the poller that holds the close [`Waker`](mio::Waker).
@@ -66,6 +57,11 @@ mod imp {
 
     use super::*;
 
+    /// Whether `events` say that a connection closed or failed.
+    fn ends(events: u32) -> bool {
+        events & (events::RDHUP | events::HUP | events::ERR) != 0
+    }
+
     /// The ring, shared by the transport and its connections (one thread drives a group at
     /// a time, so the lock is never contended; it makes the handle `Send`).
     #[derive(Clone, Debug)]
@@ -74,7 +70,7 @@ mod imp {
     impl Shared {
         /// A ring for `conns` connections, or why the kernel refuses one.
         pub(crate) fn new(conns: usize) -> io::Result<Shared> {
-            let tokens = 3 * conns + 1;
+            let tokens = 2 * conns + 1;
             let entries = u32::try_from(tokens.next_power_of_two().max(16)).unwrap_or(4096);
             let ring = ffi::uring::Ring::new(entries, tokens)?;
             Ok(Shared(Arc::new(Mutex::new(ring))))
@@ -92,16 +88,24 @@ mod imp {
             self.lock()?.recv(fd, buf)
         }
 
+        /// [`Shared::recv`] behind a receive of the urgent byte (see
+        /// `ffi::uring::Ring::recv_guarded`).
+        pub(crate) fn recv_guarded(
+            &self,
+            fd: BorrowedFd<'_>,
+            buf: &mut [u8],
+        ) -> io::Result<ffi::uring::Guarded> {
+            self.lock()?.recv_guarded(fd, buf)
+        }
+
         pub(crate) fn send(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
             self.lock()?.send(fd, buf)
         }
 
         /// A step's send and receive in one submission (the receive guarding urgent bytes
         /// if `guard_urgent`), waited for in the kernel until both moved bytes,
-        /// `deadline`, a report under `stop`, or urgent data on any
-        /// connection (see `ffi::uring::Ring::exchange`): a query from a neighbour that
-        /// timed out is answered at once, and a notice read while the stream still holds
-        /// it, whichever connection they come on.
+        /// `deadline`, a report under `stop`, or a connection that closes or fails (see
+        /// `ffi::uring::Ring::exchange`).
         pub(crate) fn exchange(
             &self,
             send: Option<(BorrowedFd<'_>, &[u8])>,
@@ -116,7 +120,7 @@ mod imp {
             });
             ring.guard_urgent(guard_urgent);
             ring.exchange(send, recv, Some(deadline), |r| {
-                r.token == stop || (r.token != WAKE_TOKEN && announces_urgent(r.token, r.events))
+                r.token == stop || (r.token != WAKE_TOKEN && ends(r.events))
             })
         }
 
@@ -140,14 +144,6 @@ mod imp {
             body: &[u8],
         ) -> io::Result<usize> {
             self.lock()?.send_pair(fd, head, body)
-        }
-
-        /// Whether urgent data was reported under `token` (and forgets it).
-        pub(crate) fn take_urgent(&self, token: u32) -> bool {
-            self.lock().is_ok_and(|mut ring| {
-                ring.take(token)
-                    .is_some_and(|r| r.events & (events::PRI | events::ERR) != 0)
-            })
         }
 
         pub(crate) fn poll(
@@ -201,6 +197,13 @@ mod imp {
         pub(crate) urgent: Option<u8>,
     }
 
+    /// What a guarded receive did (no values off Linux: there is none).
+    #[derive(Debug)]
+    pub(crate) struct Guarded {
+        pub(crate) received: io::Result<(usize, bool)>,
+        pub(crate) urgent: Option<u8>,
+    }
+
     /// No io_uring off Linux: a type without values.
     #[derive(Clone, Debug)]
     pub(crate) enum Shared {}
@@ -215,6 +218,7 @@ mod imp {
 
         uninhabited! {
             fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)>;
+            fn recv_guarded(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Guarded>;
             fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize>;
             fn take_ready(each: impl FnMut(Ready));
             fn exchange(
@@ -222,7 +226,6 @@ mod imp {
                 deadline: Instant, stop: (u32, Spin, bool)
             ) -> io::Result<Stepped>;
             fn send_pair(fd: BorrowedFd<'_>, head: &[u8], body: &[u8]) -> io::Result<usize>;
-            fn take_urgent(token: u32) -> bool;
             fn poll(fd: BorrowedFd<'_>, token: u32, events: u32, multishot: bool) -> io::Result<()>;
             fn wait(timeout: Option<Duration>, each: impl FnMut(Ready)) -> io::Result<()>;
         }
@@ -231,9 +234,16 @@ mod imp {
 
 use imp::Shared;
 
-/// The `poll(2)` events of each io_uring wait of a connection: arrivals (data or a close),
-/// room to write, urgent data.
-const ARRIVALS: [u32; 3] = [events::IN | events::RDHUP, events::OUT, events::PRI];
+/// The `poll(2)` events of each io_uring wait of a connection: arrivals (data, urgent data
+/// or a close), room to write.
+///
+/// No wait asks for urgent data alone: measured on Linux 6.18, a multishot `POLLPRI` wait
+/// armed before an urgent byte arrives does not report it (the wake-up of its arrival is
+/// filtered out), and a wait that also asks for `POLLIN` reports `POLLPRI` with ordinary
+/// data as well, so its reports cannot tell an urgent byte from data. Urgent bytes are
+/// taken by the receives instead (`ffi::uring::Ring::recv_guarded` and the guarded step),
+/// and looked for while a collective waits (see `Connections::look_for_urgent`).
+const ARRIVALS: [u32; 2] = [events::IN | events::RDHUP, events::OUT];
 
 /// What went wrong handing the connections to io_uring.
 #[derive(Debug)]
@@ -244,30 +254,45 @@ pub(crate) enum Refusal {
     Failed(&'static str, io::Error),
 }
 
+/// What a connection's receive moved, and the urgent byte a guarded one took first.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) received: io::Result<Received>,
+    pub(crate) urgent: Option<u8>,
+}
+
 /// One connection's end: its wait tokens derive from its index, and it knows which of its
-/// waits are armed (readable, writable, urgent data).
+/// waits are armed (readable, writable).
 #[derive(Debug)]
 pub(crate) struct Port {
     /// The group's ring, which a connection's sends go straight to.
     pub(super) ring: Shared,
     slot: usize,
-    armed: [bool; 3],
+    armed: [bool; 2],
 }
 
 impl Port {
-    pub(super) fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-        let (n, rest) = self.ring.recv(fd, buf)?;
+    /// Receives what the socket holds; with `guard`, takes an urgent byte first
+    /// ([`Taken::urgent`]), so that the receive cannot skip it.
+    pub(super) fn recv(
+        &self,
+        fd: BorrowedFd<'_>,
+        buf: &mut [u8],
+        guard: bool,
+    ) -> io::Result<Taken> {
+        let (received, urgent) = if guard {
+            let guarded = self.ring.recv_guarded(fd, buf)?;
+            (guarded.received, guarded.urgent)
+        } else {
+            (self.ring.recv(fd, buf), None)
+        };
         // The kernel said the socket is empty now, and the standing arrival wait reports
         // the next bytes.
-        Ok(Received {
+        let received = received.map(|(n, rest)| Received {
             n,
             drained: n > 0 && !rest && self.armed[0],
-        })
-    }
-
-    /// Whether urgent data was reported on this connection (and forgets the report).
-    pub(super) fn take_urgent(&self) -> bool {
-        self.ring.take_urgent(token(self.slot, 2))
+        });
+        Ok(Taken { received, urgent })
     }
 
     /// Whether the standing arrival wait is armed (it reports every arrival).
@@ -293,7 +318,7 @@ pub(crate) struct Driver {
 
 impl Driver {
     /// Takes `streams` off the poller and onto a new ring. As the poller's registration
-    /// did, arrivals (data, a close, urgent data) are reported from the start, whether or
+    /// did, arrivals (data, urgent data, a close) are reported from the start, whether or
     /// not a read is outstanding on the connection.
     #[cfg_attr(
         not(target_os = "linux"),
@@ -312,16 +337,12 @@ impl Driver {
             poller
                 .deregister(stream)
                 .map_err(|e| Refusal::Failed("handing a connection to io_uring", e))?;
-            let mut armed = [false; 3];
-            for kind in [0, 2] {
-                ring.poll(stream.as_fd(), token(i, kind as u32), ARRIVALS[kind], true)
-                    .map_err(|e| Refusal::Failed("arming io_uring's waits", e))?;
-                armed[kind] = true;
-            }
+            ring.poll(stream.as_fd(), token(i, 0), ARRIVALS[0], true)
+                .map_err(|e| Refusal::Failed("arming io_uring's waits", e))?;
             ports.push(Port {
                 ring: ring.clone(),
                 slot: i,
-                armed,
+                armed: [true, false],
             });
         }
         Ok((
@@ -334,18 +355,18 @@ impl Driver {
     }
 
     /// Arms the waits that readiness needs (a connection already marked ready needs none;
-    /// the arrival and urgent-data waits stand), and the wait for the close waker.
+    /// the arrival wait stands), and the wait for the close waker.
     pub(super) fn arm<'c>(
         &mut self,
         poller: &Poller,
         conns: impl Iterator<Item = Option<(&'c mut Port, BorrowedFd<'c>, bool)>>,
     ) -> io::Result<()> {
         for (port, fd, writable) in conns.flatten() {
-            // Arrivals and urgent data are watched all the time (multishot: one report per
-            // arrival, as edge-triggered epoll gives); room to write only when a write found
-            // none (one-shot: room stays, and would be reported at every wait).
-            let wanted = [true, !writable, true];
-            for kind in 0..3 {
+            // Arrivals are watched all the time (multishot: one report per arrival, as
+            // edge-triggered epoll gives); room to write only when a write found none
+            // (one-shot: room stays, and would be reported at every wait).
+            let wanted = [true, !writable];
+            for kind in 0..2 {
                 if wanted[kind] && !port.armed[kind] {
                     self.ring
                         .poll(fd, token(port.slot, kind as u32), ARRIVALS[kind], kind != 1)?;
@@ -461,7 +482,7 @@ fn apply(ready: Ready, each: &mut impl FnMut(usize, Event)) -> bool {
         Event {
             readable: kind == 0 || failed,
             writable: kind == 1 || failed,
-            urgent: announces_urgent(ready.token, ready.events),
+            urgent: false,
             ended: ready.ended.then_some(kind as usize),
         },
     );
