@@ -283,6 +283,14 @@ pub(crate) trait Drive {
     /// The error for a collective in which nothing moved for `timeout`.
     fn stalled(&mut self, timeout: Duration) -> Error;
 
+    /// The longest wait for peers made inside [`Drive::advance`] so far, for a driver
+    /// whose `advance` may itself wait (io_uring's steps wait in the kernel for their
+    /// receive): the policy learns from it as from the stretches in which `advance` moved
+    /// nothing. Zero for drivers that never wait in `advance`.
+    fn waited(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// [`Error::Aborted`] if the group was closed from another thread (its
     /// [`CloseFlag`](super::state::CloseFlag) is raised), else `None`. Asked once per round
     /// of the loop, so it must be cheap: one atomic load. A driver whose `wait` can block
@@ -316,7 +324,7 @@ pub(crate) fn progress<D: Drive>(
             if let Some((since, seen)) = stretch {
                 longest = longest.max(seen.saturating_duration_since(since));
             }
-            policy.record(longest);
+            policy.record(longest.max(driver.waited()));
             return Ok(());
         }
         if let Some(aborted) = driver.aborted() {
@@ -989,6 +997,46 @@ mod tests {
         fn aborted(&self) -> Option<Error> {
             None
         }
+    }
+
+    /// A driver whose `advance` itself waits (as io_uring's steps wait in the kernel for
+    /// their receive) and always moves: `progress` sees no idle stretch at all.
+    struct WaitsInside {
+        inside: Duration,
+        done: bool,
+    }
+
+    impl Drive for WaitsInside {
+        fn advance(&mut self) -> Result<bool> {
+            self.done = true;
+            Ok(true)
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+        fn wait(&mut self, _until: Instant) -> Result<bool> {
+            Ok(true)
+        }
+        fn stalled(&mut self, _timeout: Duration) -> Error {
+            Error::invalid("never stalls")
+        }
+        fn aborted(&self) -> Option<Error> {
+            None
+        }
+        fn waited(&self) -> Duration {
+            self.inside
+        }
+    }
+
+    #[test]
+    fn a_wait_inside_advance_teaches_the_policy_too() {
+        let mut p = WaitPolicy::for_local_ranks(None, 1);
+        let mut late = WaitsInside {
+            inside: Duration::from_micros(700),
+            done: false,
+        };
+        progress(&mut late, Duration::from_secs(5), &mut p).unwrap();
+        assert_eq!(samples(&p), vec![700_000], "the wait in nanoseconds");
     }
 
     /// The waits a learned policy holds, oldest first.

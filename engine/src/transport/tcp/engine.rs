@@ -69,6 +69,8 @@ struct Collective<'a, M> {
     /// How long a wait lasts before it looks for urgent bytes, where the driver cannot
     /// report them ([`Inquiry::answer_within`]).
     look: Duration,
+    /// The longest step so far that waited for its receive (see [`Drive::waited`]).
+    waited: Duration,
 }
 
 /// What one step moves: the send (its queue, its link, how many bytes were staged) and
@@ -217,6 +219,12 @@ impl<M: Machine> Collective<'_, M> {
                     self.spin,
                 )
                 .map_err(|e| Error::local("a step's transfers on io_uring", e))?;
+            // How long the step waited for its peer, which the wait policy learns from: a
+            // step that sends and receives waits in the kernel inside `advance`, where
+            // `progress` cannot see it.
+            if plan.recv.is_some() {
+                self.waited = self.waited.max(submitted.elapsed());
+            }
             // The receive first: a header that differs explains a failed send better than
             // the failure does, and it is not there to read again.
             if let Some((i, link)) = plan.recv {
@@ -250,6 +258,10 @@ impl<M: Machine> Drive for Collective<'_, M> {
 
     fn finished(&self) -> bool {
         self.machine.is_finished()
+    }
+
+    fn waited(&self) -> Duration {
+        self.waited
     }
 
     fn assume_ready(&mut self) {
@@ -315,6 +327,7 @@ pub(crate) fn run<M: Machine>(
         },
         spin: policy.spin(),
         look: Inquiry::answer_within(timeout),
+        waited: Duration::ZERO,
     };
     progress(&mut collective, timeout, policy)
 }
