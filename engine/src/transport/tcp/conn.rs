@@ -362,6 +362,12 @@ impl Conn {
             // own task work always is; a plain receive has none pending.
             let mut urgent = None;
             let read = if self.notices.spoke() {
+                // A plain read skips an urgent byte at its start: where the driver's polls
+                // do not report one (io_uring), look first. A neighbour that spoke has begun
+                // to fail, and its next byte may be its notice, right before its close.
+                if self.source.reads_take_urgent() && self.urgent_matters() {
+                    self.take_notice();
+                }
                 self.source.recv_plain(&mut self.stream, &mut buf[..len])
             } else {
                 let guard = self.urgent_matters();

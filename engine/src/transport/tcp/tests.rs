@@ -87,3 +87,57 @@ fn a_rank_waiting_on_one_neighbour_answers_another_s_query_within_the_grace() {
         assert!(heard, "rank 1 heard the query");
     });
 }
+
+/// Rank 2 asks rank 1 (which takes the query and answers), then gives up naming rank 0,
+/// leaving its notice right before its close. Rank 1, reading on, must take the notice
+/// before its read passes it and finds the close: from then on rank 1's reads of rank 2
+/// are plain `recv(2)`s (an io_uring receive is refused where a taken byte stood), which
+/// skip an urgent byte at their start, so on io_uring the read looks first.
+#[test]
+fn a_notice_right_before_a_close_is_taken_after_a_query() {
+    let timeout = Duration::from_secs(4);
+    let mut ranks = meshes(3, timeout).into_iter();
+    let (_r0, mut r1, mut r2) = (
+        ranks.next().unwrap(),
+        ranks.next().unwrap(),
+        ranks.next().unwrap(),
+    );
+    let (from2, to1) = (r1.recv_conn(2), r2.send_conn(1));
+    let deadline = Instant::now() + timeout;
+    let look = Some(Inquiry::answer_within(timeout));
+    let conn = r2.conn(to1);
+    conn.notices.start_inquiry();
+    conn.flush_urgent();
+    while !r1.conn(from2).notices.spoke() {
+        assert!(Instant::now() < deadline, "rank 1 never took the query");
+        r1.wait(deadline, look).expect("a wait");
+        r1.conn(from2).take_notice();
+    }
+    let conn = r2.conn(to1);
+    assert!(
+        conn.notices.abandon(Some(0)),
+        "a notice naming rank 0 is due"
+    );
+    conn.flush_urgent();
+    assert!(!conn.notices.notice_pending(), "the notice went out");
+    conn.stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("closing rank 2's side");
+    // Both have arrived before rank 1 reads.
+    thread::sleep(Duration::from_millis(50));
+    let mut buf = [0u8; 64];
+    loop {
+        assert!(Instant::now() < deadline, "rank 1 never saw the close");
+        r1.wait(deadline, look).expect("a wait");
+        match r1.conn(from2).read(&mut buf).expect("a read") {
+            super::Transfer::Closed => break,
+            super::Transfer::Blocked => {}
+            super::Transfer::Moved(n) => panic!("rank 2 sent no data, yet {n} bytes came"),
+        }
+    }
+    assert_eq!(
+        r1.conn(from2).notices.notice(),
+        Some(0),
+        "the notice was taken"
+    );
+}
