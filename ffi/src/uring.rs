@@ -216,18 +216,11 @@ impl Ring {
     /// The ring's (the receive's own error is in [`Guarded::received`]).
     pub fn recv_guarded(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Guarded> {
         let fd = types::Fd(fd.as_raw_fd());
-        let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let reports_rest = self.reports_rest;
         // Declared before `flight`, so it outlives the guard (locals drop in reverse).
         let mut urgent = 0u8;
         let mut flight = InFlight::new(&mut self.ring, &mut self.ready);
-        let take_urgent = opcode::Recv::new(fd, &raw mut urgent, 1)
-            .flags(libc::MSG_OOB | libc::MSG_DONTWAIT)
-            .build()
-            .flags(io_uring::squeue::Flags::IO_HARDLINK);
-        let entry = opcode::Recv::new(fd, buf.as_mut_ptr(), len)
-            .flags(libc::MSG_DONTWAIT)
-            .build();
+        let [take_urgent, entry] = urgent_then_receive(fd, &raw mut urgent, buf);
         // A chain cut by a full queue would be submitted in two parts, unlinked.
         flight.make_room(2)?;
         // SAFETY: `urgent` lives on this frame longer than `flight`, which reaps every
@@ -404,18 +397,11 @@ impl Ring {
         }
         if let Some((fd, buf)) = recv {
             let fd = types::Fd(fd.as_raw_fd());
-            let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
             let linked = io_uring::squeue::Flags::IO_HARDLINK;
             let look = opcode::PollAdd::new(fd, (libc::POLLIN | libc::POLLPRI) as u32)
                 .build()
                 .flags(linked);
-            let take_urgent = opcode::Recv::new(fd, &raw mut urgent, 1)
-                .flags(libc::MSG_OOB | libc::MSG_DONTWAIT)
-                .build()
-                .flags(linked);
-            let entry = opcode::Recv::new(fd, buf.as_mut_ptr(), len)
-                .flags(libc::MSG_DONTWAIT)
-                .build();
+            let [take_urgent, entry] = urgent_then_receive(fd, &raw mut urgent, buf);
             // A chain cut by a full queue would be submitted in two parts, unlinked.
             flight.make_room(3)?;
             // SAFETY: the wait references no memory, only the descriptor.
@@ -548,6 +534,26 @@ impl Ring {
             each(r);
         }
     }
+}
+
+/// A receive of the socket's urgent byte into `urgent`, hard-linked before a receive into
+/// `buf`, both without waiting (see [`Ring::recv_guarded`]). Building them touches neither
+/// memory; pushing them is the caller's contract.
+fn urgent_then_receive(
+    fd: types::Fd,
+    urgent: *mut u8,
+    buf: &mut [u8],
+) -> [io_uring::squeue::Entry; 2] {
+    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+    [
+        opcode::Recv::new(fd, urgent, 1)
+            .flags(libc::MSG_OOB | libc::MSG_DONTWAIT)
+            .build()
+            .flags(io_uring::squeue::Flags::IO_HARDLINK),
+        opcode::Recv::new(fd, buf.as_mut_ptr(), len)
+            .flags(libc::MSG_DONTWAIT)
+            .build(),
+    ]
 }
 
 /// Takes every completion off `ring`'s queue: a transfer's goes to `done` by its slot, a

@@ -271,7 +271,7 @@ impl Conn {
     /// Whether a read that may start at an urgent byte looks for one first: where the
     /// driver's reads do not take urgent bytes themselves, and one matters.
     fn guards_urgent(&self) -> bool {
-        !self.source.reads_take_urgent() && self.urgent_matters()
+        self.source.urgent() != Urgency::Taken && self.urgent_matters()
     }
 
     /// Marks the connection readable without the poller's word (a collective starts by
@@ -365,7 +365,7 @@ impl Conn {
                 // A plain read skips an urgent byte at its start: where the driver's polls
                 // do not report one (io_uring), look first. A neighbour that spoke has begun
                 // to fail, and its next byte may be its notice, right before its close.
-                if self.source.reads_take_urgent() && self.urgent_matters() {
+                if self.source.urgent() == Urgency::Taken && self.urgent_matters() {
                     self.take_notice();
                 }
                 self.source.recv_plain(&mut self.stream, &mut buf[..len])

@@ -168,12 +168,6 @@ impl Source {
         }
     }
 
-    /// Whether this driver's reads take urgent bytes themselves when guarded (io_uring),
-    /// rather than relying on the poller's reports.
-    pub(crate) fn reads_take_urgent(&self) -> bool {
-        matches!(self.0, Kind::Uring(_))
-    }
-
     /// Whether the poller reports urgent bytes with the arrivals it reports (epoll's
     /// `EPOLLPRI`; kqueue has no such event, and io_uring takes them in its receives).
     pub(crate) fn poller_reports_urgent(&self) -> bool {
