@@ -207,11 +207,11 @@ fn unknown_backend(name: &str) -> Error {
 pub enum Io {
     /// [`IO_VAR`](crate::IO_VAR) if it is set, else the loop measured faster: epoll (kqueue off Linux),
     /// everywhere for now. io_uring makes fewer system calls (2.2 per 4 B all_sum at P = 2
-    /// on the MLX wire against 5.7, 1.1 on the native wire against 2.3) but was not faster
-    /// on this project's benchmark machine (medians of five interleaved rounds, P = 2):
-    /// 1.04x epoll's time at 4 B, 1.17x at 8 KiB and 1.03x at 64 MiB on the MLX wire,
-    /// 1.20x and 1.16x on the native wire, and 1.2-1.7x with three or four ranks sharing
-    /// two CPUs. Choose [`Io::Uring`] by name to use it.
+    /// on the MLX wire against 5.7, 1.06 on the native wire against 2.31) but is not faster
+    /// on this project's benchmark machine (medians of five interleaved rounds): at P = 2
+    /// on the native wire the same as epoll within noise (1.01x its time at 4 B, 0.98x at
+    /// 64 KiB, 1.06x at 1 MiB), on the MLX wire 1.36x at 4 B and 1.65x at 1 MiB, and at
+    /// P = 4, four ranks sharing two CPUs, 1.2-1.4x. Choose [`Io::Uring`] by name to use it.
     #[default]
     #[strum(to_string = "auto", serialize = "")]
     Auto,
