@@ -233,13 +233,14 @@ impl Default for Sweep {
 }
 
 /// One thing the sweep measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Case {
     /// The collective.
     pub op: Op,
     /// Its reduction, for those that reduce.
     pub redop: Option<RedOp>,
     /// The element type.
+    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// Bytes per rank, as asked for.
     pub bytes: usize,
@@ -682,17 +683,11 @@ impl<T: Sample> Work<T> {
 /// `nuvec bench --sealed` reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SealedRow {
-    /// The collective.
-    pub op: Op,
-    /// Its reduction (`None` for all_gather and sendrecv).
-    pub redop: Option<RedOp>,
-    /// The element type.
-    #[serde(with = "dtype_name")]
-    pub dtype: DType,
+    /// The case (its fields appear in the row's JSON as the row's own).
+    #[serde(flatten)]
+    pub case: Case,
     /// Ranks in the group.
     pub ranks: usize,
-    /// Bytes per rank.
-    pub bytes: usize,
     /// The unkeyed median, µs.
     pub unkeyed_us: f64,
     /// The keyed median, µs.
@@ -728,11 +723,13 @@ pub fn sealed_rows(unkeyed: &[Measurement], keyed: &[Measurement]) -> Vec<Sealed
                     == (u.op, u.redop, u.dtype, u.bytes, u.ranks)
             })?;
             Some(SealedRow {
-                op: u.op,
-                redop: u.redop,
-                dtype: u.dtype,
+                case: Case {
+                    op: u.op,
+                    redop: u.redop,
+                    dtype: u.dtype,
+                    bytes: u.bytes,
+                },
                 ranks: u.ranks,
-                bytes: u.bytes,
                 unkeyed_us: u.median_us,
                 keyed_us: k.median_us,
                 time_ratio: ratio(k.median_us, u.median_us),
@@ -775,10 +772,10 @@ pub fn sealed_table(ranks: usize, rows: &[SealedRow]) -> String {
         };
         out.push_str(&format!(
             "{:>12} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9.3} {:>9.3} {:>7}\n",
-            r.bytes,
-            r.op.name(),
-            r.dtype.name(),
-            r.redop.map_or("none", RedOp::name),
+            r.case.bytes,
+            r.case.op.name(),
+            r.case.dtype.name(),
+            r.case.redop.map_or("none", RedOp::name),
             micros(r.unkeyed_us),
             micros(r.keyed_us),
             times,
@@ -947,7 +944,18 @@ mod tests {
         keyed[1].wrong = 3;
         let rows = sealed_rows(&unkeyed, &keyed);
         assert_eq!(rows.len(), 2, "{rows:?}");
-        assert_eq!((rows[0].bytes, rows[0].keyed_us), (4, 21.0));
+        assert_eq!((rows[0].case.bytes, rows[0].keyed_us), (4, 21.0));
+        // In JSON the case's fields are the row's own, as they were before `case` held them.
+        let json = serde_json::to_value(&rows[0]).expect("a row serializes");
+        assert_eq!(
+            (&json["bytes"], &json["dtype"]),
+            (&4.into(), &"float32".into())
+        );
+        assert_eq!(
+            (&json["op"], &json["ranks"]),
+            (&"all_sum".into(), &2.into())
+        );
+        assert!(json.get("case").is_none(), "{json}");
         assert!((rows[0].time_ratio - 1.05).abs() < 1e-9);
         // No unkeyed bandwidth: no percentage, printed as a dash.
         assert!(rows[0].busbw_percent.is_nan());

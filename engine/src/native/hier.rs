@@ -73,7 +73,7 @@ use crate::native::header::{Call, HEADER_BYTES, Header};
 use crate::native::protocol::{Caller, Exchange, Memory, Routes};
 use crate::native::run_exchange;
 use crate::reduce::ReduceOp;
-use crate::transport::shm::{Link, SETUP, Watch, read_exact, write_all};
+use crate::transport::shm::{Gather, Link, SETUP, Watch, read_exact, write_all};
 use crate::transport::tcp::Connections as Transport;
 
 /// How long a leader that found a mismatch among its members tries to hand the differing
@@ -509,7 +509,7 @@ impl Hier {
         watch: &mut Watch<'_>,
     ) -> Result<()> {
         self.inside(call, watch, |link, w| {
-            link.all_gather(call, input, output, w)
+            link.gather(call, Gather::All, (input, output), w)
         })?;
         let n = input.len();
         let widest = self.domains.iter().map(Vec::len).max().unwrap_or(1);

@@ -686,7 +686,7 @@ impl Communicator for Native {
         match state.path {
             Path::Flat(_) => {
                 return self.run_shm(state, &call, |link, watch| {
-                    link.all_gather(&call, input, output, watch)
+                    link.gather(&call, shm::Gather::All, (input, output), watch)
                 });
             }
             Path::Hier(_) => {
@@ -839,7 +839,7 @@ impl Communicator for Native {
         match state.path {
             Path::Flat(_) => {
                 return self.run_shm(state, &call, |link, watch| {
-                    link.all_to_all(&call, input, output, watch)
+                    link.gather(&call, shm::Gather::ToAll, (input, output), watch)
                 });
             }
             Path::Hier(_) => {

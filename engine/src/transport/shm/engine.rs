@@ -134,6 +134,14 @@ impl Memory<'_> {
     pub(crate) fn data(data: &mut [u8]) -> Memory<'_> {
         Memory { data, input: &[] }
     }
+
+    /// `input` read and `output` written (all_gather, sum_scatter, all_to_all).
+    pub(crate) fn io<'m>(input: &'m [u8], output: &'m mut [u8]) -> Memory<'m> {
+        Memory {
+            data: output,
+            input,
+        }
+    }
 }
 
 /// Runs `collective` on `seg` with the machine `steps` to the end: `call` is the call whose

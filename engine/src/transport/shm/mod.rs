@@ -58,6 +58,16 @@ use crate::error::Result;
 use crate::reduce::ReduceOp;
 use crate::transport::tcp::Connections as Transport;
 
+/// What [`Link::gather`] gathers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gather {
+    /// An all_gather: `input` is this rank's one block, `output` every rank's.
+    All,
+    /// An all_to_all: `input` and `output` are P blocks each; block `j` of `input` goes to
+    /// rank `j`, and `output`'s block `i` comes from rank `i`.
+    ToAll,
+}
+
 /// One rank's end of a segment (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -173,27 +183,6 @@ impl Link {
         self.run(collective, Some(call), Memory::data(data), watch)
     }
 
-    /// An all_to_all: `input` and `output` are P blocks each; `output` holds this rank's
-    /// own block already.
-    ///
-    /// # Errors
-    ///
-    /// As [`Link::broadcast`].
-    pub(crate) fn all_to_all(
-        &mut self,
-        call: &dyn CallHeader,
-        input: &[u8],
-        output: &mut [u8],
-        watch: &mut Watch<'_>,
-    ) -> Result<()> {
-        let block = input.len() / self.steps.size();
-        let mem = Memory {
-            data: output,
-            input,
-        };
-        self.run(Collective::AllToAll { block }, Some(call), mem, watch)
-    }
-
     /// A barrier: one step of headers.
     ///
     /// # Errors
@@ -273,25 +262,27 @@ impl Link {
         self.run(collective, Some(call), Memory::data(data), watch)
     }
 
-    /// An all_gather: `output` holds this rank's `input` at its block already (its group
-    /// rank's: a domain of a hierarchical group fills its own ranks' blocks).
+    /// A gather of blocks (see [`Gather`]): `output` holds this rank's own block already
+    /// (for an all_gather, its group rank's: a domain of a hierarchical group fills its
+    /// own ranks' blocks).
     ///
     /// # Errors
     ///
     /// As [`Link::broadcast`].
-    pub(crate) fn all_gather(
+    pub(crate) fn gather(
         &mut self,
         call: &dyn CallHeader,
-        input: &[u8],
-        output: &mut [u8],
+        kind: Gather,
+        (input, output): (&[u8], &mut [u8]),
         watch: &mut Watch<'_>,
     ) -> Result<()> {
-        let collective = Collective::AllGather { len: input.len() };
-        let mem = Memory {
-            data: output,
-            input,
+        let collective = match kind {
+            Gather::All => Collective::AllGather { len: input.len() },
+            Gather::ToAll => Collective::AllToAll {
+                block: input.len() / self.steps.size(),
+            },
         };
-        self.run(collective, Some(call), mem, watch)
+        self.run(collective, Some(call), Memory::io(input, output), watch)
     }
 
     /// A sum_scatter: `input` is P blocks of `output.len()` bytes; this rank's block of
@@ -312,10 +303,7 @@ impl Link {
             dtype,
             block: output.len(),
         };
-        let mem = Memory {
-            data: output,
-            input,
-        };
+        let mem = Memory::io(input, output);
         self.run(collective, Some(call), mem, watch)
     }
 
