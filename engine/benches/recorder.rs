@@ -2,10 +2,10 @@
 //! backend whose calls do nothing, so that only the group's own work remains.
 //!
 //! Rows: `backend` calls the no-op communicator ([`Stub`]) directly; `group` makes the same
-//! call through a [`Group`] over it, which records it (two uncontended lock round trips, two
-//! clock reads, and the backend's [`Communicator::algorithm`], which this one answers as
-//! the native wire does, by the size of the call); `group, records 0` through a group whose
-//! recorder is off. The difference
+//! call through a [`Group`] over it, which records it (two uncontended lock round trips and
+//! two reads of the CPU's counter; the backend's [`Communicator::algorithm`], which this one
+//! answers as the native wire does, is asked only when a copy is taken); `group, records 0`
+//! through a group whose recorder is off. The difference
 //! between the last two is the recorder's cost per call. Each row is the median of 31
 //! batches of 100 000 calls; the machine may be shared: run it twice and trust only
 //! differences that repeat.
