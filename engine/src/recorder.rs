@@ -370,10 +370,10 @@ impl Clock {
     }
 
     /// The scale of a copy taken now, and the time it was taken in nanoseconds since the
-    /// group formed (as the counter read it). Measured over the whole life of the group (the counter and the
-    /// monotonic clock read now, against both at the start), so that the times of a group
-    /// that runs for hours do not drift from the monotonic clock's, which lines up ranks'
-    /// dumps by their `formed_unix_ns`.
+    /// group formed (as the counter read it). Measured over the whole life of the group
+    /// (the counter and the monotonic clock read now, against both at the start), so that
+    /// the times of a group that runs for hours do not drift from the monotonic clock's,
+    /// which lines up ranks' dumps by their `formed_unix_ns`.
     fn scale(&self) -> (Scale<'_>, u64) {
         let (count, now) = (self.read(), Instant::now());
         let lived = now.saturating_duration_since(self.epoch);
@@ -598,15 +598,13 @@ impl Recorder {
     pub(crate) fn snapshot(&self) -> FlightRecord {
         // Outside the lock: a group dropped meanwhile drops its backend here.
         let comm = self.comm.upgrade();
-        let mut taken_ns = self.clock.scale().1;
-        let (capacity, calls, entries) = match &self.ring {
-            None => (0, 0, Vec::new()),
+        let (capacity, calls, entries, taken_ns) = match &self.ring {
+            None => (0, 0, Vec::new(), self.clock.scale().1),
             Some(ring) => {
                 let ring = Self::lock(ring);
                 let capacity = ring.slots.len();
                 // Scaled after the lock is taken, so that no call recorded is later.
-                let (scale, taken) = self.clock.scale();
-                taken_ns = taken;
+                let (scale, taken_ns) = self.clock.scale();
                 let entry = |k: &Kept| self.entry(k, &scale, comm.as_deref());
                 // Until the ring is full its records are the slots before the head; then
                 // the oldest is at the head.
@@ -616,7 +614,7 @@ impl Recorder {
                     let (newer, older) = ring.slots.split_at(ring.head);
                     older.iter().chain(newer).map(entry).collect()
                 };
-                (capacity, ring.next, entries)
+                (capacity, ring.next, entries, taken_ns)
             }
         };
         FlightRecord {
