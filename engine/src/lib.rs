@@ -157,6 +157,7 @@
 //! | `MLX_RANK` | [`init`] | this process's rank |
 //! | `NUVEC_DISTRIBUTED_TIMEOUT` | [`init`] | [`Options::timeout`], in seconds |
 //! | `NUVEC_DISTRIBUTED_KEY` | [`init`] | [`Options::key`] |
+//! | `NUVEC_DISTRIBUTED_SEAL_THREADS` | [`init`] | [`Options::seal_threads`]: threads that seal a keyed native group's records, 1 to 64 (unset: the CPUs per rank on this host) |
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | [`init`] | [`Options::tcp_congestion`] |
 //! | `NUVEC_DISTRIBUTED_SOCKET_BUFFER` | [`init`] | [`Options::socket_buffer`], in bytes |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | [`init`] | fixes [`Options::spin`], in microseconds (`0`: never spin; unset: learned) |
@@ -234,13 +235,15 @@ pub use comm::Transport;
 pub use group::{all_gather_vec, all_to_all, broadcast, recv_vec};
 pub use half::{bf16, f16};
 pub use nonblocking::{Pending, Plain, Scope};
-pub use options::{Backend, DEFAULT_FLIGHT_RECORDS, Io, MAX_FLIGHT_RECORDS, Options};
+pub use options::{
+    Backend, DEFAULT_FLIGHT_RECORDS, Io, MAX_FLIGHT_RECORDS, MAX_SEAL_THREADS, Options,
+};
 pub use recorder::{FlightEntry, FlightOp, FlightOutcome, FlightRecord};
 pub use reduce::{ReduceOp, simd_level};
 
 pub use config::env::{
-    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, IO_VAR, SHM_VAR, SIMD_VAR,
-    SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
+    FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, IO_VAR, SEAL_THREADS_VAR, SHM_VAR,
+    SIMD_VAR, SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR, WIRE_VAR,
 };
 
 /// A communicator that moves nothing, for tests and benchmarks: not part of the API.

@@ -742,11 +742,14 @@ pub fn sealed_rows(unkeyed: &[Measurement], keyed: &[Measurement]) -> Vec<Sealed
         .collect()
 }
 
-/// The side-by-side table of [`sealed_rows`] for one rank count: per case, both medians,
-/// keyed / unkeyed time, both bus bandwidths and keyed as % of unkeyed.
-pub fn sealed_table(ranks: usize, rows: &[SealedRow]) -> String {
-    let mut out =
-        format!("\n# sealed (AES-256-GCM) beside unkeyed, native wire over TCP, {ranks} ranks\n");
+/// The side-by-side table of [`sealed_rows`] for one rank count, whose keyed ranks sealed
+/// on `threads` threads each: per case, both medians, keyed / unkeyed time, both bus
+/// bandwidths and keyed as % of unkeyed.
+pub fn sealed_table(ranks: usize, threads: usize, rows: &[SealedRow]) -> String {
+    let mut out = format!(
+        "\n# sealed (AES-256-GCM, {threads} sealing thread(s) per rank) beside unkeyed, native \
+         wire over TCP, {ranks} ranks\n"
+    );
     out.push_str(&format!(
         "#{:>11} {:>12} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>9} {:>7}\n",
         "size", "op", "type", "redop", "unkeyed", "keyed", "keyed/", "unkeyed", "keyed", "keyed"
@@ -962,11 +965,12 @@ mod tests {
         assert_eq!(rows[0].wrong, 3);
         assert!((rows[1].time_ratio - 2.5).abs() < 1e-9);
         assert!((rows[1].busbw_percent - 40.0).abs() < 1e-9);
-        let text = sealed_table(2, &rows);
+        let text = sealed_table(2, 3, &rows);
         let lines: Vec<&str> = text.lines().collect();
         // A blank line, the title, three heading lines, a row per case.
         assert_eq!(lines.len(), 7, "{text}");
         assert!(lines[1].ends_with(", 2 ranks"), "{text}");
+        assert!(lines[1].contains("3 sealing thread(s) per rank"), "{text}");
         let cells: Vec<&str> = lines[5].split_whitespace().collect();
         assert_eq!(
             cells,

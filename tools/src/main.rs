@@ -310,8 +310,10 @@ struct BenchArgs {
     /// the keyed ranks only), each case side by side with keyed / unkeyed time and keyed
     /// bus bandwidth as % of unkeyed. Needs --wire native (MLX's wire is not sealed).
     /// Shared memory is never sealed, so both series run over TCP
-    /// (NUVEC_DISTRIBUTED_SHM=0). Refused when NUVEC_DISTRIBUTED_KEY is already set: the
-    /// unkeyed series could not run without it.
+    /// (NUVEC_DISTRIBUTED_SHM=0). The keyed ranks seal on NUVEC_DISTRIBUTED_SEAL_THREADS
+    /// threads each (unset: this machine's CPUs per rank; the table's title says how
+    /// many). Refused when NUVEC_DISTRIBUTED_KEY is already set: the unkeyed series could
+    /// not run without it.
     #[arg(long)]
     sealed: bool,
     /// Write everything measured (nuvec, the anchors, the comparison) as JSON to this file.
@@ -915,9 +917,11 @@ fn bench_all(args: &BenchArgs) -> Result<(), String> {
             };
             print!("{}", report::named_tables(&keyed, "nuvec sealed"));
             let rows = bench::sealed_rows(&run.measurements, &keyed.measurements);
-            print!("{}", bench::sealed_table(ranks, &rows));
+            let seal_threads = seal_threads(ranks);
+            print!("{}", bench::sealed_table(ranks, seal_threads, &rows));
             sealed.push(SealedRun {
                 ranks,
+                seal_threads,
                 transport: keyed.transport,
                 measurements: keyed.measurements,
                 comparison: rows,
@@ -1055,9 +1059,22 @@ fn follow_progress(path: &Path, cases: &[Case], bar: &ProgressBar, stop: &Atomic
 #[derive(serde::Serialize)]
 struct SealedRun {
     ranks: usize,
+    /// The threads each keyed rank sealed and opened its records on.
+    seal_threads: usize,
     transport: String,
     measurements: Vec<Measurement>,
     comparison: Vec<bench::SealedRow>,
+}
+
+/// The threads each of `ranks` keyed ranks on this host seals on: what the ranks read from
+/// their environment (`NUVEC_DISTRIBUTED_SEAL_THREADS`, which they inherit and which fails
+/// them when malformed), else the engine's default for that many ranks here.
+fn seal_threads(ranks: usize) -> usize {
+    let mut options = nuvec_distributed_engine::Options::default();
+    options.seal_threads = std::env::var(nuvec_distributed_engine::SEAL_THREADS_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    options.seal_threads_for(ranks)
 }
 
 /// How a run's ranks are keyed.

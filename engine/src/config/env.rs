@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::auth::{MIN_SECRET_BYTES, Secret};
 use crate::error::{Error, Result};
-use crate::options::MAX_FLIGHT_RECORDS;
 use crate::options::{Backend, Io, Options};
+use crate::options::{MAX_FLIGHT_RECORDS, MAX_SEAL_THREADS};
 
 /// The variable naming the ring's hostfile, as `mlx.launch` sets it.
 pub const HOSTFILE_VAR: &str = "MLX_HOSTFILE";
@@ -51,6 +51,11 @@ pub const IO_VAR: &str = "NUVEC_DISTRIBUTED_IO";
 /// The variable [`init`](crate::init) reads [`Options::shared_memory`] from: `1` (the
 /// default) or `0`.
 pub const SHM_VAR: &str = "NUVEC_DISTRIBUTED_SHM";
+
+/// The variable [`init`](crate::init) reads [`Options::seal_threads`] from: how many
+/// threads seal and open a keyed native group's records, from 1 to
+/// [`MAX_SEAL_THREADS`](crate::MAX_SEAL_THREADS); unset, the CPUs per rank on this host.
+pub const SEAL_THREADS_VAR: &str = "NUVEC_DISTRIBUTED_SEAL_THREADS";
 
 /// The variable [`init`](crate::init) reads [`Options::flight_records`] from: how many
 /// calls each group's flight recorder keeps, `0` to turn it off.
@@ -273,6 +278,22 @@ pub(crate) fn options(vars: Lookup<'_>) -> Result<Options> {
                      {MAX_FLIGHT_RECORDS}"
                 ),
             })?;
+    }
+    if let Some(text) = value(vars, SEAL_THREADS_VAR)? {
+        let threads = text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_SEAL_THREADS).contains(n))
+            .ok_or_else(|| Error::Environment {
+                var: SEAL_THREADS_VAR,
+                reason: format!(
+                    "{text:?} is not a number of threads from 1 (seal on the rank's own \
+                     thread) to {MAX_SEAL_THREADS}; unset it for the CPUs per rank on this \
+                     host"
+                ),
+            })?;
+        options.seal_threads = Some(threads);
     }
     if let Some(text) = value(vars, FLIGHT_DIR_VAR)? {
         options.flight_dir = Some(PathBuf::from(text));

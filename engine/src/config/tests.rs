@@ -98,6 +98,7 @@ fn the_launchers_ring_hostfile_and_variables_read_back() {
                         format!("{}=65536", env::SOCKET_BUFFER_VAR),
                         format!("{}=cubic", env::TCP_CONGESTION_VAR),
                         format!("{}=0123456789abcdef", env::KEY_VAR),
+                        format!("{}=3", env::SEAL_THREADS_VAR),
                     ],
                     ..LaunchSpec::new(vec!["prog".into()])
                 };
@@ -122,6 +123,7 @@ fn the_launchers_ring_hostfile_and_variables_read_back() {
                     assert_eq!(options.socket_buffer, Some(65536), "{case}");
                     assert_eq!(options.tcp_congestion.as_deref(), Some("cubic"), "{case}");
                     assert!(options.key.is_some(), "{case}");
+                    assert_eq!(options.seal_threads, Some(3), "{case}");
                     assert_eq!(env::verbose(&lookup(&vars)), p % 2 == 0, "{case}");
                     let from_hostfile = vars.get("FROM_HOSTFILE").map(|v| v.to_str().unwrap());
                     assert_eq!(from_hostfile, object_form.then_some("1"), "{case}");
@@ -306,8 +308,8 @@ fn the_spin_variable_fixes_the_spin_and_unset_learns_it() {
 #[test]
 fn option_variables_name_themselves_when_wrong() {
     use env::{
-        FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, KEY_VAR, SHM_VAR, SOCKET_BUFFER_VAR,
-        SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
+        FLIGHT_DIR_VAR, FLIGHT_RECORDS_VAR, FLIGHT_SIGNAL_VAR, KEY_VAR, SEAL_THREADS_VAR, SHM_VAR,
+        SOCKET_BUFFER_VAR, SPIN_VAR, TCP_CONGESTION_VAR, TIMEOUT_VAR,
     };
     let cases = [
         (TIMEOUT_VAR, "soon", "is not a number of seconds"),
@@ -324,6 +326,10 @@ fn option_variables_name_themselves_when_wrong() {
         (FLIGHT_DIR_VAR, " ", "is set but empty"),
         (FLIGHT_SIGNAL_VAR, "yes", "neither 1"),
         (FLIGHT_SIGNAL_VAR, "", "is set but empty"),
+        (SEAL_THREADS_VAR, "0", "from 1"),
+        (SEAL_THREADS_VAR, "65", "to 64"),
+        (SEAL_THREADS_VAR, "all", "not a number of threads"),
+        (SEAL_THREADS_VAR, "", "is set but empty"),
     ];
     for (name, value, why) in cases {
         let vars = from_pairs(&[(name, value)]);

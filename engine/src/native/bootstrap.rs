@@ -44,7 +44,7 @@ use crate::error::{Error, PeerOp, Phase, Result, describe_io};
 use crate::options::{Io, Options};
 use crate::transport::tcp::Connections;
 use crate::transport::tcp::bootstrap::{self, FIRST_RETRY, Formation, next_backoff, pump};
-use crate::transport::tcp::seal::Channel;
+use crate::transport::tcp::seal::{Channel, Workers};
 use crate::transport::tcp::socket::{self as tcp, SocketTuning};
 use crate::verbose::verbose;
 
@@ -126,6 +126,13 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
         return Err(crate::transport::tcp::sealed_on_uring());
     }
     let rank = addrs.rank;
+    let workers = match options.seal_threads_for(addrs.local_ranks) {
+        threads if key.is_some() && addrs.size > 1 && threads > 1 => Some(
+            Workers::new(threads)
+                .map_err(|e| Error::local("starting the threads that seal records", e))?,
+        ),
+        _ => None,
+    };
     verbose!(
         rank,
         "forming a native mesh of {} ({} connection(s) per neighbour{}): listening on {:?}",
@@ -137,7 +144,7 @@ pub(crate) fn connect(addrs: &RingAddresses, options: &Options) -> Result<Formed
     let started = Instant::now();
     let shape = (rank, addrs.size, addrs.listen.len());
     let result = bootstrap::finish(options, shape, started, |tuning| {
-        Setup::new(addrs, tuning, key, options.shared_memory)
+        Setup::new(addrs, tuning, key, options.shared_memory, workers.clone())
     });
     match &result {
         Ok(_) => verbose!(info: rank, "native mesh formed in {:?}", started.elapsed()),
@@ -290,6 +297,9 @@ struct Setup<'a> {
     strangers: Strangers,
     /// A failure that ends setup at once.
     failure: Option<Error>,
+    /// The threads the sealed connections seal and open batches of records on, if more
+    /// than the rank's own.
+    workers: Option<Workers>,
 }
 
 impl<'a> Setup<'a> {
@@ -298,6 +308,7 @@ impl<'a> Setup<'a> {
         tuning: SocketTuning,
         key: Option<Key>,
         shared_memory: bool,
+        workers: Option<Workers>,
     ) -> Result<Self> {
         let (me, size) = (addrs.rank, addrs.size);
         let word = |v: usize| {
@@ -366,6 +377,7 @@ impl<'a> Setup<'a> {
             mesh_from,
             strangers: Strangers::default(),
             failure: None,
+            workers,
         })
     }
 
@@ -823,6 +835,10 @@ impl<'a> Setup<'a> {
         .map_err(|e| Error::local("setting up the mesh's connections", e))?;
         for (index, sealing) in sealings.into_iter().enumerate() {
             if let Some(channel) = sealing {
+                let channel = match &self.workers {
+                    Some(w) => channel.with_workers(w.clone()),
+                    None => channel,
+                };
                 transport.seal(index, channel);
             }
         }

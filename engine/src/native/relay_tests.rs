@@ -202,6 +202,7 @@ fn tampered_call(
     tamper: Tamper,
     towards_acceptor: bool,
     (call, n): (Call, usize),
+    seal_threads: usize,
 ) -> (Vec<Result<Vec<i32>, Error>>, bool) {
     let ports: Vec<SocketAddr> = (0..2)
         .map(|_| {
@@ -213,11 +214,12 @@ fn tampered_call(
         .collect();
     let nodes: Vec<Vec<String>> = ports.iter().map(|p| vec![p.to_string()]).collect();
     let relay = relay(ports[1], tamper, towards_acceptor);
-    let options = Options::default()
+    let mut options = Options::default()
         .key(SECRET)
         .timeout(Duration::from_secs(5))
         .shared_memory(false)
         .io(Io::Epoll);
+    options.seal_threads = Some(seal_threads);
     let gate = Barrier::new(3);
     let results = thread::scope(|s| {
         let handles: Vec<_> = (0..2)
@@ -298,6 +300,19 @@ fn words(bytes: &[u8]) -> Vec<i32> {
 
 #[test]
 fn every_tampered_call_fails_on_the_receiving_rank_and_none_is_wrong() {
+    tampered_calls_fail(1);
+}
+
+/// As above with records sealed and opened in batches on two threads: a batch that holds
+/// the tampered record passes on nothing from it or behind it.
+#[test]
+fn every_tampered_call_fails_with_batched_records_too() {
+    tampered_calls_fail(2);
+}
+
+/// Every case of tampering, in each direction, for records sealed and opened on
+/// `seal_threads` threads.
+fn tampered_calls_fail(seal_threads: usize) {
     // 4 B: one record of 40 bytes (length 4, header 16 + data 4, tag 16); 64 KiB + 4 and
     // 1 MiB: records across the data.
     let small = 1;
@@ -351,7 +366,8 @@ fn every_tampered_call_fails_on_the_receiving_rank_and_none_is_wrong() {
                     "rank 1 -> 0"
                 }
             );
-            let (results, done) = tampered_call(tamper, towards_acceptor, (call, n));
+            let what = format!("{what}, {seal_threads} sealing thread(s)");
+            let (results, done) = tampered_call(tamper, towards_acceptor, (call, n), seal_threads);
             assert!(done, "{what}: the relay did not tamper");
             let receiver = usize::from(towards_acceptor);
             let sender = 1 - receiver;
