@@ -128,6 +128,7 @@ impl WaitPolicy {
 
     /// A collective completed after waiting `waited` for its peers at most (its longest
     /// stretch in which nothing moved).
+    #[inline]
     pub(crate) fn record(&mut self, waited: Duration) {
         if let Budget::Learned(learned) = &mut self.budget {
             learned.record(waited);
@@ -197,7 +198,29 @@ impl LearnedSpin {
     }
 
     /// A wait of `waited` completed.
+    ///
+    /// Inline for the common case of a rank whose peers are ahead: a wait of zero that
+    /// replaces a zero in a full window, before the next relearn, moves only the position
+    /// and the count (what the general path does with it too); every other wait takes
+    /// [`LearnedSpin::record_any`]. Shared memory's 4 B all_sum at P = 2 under callgrind:
+    /// ~14 instructions per call here, against 56 for the general path out of line.
+    #[inline]
     pub(crate) fn record(&mut self, waited: Duration) {
+        if waited.is_zero()
+            && self.filled == LearnedSpin::WINDOW
+            && self.fresh + 1 < LearnedSpin::RELEARN
+            && self.samples[self.next] == 0
+        {
+            self.next = (self.next + 1) % LearnedSpin::WINDOW;
+            self.fresh += 1;
+            return;
+        }
+        self.record_any(waited);
+    }
+
+    /// [`LearnedSpin::record`] for any wait.
+    #[inline(never)]
+    fn record_any(&mut self, waited: Duration) {
         let ns = u32::try_from(waited.as_nanos()).unwrap_or(u32::MAX);
         let old = std::mem::replace(&mut self.samples[self.next], ns);
         self.changed |= old != ns || self.filled < LearnedSpin::WINDOW;
@@ -877,6 +900,28 @@ mod tests {
                     "{i}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_inline_path_keeps_the_state_the_general_one_makes() {
+        // Long runs of zero waits (the inline path's case) broken by others, recorded by
+        // `record` and by `record_any` alone: the same window, counts and budget.
+        let mut x = 0x85eb_ca6b_u32;
+        let (mut fast, mut general) = (LearnedSpin::new(), LearnedSpin::new());
+        for i in 0..5000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let wait = if (i / 70) % 3 == 0 || !x.is_multiple_of(5) {
+                0
+            } else {
+                x % 50_000
+            };
+            let wait = Duration::from_nanos(u64::from(wait));
+            fast.record(wait);
+            general.record_any(wait);
+            assert_eq!(format!("{fast:?}"), format!("{general:?}"), "{i}");
         }
     }
 
