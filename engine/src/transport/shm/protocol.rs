@@ -371,9 +371,14 @@ impl Steps {
 
     /// Starts `collective` (the previous one finished or failed).
     ///
+    /// Inline for a collective whose plan is kept (see `shapes`), which only moves a few
+    /// fields; planning one afresh is [`Steps::start_planned`], out of line, so that the
+    /// common case does not pay for its frame.
+    ///
     /// # Errors
     ///
     /// A bug: a `send` or `recv` whose peer is this rank or not on the segment.
+    #[inline]
     pub(crate) fn start(&mut self, collective: Collective, context: Phase) -> Result<()> {
         let s = self.step.wrapping_add(1);
         // The plan of the last collective of this shape at a step of this parity: its
@@ -390,6 +395,13 @@ impl Steps {
             self.shift = s.wrapping_sub(planned);
             return Ok(());
         }
+        self.start_planned(collective, context)
+    }
+
+    /// [`Steps::start`] for a collective planned afresh.
+    #[inline(never)]
+    fn start_planned(&mut self, collective: Collective, context: Phase) -> Result<()> {
+        let s = self.step.wrapping_add(1);
         let (size, l) = (self.size(), self.layout);
         self.channel = match collective {
             Collective::Send { dst, .. } => Some(self.channels.to(dst, context)?),
