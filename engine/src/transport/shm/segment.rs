@@ -77,7 +77,9 @@ pub(crate) trait CallHeader {
     fn encode(&self) -> [u8; HEADER_BYTES];
 
     /// Compares `theirs`, which rank `peer` published for the same step or message, with
-    /// this call of rank `me`: an error names both calls when they differ.
+    /// this call of rank `me`: an error names both calls when they differ. `theirs` equal
+    /// to this call's own [`CallHeader::encode`] must be accepted: the engine does not ask
+    /// about those.
     ///
     /// # Errors
     ///
