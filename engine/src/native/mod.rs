@@ -418,9 +418,15 @@ impl Native {
 
     /// Fails the group on a fatal error (telling the peers, as the ring does).
     fn settle(&self, transport: &mut Connections, result: Result<()>) -> Result<()> {
-        match result {
-            Err(error) if error.is_fatal() => Err(tcp::fail(transport, &self.state, error)),
-            result => result,
+        // `Ok` is made afresh, a word, where passing `result` on copies all of it (the
+        // size of `Error`): 13 instructions per small collective.
+        let Err(error) = result else {
+            return Ok(());
+        };
+        if error.is_fatal() {
+            Err(tcp::fail(transport, &self.state, error))
+        } else {
+            Err(error)
         }
     }
 
