@@ -54,7 +54,7 @@ pub const SHM_VAR: &str = "NUVEC_DISTRIBUTED_SHM";
 
 /// The variable [`init`](crate::init) reads [`Options::seal_threads`] from: how many
 /// threads seal and open a keyed native group's records, from 1 to
-/// [`MAX_SEAL_THREADS`](crate::MAX_SEAL_THREADS); unset, the CPUs per rank on this host.
+/// [`MAX_SEAL_THREADS`]; unset, the CPUs per rank on this host.
 pub const SEAL_THREADS_VAR: &str = "NUVEC_DISTRIBUTED_SEAL_THREADS";
 
 /// The variable [`init`](crate::init) reads [`Options::flight_records`] from: how many
