@@ -203,6 +203,8 @@ pub mod fuzzing;
 mod group;
 #[cfg(feature = "jaccl")]
 pub mod jaccl;
+#[cfg(test)]
+mod loopback_ports;
 mod native;
 mod nonblocking;
 mod options;

@@ -750,8 +750,7 @@ mod tests {
     const T: Duration = Duration::from_secs(10);
 
     fn free_addr() -> SocketAddr {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
+        crate::loopback_ports::free_addrs(1)[0]
     }
 
     fn record(rank: usize, peer: usize) -> Destination {

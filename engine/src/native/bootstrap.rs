@@ -1016,12 +1016,9 @@ mod tests {
     use crate::auth;
     use crate::transport::tcp::Transfer;
 
-    /// `n` loopback addresses nobody listens on (bound by the kernel, then released).
+    /// `n` loopback addresses nobody listens on.
     fn free_ports(n: usize) -> Vec<SocketAddr> {
-        let held: Vec<_> = (0..n)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        held.iter().map(|l| l.local_addr().unwrap()).collect()
+        crate::loopback_ports::free_addrs(n)
     }
 
     /// A hostfile's entries for `p` ranks of `c` addresses each.

@@ -903,11 +903,10 @@ mod tests {
         );
     }
 
-    /// Two loopback addresses nobody listens on (bound by the kernel, then released).
+    /// Two loopback addresses nobody listens on.
     fn free_pair() -> [SocketAddr; 2] {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        [a.local_addr().unwrap(), b.local_addr().unwrap()]
+        let addrs = crate::loopback_ports::free_addrs(2);
+        [addrs[0], addrs[1]]
     }
 
     fn ring_addrs(rank: usize, ports: [SocketAddr; 2]) -> RingAddresses {

@@ -742,13 +742,11 @@ enum Progress {
 mod tests {
     use super::*;
 
-    /// Three loopback addresses, one per rank, on ports the kernel had free.
+    /// Three loopback addresses, one per rank, that nobody listens on.
     fn nodes() -> Vec<Vec<String>> {
-        let held: Vec<std::net::TcpListener> = (0..3)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        held.iter()
-            .map(|l| vec![l.local_addr().unwrap().to_string()])
+        crate::loopback_ports::free_addrs(3)
+            .iter()
+            .map(|a| vec![a.to_string()])
             .collect()
     }
 

@@ -18,7 +18,7 @@ mod mixed;
 #[cfg(all(feature = "probes", target_os = "linux"))]
 mod probes;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,9 +89,7 @@ impl Layout {
 }
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
+    crate::loopback_ports::free_addrs(1)[0]
 }
 
 /// Forms rank `rank`'s group of `layout` on `net`, with the side channel at `addr`.
