@@ -22,5 +22,8 @@
 # and max time from a failure to the first verified collective of the shrunk group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# NUVEC_BIN names a `nuvec` built already (tools/test.sh passes the whole suite's); without
+# it the launcher is built here.
+[ -n "${NUVEC_BIN:-}" ] && exec "$NUVEC_BIN" chaos "$@"
 cargo build --release --quiet -p nuvec-tools --bin nuvec
 exec "${CARGO_TARGET_DIR:-target}/release/nuvec" chaos "$@"

@@ -475,11 +475,13 @@ cargo test --release --test dropin -- --ignored --nocapture
 # naming the token and the rank. The four runs take about 6 s. The example is the one the
 # whole suite built (the same selection and features, so cargo finds it fresh; building it
 # again with default features took 23 s, and the features add probes and JACCL, which a TCP
-# and shared-memory run does not reach); the launcher is built as tools/chaos.sh builds it,
-# which the chaos steps then reuse.
+# and shared-memory run does not reach). So is the launcher, which the chaos steps and the
+# doctor's netns test below reuse (NUVEC_BIN for tools/chaos.sh): building it for
+# nuvec-tools alone resolved other features and compiled the engine and the tools again,
+# 63 s.
 step "Llama example across 2 ranks: MLX wire, native over TCP, native over shared memory, a dropped shard"
-cargo build --release --workspace --all-features --example llama
-cargo build --release -p nuvec-tools --bin nuvec
+cargo build --release --workspace --all-features --example llama --bin nuvec
+export NUVEC_BIN=$PWD/target/release/nuvec
 llama() { # $1: the transport the run must report; then nuvec launch's options
   local transport=$1 out; shift
   out=$(target/release/nuvec launch -n 2 "$@" -- target/release/examples/llama 2>&1) \
@@ -535,7 +537,7 @@ step "network-namespace test (optional: needs root and ip netns)"
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add nuvec-probe-$$ 2>/dev/null; then
   ip netns del nuvec-probe-$$
   cargo test --release --test netns -- --ignored
-  cargo test --release -p nuvec-tools --test doctor -- --ignored netns
+  cargo test --release --workspace --all-features --test doctor -- --ignored netns
 else
   echo "NOT RUN: tests/netns.rs and tools/tests/doctor.rs's netns test need root and a working 'ip netns' (iproute2); this machine has neither or refuses"
 fi
