@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every check and test of the workspace, after installing what the tests need.
 #
-#   tools/test.sh            checks, then tests (estimated 20-25 minutes on 2 idle cores from
-#                            a clean clone; most of it is compiling)
+#   tools/test.sh            checks, then tests (35 minutes on 2 idle vCPUs from a clean
+#                            clone; most of it is compiling)
 #
 # What it runs, and why twice where it does:
 # - formatting; the SAFETY.md ledger against ffi's unsafe sites (tools/check-safety.sh);
