@@ -3,8 +3,7 @@
 //! A port the kernel hands out for `127.0.0.1:0` and the test then releases is back in the
 //! ephemeral range: any connection dialled in between (a rank's, a relay's, another test's
 //! running in parallel) may be given it, and the rank that later listens there fails with
-//! `EADDRINUSE` (the tampering relay's test hung on exactly that, one run in ten with its two
-//! cases in parallel). The ports here come from below Linux's default ephemeral range
+//! `EADDRINUSE`. The ports here come from below Linux's default ephemeral range
 //! (32768-60999; macOS's starts at 49152), which the kernel never picks for a dial or a
 //! bind to port 0, and every port is handed out once per process.
 
@@ -40,6 +39,12 @@ pub(crate) fn free_addrs(n: usize) -> Vec<SocketAddr> {
     }
     *next = Some(offset);
     addrs
+}
+
+/// One address as [`free_addrs`] picks them (JACCL's side channel has one).
+#[cfg(feature = "jaccl")]
+pub(crate) fn free_addr() -> SocketAddr {
+    free_addrs(1)[0]
 }
 
 #[cfg(test)]

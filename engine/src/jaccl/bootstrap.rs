@@ -746,12 +746,9 @@ mod tests {
     use std::thread;
 
     use super::*;
+    use crate::loopback_ports::free_addr;
 
     const T: Duration = Duration::from_secs(10);
-
-    fn free_addr() -> SocketAddr {
-        crate::loopback_ports::free_addrs(1)[0]
-    }
 
     fn record(rank: usize, peer: usize) -> Destination {
         if rank == peer {

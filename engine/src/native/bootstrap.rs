@@ -1016,14 +1016,9 @@ mod tests {
     use crate::auth;
     use crate::transport::tcp::Transfer;
 
-    /// `n` loopback addresses nobody listens on.
-    fn free_ports(n: usize) -> Vec<SocketAddr> {
-        crate::loopback_ports::free_addrs(n)
-    }
-
     /// A hostfile's entries for `p` ranks of `c` addresses each.
     fn hostfile(p: usize, c: usize) -> Vec<Vec<String>> {
-        let ports = free_ports(p * c);
+        let ports = crate::loopback_ports::free_addrs(p * c);
         (0..p)
             .map(|r| (0..c).map(|i| ports[r * c + i].to_string()).collect())
             .collect()

@@ -28,6 +28,7 @@ use super::frames::{PSN, SizeClasses};
 use super::group::{Jaccl, Kind, Setup};
 use crate::error::Result;
 use crate::group::Group;
+use crate::loopback_ports::free_addr;
 use crate::transport::rdma::emulated::{EmulatedFabric, Network};
 use crate::transport::rdma::engine;
 
@@ -86,10 +87,6 @@ impl Layout {
         self.timeout = timeout;
         self
     }
-}
-
-fn free_addr() -> SocketAddr {
-    crate::loopback_ports::free_addrs(1)[0]
 }
 
 /// Forms rank `rank`'s group of `layout` on `net`, with the side channel at `addr`.
